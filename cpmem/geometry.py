@@ -1,0 +1,168 @@
+"""Model geometry: the shapes that decide how many bytes a token leaves behind per layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from cpmem.errors import InputError, require_nonnegative_int, require_positive_int
+
+MixerKind = Literal["attention", "gdn"]
+MlpKind = Literal["dense", "moe"]
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Shapes of a dense, hybrid (Gated DeltaNet + attention) or MoE decoder.
+
+    ``mixers[i]`` is layer i's token mixer (full attention or GDN) and ``mlps[i]``
+    its feed-forward kind (dense SwiGLU or a mixture of experts).
+    """
+
+    name: str
+    hidden: int
+    mixers: tuple[MixerKind, ...]
+    mlps: tuple[MlpKind, ...]
+    q_heads: int
+    kv_groups: int
+    head_dim: int
+    vocab: int
+    ffn: int = 0
+    attention_output_gate: bool = False
+    gdn_key_heads: int = 0
+    gdn_key_dim: int = 0
+    gdn_value_heads: int = 0
+    gdn_value_dim: int = 0
+    gdn_conv_kernel: int = 0
+    num_experts: int = 0
+    moe_top_k: int = 0
+    expert_ffn: int = 0
+    shared_expert_ffn: int = 0
+    fused_swiglu: bool = True
+    activation_clamp: float | None = None
+    tied_embeddings: bool = False
+    aliases: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "q_heads", "kv_groups", "head_dim", "vocab"):
+            require_positive_int(name, getattr(self, name))
+        for name in (
+            "ffn",
+            "gdn_key_heads",
+            "gdn_key_dim",
+            "gdn_value_heads",
+            "gdn_value_dim",
+            "gdn_conv_kernel",
+            "num_experts",
+            "moe_top_k",
+            "expert_ffn",
+            "shared_expert_ffn",
+        ):
+            require_nonnegative_int(name, getattr(self, name))
+        if not self.mixers:
+            raise InputError("mixers", self.mixers, "a model needs at least one layer")
+        if len(self.mlps) != len(self.mixers):
+            raise InputError(
+                "mlps", len(self.mlps), f"must name one MLP kind per layer ({len(self.mixers)})"
+            )
+        for i, kind in enumerate(self.mixers):
+            if kind not in ("attention", "gdn"):
+                raise InputError(f"mixers[{i}]", kind, "must be 'attention' or 'gdn'")
+        for i, mkind in enumerate(self.mlps):
+            if mkind not in ("dense", "moe"):
+                raise InputError(f"mlps[{i}]", mkind, "must be 'dense' or 'moe'")
+        if self.q_heads % self.kv_groups:
+            raise InputError(
+                "kv_groups", self.kv_groups, f"must divide q_heads ({self.q_heads})"
+            )
+        if self.gdn_layers:
+            for name in ("gdn_key_heads", "gdn_key_dim", "gdn_value_heads", "gdn_value_dim"):
+                require_positive_int(name, getattr(self, name))
+            require_positive_int("gdn_conv_kernel", self.gdn_conv_kernel)
+        if "dense" in self.mlps:
+            require_positive_int("ffn", self.ffn)
+        if self.moe_layers:
+            require_positive_int("num_experts", self.num_experts)
+            require_positive_int("moe_top_k", self.moe_top_k)
+            require_positive_int("expert_ffn", self.expert_ffn)
+            if self.moe_top_k > self.num_experts:
+                raise InputError(
+                    "moe_top_k", self.moe_top_k, f"exceeds num_experts ({self.num_experts})"
+                )
+        if self.activation_clamp is not None and not self.activation_clamp > 0:
+            raise InputError("activation_clamp", self.activation_clamp, "must be > 0 or None")
+
+    @property
+    def layers(self) -> int:
+        return len(self.mixers)
+
+    @property
+    def gdn_layers(self) -> int:
+        return sum(1 for k in self.mixers if k == "gdn")
+
+    @property
+    def attention_layers(self) -> int:
+        return self.layers - self.gdn_layers
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(1 for k in self.mlps if k == "moe")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.gdn_layers > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_layers > 0
+
+    @property
+    def q_width(self) -> int:
+        """Q = q_heads x head_dim."""
+        return self.q_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """KV = kv_groups x head_dim."""
+        return self.kv_groups * self.head_dim
+
+    @property
+    def gdn_key_width(self) -> int:
+        """K = gdn_key_heads x gdn_key_dim."""
+        return self.gdn_key_heads * self.gdn_key_dim
+
+    @property
+    def gdn_value_width(self) -> int:
+        """V = gdn_value_heads x gdn_value_dim."""
+        return self.gdn_value_heads * self.gdn_value_dim
+
+    def with_fused_swiglu(self, fused: bool) -> ModelGeometry:
+        """The same model under a runtime that does (or does not) fuse the SwiGLU activation."""
+        return replace(self, fused_swiglu=fused)
+
+    def check_tp(self, tp: int) -> None:
+        """Raise InputError if tensor parallelism ``tp`` cannot shard this model's heads."""
+        require_positive_int("tp", tp)
+        if self.q_heads % tp:
+            raise InputError("tp", tp, f"must divide q_heads ({self.q_heads}) of {self.name}")
+        if self.kv_groups >= tp and self.kv_groups % tp:
+            raise InputError("tp", tp, f"must divide kv_groups ({self.kv_groups}) of {self.name}")
+        if self.kv_groups < tp and tp % self.kv_groups:
+            raise InputError(
+                "tp", tp, f"must be a multiple of kv_groups ({self.kv_groups}) of {self.name}"
+            )
+        if self.gdn_layers:
+            for name in ("gdn_key_heads", "gdn_value_heads"):
+                heads = getattr(self, name)
+                if heads % tp:
+                    raise InputError("tp", tp, f"must divide {name} ({heads}) of {self.name}")
+
+
+def hybrid_layout(
+    layers: int, full_attention_interval: int
+) -> tuple[MixerKind, ...]:
+    """Mixers of a hybrid stack: full attention at every ``interval``-th layer (3, 7, ...)."""
+    require_positive_int("full_attention_interval", full_attention_interval)
+    return tuple(
+        "attention" if (i + 1) % full_attention_interval == 0 else "gdn" for i in range(layers)
+    )

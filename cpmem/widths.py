@@ -1,0 +1,119 @@
+"""Per-token retained widths of the reference pricing model (elements per token per layer).
+
+These are the published reference formulas (docs/pricing.md, "Per-token retained
+widths"): calibrated envelopes of native kernels under rank-1 LoRA with frozen
+base weights, in elements of the activation dtype. ``t`` is TP; ``s`` is TP when
+sequence parallelism is on (and TP > 1), else 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cpmem.geometry import ModelGeometry
+
+MoeRouting = Literal["concentrated", "balanced"]
+
+
+@dataclass(frozen=True)
+class LayerWidths:
+    """Elements retained per token by one layer of each kind, at one TP/SP setting."""
+
+    common: int
+    attention: int
+    gdn: int
+    mlp: int
+    moe: int
+    layer_input: int
+
+    def mixer(self, kind: str) -> int:
+        return self.attention if kind == "attention" else self.gdn
+
+    def ffn(self, kind: str) -> int:
+        return self.moe if kind == "moe" else self.mlp
+
+
+def sp_divisor(tp: int, sp: bool) -> int:
+    """s: the sequence shard factor of activations outside the TP region."""
+    return tp if sp and tp > 1 else 1
+
+
+def common_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
+    """Norm output kept for the LoRA input; under SP the gathered LoRA input too."""
+    s = sp_divisor(tp, sp)
+    return 2 * geometry.hidden // s + (geometry.hidden if s > 1 else 0)
+
+
+def attention_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
+    """Projections, flash-kernel inputs/outputs and (when gated) the output gate."""
+    g = 7 if geometry.attention_output_gate else 5
+    q, kv = geometry.q_width, geometry.kv_width
+    width = common_width(geometry, tp, sp) + (g * q + 3 * kv) // tp
+    if geometry.kv_groups < tp:  # replicated-QKV LoRA path
+        width += ((2 if geometry.attention_output_gate else 1) * q + 2 * kv) * (tp - 1) // tp
+    return width
+
+
+def gdn_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
+    """Projections, conv inputs and the fused gated-delta kernel's saved set."""
+    k, v = geometry.gdn_key_width, geometry.gdn_value_width
+    return common_width(geometry, tp, sp) + (4 * k + 8 * v) // tp
+
+
+def swiglu_factor(geometry: ModelGeometry) -> int:
+    """c: 3 for a fused SwiGLU, 5 unfused; +2 with an activation clamp."""
+    c = 3 if geometry.fused_swiglu else 5
+    if geometry.activation_clamp is not None:
+        c += 2
+    return c
+
+
+def mlp_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
+    return common_width(geometry, tp, sp) + swiglu_factor(geometry) * geometry.ffn // tp
+
+
+def moe_rows_per_token(geometry: ModelGeometry, ep: int, routing: MoeRouting) -> int:
+    """Expert rows one rank holds per global token.
+
+    Concentrated routing (the safe assumption) lands every routed copy on one
+    expert-parallel rank: top-k rows per token. Balanced routing spreads them
+    evenly: ceil(top-k / EP).
+    """
+    if routing == "balanced":
+        return -(-geometry.moe_top_k // max(ep, 1))
+    return geometry.moe_top_k
+
+
+def moe_width(
+    geometry: ModelGeometry, tp: int, sp: bool, ep: int = 1, routing: MoeRouting = "concentrated"
+) -> int:
+    """An MoE layer: per dispatched row the dispatched and permuted hidden copies
+    (2H) plus the expert SwiGLU's saved set (c·F_e); the shared expert as a dense
+    MLP sharded by TP; the common norm/LoRA input.
+    """
+    if not geometry.is_moe:
+        return 0
+    c = swiglu_factor(geometry)
+    rows = moe_rows_per_token(geometry, ep, routing)
+    routed = rows * (2 * geometry.hidden + c * geometry.expert_ffn)
+    shared = c * geometry.shared_expert_ffn // tp
+    return common_width(geometry, tp, sp) + routed + shared
+
+
+def layer_widths(
+    geometry: ModelGeometry,
+    tp: int,
+    sp: bool,
+    ep: int = 1,
+    routing: MoeRouting = "concentrated",
+) -> LayerWidths:
+    """All reference widths of one model at one TP/SP/EP setting."""
+    return LayerWidths(
+        common=common_width(geometry, tp, sp),
+        attention=attention_width(geometry, tp, sp),
+        gdn=gdn_width(geometry, tp, sp) if geometry.is_hybrid else 0,
+        mlp=mlp_width(geometry, tp, sp) if "dense" in geometry.mlps else 0,
+        moe=moe_width(geometry, tp, sp, ep, routing),
+        layer_input=geometry.hidden // sp_divisor(tp, sp),
+    )

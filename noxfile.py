@@ -1,0 +1,97 @@
+"""Test sessions. `nox` (no -s) runs what CI runs; `nox -s gpu` runs the GPU-marked checks."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "property",
+    "golden",
+    "oracle",
+    "distributed",
+    "gpu",
+]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = "3.11"
+# The CPU wheel of torch; an unpinned torch would pull a multi-GB CUDA build.
+TORCH = "torch==2.13.0"
+
+
+def _install(session: nox.Session, extras: str) -> None:
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over every Python file."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the estimator package."""
+    _install(session, "test")
+    session.install("mypy>=1.10", "pandas-stubs")
+    session.run("mypy", "cpmem")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """CPU unit tests, including byte-exact reproduction of the recorded estimates."""
+    _install(session, "test,report")
+    session.run("pytest", "tests/unit", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def property(session: nox.Session) -> None:
+    """Hypothesis properties against the ownership oracle (profile `ci`)."""
+    _install(session, "test")
+    session.run(
+        "pytest", "tests/property", "--hypothesis-profile=ci", "--hypothesis-show-statistics",
+        *session.posargs,
+    )
+
+
+@nox.session(python=PYTHON)
+def golden(session: nox.Session) -> None:
+    """Golden-layer integrity tests, then the estimator gate on the reference policy."""
+    _install(session, "test,report")
+    session.run("pytest", "tests/golden", *session.posargs)
+    session.run("cpmem", "gate", "--policy", "reference")
+
+
+@nox.session(python=PYTHON)
+def oracle(session: nox.Session) -> None:
+    """Saved-tensor oracle (torch + megatron-core on CPU) against the reference widths."""
+    _install(session, "test")
+    session.install(TORCH, "megatron-core>=0.16,<0.17")
+    session.run("pytest", "tests/oracle", "-s", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def distributed(session: nox.Session) -> None:
+    """Collective admission over torch.distributed (gloo, several CPU processes)."""
+    _install(session, "test")
+    session.install(TORCH)
+    session.run("pytest", "tests/distributed", "-s", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def gpu(session: nox.Session) -> None:
+    """GPU-marked native checks; they skip with a reason where no CUDA device exists."""
+    _install(session, "test")
+    session.install(TORCH, "megatron-core>=0.16,<0.17")
+    session.run("pytest", "gpu_tests", "-m", "gpu", "-rs", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Speed figures of planning, pricing and width selection (not a pass/fail test)."""
+    _install(session, "test")
+    session.run("python", "benchmarks/bench_planning.py", *session.posargs)
