@@ -72,9 +72,7 @@ class ModelGeometry:
             if mkind not in ("dense", "moe"):
                 raise InputError(f"mlps[{i}]", mkind, "must be 'dense' or 'moe'")
         if self.q_heads % self.kv_groups:
-            raise InputError(
-                "kv_groups", self.kv_groups, f"must divide q_heads ({self.q_heads})"
-            )
+            raise InputError("kv_groups", self.kv_groups, f"must divide q_heads ({self.q_heads})")
         if self.gdn_layers:
             for name in ("gdn_key_heads", "gdn_key_dim", "gdn_value_heads", "gdn_value_dim"):
                 require_positive_int(name, getattr(self, name))
@@ -158,9 +156,7 @@ class ModelGeometry:
                     raise InputError("tp", tp, f"must divide {name} ({heads}) of {self.name}")
 
 
-def hybrid_layout(
-    layers: int, full_attention_interval: int
-) -> tuple[MixerKind, ...]:
+def hybrid_layout(layers: int, full_attention_interval: int) -> tuple[MixerKind, ...]:
     """Mixers of a hybrid stack: full attention at every ``interval``-th layer (3, 7, ...)."""
     require_positive_int("full_attention_interval", full_attention_interval)
     return tuple(

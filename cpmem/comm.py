@@ -1,0 +1,77 @@
+"""Agreement across the TP x CP group: every rank must take the same decision.
+
+Required bytes are all-reduced with MAX, available bytes with MIN, and planning
+errors are exchanged so that a failure on one rank raises on every rank (its own
+error there, an error naming it elsewhere) instead of leaving the others hanging
+in the next collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from cpmem.errors import PlanningError
+
+T = TypeVar("T")
+
+
+class Communicator(Protocol):
+    """The three collectives admission needs. ``rank`` is this process's index."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def max_int(self, value: int) -> int: ...
+
+    def min_int(self, value: int) -> int: ...
+
+    def gather_errors(self, error: str | None) -> list[str | None]: ...
+
+
+class LocalCommunicator:
+    """A single-process group: every collective is the identity."""
+
+    rank = 0
+    size = 1
+
+    def max_int(self, value: int) -> int:
+        return value
+
+    def min_int(self, value: int) -> int:
+        return value
+
+    def gather_errors(self, error: str | None) -> list[str | None]:
+        return [error]
+
+
+def collective_plan(comm: Communicator, build: Callable[[], T]) -> T:
+    """Run ``build`` on every rank; if any rank failed, raise on every rank.
+
+    The failed rank re-raises its own error; the others raise a PlanningError
+    naming the first failed rank and its message.
+    """
+    result: T | None = None
+    own: BaseException | None = None
+    message: str | None = None
+    try:
+        result = build()
+    except Exception as exc:  # every failure must reach the other ranks
+        own = exc
+        message = f"{type(exc).__name__}: {exc}"
+    errors = comm.gather_errors(message)
+    if own is not None:
+        raise own
+    for rank, error in enumerate(errors):
+        if error is not None:
+            raise PlanningError(f"planning failed on rank {rank}: {error}", failed_rank=rank)
+    assert result is not None
+    return result
+
+
+def agree_on_bytes(comm: Communicator, required: int, available: int) -> tuple[int, int]:
+    """(MAX of required, MIN of available) over the group."""
+    return comm.max_int(required), comm.min_int(available)

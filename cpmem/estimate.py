@@ -1,0 +1,80 @@
+"""The estimate object: per-rank bytes, the busiest rank, and where the bytes go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cpmem.units import gib
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A policy's prediction for one plan.
+
+    ``estimate_bytes`` is the admission figure (the busiest rank's forward peak);
+    ``components`` add up to it exactly. ``forward_backward_bytes`` is set by
+    policies that also price backward.
+    """
+
+    policy: str
+    estimate_bytes: int
+    busiest_rank: int
+    busiest_tokens: int
+    per_rank_bytes: tuple[int, ...]
+    components: dict[str, int]
+    packed_tokens: int
+    logical_tokens: int
+    grad_segments: int
+    model: str
+    recompute: str
+    planner: str
+    tp: int
+    cp: int
+    sp: bool
+    forward_backward_bytes: int | None = None
+    forward_backward_components: dict[str, int] | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        total = sum(self.components.values())
+        if total != self.estimate_bytes:
+            raise AssertionError(
+                f"components add up to {total}, not estimate_bytes {self.estimate_bytes}"
+            )
+
+    @property
+    def estimate_gib(self) -> float:
+        return gib(self.estimate_bytes)
+
+    @property
+    def admission_bytes(self) -> int:
+        return self.estimate_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON shape other tools read (names documented in docs/cli.md)."""
+        out: dict[str, Any] = {
+            "policy": self.policy,
+            "model": self.model,
+            "recompute": self.recompute,
+            "planner": self.planner,
+            "tp": self.tp,
+            "cp": self.cp,
+            "sp": self.sp,
+            "estimate_bytes": self.estimate_bytes,
+            "estimate_gib": round(self.estimate_gib, 6),
+            "busiest_rank": self.busiest_rank,
+            "busiest_tokens": self.busiest_tokens,
+            "packed_tokens": self.packed_tokens,
+            "logical_tokens": self.logical_tokens,
+            "grad_segments": self.grad_segments,
+            "per_rank_bytes": list(self.per_rank_bytes),
+            "components": dict(self.components),
+        }
+        if self.forward_backward_bytes is not None:
+            out["forward_backward_bytes"] = self.forward_backward_bytes
+            out["forward_backward_gib"] = round(gib(self.forward_backward_bytes), 6)
+            out["forward_backward_components"] = dict(self.forward_backward_components or {})
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out

@@ -1,0 +1,182 @@
+"""Plans: who owns which tokens. Pricing reads a plan; planners (or a runtime) write one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cpmem.errors import InputError, require_nonnegative_int, require_positive_int
+from cpmem.layout import ParallelLayout, round_up
+
+
+@dataclass(frozen=True)
+class ForwardGroup:
+    """One forward's layout: the global counts and each CP rank's token counts.
+
+    ``attention_tokens[r]`` / ``gdn_tokens[r]`` are the tokens rank r holds in
+    attention and in GDN layers (they differ when the runtime cuts the packed row
+    differently for the two); padding included.
+    """
+
+    logical_tokens: int
+    packed_tokens: int
+    attention_tokens: tuple[int, ...]
+    gdn_tokens: tuple[int, ...]
+    grad_segments: int
+    real_tokens: int
+
+    def __post_init__(self) -> None:
+        require_positive_int("logical_tokens", self.logical_tokens)
+        require_positive_int("packed_tokens", self.packed_tokens)
+        require_nonnegative_int("grad_segments", self.grad_segments)
+        if len(self.attention_tokens) != len(self.gdn_tokens):
+            raise InputError(
+                "gdn_tokens", self.gdn_tokens, "needs one count per rank, like attention_tokens"
+            )
+        for name in ("attention_tokens", "gdn_tokens"):
+            for r, n in enumerate(getattr(self, name)):
+                require_nonnegative_int(f"{name}[{r}]", n)
+
+    def model_tokens(self, tp: int) -> tuple[int, ...]:
+        """Per rank: the larger of its attention and GDN counts, rounded up to TP."""
+        return tuple(
+            round_up(max(a, g), tp)
+            for a, g in zip(self.attention_tokens, self.gdn_tokens, strict=True)
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A request's layout on the TP x CP grid, as one or more forward groups."""
+
+    layout: ParallelLayout
+    planner: str
+    groups: tuple[ForwardGroup, ...]
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise InputError("groups", self.groups, "a plan needs at least one forward group")
+        for i, g in enumerate(self.groups):
+            if len(g.attention_tokens) != self.layout.cp:
+                raise InputError(
+                    f"groups[{i}].rank_tokens",
+                    list(g.attention_tokens),
+                    f"needs one count per CP rank (cp={self.layout.cp})",
+                )
+
+    @property
+    def logical_tokens(self) -> int:
+        return sum(g.logical_tokens for g in self.groups)
+
+    @property
+    def packed_tokens(self) -> int:
+        return sum(g.packed_tokens for g in self.groups)
+
+    @property
+    def grad_segments(self) -> int:
+        return sum(g.grad_segments for g in self.groups)
+
+    @property
+    def rank_tokens(self) -> tuple[int, ...]:
+        """Model tokens each rank holds, summed over forward groups."""
+        per_group = [g.model_tokens(self.layout.tp) for g in self.groups]
+        return tuple(sum(col) for col in zip(*per_group, strict=True))
+
+    @property
+    def busiest_rank(self) -> int:
+        ranks = self.rank_tokens
+        return ranks.index(max(ranks))
+
+    @property
+    def busiest_tokens(self) -> int:
+        """The reference's R under CP: the busiest rank's tokens, summed over groups."""
+        return sum(max(g.model_tokens(self.layout.tp)) for g in self.groups)
+
+    @property
+    def padding_tokens(self) -> int:
+        """Tokens the planner added on top of the real (shared) tokens."""
+        return sum(sum(g.model_tokens(self.layout.tp)) - g.real_tokens for g in self.groups)
+
+    @property
+    def average_tokens(self) -> int:
+        """ceil(packed / CP): the optimistic even-split bound used for pruning."""
+        return -(-self.packed_tokens // self.layout.cp)
+
+
+def explicit_plan(
+    layout: ParallelLayout,
+    *,
+    logical_tokens: int,
+    packed_tokens: int,
+    grad_segments: int,
+    rank_tokens: Sequence[int] | None = None,
+    busiest_tokens: int | None = None,
+    gdn_rank_tokens: Sequence[int] | None = None,
+) -> Plan:
+    """A plan a runtime already knows: its global counts and per-rank model tokens.
+
+    Give ``rank_tokens`` (one per CP rank) or only ``busiest_tokens``; in the
+    latter case the other ranks share the remaining tokens evenly.
+    """
+    require_positive_int("logical_tokens", logical_tokens)
+    require_positive_int("packed_tokens", packed_tokens)
+    require_nonnegative_int("grad_segments", grad_segments)
+    cp, tp = layout.cp, layout.tp
+    if packed_tokens > round_up(logical_tokens, tp):
+        raise InputError(
+            "packed_tokens",
+            packed_tokens,
+            f"exceeds logical_tokens ({logical_tokens}) rounded up to TP ({tp})",
+        )
+    if rank_tokens is None and busiest_tokens is None:
+        rank_tokens = _even_split(packed_tokens, cp)
+    elif rank_tokens is None:
+        assert busiest_tokens is not None
+        require_positive_int("busiest_tokens", busiest_tokens)
+        floor = -(-packed_tokens // cp)
+        if busiest_tokens < floor:
+            raise InputError(
+                "busiest_tokens",
+                busiest_tokens,
+                f"below ceil(packed_tokens / cp) = {floor}: the ranks could not hold "
+                f"{packed_tokens} tokens",
+            )
+        rest = max(packed_tokens - busiest_tokens, 0)
+        rank_tokens = [busiest_tokens, *_even_split(rest, cp - 1)] if cp > 1 else [busiest_tokens]
+    elif busiest_tokens is not None and max(rank_tokens) != busiest_tokens:
+        raise InputError(
+            "busiest_tokens",
+            busiest_tokens,
+            f"disagrees with max(rank_tokens) = {max(rank_tokens)}",
+        )
+    ranks = tuple(rank_tokens)
+    if len(ranks) != cp:
+        raise InputError("rank_tokens", list(ranks), f"needs one count per CP rank (cp={cp})")
+    for r, n in enumerate(ranks):
+        require_nonnegative_int(f"rank_tokens[{r}]", n)
+    if sum(ranks) < packed_tokens - (tp - 1):
+        raise InputError(
+            "rank_tokens",
+            list(ranks),
+            f"add up to {sum(ranks)}, fewer than packed_tokens ({packed_tokens})",
+        )
+    limit = round_up(packed_tokens, 2 * cp * tp)
+    if max(ranks) > limit:
+        raise InputError(
+            "rank_tokens", list(ranks), f"a rank holds more than the packed row ({packed_tokens})"
+        )
+    gdn = tuple(gdn_rank_tokens) if gdn_rank_tokens is not None else ranks
+    group = ForwardGroup(
+        logical_tokens=logical_tokens,
+        packed_tokens=packed_tokens,
+        attention_tokens=ranks,
+        gdn_tokens=gdn,
+        grad_segments=grad_segments,
+        real_tokens=min(packed_tokens, sum(ranks)),
+    )
+    return Plan(layout=layout, planner="explicit", groups=(group,))
+
+
+def _even_split(tokens: int, parts: int) -> list[int]:
+    base, extra = divmod(tokens, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

@@ -1,0 +1,92 @@
+"""Pricing entry point: one input bundle, a registry of named policies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from cpmem.errors import InputError
+from cpmem.estimate import Estimate
+from cpmem.geometry import ModelGeometry
+from cpmem.plan import Plan
+from cpmem.profiles import ProfileSignature, ProfileStore
+from cpmem.recompute import Recompute
+
+MoeRouting = Literal["concentrated", "balanced"]
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class PricingInput:
+    """Everything a policy may read. ``output_bytes`` defaults to the hidden states
+    the calibration driver returns (logical tokens x hidden x dtype bytes)."""
+
+    geometry: ModelGeometry
+    plan: Plan
+    recompute: Recompute = Recompute()
+    compiled: bool = False
+    moe_routing: MoeRouting = "concentrated"
+    output_bytes: int | None = None
+    profiles: ProfileStore | None = None
+    dtype_bytes: int = BF16_BYTES
+
+    def __post_init__(self) -> None:
+        self.geometry.check_tp(self.plan.layout.tp)
+        if self.moe_routing not in ("concentrated", "balanced"):
+            raise InputError(
+                "moe_routing", self.moe_routing, "must be 'concentrated' or 'balanced'"
+            )
+        if self.output_bytes is not None and self.output_bytes < 0:
+            raise InputError("output_bytes", self.output_bytes, "must be >= 0")
+
+    @property
+    def outputs(self) -> int:
+        if self.output_bytes is not None:
+            return self.output_bytes
+        return self.plan.logical_tokens * self.geometry.hidden * self.dtype_bytes
+
+    @property
+    def signature(self) -> ProfileSignature:
+        layout = self.plan.layout
+        return ProfileSignature(
+            model=self.geometry.name,
+            tp=layout.tp,
+            cp=layout.cp,
+            mode=self.recompute.mode,
+            modules="+".join(self.recompute.modules),
+            compiled=self.compiled,
+        )
+
+
+Policy = Callable[[PricingInput], Estimate]
+POLICIES: dict[str, Policy] = {}
+
+
+def register_policy(name: str) -> Callable[[Policy], Policy]:
+    def wrap(fn: Policy) -> Policy:
+        POLICIES[name] = fn
+        return fn
+
+    return wrap
+
+
+def price(inputs: PricingInput, policy: str = "reference") -> Estimate:
+    """Price ``inputs`` with the named policy."""
+    _load_builtin_policies()
+    try:
+        fn = POLICIES[policy]
+    except KeyError:
+        raise InputError(
+            "policy", policy, f"unknown policy; choose one of {sorted(POLICIES)}"
+        ) from None
+    return fn(inputs)
+
+
+def policy_names() -> list[str]:
+    _load_builtin_policies()
+    return sorted(POLICIES)
+
+
+def _load_builtin_policies() -> None:
+    import cpmem.reference  # noqa: F401  (registers "reference" and "global")
