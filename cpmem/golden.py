@@ -257,7 +257,7 @@ COLUMNS: tuple[ColumnSpec, ...] = (
     _c("compiled", "bool", False, "layers ran under torch.compile (eager otherwise)"),
     _c("concentrated_routing", "bool", True, "MoE routing concentrated on few experts"),
     _c("mode", "str", False, "recompute granularity", allowed=MODES),
-    _c("modules", "str", False, "selective recompute modules ('' for mode none)", allowed=MODULES),
+    _c("modules", "str", True, "selective recompute modules ('' for mode none)", allowed=MODULES),
     _c(
         "lengths",
         "str",

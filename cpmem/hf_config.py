@@ -143,14 +143,16 @@ def _mixers(reader: _Fields, layers: int, hybrid: bool) -> tuple[MixerKind, ...]
         raise ConfigError(
             "layer_types", None, "missing (and no full_attention_interval) for a hybrid model"
         )
-    return ("attention",) * layers
+    attention: MixerKind = "attention"
+    return (attention,) * layers
 
 
 def _mlps(reader: _Fields, layers: int) -> tuple[MlpKind, ...]:
     text = reader.text
     experts = text.get("num_experts") or text.get("n_routed_experts")
     if not experts:
-        return ("dense",) * layers
+        dense: MlpKind = "dense"
+        return (dense,) * layers
     if "num_experts" not in text:
         raise ConfigError("num_experts", None, "MoE configs must name num_experts")
     step = text.get("decoder_sparse_step", 1) or 1

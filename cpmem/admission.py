@@ -1,0 +1,411 @@
+"""Admission: does a request fit, must it be split, or is it refused?
+
+Every rank computes its own required and available bytes; the group agrees on
+(MAX required, MIN available) through a Communicator, so every rank takes the
+same decision, and a planning failure anywhere raises everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from cpmem.comm import Communicator, LocalCommunicator, agree_on_bytes, collective_plan
+from cpmem.errors import InputError, RefusedError
+from cpmem.estimate import Estimate
+from cpmem.geometry import ModelGeometry
+from cpmem.layout import ParallelLayout
+from cpmem.plan import Plan, explicit_plan
+from cpmem.planners import PLANNERS, plan_request
+from cpmem.pricing import MoeRouting, PricingInput, price
+from cpmem.recompute import Recompute
+from cpmem.request import Request, Segment
+
+RESERVE_FRACTION = 0.03
+Action = Literal["fit", "split", "refuse"]
+Figure = Literal["forward", "forward_backward"]
+MAX_SPLIT = 64
+
+
+def usable_budget(
+    free_bytes: float, reusable_reserved_bytes: float, device_total_bytes: float
+) -> int:
+    """free + reusable reserved - 3% of device memory. All inputs explicit (no GPU query)."""
+    for name, value in (
+        ("free_bytes", free_bytes),
+        ("reusable_reserved_bytes", reusable_reserved_bytes),
+        ("device_total_bytes", device_total_bytes),
+    ):
+        check_bytes(name, value)
+    return int(free_bytes + reusable_reserved_bytes - RESERVE_FRACTION * device_total_bytes)
+
+
+def check_bytes(name: str, value: float) -> None:
+    """A byte count must be a finite, non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(name, value, "must be a number of bytes")
+    if math.isnan(value) or math.isinf(value):
+        raise InputError(name, value, "must be finite")
+    if value < 0:
+        raise InputError(name, value, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Pricer:
+    """How to price a plan: the model, recompute setting and policy, fixed per decision."""
+
+    geometry: ModelGeometry
+    recompute: Recompute = Recompute()
+    policy: str = "reference"
+    compiled: bool = False
+    moe_routing: MoeRouting = "concentrated"
+    figure: Figure = "forward"
+
+    def estimate(self, plan: Plan) -> Estimate:
+        return price(
+            PricingInput(
+                geometry=self.geometry,
+                plan=plan,
+                recompute=self.recompute,
+                compiled=self.compiled,
+                moe_routing=self.moe_routing,
+            ),
+            self.policy,
+        )
+
+    def required(self, est: Estimate) -> int:
+        """The admission figure: forward peak, or forward+backward where asked and priced."""
+        if self.figure == "forward_backward":
+            if est.forward_backward_bytes is None:
+                raise InputError(
+                    "figure", self.figure, f"policy {self.policy!r} does not price backward"
+                )
+            return est.forward_backward_bytes
+        return est.estimate_bytes
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The agreed outcome. ``required_bytes`` / ``available_bytes`` are group-wide."""
+
+    action: Action
+    required_bytes: int
+    available_bytes: int
+    parts: int
+    variant: str
+    estimate: Estimate
+    considered: tuple[tuple[str, int], ...]
+    suggestion: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.action != "refuse"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "action": self.action,
+            "required_bytes": self.required_bytes,
+            "available_bytes": self.available_bytes,
+            "parts": self.parts,
+            "variant": self.variant,
+            "considered": [{"variant": v, "required_bytes": b} for v, b in self.considered],
+            "suggestion": self.suggestion,
+            "estimate": self.estimate.to_dict(),
+        }
+
+
+def split_cost(pricer: Pricer, parts: Sequence[Estimate]) -> int:
+    """Sub-forwards keep every part's retained bytes until backward, but only one
+    part's workspace (outputs, cold allowance, floors, margin) is live at a time."""
+    retained = [p.components["retained_tokens"] + p.components["segment_states"] for p in parts]
+    workspace = [pricer.required(p) - r for p, r in zip(parts, retained, strict=True)]
+    return sum(retained) + max(workspace)
+
+
+def split_request(request: Request, parts: int) -> list[Request] | None:
+    """Cut a request into ``parts`` sub-forwards balanced by tokens, or None if it
+    has too few sequences. A shared prefix is repeated in every part that needs it."""
+    # a unit is (origin tree, the subtrees of it that travel together)
+    units: list[tuple[int, tuple[Segment, ...]]] = [(i, (t,)) for i, t in enumerate(request.trees)]
+    expand = len(units) < parts
+    if expand:
+        units = [
+            (i, (c,)) if t.children else (i, (t,))
+            for i, t in enumerate(request.trees)
+            for c in (t.children or (t,))
+        ]
+    if len(units) < parts:
+        return None
+    bins: list[dict[int, list[Segment]]] = [{} for _ in range(parts)]
+    loads = [0] * parts
+    for origin, segs in sorted(units, key=lambda u: -sum(s.subtree_tokens for s in u[1])):
+        i = loads.index(min(loads))
+        bins[i].setdefault(origin, []).extend(segs)
+        loads[i] += sum(s.subtree_tokens for s in segs)
+    out = []
+    for b in bins:
+        trees: list[Segment] = []
+        for origin, group in sorted(b.items()):
+            root = request.trees[origin]
+            if expand and root.children:
+                trees.append(replace(root, children=tuple(group)))
+            else:
+                trees.extend(group)
+        out.append(Request(tuple(trees)))
+    return out
+
+
+def admit(
+    geometry: ModelGeometry,
+    request: Request,
+    layout: ParallelLayout,
+    budget_bytes: float,
+    *,
+    recompute: Recompute | None = None,
+    policy: str = "reference",
+    planner: str | None = None,
+    comm: Communicator | None = None,
+    figure: Figure = "forward",
+    compiled: bool = False,
+    moe_routing: MoeRouting = "concentrated",
+) -> Decision:
+    """Fit (cost-optimal plan, then memory-minimal plan), split (2, 4, 8, ...), or refuse."""
+    check_bytes("budget_bytes", budget_bytes)
+    comm = comm or LocalCommunicator()
+    pricer = Pricer(geometry, recompute or Recompute(), policy, compiled, moe_routing, figure)
+    geometry.check_tp(layout.tp)
+
+    def candidates() -> list[tuple[str, int, Estimate]]:
+        cost_optimal = pricer.estimate(plan_request(request, layout, planner, geometry))
+        out = [("cost-optimal", pricer.required(cost_optimal), cost_optimal)]
+        if layout.cp > 1:
+            for name in PLANNERS:
+                est = pricer.estimate(plan_request(request, layout, name, geometry))
+                out.append((f"memory-minimal:{name}", pricer.required(est), est))
+        return out
+
+    found = collective_plan(comm, candidates)
+    considered: list[tuple[str, int]] = []
+    available = comm.min_int(int(budget_bytes))
+    best_fit = _first_fit(comm, found, available, considered)
+    if best_fit is not None:
+        variant, required, est = best_fit
+        return Decision("fit", required, available, 1, variant, est, tuple(considered))
+
+    parts = 2
+    while parts <= MAX_SPLIT:
+        pieces = split_request(request, parts)
+        if pieces is None:
+            break
+        chosen = pieces
+
+        def price_parts(ps: list[Request] = chosen) -> list[Estimate]:
+            return [pricer.estimate(plan_request(p, layout, planner, geometry)) for p in ps]
+
+        ests = collective_plan(comm, price_parts)
+        required, available = agree_on_bytes(comm, split_cost(pricer, ests), available)
+        considered.append((f"split-{parts}", required))
+        if required <= available:
+            largest = max(ests, key=pricer.required)
+            return Decision(
+                "split", required, available, parts, f"split-{parts}", largest, tuple(considered)
+            )
+        parts *= 2
+
+    least = min(found, key=lambda c: c[1])
+    return Decision(
+        "refuse",
+        least[1],
+        available,
+        0,
+        least[0],
+        least[2],
+        tuple(considered),
+        suggestion=suggest(geometry, request, layout, available, pricer, planner),
+    )
+
+
+def _first_fit(
+    comm: Communicator,
+    found: list[tuple[str, int, Estimate]],
+    available: int,
+    considered: list[tuple[str, int]],
+) -> tuple[str, int, Estimate] | None:
+    """Cost-optimal first; otherwise the memory-minimal candidate, if it fits."""
+    agreed = []
+    for variant, required, est in found:
+        req = comm.max_int(required)
+        considered.append((variant, req))
+        agreed.append((variant, req, est))
+    if agreed[0][1] <= available:
+        return agreed[0]
+    best = min(agreed, key=lambda c: c[1])
+    return best if best[1] <= available else None
+
+
+def suggest(
+    geometry: ModelGeometry,
+    request: Request,
+    layout: ParallelLayout,
+    available: int,
+    pricer: Pricer,
+    planner: str | None,
+) -> str:
+    """A concrete way out: the first of more CP, more recompute, shorter sequences that fits."""
+    tries: list[tuple[str, ParallelLayout, Pricer]] = [
+        (f"run with cp={cp}", replace(layout, cp=cp), pricer)
+        for cp in (layout.cp * 2, layout.cp * 4)
+    ]
+    for rc in (Recompute("selective", ("core_attn", "mlp")), Recompute("full", ())):
+        tries.append((f"use recompute {rc.label}", layout, replace(pricer, recompute=rc)))
+    for label, lay, alt in tries:
+        try:
+            need = alt.required(alt.estimate(plan_request(request, lay, planner, geometry)))
+        except InputError:
+            continue
+        if need <= available:
+            return f"{label} (predicted {need / 2**30:.3f} GiB)"
+    longest = max(request.sequence_lengths)
+    return f"shorten the sequences (longest is {longest} tokens) or add devices"
+
+
+def refuse_error(decision: Decision) -> RefusedError:
+    """The error a caller raises for a refusal: predicted peak, limit and suggestion."""
+    return RefusedError(
+        decision.required_bytes, decision.available_bytes, decision.suggestion or ""
+    )
+
+
+def admit_plan(
+    geometry: ModelGeometry,
+    plan: Plan,
+    budget_bytes: float,
+    *,
+    recompute: Recompute | None = None,
+    policy: str = "reference",
+    comm: Communicator | None = None,
+    figure: Figure = "forward",
+    compiled: bool = False,
+    moe_routing: MoeRouting = "concentrated",
+) -> Decision:
+    """Admit a plan the runtime already fixed (no alternatives, no split): fit or refuse."""
+    check_bytes("budget_bytes", budget_bytes)
+    comm = comm or LocalCommunicator()
+    pricer = Pricer(geometry, recompute or Recompute(), policy, compiled, moe_routing, figure)
+    est = collective_plan(comm, lambda: pricer.estimate(plan))
+    required, available = agree_on_bytes(comm, pricer.required(est), int(budget_bytes))
+    action: Action = "fit" if required <= available else "refuse"
+    suggestion = None
+    if action == "refuse":
+        suggestion = "shorten the sequences, add CP ranks or recompute more"
+    return Decision(
+        action,
+        required,
+        available,
+        1 if action == "fit" else 0,
+        "explicit",
+        est,
+        (("explicit", required),),
+        suggestion,
+    )
+
+
+@dataclass(frozen=True)
+class WidthSelection:
+    """How many queued requests join one forward, and what that forward costs."""
+
+    count: int
+    required_bytes: int
+    exact_plans: int
+    pruned: int
+
+
+def select_width(
+    geometry: ModelGeometry,
+    queue: Sequence[Request],
+    layout: ParallelLayout,
+    budget_bytes: float,
+    *,
+    recompute: Recompute | None = None,
+    policy: str = "reference",
+    planner: str | None = None,
+    probe: Literal["exact", "global"] = "exact",
+    comm: Communicator | None = None,
+) -> WidthSelection:
+    """Largest prefix of ``queue`` whose one forward fits: doubling, then binary search.
+
+    Under CP the exact plan is built and priced; ceil(packed / CP) serves only as an
+    optimistic bound that prunes widths that cannot fit. ``probe="global"`` prices
+    the global token count instead (cheap, and wrong under CP: for comparison).
+    """
+    check_bytes("budget_bytes", budget_bytes)
+    if not queue:
+        raise InputError("queue", [], "needs at least one request")
+    comm = comm or LocalCommunicator()
+    pricer = Pricer(geometry, recompute or Recompute(), policy)
+    available = comm.min_int(int(budget_bytes))
+    stats = {"exact": 0, "pruned": 0}
+    cache: dict[int, int | None] = {}
+
+    def cost(n: int) -> int | None:
+        """Required bytes of the first n requests, or None if pruned as not fitting."""
+        if n in cache:
+            return cache[n]
+        combined = Request(tuple(t for r in queue[:n] for t in r.trees))
+        result: int | None
+        if probe == "global" or layout.cp == 1:
+            plan = explicit_plan(
+                layout,
+                logical_tokens=combined.logical_tokens,
+                packed_tokens=-(-combined.real_tokens // layout.tp) * layout.tp,
+                grad_segments=combined.grad_segments,
+            )
+            result = pricer.required(pricer.estimate(plan))
+        else:
+            bound = explicit_plan(
+                layout,
+                logical_tokens=combined.logical_tokens,
+                packed_tokens=-(-combined.real_tokens // layout.tp) * layout.tp,
+                grad_segments=combined.grad_segments,
+            )
+            if pricer.required(pricer.estimate(bound)) > available:
+                stats["pruned"] += 1
+                result = None
+            else:
+                stats["exact"] += 1
+                plan = plan_request(combined, layout, planner, geometry)
+                result = pricer.required(pricer.estimate(plan))
+        if result is not None:
+            result = comm.max_int(result)
+        cache[n] = result
+        return result
+
+    def fits(n: int) -> bool:
+        c = cost(n)
+        return c is not None and c <= available
+
+    if not fits(1):
+        c = cost(1)
+        return WidthSelection(0, c if c is not None else 0, stats["exact"], stats["pruned"])
+    lo, hi = 1, None
+    n = 2
+    while n <= len(queue):
+        if fits(n):
+            lo = n
+            n *= 2
+        else:
+            hi = n
+            break
+    if hi is None:
+        hi = len(queue) + 1
+        if lo < len(queue) and fits(len(queue)):
+            lo = len(queue)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return WidthSelection(lo, cost(lo) or 0, stats["exact"], stats["pruned"])
