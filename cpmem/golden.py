@@ -1000,14 +1000,15 @@ def _merge(
             skipped.append(cid)
             continue
         first = diffs[0]
-        detail = "; ".join(f"{n}: golden {old[n]!r} vs incoming {row[n]!r}" for n in diffs)
-        raise GoldenDataError(
-            f"cell {cid!r} already exists with different values; column {first!r}: golden has "
-            f"{old[first]!r}, incoming ({origin}) has {row[first]!r}. golden is append-only, so "
-            f"nothing was written. All differences: {detail}",
-            column=first,
-            value=row[first],
+        more = "; ".join(f"{n}: golden {old[n]!r} vs incoming {row[n]!r}" for n in diffs[1:])
+        exc = GoldenDataError(
+            f"cell {cid!r}: column {first!r}: golden has {old[first]!r}, incoming ({origin}) "
+            f"has {row[first]!r}"
+            + (f" (other differing columns: {more})" if more else "")
+            + ". golden is append-only: a recorded value is never changed; nothing was written."
         )
+        exc.column, exc.value = first, row[first]
+        raise exc
     return merged, imported, skipped
 
 

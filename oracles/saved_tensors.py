@@ -20,14 +20,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 BF16 = torch.bfloat16
-# A saved storage narrower than this many bf16 elements per token is a "small term"
-# (fp32 norm/softmax statistics, rank-1 LoRA intermediates, rope tables, gate scalars).
-SMALL_WIDTH = 256
+# A saved storage narrower than hidden / SMALL_FRACTION bf16 elements per token is a
+# "small term" (fp32 norm/softmax statistics, rank-1 LoRA intermediates, rope tables,
+# per-head gate scalars); the reference widths do not price them.
+SMALL_FRACTION = 8
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -123,6 +125,7 @@ class Measurement:
 
     tokens: int
     records: dict[int, SavedStorage]
+    small_width: int = 0  # storages narrower than this (bf16 elements per token) are small
     live_bytes: int | None = None  # from the live-storage tracker, when run on real tensors
     live_keys: set[int] | None = None
 
@@ -130,11 +133,11 @@ class Measurement:
         return sum(r.nbytes for r in self.records.values() if label in (None, r.label))
 
     def small_bytes(self, label: str | None = None) -> int:
-        """Bytes in storages narrower than SMALL_WIDTH bf16 elements per token."""
+        """Bytes in storages narrower than ``small_width`` bf16 elements per token."""
         return sum(
             r.nbytes
             for r in self.records.values()
-            if label in (None, r.label) and r.nbytes < SMALL_WIDTH * 2 * self.tokens
+            if label in (None, r.label) and r.nbytes < self.small_width * 2 * self.tokens
         )
 
     def width(self, label: str | None = None) -> float:
@@ -423,7 +426,10 @@ class _GatedDeltaCoreFn(torch.autograd.Function):
         a = torch.linalg.solve_triangular(eye + low, eye.expand_as(low), upper=False)
         a = a.permute(0, 1, 3, 2, 4).reshape(b, n * CHUNK, h, CHUNK)[:, :s].to(q.dtype)
         g_cum = gc.reshape(b, n * CHUNK, h)[:, :s].contiguous()
-        o = _gated_delta_recurrent(q, k, v, g, beta, initial_state)
+        if isinstance(q, FakeTensor):  # shapes are all that count; skip the token loop
+            o = torch.empty_like(v)
+        else:
+            o = _gated_delta_recurrent(q, k, v, g, beta, initial_state)
         ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g_cum, beta, a, initial_state)
         return o
 
@@ -624,12 +630,12 @@ def measure_reference(
     with mode:
         layer = build_reference_layer(geo, kind, variant)
         x = torch.randn(1, seq, geo.hidden, dtype=BF16, requires_grad=True)
-        return measure_forward(layer, (x,), seq, track_live=track_live)
+        m = measure_forward(layer, (x,), seq, track_live=track_live)
+    m.small_width = geo.hidden // SMALL_FRACTION
+    return m
 
 
-def _fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+def _fake_mode() -> FakeTensorMode:
     return FakeTensorMode()
 
 
@@ -662,7 +668,7 @@ def install_megatron_cpu_shim() -> None:
     from megatron.core.tensor_parallel import random as mrandom
 
     cuda = torch.cuda
-    cuda.current_device = lambda: 0  # type: ignore[assignment]
+    cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore[assignment]
     cuda.set_rng_state = lambda *a, **k: None  # type: ignore[assignment]
@@ -779,6 +785,11 @@ def measure_megatron(geo: OracleGeometry, mode: str, seq: int, *, fake: bool = T
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     install_megatron_cpu_shim()
+    from megatron.core import parallel_state
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    # The attention-score buffer is global and outlives a fake mode: start a fresh one.
+    parallel_state._GLOBAL_MEMORY_BUFFER = GlobalMemoryBuffer()
     torch.manual_seed(0)
     with _fake_mode() if fake else contextlib.nullcontext():
         block = build_megatron_block(geo, mode)
@@ -793,7 +804,9 @@ def measure_megatron(geo: OracleGeometry, mode: str, seq: int, *, fake: bool = T
         labels = {layer.input_layernorm: "attention", layer.pre_mlp_layernorm: "mlp"}
         if mode == "full":
             labels = {}
-        return measure_forward(block, (x,), seq, labels=labels, call=call)
+        m = measure_forward(block, (x,), seq, labels=labels, call=call)
+    m.small_width = geo.hidden // SMALL_FRACTION
+    return m
 
 
 def tokens_width(nbytes: int, tokens: int) -> float:
@@ -804,7 +817,7 @@ def tokens_width(nbytes: int, tokens: int) -> float:
 __all__ = [
     "GEOMETRIES",
     "MEGATRON_MODES",
-    "SMALL_WIDTH",
+    "SMALL_FRACTION",
     "AttentionLayer",
     "FusedRMSNorm",
     "GatedDeltaNetLayer",

@@ -1,0 +1,363 @@
+"""The ``cpmem`` command: estimate, admit, models (and the golden/gate/report tools)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cpmem.admission import admit, admit_plan, usable_budget
+from cpmem.api import load_model
+from cpmem.errors import CpmemError, InputError
+from cpmem.estimate import Estimate
+from cpmem.geometry import ModelGeometry
+from cpmem.layout import ParallelLayout
+from cpmem.plan import Plan, explicit_plan
+from cpmem.planners import PLANNERS, plan_request
+from cpmem.presets import PRESETS
+from cpmem.pricing import PricingInput, policy_names, price
+from cpmem.profiles import ProfileStore
+from cpmem.recompute import MODES, Recompute
+from cpmem.request import Request
+from cpmem.units import GIB
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _int_list(field: str) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.replace("+", ",").split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{field}={text!r}: must be comma-separated integers"
+            ) from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{field}={text!r}: needs at least one value")
+        return values
+
+    return parse
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="preset name or recorded Hugging Face id (see `cpmem models`)")
+    src.add_argument("--config", help="path to a Hugging Face config.json")
+    fused = p.add_mutually_exclusive_group()
+    fused.add_argument(
+        "--fused-activation",
+        dest="fused",
+        action="store_const",
+        const=True,
+        default=None,
+        help="the runtime fuses the SwiGLU activation (default: by model family)",
+    )
+    fused.add_argument(
+        "--unfused-activation",
+        dest="fused",
+        action="store_const",
+        const=False,
+        help="the runtime runs SwiGLU unfused",
+    )
+
+
+def _add_request_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lengths", type=_int_list("lengths"), help="sequence lengths, e.g. 4096,4096")
+    p.add_argument("--shared-prefix", type=int, default=0, help="tokens all sequences share")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    p.add_argument("--cp", type=int, default=1, help="context parallel size")
+    p.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE)")
+    sp = p.add_mutually_exclusive_group()
+    sp.add_argument(
+        "--sp",
+        dest="sp",
+        action="store_const",
+        const=True,
+        default=None,
+        help="sequence parallel on (default when --tp > 1)",
+    )
+    sp.add_argument(
+        "--no-sp", dest="sp", action="store_const", const=False, help="sequence parallel off"
+    )
+    p.add_argument("--recompute", choices=MODES, default="selective")
+    p.add_argument(
+        "--modules",
+        default=None,
+        help="selective recompute modules, e.g. core_attn+mlp (default core_attn)",
+    )
+    p.add_argument("--policy", default="reference", help="pricing policy (reference, global, ...)")
+    p.add_argument(
+        "--planner",
+        choices=PLANNERS,
+        default=None,
+        help="reference planner (default: gdn-segments for hybrid, attention-work "
+        "for attention-only models)",
+    )
+    p.add_argument("--compiled", action="store_true", help="layers run under torch.compile")
+    p.add_argument("--moe-routing", choices=("concentrated", "balanced"), default="concentrated")
+    p.add_argument("--profiles", help="learned-profile floors (JSON store)")
+    ex = p.add_argument_group("explicit plan (a runtime that knows its layout)")
+    ex.add_argument("--logical-tokens", type=int)
+    ex.add_argument("--packed-tokens", type=int)
+    ex.add_argument(
+        "--rank-tokens",
+        type=_int_list("rank-tokens"),
+        help="model tokens per CP rank, e.g. 4096,2868",
+    )
+    ex.add_argument("--busiest-tokens", type=int)
+    ex.add_argument("--segments", type=int, help="gradient-enabled prefix-tree segments")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _geometry(args: argparse.Namespace) -> ModelGeometry:
+    return load_model(args.model, config=args.config, fused_swiglu=args.fused)
+
+
+def _plan(args: argparse.Namespace, geometry: ModelGeometry) -> Plan:
+    sp = args.tp > 1 if args.sp is None else args.sp
+    layout = ParallelLayout(tp=args.tp, cp=args.cp, sp=sp, ep=args.ep)
+    geometry.check_tp(layout.tp)
+    explicit = any(
+        v is not None
+        for v in (args.logical_tokens, args.packed_tokens, args.rank_tokens, args.busiest_tokens)
+    )
+    if explicit:
+        if args.lengths is not None:
+            raise InputError(
+                "lengths", args.lengths, "give --lengths or an explicit plan, not both"
+            )
+        for name in ("logical_tokens", "packed_tokens", "segments"):
+            if getattr(args, name) is None:
+                raise InputError(name.replace("_", "-"), None, "required for an explicit plan")
+        return explicit_plan(
+            layout,
+            logical_tokens=args.logical_tokens,
+            packed_tokens=args.packed_tokens,
+            grad_segments=args.segments,
+            rank_tokens=args.rank_tokens,
+            busiest_tokens=args.busiest_tokens,
+        )
+    if args.lengths is None:
+        raise InputError("lengths", None, "give --lengths (or an explicit plan)")
+    request = Request.shared(args.lengths, args.shared_prefix)
+    return plan_request(request, layout, args.planner, geometry)
+
+
+def _price_args(args: argparse.Namespace) -> tuple[ModelGeometry, Plan, Estimate, Recompute]:
+    geometry = _geometry(args)
+    plan = _plan(args, geometry)
+    rc = Recompute.parse(args.recompute, args.modules)
+    profiles = ProfileStore.load(args.profiles) if args.profiles else None
+    inputs = PricingInput(
+        geometry=geometry,
+        plan=plan,
+        recompute=rc,
+        compiled=args.compiled,
+        moe_routing=args.moe_routing,
+        profiles=profiles,
+    )
+    return geometry, plan, price(inputs, args.policy), rc
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.3f}"
+
+
+def render_estimate(est: Estimate, plan: Plan) -> str:
+    """The human table: per-rank bytes, then the busiest rank's breakdown."""
+    lines = [
+        f"{est.model}  policy={est.policy}  recompute={est.recompute}  "
+        f"tp={est.tp} cp={est.cp} sp={'on' if est.sp else 'off'}  planner={est.planner}",
+        f"logical tokens {est.logical_tokens:,}  packed {est.packed_tokens:,}  "
+        f"grad segments {est.grad_segments}",
+        "",
+        f"{'rank':>4}  {'tokens':>9}  {'bytes':>16}  {'GiB':>9}",
+    ]
+    for r, b in enumerate(est.per_rank_bytes):
+        mark = "  <- busiest" if r == est.busiest_rank else ""
+        lines.append(f"{r:>4}  {plan.rank_tokens[r]:>9,}  {b:>16,}  {_gib(b):>9}{mark}")
+    lines += ["", f"{'component':<18}  {'bytes':>16}  {'GiB':>9}  {'share':>6}"]
+    for name, b in est.components.items():
+        share = b / est.estimate_bytes if est.estimate_bytes else 0.0
+        lines.append(f"{name:<18}  {b:>16,}  {_gib(b):>9}  {share:>6.1%}")
+    lines.append(
+        f"{'estimate':<18}  {est.estimate_bytes:>16,}  {_gib(est.estimate_bytes):>9}  "
+        f"(busiest rank {est.busiest_rank}, {est.busiest_tokens:,} tokens priced)"
+    )
+    if est.forward_backward_bytes is not None:
+        lines.append(
+            f"{'forward+backward':<18}  {est.forward_backward_bytes:>16,}  "
+            f"{_gib(est.forward_backward_bytes):>9}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    _, plan, est, _ = _price_args(args)
+    if args.json:
+        out = est.to_dict()
+        out["rank_tokens"] = list(plan.rank_tokens)
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_estimate(est, plan))
+    return 0
+
+
+def cmd_admit(args: argparse.Namespace) -> int:
+    geometry = _geometry(args)
+    if args.budget_gib is not None:
+        if not args.budget_gib >= 0 or args.budget_gib == float("inf"):
+            raise InputError("budget-gib", args.budget_gib, "must be a finite number >= 0")
+        budget = int(args.budget_gib * GIB)
+    else:
+        parts = (args.free_bytes, args.reusable_reserved_bytes, args.device_total_bytes)
+        if any(v is None for v in parts):
+            raise InputError(
+                "budget",
+                None,
+                "give --budget-gib, or all of --free-bytes, --reusable-reserved-bytes, "
+                "--device-total-bytes",
+            )
+        budget = usable_budget(*parts)
+    rc = Recompute.parse(args.recompute, args.modules)
+    kwargs: dict[str, Any] = dict(
+        recompute=rc,
+        policy=args.policy,
+        figure=args.figure,
+        compiled=args.compiled,
+        moe_routing=args.moe_routing,
+    )
+    plan = _plan(args, geometry)
+    if plan.planner == "explicit":
+        decision = admit_plan(geometry, plan, budget, **kwargs)
+    else:
+        request = Request.shared(args.lengths, args.shared_prefix)
+        decision = admit(geometry, request, plan.layout, budget, planner=args.planner, **kwargs)
+    if args.json:
+        print(json.dumps(decision.to_dict(), indent=2))
+    else:
+        print(
+            f"{decision.action.upper()}: required {_gib(decision.required_bytes)} GiB "
+            f"({decision.variant}), usable {_gib(decision.available_bytes)} GiB"
+        )
+        for variant, required in decision.considered:
+            print(f"  considered {variant:<32} {_gib(required):>9} GiB")
+        if decision.action == "split":
+            print(f"  split into {decision.parts} sub-forwards")
+        if decision.suggestion:
+            print(f"  suggestion: {decision.suggestion}")
+    return 0 if decision.action != "refuse" else 3
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]] = []
+    for g in PRESETS.values():
+        rows.append(
+            {
+                "name": g.name,
+                "aliases": list(g.aliases),
+                "hidden": g.hidden,
+                "layers": g.layers,
+                "gdn_layers": g.gdn_layers,
+                "moe_layers": g.moe_layers,
+                "ffn": g.ffn,
+                "heads": f"{g.q_heads}/{g.kv_groups}/{g.head_dim}",
+                "fused_swiglu": g.fused_swiglu,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{'name':<18} {'hidden':>6} {'layers':>6} {'gdn':>4} {'moe':>4} {'ffn':>6}  heads(q/kv/d)  aliases"
+    )
+    for r in rows:
+        print(
+            f"{r['name']:<18} {r['hidden']:>6} {r['layers']:>6} {r['gdn_layers']:>4} "
+            f"{r['moe_layers']:>4} {r['ffn']:>6}  {r['heads']:<13}  {', '.join(r['aliases'])}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cpmem",
+        description="Per-rank activation memory of LoRA fine-tuning under TP/SP/CP.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("estimate", help="price one request: per-rank bytes and breakdown")
+    _add_model_args(p)
+    _add_request_args(p)
+    p.set_defaults(handler=cmd_estimate)
+
+    p = sub.add_parser("admit", help="fit, split or refuse a request against a budget")
+    _add_model_args(p)
+    _add_request_args(p)
+    p.add_argument("--budget-gib", type=float, help="usable bytes per rank, in GiB")
+    p.add_argument("--free-bytes", type=float)
+    p.add_argument("--reusable-reserved-bytes", type=float)
+    p.add_argument("--device-total-bytes", type=float)
+    p.add_argument(
+        "--figure",
+        choices=("forward", "forward_backward"),
+        default="forward",
+        help="admit on the forward peak or the whole step (policies that price it)",
+    )
+    p.set_defaults(handler=cmd_admit)
+
+    p = sub.add_parser("models", help="list the built-in model geometries")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_models)
+
+    for name, (help_text, register) in _extra_commands().items():
+        p = sub.add_parser(name, help=help_text, add_help=False)
+        p.set_defaults(handler=register)
+    return parser
+
+
+def _extra_commands() -> dict[str, tuple[str, Handler]]:
+    """Tools in their own modules, each taking the rest of the command line."""
+    return {
+        "golden": ("import / verify the golden measurement layer", _forward("cpmem.golden")),
+        "gate": ("check an estimator policy against the golden layer", _forward("cpmem.gate")),
+        "report": ("write the calibration report (markdown + figures)", _forward("cpmem.report")),
+    }
+
+
+def _forward(module: str) -> Handler:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        mod = importlib.import_module(module)
+        main: Callable[[list[str]], int] = mod.main
+        return main(args.rest)
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in _extra_commands():
+        args = argparse.Namespace(handler=_extra_commands()[argv[0]][1], rest=argv[1:])
+    else:
+        args = parser.parse_args(argv)
+    policy = getattr(args, "policy", None)
+    try:
+        if policy is not None and policy not in policy_names():
+            raise InputError("policy", policy, f"unknown policy; choose one of {policy_names()}")
+        handler: Handler = args.handler
+        return handler(args)
+    except CpmemError as exc:
+        print(f"cpmem: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `cpmem estimate --json | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
