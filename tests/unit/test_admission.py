@@ -1,0 +1,147 @@
+"""Admission: budget arithmetic, fit / split / refuse, width selection, agreement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cpmem.admission import admit, admit_plan, select_width, split_request, usable_budget
+from cpmem.api import estimate, load_model
+from cpmem.comm import LocalCommunicator, collective_plan
+from cpmem.errors import InputError, PlanningError
+from cpmem.layout import ParallelLayout
+from cpmem.plan import explicit_plan
+from cpmem.recompute import Recompute
+from cpmem.request import Request
+
+GIB = 1 << 30
+M27 = load_model("qwen3.5-27b")
+M4 = load_model("qwen3.5-4b")
+PAIR = Request.pair(4096, 4096, 1228)
+
+
+def test_usable_budget_formula():
+    # free + reusable reserved - 3% of device memory
+    assert usable_budget(100, 20, 1000) == 90
+    for bad in (math.nan, -1.0, math.inf):
+        with pytest.raises(InputError):
+            usable_budget(bad, 0, 10)
+
+
+def test_27b_pair_fits_busiest_rank_and_is_refused_globally():
+    layout = ParallelLayout(cp=2)
+    ok = admit(M27, PAIR, layout, 81.868 * GIB)
+    assert ok.action == "fit" and ok.variant == "cost-optimal"
+    assert ok.required_bytes == 74_651_231_846
+    no = admit(M27, PAIR, layout, 81.868 * GIB, policy="global")
+    assert no.action == "refuse"
+    assert no.required_bytes == 126_029_345_587
+    assert no.suggestion
+
+
+def test_memory_minimal_plan_used_when_cost_optimal_does_not_fit():
+    layout = ParallelLayout(cp=2)
+    cost_optimal = estimate(M27, request=PAIR, cp=2).estimate_bytes
+    balanced = estimate(M27, request=PAIR, cp=2, planner="balanced").estimate_bytes
+    assert balanced < cost_optimal
+    d = admit(M27, PAIR, layout, (balanced + cost_optimal) // 2)
+    assert d.action == "fit" and d.variant == "memory-minimal:balanced"
+
+
+def test_split_ladder():
+    four = Request.independent([8192] * 4)
+    whole = estimate(M4, request=four).estimate_bytes
+    one = estimate(M4, [8192])
+    # a 2-way split keeps both parts' retained bytes but one part's workspace
+    retained = one.components["retained_tokens"] + one.components["segment_states"]
+    two = estimate(M4, [8192, 8192])
+    two_retained = two.components["retained_tokens"] + two.components["segment_states"]
+    split2 = 2 * two_retained + (two.estimate_bytes - two_retained)
+    assert split2 < whole
+    d = admit(M4, four, ParallelLayout(), (split2 + whole) // 2)
+    assert d.action == "split" and d.parts == 2 and d.required_bytes == split2
+    assert retained > 0
+
+
+def test_refusal_carries_peak_limit_and_suggestion():
+    d = admit(M27, Request.independent([32768]), ParallelLayout(), 10 * GIB)
+    assert d.action == "refuse"
+    assert d.required_bytes > d.available_bytes == 10 * GIB
+    assert "shorten" in d.suggestion or "cp=" in d.suggestion or "recompute" in d.suggestion
+
+
+def test_split_request_shares_prefix_per_part():
+    parts = split_request(Request.shared([100, 100, 100, 100], 40), 2)
+    assert [p.sequence_lengths for p in parts] == [[100, 100], [100, 100]]
+    assert all(p.real_tokens == 40 + 60 + 60 for p in parts)
+    assert split_request(Request.independent([5]), 2) is None
+
+
+def test_admit_plan_uneven_layout():
+    plan = explicit_plan(
+        ParallelLayout(cp=2),
+        logical_tokens=8192,
+        packed_tokens=6964,
+        rank_tokens=[4096, 2868],
+        grad_segments=3,
+    )
+    assert admit_plan(M27, plan, 70 * GIB).action == "fit"
+    assert admit_plan(M27, plan, 69 * GIB).action == "refuse"
+
+
+def _linear_width(queue, layout, budget):
+    """Brute force: the largest n whose exact plan fits (monotone cost assumed)."""
+    best = 0
+    for n in range(1, len(queue) + 1):
+        req = Request(tuple(t for r in queue[:n] for t in r.trees))
+        if estimate(M4, request=req, cp=layout.cp).estimate_bytes <= budget:
+            best = n
+    return best
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+@pytest.mark.parametrize("budget_gib", [3, 11, 40])
+def test_width_selection_matches_linear_scan(cp, budget_gib):
+    queue = [Request.pair(1000 + 37 * i, 900 + 11 * i, 100) for i in range(24)]
+    layout = ParallelLayout(cp=cp)
+    got = select_width(M4, queue, layout, budget_gib * GIB)
+    assert got.count == _linear_width(queue, layout, budget_gib * GIB)
+
+
+def test_collective_plan_local():
+    assert collective_plan(LocalCommunicator(), lambda: 7) == 7
+
+    def boom() -> int:
+        raise InputError("lengths", [], "bad")
+
+    with pytest.raises(InputError):
+        collective_plan(LocalCommunicator(), boom)
+
+
+class _PeerFailed(LocalCommunicator):
+    """Rank 0 of a 2-rank group whose rank 1 failed planning."""
+
+    size = 2
+
+    def gather_errors(self, error):
+        return [error, "PlanningError: out of tokens"]
+
+
+def test_peer_failure_raises_naming_the_rank():
+    with pytest.raises(PlanningError, match="rank 1") as err:
+        collective_plan(_PeerFailed(), lambda: 1)
+    assert err.value.failed_rank == 1
+
+
+def test_full_and_no_grad_keep_global_pricing_under_cp():
+    for mode in ("full", "no-grad"):
+        cp2 = estimate(M27, request=PAIR, cp=2, recompute=Recompute(mode, ()))
+        glob = estimate(M27, request=PAIR, cp=2, recompute=Recompute(mode, ()), policy="global")
+        assert cp2.estimate_bytes == glob.estimate_bytes
+        assert cp2.busiest_tokens == 6964
+    sel = estimate(M27, request=PAIR, cp=2).estimate_bytes
+    full = estimate(M27, request=PAIR, cp=2, recompute="full").estimate_bytes
+    nograd = estimate(M27, request=PAIR, cp=2, recompute="no-grad").estimate_bytes
+    assert nograd < full < estimate(M27, request=PAIR, cp=2, policy="global").estimate_bytes
+    assert sel > 0

@@ -1,0 +1,138 @@
+"""The reference policy reproduces every recorded dense estimate to the byte.
+
+Expected values are the recorded columns of the measured sources; each cell is
+priced from its recorded counts alone (an explicit plan), as a runtime would.
+"""
+
+from __future__ import annotations
+
+import pytest
+from raw_sources import read_source
+
+from cpmem.api import estimate, load_model
+from cpmem.layout import ParallelLayout
+from cpmem.plan import explicit_plan
+from cpmem.pricing import PricingInput
+from cpmem.recompute import Recompute
+from cpmem.reference import ReferenceTerms, price_reference
+
+CP_ROWS = read_source("art_recompute_memory_cp.csv")
+TP_ROWS = read_source("art_recompute_memory.csv")
+DENSE_TP = [
+    r
+    for r in TP_ROWS
+    if "A3B" not in r["model"] and r["phase"] in ("final", "eager_control", "before_segment_states")
+]
+NEGATIVE = [r for r in TP_ROWS if r["phase"].endswith("_negative_control")]
+
+
+def _lengths(row: dict[str, str]) -> list[int]:
+    return [int(x) for x in row["lengths"].split("+")]
+
+
+def _cp_plan(row: dict[str, str]):
+    return explicit_plan(
+        ParallelLayout(tp=1, cp=2),
+        logical_tokens=sum(_lengths(row)),
+        packed_tokens=int(row["packed_tokens"]),
+        busiest_tokens=int(row["retained_tokens"]),
+        grad_segments=int(row["grad_segments"]),
+    )
+
+
+def _tp_segments(row: dict[str, str]) -> int:
+    if row["grad_segment_count"]:
+        return int(row["grad_segment_count"])
+    # Not recorded: a shared pair has prefix + two completions, else one per sequence.
+    lengths = _lengths(row)
+    return 3 if int(row["packed_tokens"]) < sum(lengths) else len(lengths)
+
+
+def _tp_inputs(row: dict[str, str]) -> PricingInput:
+    layout = ParallelLayout(
+        tp=int(row["tp"]), cp=1, sp=row["sequence_parallel"] == "True", ep=int(row["ep"])
+    )
+    plan = explicit_plan(
+        layout,
+        logical_tokens=sum(_lengths(row)),
+        packed_tokens=int(row["packed_tokens"]),
+        grad_segments=_tp_segments(row),
+    )
+    return PricingInput(
+        geometry=load_model(row["model"]),
+        plan=plan,
+        recompute=Recompute.parse(row["mode"], row["modules"]),
+        compiled=row["compiled"] == "True",
+    )
+
+
+def test_sources_have_the_counts_the_issue_names():
+    assert len(CP_ROWS) == 13
+    assert len(DENSE_TP) == 9 + 7 + 27  # before_segment_states, eager_control, final
+
+
+@pytest.mark.parametrize("row", CP_ROWS, ids=lambda r: f"{r['case']}:{r['lengths']}")
+def test_cp_rows_busiest_rank_estimate(row):
+    est = estimate(row["model"], plan=_cp_plan(row), recompute=row["mode"], modules=row["modules"])
+    assert est.estimate_bytes == int(row["estimate_bytes"])
+    assert est.busiest_tokens == int(row["retained_tokens"])
+
+
+@pytest.mark.parametrize("row", CP_ROWS, ids=lambda r: f"{r['case']}:{r['lengths']}")
+def test_cp_rows_global_variant(row):
+    est = estimate(
+        row["model"],
+        plan=_cp_plan(row),
+        recompute=row["mode"],
+        modules=row["modules"],
+        policy="global",
+    )
+    assert est.estimate_bytes == int(row["old_estimate_bytes"])
+
+
+@pytest.mark.parametrize(
+    "row",
+    DENSE_TP,
+    ids=lambda r: f"{r['phase']}:{r['model']}:tp{r['tp']}:{r['modules']}:{r['lengths']}",
+)
+def test_tp_dense_rows(row):
+    terms = ReferenceTerms(segment_states=row["phase"] != "before_segment_states")
+    est = price_reference(_tp_inputs(row), terms, "reference")
+    assert est.estimate_bytes == int(row["estimate_bytes"])
+
+
+@pytest.mark.parametrize("row", NEGATIVE, ids=lambda r: f"{r['phase']}:{r['lengths']}")
+def test_negative_controls_are_not_reproduced_and_reference_covers_their_peaks(row):
+    est = price_reference(_tp_inputs(row), ReferenceTerms(), "reference")
+    recorded, peak = int(row["estimate_bytes"]), int(row["forward_peak_max_bytes"])
+    assert recorded < peak, "a negative control's recorded estimate fails to cover"
+    assert est.estimate_bytes != recorded
+    assert est.estimate_bytes >= peak
+
+
+def test_check_values_from_pricing_md():
+    # pricing.md: "27B features 8,142,848; 4B 2,449,408; 1.7B 1,462,272" and the segment
+    # state bytes "27B at TP1: 6,414,336; 4B: 4,292,608".
+    from cpmem.reference import feature_width, segment_state_bytes
+    from cpmem.widths import layer_widths
+
+    for name, features in (
+        ("qwen3.5-27b", 8_142_848),
+        ("qwen3.5-4b", 2_449_408),
+        ("qwen3-1.7b", 1_462_272),
+    ):
+        g = load_model(name)
+        assert feature_width(g, layer_widths(g, 1, False), Recompute()) == features
+    assert segment_state_bytes(load_model("qwen3.5-27b"), 1) == 6_414_336
+    assert segment_state_bytes(load_model("qwen3.5-4b"), 1) == 4_292_608
+
+
+def test_worked_example_components():
+    # pricing.md worked example: 27B CP2 4096+4096 sharing 1228 -> 74,651,231,846 bytes.
+    est = estimate("qwen3.5-27b", [4096, 4096], shared_prefix=1228, cp=2)
+    assert est.estimate_bytes == 74_651_231_846
+    assert est.packed_tokens == 6964 and est.busiest_tokens == 4096
+    assert est.components["retained_tokens"] == 4096 * 2 * 8_142_848
+    assert est.components["segment_states"] == 3 * 48 * 6_414_336
+    assert est.components["gathered_outputs"] == 8192 * 5120 * 2
+    assert sum(est.components.values()) == est.estimate_bytes
