@@ -331,14 +331,15 @@ def select_width(
     recompute: Recompute | None = None,
     policy: str = "reference",
     planner: str | None = None,
-    probe: Literal["exact", "global"] = "exact",
+    probe: Literal["exact", "count"] = "exact",
     comm: Communicator | None = None,
 ) -> WidthSelection:
     """Largest prefix of ``queue`` whose one forward fits: doubling, then binary search.
 
     Under CP the exact plan is built and priced; ceil(packed / CP) serves only as an
-    optimistic bound that prunes widths that cannot fit. ``probe="global"`` prices
-    the global token count instead (cheap, and wrong under CP: for comparison).
+    optimistic bound that prunes widths that cannot fit. ``probe="count"`` prices
+    the token count split evenly over CP instead (cheap, no plan built, and optimistic
+    under CP: for comparison).
     """
     check_bytes("budget_bytes", budget_bytes)
     if not queue:
@@ -355,7 +356,7 @@ def select_width(
             return cache[n]
         combined = Request(tuple(t for r in queue[:n] for t in r.trees))
         result: int | None
-        if probe == "global" or layout.cp == 1:
+        if probe == "count" or layout.cp == 1:
             plan = explicit_plan(
                 layout,
                 logical_tokens=combined.logical_tokens,

@@ -1,0 +1,82 @@
+"""Speed figures for planning, pricing and width selection (prints; asserts nothing).
+
+Targets (issue: cpmem core): pricing one plan <= 50 us; building and pricing the
+exact plan of 64 pairs of 8k tokens at CP 1/2/4/8 <= 5 ms each; width selection
+over 256 such requests under CP 4 <= 100 ms; the cheap global-count probe as a ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+from cpmem.admission import select_width
+from cpmem.api import load_model
+from cpmem.layout import ParallelLayout
+from cpmem.planners import plan_request
+from cpmem.pricing import PricingInput, price
+from cpmem.request import Request
+
+GIB = 1 << 30
+
+
+def timeit(fn: Callable[[], object], repeat: int = 7, number: int | None = None) -> float:
+    """Median seconds per call over ``repeat`` rounds of ``number`` calls."""
+    if number is None:
+        number, t0 = 1, time.perf_counter()
+        fn()
+        one = time.perf_counter() - t0
+        number = max(1, int(0.05 / max(one, 1e-7)))
+    rounds = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        rounds.append((time.perf_counter() - t0) / number)
+    return statistics.median(rounds)
+
+
+def row(label: str, seconds: float, target: float) -> None:
+    ok = "ok" if seconds <= target else "OVER TARGET"
+    print(f"{label:<58} {seconds * 1e3:>10.3f} ms   target {target * 1e3:>7.3f} ms  {ok}")
+
+
+def main() -> None:
+    model = load_model("qwen3.5-27b")
+    pair = Request.pair(4096, 4096, 1228)
+    plan = plan_request(pair, ParallelLayout(cp=2), geometry=model)
+    inputs = PricingInput(geometry=model, plan=plan)
+    row("price one plan (27B CP2 4k pair)", timeit(lambda: price(inputs)), 50e-6)
+
+    batch = Request(tuple(t for _ in range(64) for t in Request.pair(8192, 8192, 2000).trees))
+    for cp in (1, 2, 4, 8):
+        layout = ParallelLayout(cp=cp)
+
+        def plan_and_price(layout: ParallelLayout = layout) -> None:
+            p = plan_request(batch, layout, geometry=model)
+            price(PricingInput(geometry=model, plan=p))
+
+        row(f"plan + price 64 pairs of 8k, CP {cp}", timeit(plan_and_price), 5e-3)
+
+    small = load_model("qwen3.5-4b")
+    queue = [Request.pair(8192, 8192, 2000) for _ in range(256)]
+    layout = ParallelLayout(cp=4)
+    budget = 120 * GIB
+    exact = select_width(small, queue, layout, budget)
+    cheap = select_width(small, queue, layout, budget, probe="count")
+    t_exact = timeit(lambda: select_width(small, queue, layout, budget), repeat=5)
+    t_cheap = timeit(lambda: select_width(small, queue, layout, budget, probe="count"), repeat=5)
+    row(f"width selection, 256 x 8k pairs, CP 4 (exact) -> {exact.count}", t_exact, 0.1)
+    print(
+        f"{'width selection, token-count probe (optimistic) -> ' + str(cheap.count):<58} "
+        f"{t_cheap * 1e3:>10.3f} ms   exact/count time ratio {t_exact / t_cheap:.1f}x"
+    )
+    print(
+        f"exact search built {exact.exact_plans} exact plans and pruned {exact.pruned} widths "
+        f"with the ceil(packed/CP) bound"
+    )
+
+
+if __name__ == "__main__":
+    main()
