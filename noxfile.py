@@ -53,7 +53,10 @@ def property(session: nox.Session) -> None:
     """Hypothesis properties against the ownership oracle (profile `ci`)."""
     _install(session, "test")
     session.run(
-        "pytest", "tests/property", "--hypothesis-profile=ci", "--hypothesis-show-statistics",
+        "pytest",
+        "tests/property",
+        "--hypothesis-profile=ci",
+        "--hypothesis-show-statistics",
         *session.posargs,
     )
 
