@@ -226,7 +226,9 @@ class LoRALinear(nn.Module):
         self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+        return (
+            F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+        )
 
 
 class _FusedRMSNormFn(torch.autograd.Function):
@@ -312,7 +314,10 @@ class AttentionLayer(nn.Module):
         cos, sin = rope_tables(s, self.d)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
             enable_gqa=self.h != self.g,
         )
         o = o.transpose(1, 2).reshape(b, s, self.h * self.d)
@@ -405,26 +410,31 @@ class _GatedDeltaCoreFn(torch.autograd.Function):
     chunk-local cumulative gate, beta, the per-64-token-chunk WY matrix A (input dtype)
     and the initial state; per-chunk states are recomputed in backward.
 
-    q, k: (b, s, hq, dk) with hq == hv (repeat before the kernel if the model has fewer
-    key heads); v: (b, s, hv, dv); g: (b, s, hv) fp32 log-decay; beta: (b, s, hv).
+    q, k: (b, s, hk, dk); v: (b, s, hv, dv) with hv a multiple of hk (grouped value
+    heads are expanded inside, not saved); g: (b, s, hv) fp32 log-decay; beta: (b, s, hv).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state):  # type: ignore[no-untyped-def]
-        b, s, h, _ = q.shape
+        b, s, h, _ = v.shape
+        rep = h // q.shape[2]
         q_rstd = torch.rsqrt(q.float().pow(2).sum(-1) + 1e-6)
         k_rstd = torch.rsqrt(k.float().pow(2).sum(-1) + 1e-6)
         n = -(-s // CHUNK)
         pad = n * CHUNK - s
         gc = F.pad(g.float(), (0, 0, 0, pad)).view(b, n, CHUNK, h).cumsum(2)
-        kn = F.pad(k.float() * k_rstd[..., None], (0, 0, 0, 0, 0, pad)).view(b, n, CHUNK, h, -1)
+        kn = (k.float() * k_rstd[..., None]).repeat_interleave(rep, dim=2)
+        kn = F.pad(kn, (0, 0, 0, 0, 0, pad)).view(b, n, CHUNK, h, -1)
         bt = F.pad(beta.float(), (0, 0, 0, pad)).view(b, n, CHUNK, h)
         kk = torch.einsum("bnihd,bnjhd->bnhij", kn, kn)
-        decay = (gc.permute(0, 1, 3, 2)[..., :, None] - gc.permute(0, 1, 3, 2)[..., None, :]).exp()
-        low = torch.tril(kk * decay * bt.permute(0, 1, 3, 2)[..., :, None], -1)
+        gh = gc.permute(0, 1, 3, 2)
+        low = torch.tril(
+            kk * (gh[..., :, None] - gh[..., None, :]).exp() * bt.permute(0, 1, 3, 2)[..., :, None],
+            -1,
+        )
         eye = torch.eye(CHUNK, dtype=torch.float32)
         a = torch.linalg.solve_triangular(eye + low, eye.expand_as(low), upper=False)
-        a = a.permute(0, 1, 3, 2, 4).reshape(b, n * CHUNK, h, CHUNK)[:, :s].to(q.dtype)
+        a = a.permute(0, 1, 3, 2, 4).reshape(b, n * CHUNK, h, CHUNK)[:, :s].to(v.dtype)
         g_cum = gc.reshape(b, n * CHUNK, h)[:, :s].contiguous()
         if isinstance(q, FakeTensor):  # shapes are all that count; skip the token loop
             o = torch.empty_like(v)
@@ -450,6 +460,8 @@ class _GatedDeltaCoreFn(torch.autograd.Function):
 
 def _gated_delta_recurrent(q, k, v, g, beta, h0):  # type: ignore[no-untyped-def]
     """Token-by-token gated delta rule with l2-normed q/k (the kernel's semantics)."""
+    rep = v.shape[2] // q.shape[2]
+    q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
     b, s, h, dk = q.shape
     qf = F.normalize(q.float(), dim=-1) * dk**-0.5
     kf = F.normalize(k.float(), dim=-1)
@@ -496,7 +508,9 @@ class GatedDeltaNetLayer(nn.Module):
     One LoRA'd input projection to q, k, v, z, beta-logits and gate-logits; fused
     causal conv + SiLU over q‖k‖v; the fused chunked kernel (saved set above);
     fused gated RMSNorm with z; LoRA'd output projection; residual add.
-    ``repeat_qk``: megatron repeats q and k to the value-head count before the kernel.
+    ``repeat_qk``: megatron repeats q and k to the value-head count before the kernel
+    (the kernel then saves the repeated copies); without it the kernel takes grouped
+    q/k and saves them at key-head width.
     """
 
     def __init__(
@@ -536,8 +550,6 @@ class GatedDeltaNetLayer(nn.Module):
             k = k.repeat_interleave(hv // self.hk, dim=2)
         beta = torch.sigmoid(bl)
         g = -self.a_log.float().exp() * F.softplus(al.float() + self.dt_bias)
-        if q.shape[2] != hv:  # kernel with native grouped value heads: index, do not copy
-            raise NotImplementedError("the kernel stand-in needs q/k at the value-head count")
         o = _GatedDeltaCoreFn.apply(q, k, v, g, beta, None)
         o = _FusedGatedRMSNormFn.apply(o, z.view(b, s, hv, self.dv), self.out_norm_weight, 1e-6)
         return x + self.out_proj(o.reshape(b, s, vw))
@@ -589,12 +601,15 @@ class OracleGeometry:
 
 # The four models' shapes, restated from the measured sources' geometry table.
 GEOMETRIES: dict[str, OracleGeometry] = {
-    "qwen3.5-27b": OracleGeometry("qwen3.5-27b", 5120, 17408, 24, 4, 256, True, True,
-                                  16, 128, 48, 128, 4),
-    "qwen3.5-4b": OracleGeometry("qwen3.5-4b", 2560, 9216, 16, 4, 256, True, True,
-                                 16, 128, 32, 128, 4),
-    "qwen3.5-35b-a3b": OracleGeometry("qwen3.5-35b-a3b", 2048, 512, 16, 2, 256, True, True,
-                                      16, 128, 32, 128, 4),
+    "qwen3.5-27b": OracleGeometry(
+        "qwen3.5-27b", 5120, 17408, 24, 4, 256, True, True, 16, 128, 48, 128, 4
+    ),
+    "qwen3.5-4b": OracleGeometry(
+        "qwen3.5-4b", 2560, 9216, 16, 4, 256, True, True, 16, 128, 32, 128, 4
+    ),
+    "qwen3.5-35b-a3b": OracleGeometry(
+        "qwen3.5-35b-a3b", 2048, 512, 16, 2, 256, True, True, 16, 128, 32, 128, 4
+    ),
     "qwen3-1.7b": OracleGeometry("qwen3-1.7b", 2048, 6144, 16, 8, 128, False, False),
 }
 
@@ -602,12 +617,19 @@ GEOMETRIES: dict[str, OracleGeometry] = {
 def build_reference_layer(geo: OracleGeometry, kind: str, variant: str = "") -> nn.Module:
     """kind: attention | gdn | mlp; variant picks a non-default implementation."""
     if kind == "attention":
-        return AttentionLayer(geo.hidden, geo.q_heads, geo.kv_groups, geo.head_dim,
-                              geo.gated_attention)
+        return AttentionLayer(
+            geo.hidden, geo.q_heads, geo.kv_groups, geo.head_dim, geo.gated_attention
+        )
     if kind == "gdn":
-        return GatedDeltaNetLayer(geo.hidden, geo.gdn_key_heads, geo.gdn_key_dim,
-                                  geo.gdn_value_heads, geo.gdn_value_dim, geo.gdn_conv_kernel,
-                                  repeat_qk=variant != "no-repeat")
+        return GatedDeltaNetLayer(
+            geo.hidden,
+            geo.gdn_key_heads,
+            geo.gdn_key_dim,
+            geo.gdn_value_heads,
+            geo.gdn_value_dim,
+            geo.gdn_conv_kernel,
+            repeat_qk=variant != "no-repeat",
+        )
     if kind == "mlp":
         act = variant or ("fused" if geo.fused_swiglu else "unfused")
         return SwiGLUMLP(geo.hidden, geo.ffn, act)
@@ -706,13 +728,20 @@ def install_megatron_cpu_shim() -> None:
 
 MEGATRON_MODES: dict[str, dict[str, Any]] = {
     "none": {"recompute_granularity": None},
-    "selective-core_attn": {"recompute_granularity": "selective",
-                            "recompute_modules": ["core_attn"]},
+    "selective-core_attn": {
+        "recompute_granularity": "selective",
+        "recompute_modules": ["core_attn"],
+    },
     "selective-mlp": {"recompute_granularity": "selective", "recompute_modules": ["mlp"]},
-    "selective-core_attn+mlp": {"recompute_granularity": "selective",
-                                "recompute_modules": ["core_attn", "mlp"]},
-    "full": {"recompute_granularity": "full", "recompute_method": "uniform",
-             "recompute_num_layers": 1},
+    "selective-core_attn+mlp": {
+        "recompute_granularity": "selective",
+        "recompute_modules": ["core_attn", "mlp"],
+    },
+    "full": {
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+    },
 }
 
 
@@ -731,8 +760,13 @@ def _add_lora(linear: nn.Module) -> None:
     linear.forward = forward
 
 
-def build_megatron_block(geo: OracleGeometry, mode: str) -> nn.Module:
-    """A one-layer megatron TransformerBlock (local spec) with rank-1 LoRA, frozen base."""
+def build_megatron_block(geo: OracleGeometry, mode: str, fused_norm: bool = False) -> nn.Module:
+    """A one-layer megatron TransformerBlock (local spec) with rank-1 LoRA, frozen base.
+
+    ``fused_norm`` swaps the layer's torch RMSNorms for the fused-kernel contract
+    (input + fp32 rstd saved): torch's CPU rms_norm instead saves an fp32 copy of its
+    input, which no GPU kernel does.
+    """
     install_megatron_cpu_shim()
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -772,11 +806,22 @@ def build_megatron_block(geo: OracleGeometry, mode: str) -> nn.Module:
     for m in list(block.modules()):
         if isinstance(m, ColumnParallelLinear | RowParallelLinear):
             _add_lora(m)
+    if fused_norm:
+        layer, attn = block.layers[0], block.layers[0].self_attention
+        for owner, name, width in (
+            (layer, "input_layernorm", geo.hidden),
+            (layer, "pre_mlp_layernorm", geo.hidden),
+            (attn, "q_layernorm", geo.head_dim),
+            (attn, "k_layernorm", geo.head_dim),
+        ):
+            setattr(owner, name, FusedRMSNorm(width, config.layernorm_epsilon))
     block.train()
     return block
 
 
-def measure_megatron(geo: OracleGeometry, mode: str, seq: int, *, fake: bool = True) -> Measurement:
+def measure_megatron(
+    geo: OracleGeometry, mode: str, seq: int, *, fake: bool = True, fused_norm: bool = False
+) -> Measurement:
     """Saved bytes of one megatron layer, labelled ``attention`` / ``mlp`` by sub-layer.
 
     Under full recompute the whole layer is one checkpoint; its saved inputs carry the
@@ -792,10 +837,11 @@ def measure_megatron(geo: OracleGeometry, mode: str, seq: int, *, fake: bool = T
     parallel_state._GLOBAL_MEMORY_BUFFER = GlobalMemoryBuffer()
     torch.manual_seed(0)
     with _fake_mode() if fake else contextlib.nullcontext():
-        block = build_megatron_block(geo, mode)
+        block = build_megatron_block(geo, mode, fused_norm)
         layer = block.layers[0]
-        rope = RotaryEmbedding(kv_channels=geo.head_dim, rotary_percent=1.0,
-                               use_cpu_initialization=True)
+        rope = RotaryEmbedding(
+            kv_channels=geo.head_dim, rotary_percent=1.0, use_cpu_initialization=True
+        )
         x = torch.randn(seq, 1, geo.hidden, dtype=BF16, requires_grad=True)
 
         def call(hidden: torch.Tensor) -> torch.Tensor:
