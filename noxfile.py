@@ -43,8 +43,10 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """CPU unit tests, including byte-exact reproduction of the recorded estimates."""
+    """CPU unit tests, including byte-exact reproduction of the recorded estimates
+    (torch + megatron-core let the measurement driver's CPU end-to-end tests run)."""
     _install(session, "test,report")
+    session.install(TORCH, "megatron-core>=0.16,<0.17")
     session.run("pytest", "tests/unit", *session.posargs)
 
 

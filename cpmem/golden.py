@@ -205,6 +205,7 @@ PHASES: tuple[str, ...] = (
     "cold_workspace_negative_control",
     "segment_state_negative_control",
     "unfused_negative_control",
+    "native",  # rows of cpmem's own measurement driver (gpu_tests/driver.py)
 )
 CAMPAIGNS: tuple[str, ...] = ("cp", "tp", "native")
 MODES: tuple[str, ...] = ("selective", "none", "full")

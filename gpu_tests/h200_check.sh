@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Prepared native check for one lent H200: fits in 8 minutes end to end.
+#
+# Why: a lent GPU comes for a few minutes, so every cell, its timeout and where its
+# output goes are fixed here, tested on CPU beforehand, and run in one call.
+#
+# Run from the repository root (on the device machine, with the revision known here):
+#   CPMEM_SOURCE_COMMIT=<40-hex> bash gpu_tests/h200_check.sh
+# Output lands under $OUT (or ./native-out): rows.csv (golden schema, one row per
+# cell), one <cell>.json summary per cell, and check.log.
+#
+# Dependencies: the device image has python3 with a CUDA torch, no megatron-core and
+# no flash-linear-attention, and no internet. Carry wheels in .whl/ (see
+# gpu_tests/README.md) to get them; without megatron the megatron cell is skipped and
+# the log says so; without fla the GDN layers use the driver's pure-torch fallback and
+# each summary reports its extra saved bytes.
+set -euo pipefail
+
+BUDGET_S="${BUDGET_S:-470}"
+if [[ -z "${CPMEM_H200_INNER:-}" ]]; then
+  export CPMEM_H200_INNER=1
+  exec timeout --kill-after=15 "$BUDGET_S" bash "$0" "$@"
+fi
+
+OUT="${OUT:-./native-out}"
+mkdir -p "$OUT"
+LOG="$OUT/check.log"
+PY="${PYTHON:-python3}"
+CELL_TIMEOUT="${CELL_TIMEOUT:-140}"
+export PYTHONUNBUFFERED=1
+exec > >(tee -a "$LOG") 2>&1
+
+echo "== h200_check $(date -u +%Y-%m-%dT%H:%M:%SZ) budget ${BUDGET_S}s"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  echo "installing carried wheels from .whl/"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# cpmem is pure Python: import it from the checkout instead of installing it.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+"$PY" - <<'PY'
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda)
+assert torch.cuda.is_available(), "no CUDA device visible"
+print("device", torch.cuda.get_device_name(0))
+PY
+HAVE_MEGATRON=0
+"$PY" -c "import megatron.core" 2>/dev/null && HAVE_MEGATRON=1
+HAVE_FLA=0
+"$PY" -c "from fla.ops.gated_delta_rule import chunk_gated_delta_rule" 2>/dev/null && HAVE_FLA=1
+echo "megatron-core: $HAVE_MEGATRON  flash-linear-attention: $HAVE_FLA"
+[[ -n "${CPMEM_SOURCE_COMMIT:-}" ]] || echo "warning: CPMEM_SOURCE_COMMIT unset and no .git: rows get no source_commit"
+
+CELLS_DIR="$(mktemp -d /tmp/native-cells.XXXX)"
+FAILED=0
+run_cell() {  # name, then driver arguments
+  local name="$1"; shift
+  echo "== cell $name: $*"
+  if "$PY" gpu_tests/driver.py "$@" --device cuda --timeout "$CELL_TIMEOUT" \
+      --out "$CELLS_DIR/$name"; then
+    cp "$CELLS_DIR/$name/summary.json" "$OUT/$name.json"
+  else
+    echo "cell $name FAILED (exit $?)"
+    FAILED=1
+    [[ -f "$CELLS_DIR/$name/summary.json" ]] && cp "$CELLS_DIR/$name/summary.json" "$OUT/$name.json"
+  fi
+}
+
+REQ=(--lengths 2048+2048 --shared-prefix 512)
+run_cell q35-4b-L8-cp1 --model qwen3.5-4b --layers 8 "${REQ[@]}" --cp 1
+run_cell q35-4b-L8-cp2 --model qwen3.5-4b --layers 8 "${REQ[@]}" --cp 2
+if [[ "$HAVE_MEGATRON" == 1 ]]; then
+  run_cell q3-1.7b-L8-megatron --model qwen3-1.7b --layers 8 --lengths 4096 --engine megatron
+else
+  echo "skipping the megatron cell: megatron-core is not installed (carry its wheel in .whl/)"
+fi
+run_cell q3-1.7b-L8-torch --model qwen3-1.7b --layers 8 --lengths 4096 --engine torch
+
+"$PY" - "$CELLS_DIR" "$OUT/rows.csv" <<'PY'
+import csv, json, sys
+from pathlib import Path
+cells, out = Path(sys.argv[1]), Path(sys.argv[2])
+rows = []
+for f in sorted(cells.glob("*/rows.csv")):
+    with f.open(newline="") as fh:
+        rows.extend(csv.DictReader(fh))
+if rows:
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+gib = 2**30
+print(f"{'cell':70s} {'fwd GiB':>8s} {'f+b GiB':>8s} {'est GiB':>8s} {'peak/est':>8s} finite")
+for f in sorted(cells.glob("*/summary.json")):
+    s = json.loads(f.read_text())
+    a, e = s["aggregate"], s["estimate"]["estimate_bytes"]
+    p, fb = a["forward_peak_bytes"], a["forward_backward_peak_bytes"]
+    ratio = f"{p / e:8.3f}" if p is not None else "       -"
+    fwd = f"{p / gib:8.3f}" if p is not None else "       -"
+    fbs = f"{fb / gib:8.3f}" if fb is not None else "       -"
+    print(f"{s['row']['cell_id'][:70]:70s} {fwd} {fbs} {e / gib:8.3f} {ratio} {a['finite']}")
+    for n in s["notes"]:
+        print(f"    note: {n}")
+print(f"wrote {out} ({len(rows)} rows)")
+PY
+echo "== done; failed=$FAILED"
+exit "$FAILED"
