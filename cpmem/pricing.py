@@ -89,4 +89,6 @@ def policy_names() -> list[str]:
 
 
 def _load_builtin_policies() -> None:
-    import cpmem.reference  # noqa: F401  (registers "reference" and "global")
+    # importing registers the policies: "reference" and "global", then "tight"
+    import cpmem.reference
+    import cpmem.tight  # noqa: F401

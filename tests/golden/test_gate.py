@@ -1,0 +1,403 @@
+"""The estimator gate: passes on the reference, catches every broken estimator.
+
+Expected values are derived from the golden CSV (read here with the csv module)
+and from the arithmetic of docs/pricing.md, never from the gate's own output.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpmem import cli, gate
+from cpmem.controls import (
+    CONTROLS_FILE,
+    DIFF_FILE,
+    META_FILE,
+    ControlsError,
+    load_controls,
+    record_controls,
+)
+from cpmem.golden import GOLDEN_DIR, verify_manifest
+from cpmem.pricing import POLICIES
+from cpmem.reference import reference_policy
+
+MIB = 2**20
+SAFETY = 1.10
+
+
+def csv_cells(golden_dir: Path = GOLDEN_DIR) -> dict[str, dict[str, str]]:
+    with (golden_dir / "cells.csv").open(newline="", encoding="utf-8") as fh:
+        return {r["cell_id"]: r for r in csv.DictReader(fh)}
+
+
+CELLS = csv_cells()
+
+
+def peak(cell_id: str) -> int:
+    return int(CELLS[cell_id]["forward_peak_bytes"])
+
+
+def recorded(cell_id: str) -> int:
+    return int(CELLS[cell_id]["recorded_estimate_bytes"])
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    return gate.run_gate("reference")
+
+
+@pytest.fixture(scope="module")
+def mutants(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mutant"]: m for m in report["checks"]["power"]["mutants"]}
+
+
+@pytest.fixture
+def golden_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    dst = tmp_path / "golden"
+    shutil.copytree(GOLDEN_DIR, dst)
+    monkeypatch.setenv("CPMEM_GOLDEN_DIR", str(dst))
+    yield dst
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def test_gate_passes_on_reference(report: dict[str, Any]) -> None:
+    assert report["passed"], gate.render(report)
+    failed = {name: c["failing"] for name, c in report["checks"].items() if not c["passed"]}
+    assert failed == {}
+
+
+def test_coverage_counts_every_measured_cell_in_every_phase(report: dict[str, Any]) -> None:
+    measured = {cid: r for cid, r in CELLS.items() if int(r["measured_rank_samples"]) > 0}
+    cov = report["checks"]["coverage"]
+    assert {r["cell_id"] for r in cov["rows"]} == set(measured)
+    assert cov["rank_samples"] == sum(int(r["measured_rank_samples"]) for r in measured.values())
+    # negative-control cells' peaks are real measurements and count too
+    phases = {r["phase"] for r in measured.values()}
+    assert {"segment_state_negative_control", "unfused_negative_control"} <= phases
+    assert {r["phase"] for r in cov["rows"]} == phases
+
+
+def test_tightest_cell_is_the_27b_tp8_64_token_pair(report: dict[str, Any]) -> None:
+    cid = "tp:final:Qwen3.8-27B:tp8:selective:core_attn:compiled:64+64"
+    # recorded estimate 687,626,649 over peak 652,222,464: 5.43 % headroom
+    assert recorded(cid) / peak(cid) - 1 == pytest.approx(0.0543, abs=5e-4)
+    cov = report["checks"]["coverage"]
+    assert cov["min_headroom_cell"] == cid
+    assert cov["min_headroom"] == pytest.approx(recorded(cid) / peak(cid) - 1)
+
+
+def test_conformance_claims_of_reference(report: dict[str, Any]) -> None:
+    conf = report["checks"]["conformance"]
+    counts = {c["claim"]: (c["matched"], c["checked"]) for c in conf["claims"]}
+    cp_final = [r for r in CELLS.values() if r["cp"] != "1" and r["phase"] == "final"]
+    before = [r for r in CELLS.values() if r["phase"] == "before_segment_states"]
+    tp_dense = [
+        r
+        for r in CELLS.values()
+        if r["cp"] == "1"
+        and r["phase"] in ("final", "eager_control")
+        and r["model"] != "Qwen/Qwen3.5-35B-A3B"
+    ]
+    assert counts == {
+        "cp-final": (len(cp_final), len(cp_final)),
+        "tp-dense": (len(tp_dense), len(tp_dense)),
+        "before-segment-states": (len(before), len(before)),
+    }
+    assert (len(cp_final), len(before)) == (13, 9)
+
+
+def test_a_policy_without_claims_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(POLICIES, "tight-test", reference_policy)
+    rep = gate.run_gate("tight-test")
+    conf = rep["checks"]["conformance"]
+    assert conf["claims_none"] and conf["checked"] == 0 and conf["passed"]
+    assert "claims no recorded estimates" in gate.render(rep)
+    # controls are reported for other policies, never required of them
+    assert rep["checks"]["controls"]["required"] is False
+    assert "only the reference policy is required" in gate.render(rep)
+
+
+def test_global_policy_claims_the_cp_old_column() -> None:
+    rep = gate.run_gate("global")
+    conf = rep["checks"]["conformance"]
+    old = [r for r in CELLS.values() if r["recorded_old_estimate_bytes"]]
+    assert [(c["claim"], c["matched"], c["checked"]) for c in conf["claims"]] == [
+        ("cp-old", len(old), len(old))
+    ]
+    # the old estimate of the 27B 4k CP pair (126,029,345,587) exceeds the recorded
+    # available bytes (87,905,317,069): global would have refused a cell that ran
+    cid = "cp:27b-selective:4096+4096"
+    assert int(CELLS[cid]["recorded_old_estimate_bytes"]) > int(CELLS[cid]["available_bytes"])
+    assert rep["checks"]["refusals"]["failing"] == [cid]
+
+
+def test_refusals_follow_the_recorded_decisions(report: dict[str, Any]) -> None:
+    ref = report["checks"]["refusals"]
+    refused = {cid for cid, r in CELLS.items() if int(r["refused_rank_samples"]) > 0}
+    assert len(refused) == 2
+    got = {r["cell_id"]: r["decision"] for r in ref["rows"]}
+    assert {cid for cid, d in got.items() if d == "refuse"} == refused
+    assert len(got) == len(CELLS)
+
+
+# ----------------------------------------------------------------------------- power
+
+
+def test_recorded_negative_controls_are_flagged(report: dict[str, Any]) -> None:
+    negatives = {cid: r for cid, r in CELLS.items() if r["phase"].endswith("_negative_control")}
+    assert len(negatives) == 8
+    for r in negatives.values():  # the data itself: each recorded estimate is short
+        assert int(r["recorded_estimate_bytes"]) < int(r["forward_peak_bytes"])
+    got = report["checks"]["power"]["negative_controls"]
+    assert {n["cell_id"] for n in got} == set(negatives)
+    assert all(n["caught"] for n in got)
+
+
+def mutant_estimate(name: str, cell_id: str) -> int:
+    cells = {c.cell_id: c for c in gate.load_cells(GOLDEN_DIR / "cells.csv")}
+    mutant = gate.Estimator(name, None, gate.MUTANTS[name])
+    return mutant.price(gate.cell_inputs(cells[cell_id])).estimate_bytes
+
+
+def test_no_segment_states_is_caught_by_coverage(mutants: dict[str, Any]) -> None:
+    m = mutants["no-segment-states"]
+    assert m["caught_by"] == "coverage"
+    neg = "tp:segment_state_negative_control:Qwen3.8-27B:tp4:selective:core_attn:eager:64+64"
+    # The recorded no-segment-state estimator gave 833,067,417 bytes against a
+    # measured peak of 892,974,592. By pricing.md that is the final cell's
+    # 1,002,405,888 less 1.10 x (2 segments x 48 GDN layers x 6,414,336 / 4).
+    final = "tp:final:Qwen3.8-27B:tp4:selective:core_attn:eager:64+64"
+    seg_term = 2 * 48 * (6_414_336 // 4)
+    assert recorded(neg) == 833_067_417 and peak(neg) == 892_974_592
+    assert recorded(final) - seg_term * SAFETY == pytest.approx(recorded(neg), abs=1)
+    assert mutant_estimate("no-segment-states", neg) == recorded(neg)
+    negatives = {c for c, r in CELLS.items() if r["phase"] == "segment_state_negative_control"}
+    assert negatives <= set(m["coverage_failing"])
+    assert set(m["reproduces_negative_controls"]) == negatives
+    # attention-only 1.7B cells have no GDN layer: the mutant cannot move them
+    assert not any("1.7B" in c or "attention" in c for c in m["coverage_failing"])
+    assert not any("1.7B" in c or "attention" in c for c in m["conformance_failing"])
+
+
+def test_no_cold_allowance_is_caught_by_coverage(mutants: dict[str, Any]) -> None:
+    m = mutants["no-cold-allowance"]
+    assert m["caught_by"] == "coverage"
+    cold = int(64 * MIB * SAFETY)
+    neg = "tp:cold_workspace_negative_control:Qwen3-1.7B:tp2:selective:core_attn:eager:256+256"
+    eager = "tp:eager_control:Qwen3-1.7B:tp2:selective:core_attn:eager:256+256"
+    # 887,440,998 - 73,819,750 = 813,621,248: the recorded negative control, < 829,413,888
+    assert recorded(eager) - cold == recorded(neg) < peak(neg)
+    tp8 = "tp:final:Qwen3.8-27B:tp8:selective:core_attn:compiled:64+64"
+    # 687,626,649 - 73,819,750 = 613,806,899 < 652,222,464
+    assert recorded(tp8) - cold < peak(tp8)
+    assert {neg, tp8} <= set(m["coverage_failing"])
+    assert neg in m["reproduces_negative_controls"]
+    # every recorded estimate carries the allowance, so conformance fails everywhere
+    assert len(m["conformance_failing"]) == 56
+
+
+def test_cp_average_tokens_is_caught_by_coverage(mutants: dict[str, Any]) -> None:
+    m = mutants["cp-average-tokens"]
+    assert m["caught_by"] == "coverage"
+    # Only two CP cells put more than packed / CP on the busiest rank.
+    busier = {
+        cid
+        for cid, r in CELLS.items()
+        if r["cp"] == "2" and 2 * int(r["retained_tokens"]) > int(r["packed_tokens"])
+    }
+    assert busier == {"cp:27b-selective:4096+4096", "cp:attention-selective:4096+4096"}
+    # pricing.md: 27B features 8,142,848 at TP1; R = 3,482 instead of 4,096 drops
+    # (4096 - 3482) x 2 x 8,142,848 x 1.10 bytes, about 11.0 GB, below the peak.
+    cid = "cp:27b-selective:4096+4096"
+    at_average = recorded(cid) - (4096 - 3482) * 2 * 8_142_848 * SAFETY
+    assert at_average < peak(cid)
+    # 1.7B (features 1,462,272): R = 3,482 instead of 5,120
+    att = "cp:attention-selective:4096+4096"
+    assert recorded(att) - (5120 - 3482) * 2 * 1_462_272 * SAFETY < peak(att)
+    assert set(m["coverage_failing"]) == busier
+    assert set(m["conformance_failing"]) == busier
+
+
+def test_no_tp_padding_is_caught_by_conformance_only(mutants: dict[str, Any]) -> None:
+    m = mutants["no-tp-padding"]
+    # a handful of padding tokens moves no estimate past a measured peak ...
+    assert m["coverage_failing"] == []
+    # ... but every recorded estimate priced the padded count: 8192 - 1228 = 6,964
+    # real tokens were recorded as 6,968 packed at TP8, 16384 - 4915 = 27,853 as
+    # 27,856 at TP8 and as 27,854 at TP2 (1.7B eager)
+    padded = {
+        "tp:final:Qwen3.8-27B:tp8:selective:core_attn:compiled:4096+4096": 6968,
+        "tp:final:Qwen3.8-27B:tp8:selective:core_attn:compiled:16384+16384": 27856,
+        "tp:eager_control:Qwen3-1.7B:tp2:selective:core_attn:eager:16384+16384": 27854,
+    }
+    for cid, packed in padded.items():
+        assert int(CELLS[cid]["packed_tokens"]) == packed
+    assert m["caught_by"] == "conformance"
+    assert set(padded) <= set(m["conformance_failing"])
+    # cells whose packed count has no padding stay byte-exact
+    assert (
+        "tp:final:Qwen3.8-27B:tp4:selective:core_attn:compiled:4096+4096"
+        not in (m["conformance_failing"])
+    )
+
+
+def test_fused_mlp_on_unfused_model_is_caught_by_coverage(mutants: dict[str, Any]) -> None:
+    m = mutants["fused-mlp-on-unfused"]
+    assert m["caught_by"] == "coverage"
+    # pricing.md: unfused SwiGLU keeps 5F/t per token and layer, fused 3F/t. For
+    # the 1.7B (F 6144, 28 layers) at TP2 that is 28 x 6144 elements fewer per token;
+    # at 27,854 tokens x 2 bytes x 1.10 the 52.05 GB estimate drops below the
+    # measured 47.56 GB peak.
+    cid = "tp:eager_control:Qwen3-1.7B:tp2:selective:core_attn:eager:16384+16384"
+    fused = recorded(cid) - 27_854 * 2 * 28 * (5 * 6144 // 2 - 3 * 6144 // 2) * SAFETY
+    assert fused < peak(cid)
+    unfused_negatives = {c for c, r in CELLS.items() if r["phase"] == "unfused_negative_control"}
+    assert {cid, *unfused_negatives} <= set(m["coverage_failing"])
+    # only the unfused model moves
+    moved = set(m["coverage_failing"]) | set(m["conformance_failing"])
+    assert all(CELLS[c]["model"] == "Qwen/Qwen3-1.7B" for c in moved)
+
+
+def test_every_mutant_is_reported_with_its_catching_check(report: dict[str, Any]) -> None:
+    text = gate.render(report)
+    for name in gate.MUTANTS:
+        line = next(ln for ln in text.splitlines() if ln.startswith(name))
+        assert "coverage" in line or "conformance" in line, line
+
+
+def test_an_uncaught_mutant_fails_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the unchanged formula registered as a "mutant" changes nothing: nothing catches it
+    monkeypatch.setitem(gate.MUTANTS, "no-op", gate.REFERENCE_FORMULA_TERMS["reference"])
+    rep = gate.run_gate("reference")
+    assert not rep["passed"]
+    assert rep["checks"]["power"]["failing"] == ["mutant:no-op"]
+
+
+# ----------------------------------------------------------------------------- golden
+
+
+def test_tampered_measured_byte_fails_the_manifest_check(
+    golden_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = golden_copy / "cells.csv"
+    data = path.read_bytes()
+    assert data.count(b",67557881856,") == 1  # the 27B 4k CP pair's forward peak
+    path.write_bytes(data.replace(b",67557881856,", b",67557881857,"))
+    assert gate.main([]) == 1
+    out = capsys.readouterr().out
+    rep = gate.run_gate("reference")
+    problems = rep["checks"]["golden"]["problems"]
+    assert any("cells.csv" in p and "manifest" in p for p in problems), problems
+    assert "golden       FAIL" in out and "gate FAILED" in out
+
+
+# ----------------------------------------------------------------------------- controls
+
+
+def test_controls_reproduce_to_the_byte(report: dict[str, Any]) -> None:
+    ctl = report["checks"]["controls"]
+    assert ctl["required"] and ctl["byte_identical"] and ctl["passed"]
+    rows = load_controls(GOLDEN_DIR)
+    assert ctl["total"] == len(rows) >= 150
+
+
+def test_control_grid_spans_the_paths_it_must_pin() -> None:
+    rows = load_controls(GOLDEN_DIR)
+    assert {r["model"] for r in rows} == {
+        "qwen3.5-27b",
+        "qwen3.5-4b",
+        "qwen3.5-35b-a3b",
+        "qwen3-1.7b",
+    }
+    assert {r["tp"] for r in rows} == {"1", "2", "4", "8"}
+    assert {"full", "no-grad"} <= {r["mode"] for r in rows}
+    assert any(r["model"] == "qwen3.5-35b-a3b" for r in rows)
+    assert any(r["cp"] == "1" for r in rows)
+    lengths = [int(n) for r in rows for n in r["lengths"].split("+")]
+    assert min(lengths) == 64 and max(lengths) == 32768
+    assert {r["shape"] for r in rows} == {"pair", "pair-shared", "independent"}
+    assert any(r["shape"] == "pair-shared" and int(r["shared_prefix"]) > 0 for r in rows)
+    assert all(len(r["lengths"].split("+")) == 3 for r in rows if r["shape"] == "independent")
+    assert len({r["control_id"] for r in rows}) == len(rows)
+    meta = json.loads((GOLDEN_DIR / "controls" / META_FILE).read_text())
+    assert meta["policy"] == "reference" and meta["cpmem_version"] and meta["git_revision"]
+
+
+def test_recording_with_an_unchanged_estimator_reports_zero_changed(
+    golden_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (golden_copy / "controls" / CONTROLS_FILE).read_bytes()
+    assert gate.main(["--record-controls"]) == 0
+    out = capsys.readouterr().out
+    assert "controls: 0 changed, 0 added, 0 removed" in out
+    diff = (golden_copy / "controls" / DIFF_FILE).read_text()
+    assert "controls: 0 changed, 0 added, 0 removed" in diff
+    assert (golden_copy / "controls" / CONTROLS_FILE).read_bytes() == before
+    assert verify_manifest(golden_copy) == []
+
+
+def test_recording_lists_every_changed_control(
+    golden_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = golden_copy / "controls" / CONTROLS_FILE
+    rows = path.read_text().splitlines()
+    first = rows[1].split(",")
+    cid, old = first[0], int(first[-2])
+    first[-2] = str(old * 2)  # pretend an earlier estimator recorded twice the bytes
+    rows[1] = ",".join(first)
+    path.write_text("\n".join(rows) + "\n")
+    # without the flag the gate only reports the moved control, and writes nothing
+    assert gate.main([]) == 1
+    assert cid in capsys.readouterr().out
+    assert path.read_text().splitlines()[1].split(",")[-2] == str(old * 2)
+    # with it, the diff names the control with old, new and ratio
+    assert gate.main(["--record-controls"]) == 0
+    out = capsys.readouterr().out
+    assert "controls: 1 changed, 0 added, 0 removed" in out
+    line = next(ln for ln in out.splitlines() if cid in ln)
+    assert f"{old * 2:,}" in line and f"{old:,}" in line and "0.500000" in line
+    assert line in (golden_copy / "controls" / DIFF_FILE).read_text()
+
+
+def test_recording_refuses_to_overwrite_without_the_flag(golden_copy: Path) -> None:
+    with pytest.raises(ControlsError, match="--record-controls"):
+        record_controls(golden_copy, overwrite=False)
+
+
+def test_recording_refuses_over_a_damaged_manifest(golden_copy: Path) -> None:
+    path = golden_copy / "cells.csv"
+    path.write_bytes(path.read_bytes().replace(b",67557881856,", b",67557881857,"))
+    with pytest.raises(ControlsError, match=r"outside controls/"):
+        record_controls(golden_copy, overwrite=True)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_forwards_gate_and_json_is_complete(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["gate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] is True and doc["policy"] == "reference"
+    assert set(doc["checks"]) == {
+        "golden",
+        "coverage",
+        "conformance",
+        "controls",
+        "refusals",
+        "power",
+    }
+    assert doc["summary"].startswith("gate PASSED (policy reference): 74 cells")
+
+
+def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gate.main(["--policy", "nope"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
