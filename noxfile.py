@@ -86,7 +86,7 @@ def oracle(session: nox.Session) -> None:
 def distributed(session: nox.Session) -> None:
     """Collective admission over torch.distributed (gloo, several CPU processes)."""
     _install(session, "test")
-    session.install(TORCH)
+    session.install(TORCH, "megatron-core>=0.16,<0.17")
     session.run("pytest", "tests/distributed", "-s", *session.posargs)
 
 

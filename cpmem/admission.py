@@ -39,7 +39,8 @@ def usable_budget(
         ("device_total_bytes", device_total_bytes),
     ):
         check_bytes(name, value)
-    return int(free_bytes + reusable_reserved_bytes - RESERVE_FRACTION * device_total_bytes)
+    usable = free_bytes + reusable_reserved_bytes - RESERVE_FRACTION * device_total_bytes
+    return max(0, int(usable))  # less than nothing usable is still nothing
 
 
 def check_bytes(name: str, value: float) -> None:
@@ -171,13 +172,17 @@ def admit(
     compiled: bool = False,
     moe_routing: MoeRouting = "concentrated",
 ) -> Decision:
-    """Fit (cost-optimal plan, then memory-minimal plan), split (2, 4, 8, ...), or refuse."""
-    check_bytes("budget_bytes", budget_bytes)
+    """Fit (cost-optimal plan, then memory-minimal plan), split (2, 4, 8, ...), or refuse.
+
+    Every input check runs inside the first collective, so a bad input on one rank
+    raises on every rank instead of leaving the others waiting.
+    """
     comm = comm or LocalCommunicator()
     pricer = Pricer(geometry, recompute or Recompute(), policy, compiled, moe_routing, figure)
-    geometry.check_tp(layout.tp)
 
     def candidates() -> list[tuple[str, int, Estimate]]:
+        check_bytes("budget_bytes", budget_bytes)
+        geometry.check_tp(layout.tp)
         cost_optimal = pricer.estimate(plan_request(request, layout, planner, geometry))
         out = [("cost-optimal", pricer.required(cost_optimal), cost_optimal)]
         if layout.cp > 1:
@@ -291,10 +296,14 @@ def admit_plan(
     moe_routing: MoeRouting = "concentrated",
 ) -> Decision:
     """Admit a plan the runtime already fixed (no alternatives, no split): fit or refuse."""
-    check_bytes("budget_bytes", budget_bytes)
     comm = comm or LocalCommunicator()
     pricer = Pricer(geometry, recompute or Recompute(), policy, compiled, moe_routing, figure)
-    est = collective_plan(comm, lambda: pricer.estimate(plan))
+
+    def priced() -> Estimate:
+        check_bytes("budget_bytes", budget_bytes)
+        return pricer.estimate(plan)
+
+    est = collective_plan(comm, priced)
     required, available = agree_on_bytes(comm, pricer.required(est), int(budget_bytes))
     action: Action = "fit" if required <= available else "refuse"
     suggestion = None
@@ -340,11 +349,19 @@ def select_width(
     optimistic bound that prunes widths that cannot fit. ``probe="count"`` prices
     the token count split evenly over CP instead (cheap, no plan built, and optimistic
     under CP: for comparison).
+
+    The search assumes cost grows with width. The greedy reference planners can
+    break that by a little (one more token may move a segment to another rank), so
+    the width returned always fits but may not be the very largest that would.
     """
-    check_bytes("budget_bytes", budget_bytes)
-    if not queue:
-        raise InputError("queue", [], "needs at least one request")
     comm = comm or LocalCommunicator()
+
+    def validate() -> None:
+        check_bytes("budget_bytes", budget_bytes)
+        if not queue:
+            raise InputError("queue", [], "needs at least one request")
+
+    collective_plan(comm, validate)
     pricer = Pricer(geometry, recompute or Recompute(), policy)
     available = comm.min_int(int(budget_bytes))
     stats = {"exact": 0, "pruned": 0}

@@ -54,11 +54,11 @@ def collective_plan(comm: Communicator, build: Callable[[], T]) -> T:
     The failed rank re-raises its own error; the others raise a PlanningError
     naming the first failed rank and its message.
     """
-    result: T | None = None
+    results: list[T] = []
     own: BaseException | None = None
     message: str | None = None
     try:
-        result = build()
+        results.append(build())
     except Exception as exc:  # every failure must reach the other ranks
         own = exc
         message = f"{type(exc).__name__}: {exc}"
@@ -68,8 +68,7 @@ def collective_plan(comm: Communicator, build: Callable[[], T]) -> T:
     for rank, error in enumerate(errors):
         if error is not None:
             raise PlanningError(f"planning failed on rank {rank}: {error}", failed_rank=rank)
-    assert result is not None
-    return result
+    return results[0]
 
 
 def agree_on_bytes(comm: Communicator, required: int, available: int) -> tuple[int, int]:

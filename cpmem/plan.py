@@ -160,11 +160,6 @@ def explicit_plan(
             list(ranks),
             f"add up to {sum(ranks)}, fewer than packed_tokens ({packed_tokens})",
         )
-    limit = round_up(packed_tokens, 2 * cp * tp)
-    if max(ranks) > limit:
-        raise InputError(
-            "rank_tokens", list(ranks), f"a rank holds more than the packed row ({packed_tokens})"
-        )
     gdn = tuple(gdn_rank_tokens) if gdn_rank_tokens is not None else ranks
     group = ForwardGroup(
         logical_tokens=logical_tokens,

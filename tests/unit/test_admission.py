@@ -145,3 +145,50 @@ def test_full_and_no_grad_keep_global_pricing_under_cp():
     nograd = estimate(M27, request=PAIR, cp=2, recompute="no-grad").estimate_bytes
     assert nograd < full < estimate(M27, request=PAIR, cp=2, policy="global").estimate_bytes
     assert sel > 0
+
+
+def test_usable_budget_never_negative():
+    # 1 GB free on an 80 GB device: 3% reserve exceeds it; nothing is usable.
+    assert usable_budget(1e9, 0, 80e9) == 0
+
+
+def test_bad_budget_raises_inside_the_collective():
+    """A bad budget on this rank reaches the others (through gather_errors) instead of
+    raising before the first collective and leaving them waiting."""
+    seen: list[str | None] = []
+
+    class Recording(LocalCommunicator):
+        def gather_errors(self, error):
+            seen.append(error)
+            return [error]
+
+    for call in (
+        lambda c: admit(M4, Request.independent([64]), ParallelLayout(), -1, comm=c),
+        lambda c: admit_plan(
+            M4,
+            explicit_plan(ParallelLayout(), logical_tokens=64, packed_tokens=64, grad_segments=1),
+            math.nan,
+            comm=c,
+        ),
+        lambda c: select_width(M4, [Request.independent([64])], ParallelLayout(), -5, comm=c),
+    ):
+        seen.clear()
+        with pytest.raises(InputError, match="budget_bytes"):
+            call(Recording())
+        assert seen and seen[0] is not None and "budget_bytes" in seen[0]
+
+
+def test_explicit_plan_accepts_the_balanced_planners_padding():
+    # 64 one-token rows at CP 16: each row pads to 32, so every rank holds 128 > packed 64.
+    from cpmem.planners import plan_request
+
+    planned = plan_request(Request.independent([1] * 64), ParallelLayout(cp=16), "balanced")
+    assert planned.rank_tokens == (128,) * 16
+    again = explicit_plan(
+        ParallelLayout(cp=16),
+        logical_tokens=64,
+        packed_tokens=64,
+        grad_segments=64,
+        rank_tokens=list(planned.rank_tokens),
+    )
+    assert again.rank_tokens == planned.rank_tokens
