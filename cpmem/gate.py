@@ -8,7 +8,9 @@ Checks, each PASS or FAIL (the exit status is non-zero when any fails):
    a measured byte that changed would otherwise change every verdict below.
 1. coverage: the estimate is at least the measured forward peak of every measured
    cell, in every phase. A measurement is valid whichever estimator ran beside
-   it, so negative-control cells' peaks count too.
+   it, so negative-control cells' peaks count too. For a policy that prices
+   backward (``forward_backward_bytes``), its forward+backward figure must also
+   cover every measured forward+backward peak.
 2. conformance: recorded estimates of the paths the policy claims to reproduce
    match to the byte (``CONFORMANCE_CLAIMS``; a policy absent from it claims none).
 3. controls: the reference policy reproduces ``golden/controls`` to the byte;
@@ -19,6 +21,9 @@ Checks, each PASS or FAIL (the exit status is non-zero when any fails):
    every mutant of the reference formula (one term removed) is caught by
    coverage or, failing that, by conformance. A gate that passes broken
    estimators proves nothing.
+6. targets: the headroom and coverage targets the policy declares (``TARGETS``;
+   a policy absent from it declares none) are each met on the cells they select;
+   each is printed with its measured worst value, a miss names its cells.
 
 Cells are priced from what was recorded, never from a planner's guess: the
 layout, packed tokens, segments and (under CP) the busiest rank's tokens.
@@ -57,10 +62,13 @@ from cpmem.plan import Plan, explicit_plan
 from cpmem.pricing import MoeRouting, PricingInput, policy_names, price
 from cpmem.recompute import Recompute
 from cpmem.reference import ReferenceTerms, price_reference
+from cpmem.tight import TARGETS as TIGHT_TARGETS
+from cpmem.tight import Target, TargetCell, measure_target
 
 __all__ = [
     "CONFORMANCE_CLAIMS",
     "MUTANTS",
+    "TARGETS",
     "Claim",
     "Estimator",
     "cell_inputs",
@@ -68,6 +76,7 @@ __all__ = [
     "claims_for",
     "main",
     "run_gate",
+    "targets_for",
 ]
 
 RecordedColumn = Literal["recorded_estimate_bytes", "recorded_old_estimate_bytes"]
@@ -219,6 +228,17 @@ def claims_for(policy: str) -> tuple[Claim, ...]:
     return CONFORMANCE_CLAIMS.get(policy, ())
 
 
+# The targets each policy declares (``cpmem.tight.Target``); the definitions live with
+# the policy. A policy not listed declares none, and its targets row says so.
+TARGETS: dict[str, tuple[Target, ...]] = {
+    "tight": TIGHT_TARGETS,
+}
+
+
+def targets_for(policy: str) -> tuple[Target, ...]:
+    return TARGETS.get(policy, ())
+
+
 # The reference formula with one term removed; each must be caught.
 MUTANTS: dict[str, ReferenceTerms] = {
     "no-segment-states": ReferenceTerms(segment_states=False),
@@ -246,11 +266,13 @@ def coverage(
     cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput], est: Estimator
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
+    fb_rows: list[dict[str, Any]] = []
     for c in cells:
         if not _measured(c):
             continue
         assert c.forward_peak_bytes is not None
-        e = est.price(inputs[c.cell_id]).estimate_bytes
+        priced = est.price(inputs[c.cell_id])
+        e = priced.estimate_bytes
         rows.append(
             {
                 "cell_id": c.cell_id,
@@ -262,18 +284,73 @@ def coverage(
                 "covered": e >= c.forward_peak_bytes,
             }
         )
+        fb, fb_peak = priced.forward_backward_bytes, c.forward_backward_peak_bytes
+        if fb is not None and fb_peak is not None:  # the policy prices backward
+            fb_rows.append(
+                {
+                    "cell_id": c.cell_id,
+                    "forward_backward_bytes": fb,
+                    "forward_backward_peak_bytes": fb_peak,
+                    "headroom": fb / fb_peak - 1,
+                    "covered": fb >= fb_peak,
+                }
+            )
     heads = [r["headroom"] for r in rows]
     tight = min(rows, key=lambda r: r["headroom"]) if rows else None
-    return {
-        "passed": all(r["covered"] for r in rows),
+    failing = [r["cell_id"] for r in rows if not r["covered"]]
+    failing += [f"{r['cell_id']} (forward+backward)" for r in fb_rows if not r["covered"]]
+    out: dict[str, Any] = {
+        "passed": not failing,
         "cells": len(rows),
         "rank_samples": sum(r["rank_samples"] for r in rows),
         "min_headroom": min(heads) if heads else None,
         "min_headroom_cell": tight["cell_id"] if tight else None,
         "median_headroom": statistics.median(heads) if heads else None,
         "max_headroom": max(heads) if heads else None,
-        "failing": [r["cell_id"] for r in rows if not r["covered"]],
+        "failing": failing,
         "rows": rows,
+    }
+    if fb_rows:
+        fb_heads = [r["headroom"] for r in fb_rows]
+        out["forward_backward"] = {
+            "cells": len(fb_rows),
+            "covered": sum(1 for r in fb_rows if r["covered"]),
+            "min_headroom": min(fb_heads),
+            "median_headroom": statistics.median(fb_heads),
+            "max_headroom": max(fb_heads),
+            "rows": fb_rows,
+        }
+    return out
+
+
+def targets_check(
+    cells: Sequence[MeasuredCell],
+    inputs: Mapping[str, PricingInput],
+    est: Estimator,
+    targets: Sequence[Target],
+) -> dict[str, Any]:
+    """Each declared target on the measured cells it selects (``measure_target``)."""
+    measured = [
+        TargetCell(
+            c.cell_id,
+            inputs[c.cell_id],
+            est.price(inputs[c.cell_id]),
+            c.forward_peak_bytes,
+            c.forward_backward_peak_bytes,
+        )
+        for c in cells
+        if _measured(c) and c.forward_peak_bytes is not None
+    ]
+    results = [measure_target(t, measured).to_dict() for t in targets]
+    failing = [
+        f"{r['target']}: {r['problem'] or ', '.join(r['failing'])}" for r in results if not r["met"]
+    ]
+    return {
+        "passed": not failing,
+        "declared": len(results),
+        "met": sum(1 for r in results if r["met"]),
+        "targets": results,
+        "failing": failing,
     }
 
 
@@ -464,6 +541,7 @@ def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[
         "controls": controls_check(golden_dir, policy),
         "refusals": refusals(cells, inputs, policy),
         "power": power(cells, inputs),
+        "targets": targets_check(cells, inputs, est, targets_for(policy)),
     }
     passed = all(ch["passed"] for ch in checks.values())
     report: dict[str, Any] = {
@@ -487,10 +565,12 @@ def summary_line(report: Mapping[str, Any]) -> str:
     )
     verdict = "PASSED" if report["passed"] else "FAILED"
     failed = [name for name, c in ch.items() if not c["passed"]]
+    fbc = cov.get("forward_backward")
     parts = [
         f"gate {verdict} (policy {report['policy']}): {cov['cells']} cells, "
         f"{cov['rank_samples']} rank-samples "
         + ("covered" if cov["passed"] else f"checked, {len(cov['failing'])} NOT covered")
+        + (f" (forward+backward {fbc['covered']}/{fbc['cells']})" if fbc else "")
     ]
     if cov["min_headroom"] is not None:
         parts.append(
@@ -513,6 +593,16 @@ def summary_line(report: Mapping[str, Any]) -> str:
         f"{sum(n['caught'] for n in negs)}/{len(negs)} negative controls and "
         f"{sum(m['caught'] for m in muts)}/{len(muts)} mutants caught"
     )
+    tg = ch.get("targets")
+    if tg and tg["declared"]:
+        parts.append(
+            f"targets {tg['met']}/{tg['declared']} met: "
+            + "; ".join(
+                f"{t['target']} ({t['figure']}) {t['measured']} [{t['bound']}]"
+                + ("" if t["met"] else " MISSED")
+                for t in tg["targets"]
+            )
+        )
     line = "; ".join(parts)
     if failed:
         line += f"; FAILED checks: {', '.join(failed)}"
@@ -538,6 +628,7 @@ def render(report: Mapping[str, Any]) -> str:
         ch["refusals"],
         ch["power"],
     )
+    tg = ch["targets"]
 
     def status(c: Mapping[str, Any]) -> str:
         return "PASS" if c["passed"] else "FAIL"
@@ -581,6 +672,21 @@ def render(report: Mapping[str, Any]) -> str:
             if cov["cells"]
             else "no measured cells",
         ],
+        *(
+            [
+                [
+                    "",
+                    "",
+                    f"{cov['forward_backward']['cells']} forward+backward peaks",
+                    f"{cov['forward_backward']['covered']}/{cov['forward_backward']['cells']} "
+                    f"covered; headroom min {_pct(cov['forward_backward']['min_headroom'])} / "
+                    f"median {_pct(cov['forward_backward']['median_headroom'])} / max "
+                    f"{_pct(cov['forward_backward']['max_headroom'])}",
+                ]
+            ]
+            if "forward_backward" in cov
+            else []
+        ),
         ["conformance", status(conf), f"{conf['checked']} recorded estimates", conf_detail],
         [
             "controls",
@@ -601,6 +707,14 @@ def render(report: Mapping[str, Any]) -> str:
             f"{len(negs)} negative controls, {len(muts)} mutants",
             f"negative controls flagged {sum(n['caught'] for n in negs)}/{len(negs)}; "
             f"mutants caught {sum(m['caught'] for m in muts)}/{len(muts)}",
+        ],
+        [
+            "targets",
+            status(tg),
+            f"{tg['declared']} targets",
+            f"{tg['met']}/{tg['declared']} met"
+            if tg["declared"]
+            else f"policy {report['policy']} declares none",
         ],
     ]
     lines = [f"cpmem gate: policy {report['policy']}, golden {report['golden_dir']}", ""]
@@ -650,6 +764,24 @@ def render(report: Mapping[str, Any]) -> str:
             ]
         )
     lines += _table(["mutant", "caught by", "uncovered", "mismatched", "catching cells"], mrows)
+
+    if tg["declared"]:
+        lines += ["", f"targets declared by policy {report['policy']}:"]
+        lines += _table(
+            ["target", "figure", "bound", "cells", "measured", "worst cell", "met"],
+            [
+                [
+                    t["target"],
+                    t["figure"],
+                    t["bound"],
+                    f"{t['cells']}",
+                    t["measured"],
+                    t["worst_cell"] or "-",
+                    "met" if t["met"] else "MISSED",
+                ]
+                for t in tg["targets"]
+            ],
+        )
 
     failures = []
     for name, c in ch.items():

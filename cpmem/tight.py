@@ -5,15 +5,22 @@ kind with the saved sets the oracles measured (``oracles/README.md``), chosen by
 recompute mode and execution mode (eager/compiled, fused/unfused SwiGLU), keeps every
 fixed cost as its own component, prices the backward transient, and adds one small
 documented margin (a factor and a fixed allowance) fitted so that every measured
-rank-sample is covered. ``python -m cpmem.tight`` prints the per-cell table and a
-leave-one-model-out table.
+rank-sample is covered. ``TARGETS`` declares the issue-6 targets the estimator gate
+checks (``cpmem gate --policy tight``). ``python -m cpmem.tight`` prints the report
+(targets, per-cell table, leave-one-model-out and leave-longest-shape-out tables);
+``--write PATH`` writes it (``golden/reports/tight_policy.md``), ``--check PATH``
+fails when the written report is stale.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 from cpmem.estimate import Estimate
 from cpmem.geometry import ModelGeometry
@@ -258,6 +265,116 @@ def tight_policy(inputs: PricingInput) -> Estimate:
     return price_tight(inputs)
 
 
+# --- declared targets (issue 6), checked by the estimator gate ------------------------
+
+Figure = Literal["forward", "forward_backward"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target a policy declares for the gate to check on the measured cells.
+
+    ``selects`` picks cells by what the caller states (geometry, plan, recompute,
+    execution mode, routing), never by a cell's id. ``figure`` names the priced figure
+    and the peak it is held against. ``max_headroom``: every selected cell's
+    ``estimate / peak - 1`` at most this. ``min_coverage``: at least this share of the
+    selected cells have ``estimate >= peak``. A target that selects no measured cell is
+    missed (it would prove nothing).
+    """
+
+    name: str
+    selects: Callable[[PricingInput], bool]
+    figure: Figure = "forward"
+    max_headroom: float | None = None
+    min_coverage: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.max_headroom is None) == (self.min_coverage is None):
+            raise ValueError(f"target {self.name!r}: give max_headroom or min_coverage")
+
+    @property
+    def limit(self) -> str:
+        """The bound as text, e.g. ``headroom <= +8.0%`` or ``coverage >= 100%``."""
+        if self.max_headroom is not None:
+            return f"max headroom <= {self.max_headroom:+.1%}"
+        assert self.min_coverage is not None
+        return f"coverage >= {self.min_coverage:.0%}"
+
+
+def _is_dense(inputs: PricingInput) -> bool:
+    return not inputs.geometry.is_moe
+
+
+def _compiled_attention_only(inputs: PricingInput) -> bool:
+    """Compiled runs of an attention-only dense model (the measured one: 1.7B)."""
+    g = inputs.geometry
+    return not g.is_moe and not g.is_hybrid and inputs.compiled
+
+
+def _dense_long(inputs: PricingInput) -> bool:
+    return (
+        _is_dense(inputs)
+        and not _compiled_attention_only(inputs)
+        and inputs.plan.logical_tokens >= 2048
+    )
+
+
+def _dense_short(inputs: PricingInput) -> bool:
+    return (
+        _is_dense(inputs)
+        and not _compiled_attention_only(inputs)
+        and inputs.plan.logical_tokens < 2048
+    )
+
+
+def _moe_routed(routing: str) -> Callable[[PricingInput], bool]:
+    return lambda inputs: inputs.geometry.is_moe and inputs.moe_routing == routing
+
+
+def _4b_cp2_64_token_pair(inputs: PricingInput) -> bool:
+    plan = inputs.plan
+    return (
+        inputs.geometry.name == "qwen3.5-4b"
+        and plan.layout.cp == 2
+        and plan.logical_tokens == 128
+        and inputs.recompute.keeps_gradients
+    )
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("every cell, forward peak", lambda _: True, "forward", min_coverage=1.0),
+    Target(
+        "every cell, forward+backward peak", lambda _: True, "forward_backward", min_coverage=1.0
+    ),
+    Target(
+        "4B CP2 64+64, forward+backward peak",
+        _4b_cp2_64_token_pair,
+        "forward_backward",
+        min_coverage=1.0,
+    ),
+    Target("dense, >= 2,048 logical tokens", _dense_long, "forward", max_headroom=0.08),
+    Target("dense, < 2,048 logical tokens", _dense_short, "forward", max_headroom=0.25),
+    Target(
+        "compiled attention-only (1.7B)", _compiled_attention_only, "forward", max_headroom=0.15
+    ),
+    Target("MoE, concentrated routing", _moe_routed("concentrated"), "forward", min_coverage=1.0),
+    Target("MoE, balanced routing", _moe_routed("balanced"), "forward", max_headroom=0.60),
+)
+"""The issue-6 targets of ``tight``: the gate checks them (``gate.TARGETS``) and the
+margin fit aims at them (``target_of``). The one place they are defined."""
+
+
+def target_of(inputs: PricingInput) -> float:
+    """Largest allowed estimate / forward peak for one cell: the strictest forward
+    headroom target selecting it (inf when none bounds it, e.g. concentrated MoE)."""
+    limits = [
+        1 + t.max_headroom
+        for t in TARGETS
+        if t.figure == "forward" and t.max_headroom is not None and t.selects(inputs)
+    ]
+    return min(limits, default=math.inf)
+
+
 # --- calibration: the measured cells, the margin fit, the tables -------------------
 
 
@@ -354,7 +471,7 @@ def fit_margin(samples: Sequence[Sample]) -> Margin:
         for s, (forward, _) in bases:
             base = sum(forward.values())
             est = math.ceil(base * factor) + allowance
-            worst = max(worst, est / (target_of(s) * s.forward_peak))
+            worst = max(worst, est / (target_of(s.inputs) * s.forward_peak))
         if best is None or worst < best[0] - 1e-12:
             best = (worst, allowance, factor)
     assert best is not None
@@ -403,58 +520,357 @@ def evaluate(samples: Sequence[Sample], margin: Margin = MARGIN) -> list[Row]:
     return rows
 
 
-def target_of(sample: Sample) -> float:
-    """Largest allowed estimate / forward peak for one cell (issue 6)."""
-    if not sample.dense:
-        return math.inf if sample.routing == "concentrated" else 1.6
-    if sample.model == "qwen3-1.7b" and sample.compiled:
-        return 1.15
-    return 1.08 if sample.logical_tokens >= 2048 else 1.25
+@dataclass(frozen=True)
+class TargetCell:
+    """One measured cell as a target sees it: what was stated, what was priced, the peaks."""
+
+    cell_id: str
+    inputs: PricingInput
+    estimate: Estimate
+    forward_peak: int
+    forward_backward_peak: int | None
 
 
-def _table(rows: Sequence[Row], emit: Callable[[str], None]) -> None:
-    gib = 1024.0**3
-    emit(f"{'cell':<72} {'est':>8} {'fwd':>8} {'head':>7} {'fb est':>8} {'fb':>8} {'head':>7}")
-    for r in rows:
-        emit(
-            f"{r.cell_id[:72]:<72} {r.estimate / gib:8.3f} {r.forward_peak / gib:8.3f} "
-            f"{r.headroom:+7.1%} {r.fb_estimate / gib:8.3f} {r.fb_peak / gib:8.3f} "
-            f"{r.fb_headroom:+7.1%}"
+@dataclass(frozen=True)
+class TargetResult:
+    target: Target
+    cells: int
+    covered: int
+    max_headroom: float | None
+    min_headroom: float | None
+    worst_cell: str | None
+    failing: tuple[str, ...]
+    problem: str | None = None
+
+    @property
+    def met(self) -> bool:
+        return not self.failing and self.problem is None
+
+    @property
+    def measured(self) -> str:
+        """The measured worst value next to the bound."""
+        if self.cells == 0:
+            return "no cells"
+        if self.target.max_headroom is not None:
+            assert self.max_headroom is not None
+            return f"max headroom {self.max_headroom:+.1%}"
+        return f"covered {self.covered}/{self.cells}, min headroom {self.min_headroom:+.1%}"
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.target
+        return {
+            "target": t.name,
+            "figure": t.figure,
+            "max_headroom": t.max_headroom,
+            "min_coverage": t.min_coverage,
+            "bound": t.limit,
+            "cells": self.cells,
+            "covered": self.covered,
+            "max_headroom_measured": self.max_headroom,
+            "min_headroom_measured": self.min_headroom,
+            "worst_cell": self.worst_cell,
+            "measured": self.measured,
+            "met": self.met,
+            "failing": list(self.failing),
+            "problem": self.problem,
+        }
+
+
+def measure_target(target: Target, cells: Sequence[TargetCell]) -> TargetResult:
+    """Check one target on the cells it selects; ``failing`` names the cells that miss
+    it (over the headroom bound, or uncovered when coverage falls short)."""
+    heads: list[tuple[float, str, bool]] = []
+    for c in cells:
+        if not target.selects(c.inputs):
+            continue
+        if target.figure == "forward":
+            got, peak = c.estimate.estimate_bytes, c.forward_peak
+        else:
+            if c.estimate.forward_backward_bytes is None:
+                return TargetResult(
+                    target, 0, 0, None, None, None, (), "the policy does not price backward"
+                )
+            if c.forward_backward_peak is None:
+                continue
+            got, peak = c.estimate.forward_backward_bytes, c.forward_backward_peak
+        heads.append((got / peak - 1, c.cell_id, got >= peak))
+    if not heads:
+        return TargetResult(target, 0, 0, None, None, None, (), "selects no measured cell")
+    covered = sum(1 for _, _, ok in heads if ok)
+    worst = max(heads) if target.max_headroom is not None else min(heads)
+    if target.max_headroom is not None:
+        failing = tuple(cid for h, cid, _ in heads if h > target.max_headroom + 1e-12)
+    else:
+        assert target.min_coverage is not None
+        short = covered < target.min_coverage * len(heads) - 1e-9
+        failing = tuple(cid for _, cid, ok in heads if not ok) if short else ()
+    return TargetResult(
+        target,
+        len(heads),
+        covered,
+        max(h for h, _, _ in heads),
+        min(h for h, _, _ in heads),
+        worst[1],
+        failing,
+    )
+
+
+def target_cells(samples: Sequence[Sample], margin: Margin = MARGIN) -> list[TargetCell]:
+    return [
+        TargetCell(
+            s.cell_id,
+            s.inputs,
+            price_tight(s.inputs, margin),
+            s.forward_peak,
+            s.forward_backward_peak,
+        )
+        for s in samples
+    ]
+
+
+# --- leave-out evidence --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaveOut:
+    """The margin refitted without ``held`` samples, evaluated on them."""
+
+    label: str
+    margin: Margin
+    held: tuple[Sample, ...]
+    rows: tuple[Row, ...]
+
+    @property
+    def forward_covered(self) -> int:
+        return sum(1 for r in self.rows if r.estimate >= r.forward_peak)
+
+    @property
+    def fb_covered(self) -> int:
+        return sum(1 for r in self.rows if r.fb_estimate >= r.fb_peak)
+
+    @property
+    def over_target(self) -> int:
+        return sum(
+            1
+            for s, r in zip(self.held, self.rows, strict=True)
+            if r.estimate > target_of(s.inputs) * r.forward_peak
         )
 
 
-def main(emit: Callable[[str], None] = print) -> int:
-    samples = measured_samples()
-    emit(f"tight policy, margin {MARGIN}")
-    emit("per cell (GiB; head = estimate / peak - 1)")
-    rows = evaluate(samples)
-    _table(rows, emit)
-    worst = sum(
-        1 for s, r in zip(samples, rows, strict=True) if r.estimate > target_of(s) * r.forward_peak
-    )
-    uncovered = sum(1 for r in rows if r.estimate < r.forward_peak or r.fb_estimate < r.fb_peak)
-    emit(f"cells: {len(rows)}, uncovered: {uncovered}, over their headroom target: {worst}")
-    emit("")
-    emit("leave-one-model-out (margin fitted without the model's cells)")
-    emit(
-        f"{'left out':<18} {'factor':>7} {'MiB':>4} {'fb MiB':>7} {'cells':>5} {'fwd cov':>8} "
-        f"{'fb cov':>7} {'max head':>9} {'min head':>9} {'max fb head':>11}"
-    )
+def leave_out(label: str, samples: Sequence[Sample], held: Callable[[Sample], bool]) -> LeaveOut:
+    fit = fit_margin([s for s in samples if not held(s)])
+    chosen = tuple(s for s in samples if held(s))
+    return LeaveOut(label, fit, chosen, tuple(evaluate(chosen, fit)))
+
+
+def leave_one_model_out(samples: Sequence[Sample]) -> list[LeaveOut]:
+    """For each model: every tunable constant chosen without that model's cells."""
+    out = []
     for model in sorted({s.model for s in samples}):
-        fit = fit_margin([s for s in samples if s.model != model])
-        held = [s for s in samples if s.model == model]
-        out = evaluate(held, fit)
-        fwd_cov = sum(1 for r in out if r.estimate >= r.forward_peak)
-        fb_cov = sum(1 for r in out if r.fb_estimate >= r.fb_peak)
-        emit(
-            f"{model:<18} {fit.forward_factor:7.3f} {fit.forward_allowance // MIB:4d} "
-            f"{fit.backward_allowance // MIB:7d} "
-            f"{len(out):5d} {fwd_cov:4d}/{len(out):<3d} {fb_cov:3d}/{len(out):<3d} "
-            f"{max(r.headroom for r in out):+9.1%} {min(r.headroom for r in out):+9.1%} "
-            f"{max(r.fb_headroom for r in out):+11.1%}"
+
+        def held(s: Sample, m: str = model) -> bool:
+            return s.model == m
+
+        out.append(leave_out(model, samples, held))
+    return out
+
+
+def leave_longest_shape_out(samples: Sequence[Sample]) -> list[LeaveOut]:
+    """For each model: every tunable constant chosen without the cells of that model's
+    longest shape (its largest logical token count), in every phase and layout."""
+    out = []
+    for model in sorted({s.model for s in samples}):
+        longest = max(s.logical_tokens for s in samples if s.model == model)
+
+        def held(s: Sample, m: str = model, n: int = longest) -> bool:
+            return s.model == m and s.logical_tokens == n
+
+        out.append(leave_out(f"{model} {longest:,} tokens", samples, held))
+    return out
+
+
+# --- the report ------------------------------------------------------------------------
+
+REPORT_PATH = "golden/reports/tight_policy.md"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3f}"
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _margin_text(m: Margin) -> str:
+    return (
+        f"forward factor {m.forward_factor:.3f} + {m.forward_allowance / MIB:g} MiB; "
+        f"backward factor {m.backward_factor:.3f} + {m.backward_allowance / MIB:g} MiB"
+    )
+
+
+def _leave_out_table(results: Sequence[LeaveOut], first: str) -> list[str]:
+    rows = []
+    for lo in results:
+        n = len(lo.rows)
+        rows.append(
+            [
+                lo.label,
+                f"{lo.margin.forward_factor:.3f}",
+                f"{lo.margin.forward_allowance // MIB}",
+                f"{lo.margin.backward_allowance // MIB}",
+                f"{n}",
+                f"{lo.forward_covered}/{n}",
+                f"{lo.fb_covered}/{n}",
+                f"{max(r.headroom for r in lo.rows):+.1%}",
+                f"{min(r.headroom for r in lo.rows):+.1%}",
+                f"{min(r.fb_headroom for r in lo.rows):+.1%}",
+                f"{lo.over_target}",
+            ]
         )
-    emit(f"fit on all cells: {fit_margin(samples)}")
-    return 0 if uncovered == 0 else 1
+    headers = [
+        first,
+        "factor",
+        "fwd MiB",
+        "fb MiB",
+        "held cells",
+        "fwd covered",
+        "fb covered",
+        "max head",
+        "min head",
+        "min fb head",
+        "over target",
+    ]
+    return _md_table(headers, rows)
+
+
+def _misses(results: Sequence[LeaveOut]) -> list[str]:
+    out = []
+    for lo in results:
+        for r in lo.rows:
+            if r.estimate < r.forward_peak:
+                out.append(f"- without {lo.label}: `{r.cell_id}` forward {r.headroom:+.1%}")
+            if r.fb_estimate < r.fb_peak:
+                out.append(
+                    f"- without {lo.label}: `{r.cell_id}` forward+backward {r.fb_headroom:+.1%}"
+                )
+    return out or ["- none"]
+
+
+def render_report(samples: Sequence[Sample]) -> tuple[str, bool]:
+    """The markdown report and whether every cell is covered and every target met."""
+    rows = evaluate(samples)
+    results = [measure_target(t, target_cells(samples)) for t in TARGETS]
+    uncovered = sum(1 for r in rows if r.estimate < r.forward_peak or r.fb_estimate < r.fb_peak)
+    over = sum(
+        1
+        for s, r in zip(samples, rows, strict=True)
+        if r.estimate > target_of(s.inputs) * r.forward_peak
+    )
+    refit = fit_margin(samples)
+    lines = [
+        "# The `tight` policy against the measured golden cells",
+        "",
+        f"Generated by `python -m cpmem.tight --write {REPORT_PATH}`; do not edit by hand",
+        "(`nox -s golden` prints it and fails when it is stale). Peaks: `golden/cells.csv`,",
+        "every measured cell in every phase; headroom = estimate / peak - 1.",
+        "",
+        f"Margin in use: {_margin_text(MARGIN)}.",
+        f"Refitted on all {len(samples)} cells: {_margin_text(refit)}"
+        + (" (the same)." if refit == MARGIN else " (DIFFERS from the margin in use)."),
+        "",
+        "## Targets (issue 6, `cpmem.tight.TARGETS`; checked by `cpmem gate --policy tight`)",
+        "",
+    ]
+    lines += _md_table(
+        ["target", "figure", "bound", "cells", "measured", "worst cell", "met"],
+        [
+            [
+                r.target.name,
+                r.target.figure,
+                r.target.limit,
+                f"{r.cells}",
+                r.measured,
+                f"`{r.worst_cell}`" if r.worst_cell else "-",
+                "yes" if r.met else "NO: " + (r.problem or ", ".join(r.failing)),
+            ]
+            for r in results
+        ],
+    )
+    lines += [
+        "",
+        f"cells: {len(rows)}, uncovered: {uncovered}, over their headroom target: {over}",
+        "",
+        "## Leave one model out",
+        "",
+        "Every tunable constant (`fit_margin`) chosen without the model's cells; coverage",
+        "and headroom on the left-out model.",
+        "",
+    ]
+    lomo = leave_one_model_out(samples)
+    lines += _leave_out_table(lomo, "left out")
+    lines += ["", "Held-out cells not covered:", "", *_misses(lomo), ""]
+    lines += [
+        "## Leave each model's longest shape out",
+        "",
+        "Every tunable constant chosen without the cells of the model's largest logical",
+        "token count (every phase, layout and mode of that shape); evaluated on them.",
+        "",
+    ]
+    llso = leave_longest_shape_out(samples)
+    lines += _leave_out_table(llso, "left out")
+    lines += ["", "Held-out cells not covered:", "", *_misses(llso), ""]
+    lines += ["## Per cell (GiB)", ""]
+    lines += _md_table(
+        ["cell", "estimate", "fwd peak", "head", "target", "fb estimate", "fb peak", "fb head"],
+        [
+            [
+                f"`{r.cell_id}`",
+                _gib(r.estimate),
+                _gib(r.forward_peak),
+                f"{r.headroom:+.1%}",
+                "-" if math.isinf(target_of(s.inputs)) else f"{target_of(s.inputs) - 1:+.0%}",
+                _gib(r.fb_estimate),
+                _gib(r.fb_peak),
+                f"{r.fb_headroom:+.1%}",
+            ]
+            for s, r in zip(samples, rows, strict=True)
+        ],
+    )
+    ok = uncovered == 0 and over == 0 and all(r.met for r in results)
+    return "\n".join(lines) + "\n", ok
+
+
+def main(argv: Sequence[str] | None = None, emit: Callable[[str], None] = print) -> int:
+    """Print the report; ``--write PATH`` writes it, ``--check PATH`` compares with it.
+    Non-zero when a cell is uncovered, a target missed, or the checked file is stale."""
+    p = argparse.ArgumentParser(prog="python -m cpmem.tight", description=main.__doc__)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--write", type=Path, metavar="PATH", help="write the report to PATH")
+    group.add_argument(
+        "--check", type=Path, metavar="PATH", help="fail when PATH differs from the report"
+    )
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    text, ok = render_report(measured_samples())
+    emit(text.rstrip("\n"))
+    status = 0 if ok else 1
+    if args.write is not None:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(text, encoding="utf-8")
+        emit(f"wrote {args.write}")
+    if args.check is not None:
+        stored = args.check.read_text(encoding="utf-8") if args.check.is_file() else None
+        if stored != text:
+            emit(
+                f"STALE: {args.check} differs from the report above "
+                f"(regenerate: python -m cpmem.tight --write {args.check})"
+            )
+            status = 1
+        else:
+            emit(f"{args.check} is up to date")
+    return status
 
 
 if __name__ == "__main__":

@@ -394,10 +394,167 @@ def test_cli_forwards_gate_and_json_is_complete(capsys: pytest.CaptureFixture[st
         "controls",
         "refusals",
         "power",
+        "targets",
     }
     assert doc["summary"].startswith("gate PASSED (policy reference): 74 cells")
+    # the reference declares no targets: the row says so and the summary is unchanged
+    assert doc["checks"]["targets"] == {
+        "passed": True,
+        "declared": 0,
+        "met": 0,
+        "targets": [],
+        "failing": [],
+    }
+    assert "targets" not in doc["summary"]
 
 
 def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert gate.main(["--policy", "nope"]) == 2
     assert "unknown policy" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- targets
+
+# Issue 6, restated here from the issue (not read from cpmem.tight): name -> bound.
+TIGHT_BOUNDS = {
+    "dense, >= 2,048 logical tokens": "max headroom <= +8.0%",
+    "dense, < 2,048 logical tokens": "max headroom <= +25.0%",
+    "compiled attention-only (1.7B)": "max headroom <= +15.0%",
+    "MoE, balanced routing": "max headroom <= +60.0%",
+    "MoE, concentrated routing": "coverage >= 100%",
+    "every cell, forward peak": "coverage >= 100%",
+    "every cell, forward+backward peak": "coverage >= 100%",
+    "4B CP2 64+64, forward+backward peak": "coverage >= 100%",
+}
+MOE = "Qwen/Qwen3.5-35B-A3B"
+
+
+def _measured_rows() -> list[dict[str, str]]:
+    return [r for r in CELLS.values() if int(r["measured_rank_samples"]) > 0]
+
+
+def _tokens(row: dict[str, str]) -> int:
+    return sum(int(n) for n in row["lengths"].split("+"))
+
+
+def _dense_long_ids() -> set[str]:
+    return {
+        r["cell_id"]
+        for r in _measured_rows()
+        if r["model"] != MOE
+        and not (r["model"] == "Qwen/Qwen3-1.7B" and r["compiled"] == "True")
+        and _tokens(r) >= 2048
+    }
+
+
+@pytest.fixture(scope="module")
+def tight_report() -> dict[str, Any]:
+    return gate.run_gate("tight")
+
+
+def test_gate_passes_on_tight_and_prints_each_target(tight_report: dict[str, Any]) -> None:
+    assert tight_report["passed"], gate.render(tight_report)
+    tg = tight_report["checks"]["targets"]
+    got = {t["target"]: t for t in tg["targets"]}
+    assert {name: t["bound"] for name, t in got.items()} == TIGHT_BOUNDS
+    assert tg["met"] == tg["declared"] == len(TIGHT_BOUNDS)
+    # cell counts from the CSV
+    rows = _measured_rows()
+    moe = [r for r in rows if r["model"] == MOE]
+    compiled_17 = [r for r in rows if r["model"] == "Qwen/Qwen3-1.7B" and r["compiled"] == "True"]
+    assert got["every cell, forward peak"]["cells"] == len(rows) == 74
+    assert got["every cell, forward+backward peak"]["cells"] == 74
+    assert got["dense, >= 2,048 logical tokens"]["cells"] == len(_dense_long_ids())
+    assert got["compiled attention-only (1.7B)"]["cells"] == len(compiled_17) == 2
+    assert got["MoE, concentrated routing"]["cells"] == sum(
+        r["concentrated_routing"] == "True" for r in moe
+    )
+    assert got["MoE, balanced routing"]["cells"] == sum(
+        r["concentrated_routing"] == "False" for r in moe
+    )
+    assert got["4B CP2 64+64, forward+backward peak"]["worst_cell"] == "cp:4b-selective:64+64"
+    # forward+backward peaks are covered too (the policy prices backward)
+    fb = tight_report["checks"]["coverage"]["forward_backward"]
+    assert fb["cells"] == fb["covered"] == 74
+    # every target is printed with its measured value, in the table and in the summary
+    text = gate.render(tight_report)
+    summary = tight_report["summary"]
+    assert "targets 8/8 met" in summary and text.endswith(summary)
+    for name, bound in TIGHT_BOUNDS.items():
+        assert name in summary and bound in summary
+        line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
+        assert bound in line and got[name]["measured"] in line and line.endswith("met")
+    assert any(ln.startswith("targets ") and "8/8 met" in ln for ln in text.splitlines())
+
+
+def _register_weak(monkeypatch: pytest.MonkeyPatch, name: str, margin: Any) -> None:
+    """A copy of tight with another margin, declaring tight's targets."""
+    from cpmem.tight import price_tight
+
+    monkeypatch.setitem(POLICIES, name, lambda inputs: price_tight(inputs, margin))
+    monkeypatch.setitem(gate.TARGETS, name, gate.TARGETS["tight"])
+
+
+def test_tight_without_margin_fails_coverage_and_targets_naming_cells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cpmem.tight import Margin
+
+    _register_weak(monkeypatch, "tight-no-margin", Margin(1.0, 0, 1.0, 0))
+    rep = gate.run_gate("tight-no-margin")
+    assert not rep["passed"]
+    failed = {n for n, c in rep["checks"].items() if not c["passed"]}
+    assert {"coverage", "targets"} <= failed
+    # the 27B TP8 64-token pair peaks at 652,222,464 bytes, 58 MiB cold set-up included;
+    # its forward is not covered without the margin, nor is the 4B CP2 64-token pair's
+    # backward (750,982,144 bytes, 0.27 GiB above its forward peak)
+    tp8 = "tp:final:Qwen3.8-27B:tp8:selective:core_attn:compiled:64+64"
+    assert peak(tp8) == 652_222_464
+    assert int(CELLS["cp:4b-selective:64+64"]["forward_backward_peak_bytes"]) == 750_982_144
+    cov = rep["checks"]["coverage"]["failing"]
+    assert tp8 in cov and "cp:4b-selective:64+64 (forward+backward)" in cov
+    tg = {t["target"]: t for t in rep["checks"]["targets"]["targets"]}
+    assert not tg["every cell, forward peak"]["met"]
+    assert tp8 in tg["every cell, forward peak"]["failing"]
+    assert tg["4B CP2 64+64, forward+backward peak"]["failing"] == ["cp:4b-selective:64+64"]
+    text = gate.render(rep)
+    assert "targets      FAIL" in text and "MISSED" in text
+    assert any(
+        ln.startswith("  targets: 4B CP2 64+64") and "cp:4b-selective:64+64" in ln
+        for ln in text.splitlines()
+    )
+
+
+def test_tight_with_a_loose_factor_misses_headroom_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cpmem.tight import Margin
+
+    _register_weak(monkeypatch, "tight-loose", Margin(1.5, 16 * MIB, 1.5, 236 * MIB))
+    rep = gate.run_gate("tight-loose")
+    assert not rep["passed"]
+    # everything is covered (admission, over-pricing, refuses cells that ran)
+    failed = {n for n, c in rep["checks"].items() if not c["passed"]}
+    assert "coverage" not in failed and "targets" in failed
+    tg = {t["target"]: t for t in rep["checks"]["targets"]["targets"]}
+    missed = {n for n, t in tg.items() if not t["met"]}
+    assert missed == {
+        "dense, >= 2,048 logical tokens",
+        "dense, < 2,048 logical tokens",
+        "compiled attention-only (1.7B)",
+        "MoE, balanced routing",  # 1.5 x on top of the balanced cells' +22 % passes +60 %
+    }
+    assert set(tg["dense, >= 2,048 logical tokens"]["failing"]) == _dense_long_ids()
+    assert "MISSED" in rep["summary"] and "targets" in rep["summary"].split("FAILED checks:")[1]
+
+
+def test_a_target_selecting_no_cell_is_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cpmem.tight import Target
+
+    nothing = Target("nothing", lambda _: False, "forward", max_headroom=0.1)
+    monkeypatch.setitem(gate.TARGETS, "reference", (nothing,))
+    rep = gate.run_gate("reference")
+    assert rep["checks"]["targets"]["failing"] == ["nothing: selects no measured cell"]
+    # the reference does not price backward: a forward+backward target cannot be met
+    fb = Target("fb", lambda _: True, "forward_backward", min_coverage=1.0)
+    monkeypatch.setitem(gate.TARGETS, "reference", (fb,))
+    rep = gate.run_gate("reference")
+    assert rep["checks"]["targets"]["failing"] == ["fb: the policy does not price backward"]

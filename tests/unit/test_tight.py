@@ -166,3 +166,87 @@ def test_no_grad_and_full_recompute_price() -> None:
         assert est.estimate_bytes > 0
         assert est.forward_backward_bytes is not None
         assert est.forward_backward_bytes >= est.estimate_bytes
+
+
+# --------------------------------------------------------------------- admission (issue 6)
+
+GIB = 2**30
+
+
+def test_tight_admits_the_27b_cp2_4k_pair_on_its_forward_backward_peak() -> None:
+    from cpmem.admission import admit
+    from cpmem.request import Request
+
+    budget = 81.868 * GIB
+    decision = admit(
+        get_preset("qwen3.5-27b"),
+        Request.pair(4096, 4096, 1228),
+        ParallelLayout(cp=2),
+        budget,
+        policy="tight",
+        figure="forward_backward",
+    )
+    assert decision.action == "fit"
+    assert decision.estimate.forward_backward_bytes is not None
+    assert decision.required_bytes == decision.estimate.forward_backward_bytes
+    # the measured forward+backward peak of this cell (golden CP source): covered, fits
+    row = next(r for r in CP_ROWS if r["case"] == "27b-selective" and r["lengths"] == "4096+4096")
+    assert int(row["forward_backward_peak_bytes"]) <= decision.required_bytes <= budget
+
+
+def test_cli_admits_the_27b_cp2_4k_pair_with_tight_forward_backward(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cpmem import cli
+
+    argv = [
+        "admit",
+        "--model",
+        "qwen3.5-27b",
+        "--lengths",
+        "4096,4096",
+        "--shared-prefix",
+        "1228",
+        "--cp",
+        "2",
+        "--budget-gib",
+        "81.868",
+        "--policy",
+        "tight",
+        "--figure",
+        "forward_backward",
+    ]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.startswith("FIT:")
+
+
+# --------------------------------------------------------------------- the report
+
+
+def test_leave_outs_hold_out_each_models_longest_shape() -> None:
+    from cpmem.tight import leave_longest_shape_out, measured_samples
+
+    longest: dict[str, int] = {}
+    for row in TP_ROWS + CP_ROWS:
+        if int(row.get("measured_rank_samples") or row.get("measured_samples") or 0) > 0:
+            m = get_preset(row["model"]).name
+            longest[m] = max(longest.get(m, 0), sum(_lengths(row)))
+    results = leave_longest_shape_out(measured_samples())
+    assert {lo.label for lo in results} == {f"{m} {n:,} tokens" for m, n in longest.items()}
+    for lo in results:
+        assert lo.held
+        model, tokens = lo.label.split(" ")[0], int(lo.label.split(" ")[1].replace(",", ""))
+        assert all(s.model == model and s.logical_tokens == tokens for s in lo.held)
+
+
+def test_kept_report_is_up_to_date() -> None:
+    from pathlib import Path
+
+    from cpmem.tight import REPORT_PATH, main
+
+    root = Path(__file__).resolve().parents[2]
+    lines: list[str] = []
+    assert main(["--check", str(root / REPORT_PATH)], emit=lines.append) == 0
+    assert lines[-1].endswith("is up to date")
+    text = "\n".join(lines)
+    assert "## Leave one model out" in text and "## Leave each model's longest shape out" in text
