@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import nox
 
+# gpu runs early: without CUDA its tests skip (with the reason), and the suite then
+# closes on the sessions that run tests here.
 nox.options.sessions = [
     "lint",
     "typecheck",
+    "gpu",
     "tests",
     "property",
     "golden",
     "oracle",
     "distributed",
-    "gpu",
 ]
 nox.options.reuse_existing_virtualenvs = True
 
