@@ -802,53 +802,15 @@ def _count_saved(sink: list[int]) -> Iterator[None]:
 # The megatron engine
 # --------------------------------------------------------------------------------------
 
-_SHIMMED = False
-
 
 def install_megatron_cpu_shim() -> None:
-    """Let megatron-core 0.16 build and run on CPU (docs: shared/design/oracles.md).
+    """Let megatron-core 0.16 build and run on CPU, for this driver's CPU tests only
+    (never used when CUDA is present): the saved-tensor oracle's shim, reused."""
+    if str(REPO_ROOT) not in sys.path:  # run as a script, only gpu_tests/ is on the path
+        sys.path.insert(0, str(REPO_ROOT))
+    from oracles.saved_tensors import install_megatron_cpu_shim as shim
 
-    Only for this driver's CPU tests: CUDA helpers become no-ops, causal masks are made
-    on CPU, the RNG tracker's fork is a plain context, and the checkpoint fp8 flag is
-    read as a boolean. Never used when CUDA is present.
-    """
-    global _SHIMMED
-    if _SHIMMED:
-        return
-    torch = _torch()
-    import megatron.core.fusions.fused_softmax as fused_softmax
-    import megatron.core.transformer.utils as tutils
-    from megatron.core.tensor_parallel import random as mrandom
-
-    cuda = torch.cuda
-    cuda.current_device = lambda: "cpu"
-    cuda.synchronize = lambda *a, **k: None
-    cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
-    cuda.set_rng_state = lambda *a, **k: None
-    cuda.manual_seed = lambda *a, **k: None
-    cuda.empty_cache = lambda: None
-    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    mrandom._set_cuda_rng_state = lambda *a, **k: None
-
-    def cpu_causal_mask(sq: int) -> Any:
-        return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
-
-    tutils.get_default_causal_mask = cpu_causal_mask
-    fused_softmax.get_default_causal_mask = cpu_causal_mask
-
-    @contextlib.contextmanager
-    def fork(self: Any, name: str = "") -> Iterator[None]:
-        yield
-
-    mrandom.CudaRNGStatesTracker.fork = fork
-    original = mrandom.CheckpointWithoutOutput.__init__
-
-    def init(self: Any, fp8: Any = False) -> None:
-        original(self, fp8)
-        self.fp8 = bool(fp8)
-
-    mrandom.CheckpointWithoutOutput.__init__ = init
-    _SHIMMED = True
+    shim()
 
 
 def _megatron_lora(linear: Any, sp: bool) -> None:

@@ -677,16 +677,15 @@ def install_megatron_cpu_shim() -> None:
     """Make megatron-core 0.16 build and run on CPU (facts in oracles/README.md).
 
     Idempotent and process-wide: torch.cuda helpers become CPU no-ops, causal masks
-    are built on CPU, the RNG tracker's fork is a plain context, the fp8 flag of
-    CheckpointWithoutOutput is read as a boolean, and a world-size-1 gloo group with
-    TP = PP = CP = 1 is initialised.
+    are built on CPU, the RNG tracker's fork is a plain context, and the fp8 flag of
+    CheckpointWithoutOutput is read as a boolean. Process groups are the caller's
+    (see :func:`init_single_process_megatron`).
     """
     global _SHIM_DONE
     if _SHIM_DONE:
         return
     import megatron.core.fusions.fused_softmax as fsm
     import megatron.core.transformer.utils as tutils
-    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mrandom
 
     cuda = torch.cuda
@@ -717,13 +716,20 @@ def install_megatron_cpu_shim() -> None:
         self.fp8 = bool(fp8)
 
     mrandom.CheckpointWithoutOutput.__init__ = cwo_init
+    _SHIM_DONE = True
+
+
+def init_single_process_megatron() -> None:
+    """The CPU shim plus a world-size-1 gloo group with TP = PP = CP = 1."""
+    from megatron.core import parallel_state
+
+    install_megatron_cpu_shim()
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", world_size=1, rank=0
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
-    _SHIM_DONE = True
 
 
 MEGATRON_MODES: dict[str, dict[str, Any]] = {
@@ -767,7 +773,7 @@ def build_megatron_block(geo: OracleGeometry, mode: str, fused_norm: bool = Fals
     (input + fp32 rstd saved): torch's CPU rms_norm instead saves an fp32 copy of its
     input, which no GPU kernel does.
     """
-    install_megatron_cpu_shim()
+    init_single_process_megatron()
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.transformer_block import TransformerBlock
@@ -829,7 +835,7 @@ def measure_megatron(
     """
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-    install_megatron_cpu_shim()
+    init_single_process_megatron()
     from megatron.core import parallel_state
     from megatron.core.utils import GlobalMemoryBuffer
 
@@ -875,6 +881,7 @@ __all__ = [
     "SwiGLUMLP",
     "build_megatron_block",
     "build_reference_layer",
+    "init_single_process_megatron",
     "install_megatron_cpu_shim",
     "measure_forward",
     "measure_megatron",
