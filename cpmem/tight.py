@@ -177,13 +177,19 @@ def priced_tokens(inputs: PricingInput) -> int:
 
 
 def rank_segments(inputs: PricingInput) -> int:
-    """Gradient-enabled segments whose recurrent states the busiest rank holds. Under
-    CP the GDN planner places whole prefix-tree segments, so each of the other CP ranks
-    holds at least one: the busiest holds at most segments - (CP - 1), at least one."""
+    """Gradient-enabled segments whose recurrent states the busiest rank holds.
+
+    A layout that places whole prefix-tree segments (the ``gdn-segments`` planner, and
+    explicit plans, taken to come from such a runtime as the measured one) leaves at
+    least one segment on each other CP rank: the busiest holds at most
+    segments - (CP - 1), and at least one. Planners that cut every sequence across all
+    ranks (``balanced``, ``attention-work``) leave every segment's state on every rank.
+    """
     if not inputs.recompute.keeps_gradients:
         return 0
     segments = inputs.plan.grad_segments
-    if cp_discounted(inputs) and segments:
+    whole_segments = inputs.plan.planner in ("gdn-segments", "explicit")
+    if cp_discounted(inputs) and segments and whole_segments:
         return max(1, segments - (inputs.plan.layout.cp - 1))
     return segments
 

@@ -250,3 +250,16 @@ def test_kept_report_is_up_to_date() -> None:
     assert lines[-1].endswith("is up to date")
     text = "\n".join(lines)
     assert "## Leave one model out" in text and "## Leave each model's longest shape out" in text
+
+
+def test_segment_discount_only_for_layouts_that_place_whole_segments() -> None:
+    """Zigzag cuts every sequence across all ranks, so every rank keeps every segment's
+    recurrent state; only a whole-segment layout may charge the busiest rank fewer."""
+    from cpmem.api import estimate
+
+    pair = dict(shared_prefix=1228, cp=2, policy="tight")
+    whole = estimate("qwen3.5-27b", [4096, 4096], planner="gdn-segments", **pair)
+    zigzag = estimate("qwen3.5-27b", [4096, 4096], planner="balanced", **pair)
+    per_segment = 48 * 6_414_336  # GDN layers x segment state bytes (pricing.md, 27B TP1)
+    assert whole.components["segment_states"] == (3 - 1) * per_segment
+    assert zigzag.components["segment_states"] == 3 * per_segment
