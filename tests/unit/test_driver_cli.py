@@ -206,14 +206,11 @@ def test_cpu_row_leaves_every_peak_empty() -> None:
 
 
 def test_row_passes_golden_validation() -> None:
-    golden = pytest.importorskip("cpmem.golden")
+    from cpmem import golden
+
     row = _row(measured=True)
-    try:
-        golden.validate_row(row)
-    except golden.GoldenDataError as exc:
-        if getattr(exc, "column", None) == "phase" or "phase" in str(exc):
-            pytest.skip(f"golden schema does not yet allow phase 'native': {exc}")
-        raise
+    assert row["phase"] == "native" and row["campaign"] == "native"
+    golden.validate_row(row)  # raises GoldenDataError naming the column on any violation
 
 
 def test_written_csv_round_trips(tmp_path: Path) -> None:
