@@ -803,14 +803,19 @@ def _count_saved(sink: list[int]) -> Iterator[None]:
 # --------------------------------------------------------------------------------------
 
 
+def _oracle_module() -> Any:
+    """``oracles.saved_tensors``: the megatron CPU shim and layer settings live there."""
+    if str(REPO_ROOT) not in sys.path:  # run as a script, only gpu_tests/ is on the path
+        sys.path.insert(0, str(REPO_ROOT))
+    import oracles.saved_tensors
+
+    return oracles.saved_tensors
+
+
 def install_megatron_cpu_shim() -> None:
     """Let megatron-core 0.16 build and run on CPU, for this driver's CPU tests only
     (never used when CUDA is present): the saved-tensor oracle's shim, reused."""
-    if str(REPO_ROOT) not in sys.path:  # run as a script, only gpu_tests/ is on the path
-        sys.path.insert(0, str(REPO_ROOT))
-    from oracles.saved_tensors import install_megatron_cpu_shim as shim
-
-    shim()
+    _oracle_module().install_megatron_cpu_shim()
 
 
 def _megatron_lora(linear: Any, sp: bool) -> None:
@@ -888,23 +893,8 @@ def build_megatron_model(spec: CellSpec, geometry: ModelGeometry, device: Any, s
         attention_output_gate=geometry.attention_output_gate,
         tensor_model_parallel_size=spec.tp,
         sequence_parallel=spec.sp and spec.tp > 1,
-        gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu,
-        normalization="RMSNorm",
-        qk_layernorm=True,
-        add_bias_linear=False,
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16,
         use_cpu_initialization=on_cpu,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
+        **_oracle_module().megatron_layer_settings(),
         **recompute,
     )
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")

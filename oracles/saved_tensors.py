@@ -732,6 +732,30 @@ def init_single_process_megatron() -> None:
         parallel_state.initialize_model_parallel(1, 1)
 
 
+def megatron_layer_settings() -> dict[str, Any]:
+    """TransformerConfig settings every cpmem megatron layer shares (oracle and native
+    driver): bf16 SwiGLU with RMSNorm and qk-norm, no bias, no dropout, and the fusions
+    off that have no CPU path (facts in oracles/README.md)."""
+    return {
+        "gated_linear_unit": True,
+        "activation_func": F.silu,
+        "normalization": "RMSNorm",
+        "qk_layernorm": True,
+        "add_bias_linear": False,
+        "bf16": True,
+        "params_dtype": BF16,
+        "pipeline_dtype": BF16,
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "apply_rope_fusion": False,
+        "gradient_accumulation_fusion": False,
+        "persist_layer_norm": False,
+    }
+
+
 MEGATRON_MODES: dict[str, dict[str, Any]] = {
     "none": {"recompute_granularity": None},
     "selective-core_attn": {
@@ -786,23 +810,8 @@ def build_megatron_block(geo: OracleGeometry, mode: str, fused_norm: bool = Fals
         num_attention_heads=geo.q_heads,
         num_query_groups=geo.kv_groups,
         kv_channels=geo.head_dim,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        normalization="RMSNorm",
-        qk_layernorm=True,
-        add_bias_linear=False,
-        bf16=True,
-        params_dtype=BF16,
-        pipeline_dtype=BF16,
         use_cpu_initialization=True,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
+        **megatron_layer_settings(),
         **MEGATRON_MODES[mode],
     )
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
@@ -886,4 +895,5 @@ __all__ = [
     "measure_forward",
     "measure_megatron",
     "measure_reference",
+    "megatron_layer_settings",
 ]
