@@ -11,12 +11,13 @@ import statistics
 import time
 from collections.abc import Callable
 
-from cpmem.admission import select_width
+from cpmem.admission.admission import select_width
 from cpmem.api import load_model
-from cpmem.layout import ParallelLayout
-from cpmem.planners import plan_request
-from cpmem.pricing import PricingInput, price
-from cpmem.request import Request
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.planners import plan_request
+from cpmem.plan.request import Request
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.registry import price
 
 GIB = 1 << 30
 

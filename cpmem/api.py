@@ -7,17 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import InputError
-from cpmem.estimate import Estimate
-from cpmem.geometry import ModelGeometry
-from cpmem.hf_config import load_config
-from cpmem.layout import ParallelLayout
-from cpmem.plan import Plan, explicit_plan
-from cpmem.planners import plan_request
-from cpmem.presets import get_preset
-from cpmem.pricing import MoeRouting, PricingInput, price
-from cpmem.profiles import ProfileStore
-from cpmem.recompute import Recompute
-from cpmem.request import Request
+from cpmem.model.geometry import ModelGeometry
+from cpmem.model.hf_config import load_config
+from cpmem.model.presets import get_preset
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import Plan, explicit_plan
+from cpmem.plan.planners import plan_request
+from cpmem.plan.request import Request
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.inputs import MoeRouting, PricingInput
+from cpmem.pricing.profiles import ProfileStore
+from cpmem.pricing.recompute import Recompute
+from cpmem.pricing.registry import price
 
 
 def load_model(
@@ -58,7 +59,7 @@ def estimate(
     profiles: ProfileStore | None = None,
 ) -> Estimate:
     """Price one forward. Give ``lengths`` (+ ``shared_prefix``), a ``request``, or a
-    ready ``plan`` (e.g. from :func:`cpmem.plan.explicit_plan`). SP defaults to on
+    ready ``plan`` (e.g. from :func:`cpmem.plan.plan.explicit_plan`). SP defaults to on
     when TP > 1, as Megatron runs it."""
     geometry = load_model(model)
     rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)

@@ -8,19 +8,20 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cpmem.admission import admit, admit_plan, usable_budget
+from cpmem.admission.admission import admit, admit_plan, usable_budget
 from cpmem.api import load_model
 from cpmem.errors import CpmemError, InputError
-from cpmem.estimate import Estimate
-from cpmem.geometry import ModelGeometry
-from cpmem.layout import ParallelLayout
-from cpmem.plan import Plan, explicit_plan
-from cpmem.planners import PLANNERS, plan_request
-from cpmem.presets import PRESETS
-from cpmem.pricing import PricingInput, policy_names, price
-from cpmem.profiles import ProfileStore
-from cpmem.recompute import MODES, Recompute
-from cpmem.request import Request
+from cpmem.model.geometry import ModelGeometry
+from cpmem.model.presets import PRESETS
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import Plan, explicit_plan
+from cpmem.plan.planners import PLANNERS, plan_request
+from cpmem.plan.request import Request
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.profiles import ProfileStore
+from cpmem.pricing.recompute import MODES, Recompute
+from cpmem.pricing.registry import policy_names, price
 from cpmem.units import GIB
 
 Handler = Callable[[argparse.Namespace], int]
@@ -321,9 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands() -> dict[str, tuple[str, Handler]]:
     """Tools in their own modules, each taking the rest of the command line."""
     return {
-        "golden": ("import / verify the golden measurement layer", _forward("cpmem.golden")),
-        "gate": ("check an estimator policy against the golden layer", _forward("cpmem.gate")),
-        "report": ("write the calibration report (markdown + figures)", _forward("cpmem.report")),
+        "golden": ("import / verify the golden measurement layer", _forward("cpmem.golden.golden")),
+        "gate": ("check an estimator policy against the golden layer", _forward("cpmem.gate.gate")),
+        "report": (
+            "write the calibration report (markdown + figures)",
+            _forward("cpmem.gate.report"),
+        ),
     }
 
 

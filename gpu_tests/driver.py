@@ -20,7 +20,7 @@ recompute setting. Two engines build the model:
 Every CP rank owns a contiguous run of the packed row whose length is the token count
 cpmem's default planner gives that rank, so the driver measures the layout cpmem
 prices. Rows follow the golden schema (``golden/schema.json``); the driver never
-writes to ``golden/`` (``cpmem.golden.append_rows`` does). On CPU no memory figure is
+writes to ``golden/`` (``cpmem.golden.golden.append_rows`` does). On CPU no memory figure is
 meaningful: peaks are left empty and the row is marked ``device=cpu``.
 """
 
@@ -47,12 +47,12 @@ from typing import Any
 from cpmem.api import estimate as cpmem_estimate
 from cpmem.api import load_model
 from cpmem.errors import CpmemError, InputError
-from cpmem.geometry import ModelGeometry
-from cpmem.layout import ParallelLayout
-from cpmem.plan import Plan
-from cpmem.planners import plan_request
-from cpmem.recompute import Recompute
-from cpmem.request import Request
+from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import Plan
+from cpmem.plan.planners import plan_request
+from cpmem.plan.request import Request
+from cpmem.pricing.recompute import Recompute
 
 DRIVER_PATH = Path(__file__).resolve()
 REPO_ROOT = DRIVER_PATH.parent.parent

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from cpmem import cli, gate
-from cpmem.controls import (
+from cpmem import cli
+from cpmem.gate import gate
+from cpmem.gate.controls import (
     CONTROLS_FILE,
     DIFF_FILE,
     META_FILE,
@@ -24,9 +25,9 @@ from cpmem.controls import (
     load_controls,
     record_controls,
 )
-from cpmem.golden import GOLDEN_DIR, verify_manifest
-from cpmem.pricing import POLICIES
-from cpmem.reference import reference_policy
+from cpmem.golden.golden import GOLDEN_DIR, verify_manifest
+from cpmem.pricing.reference import reference_policy
+from cpmem.pricing.registry import POLICIES
 
 MIB = 2**20
 SAFETY = 1.10
@@ -415,7 +416,7 @@ def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
 
 # ----------------------------------------------------------------------------- targets
 
-# Issue 6, restated here from the issue (not read from cpmem.tight): name -> bound.
+# Issue 6, restated here from the issue (not read from cpmem.pricing.tight): name -> bound.
 TIGHT_BOUNDS = {
     "dense, >= 2,048 logical tokens": "max headroom <= +8.0%",
     "dense, < 2,048 logical tokens": "max headroom <= +25.0%",
@@ -489,7 +490,7 @@ def test_gate_passes_on_tight_and_prints_each_target(tight_report: dict[str, Any
 
 def _register_weak(monkeypatch: pytest.MonkeyPatch, name: str, margin: Any) -> None:
     """A copy of tight with another margin, declaring tight's targets."""
-    from cpmem.tight import price_tight
+    from cpmem.pricing.tight import price_tight
 
     monkeypatch.setitem(POLICIES, name, lambda inputs: price_tight(inputs, margin))
     monkeypatch.setitem(gate.TARGETS, name, gate.TARGETS["tight"])
@@ -498,7 +499,7 @@ def _register_weak(monkeypatch: pytest.MonkeyPatch, name: str, margin: Any) -> N
 def test_tight_without_margin_fails_coverage_and_targets_naming_cells(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from cpmem.tight import Margin
+    from cpmem.pricing.tight import Margin
 
     _register_weak(monkeypatch, "tight-no-margin", Margin(1.0, 0, 1.0, 0))
     rep = gate.run_gate("tight-no-margin")
@@ -526,7 +527,7 @@ def test_tight_without_margin_fails_coverage_and_targets_naming_cells(
 
 
 def test_tight_with_a_loose_factor_misses_headroom_targets(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cpmem.tight import Margin
+    from cpmem.pricing.tight import Margin
 
     _register_weak(monkeypatch, "tight-loose", Margin(1.5, 16 * MIB, 1.5, 236 * MIB))
     rep = gate.run_gate("tight-loose")
@@ -547,7 +548,7 @@ def test_tight_with_a_loose_factor_misses_headroom_targets(monkeypatch: pytest.M
 
 
 def test_a_target_selecting_no_cell_is_missed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cpmem.tight import Target
+    from cpmem.pricing.tight import Target
 
     nothing = Target("nothing", lambda _: False, "forward", max_headroom=0.1)
     monkeypatch.setitem(gate.TARGETS, "reference", (nothing,))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cpmem import golden
-from cpmem.golden import (
+from cpmem.golden import golden
+from cpmem.golden.golden import (
     CELLS_FILE,
     GOLDEN_DIR,
     GoldenDataError,
@@ -34,7 +34,7 @@ CP_FILE = "art_recompute_memory_cp.csv"
 TP_FILE = "art_recompute_memory.csv"
 SHARED_SOURCES = Path(__file__).resolve().parents[3] / "shared" / "golden-sources"
 
-# Source column -> cells column, written out independently of cpmem.golden.
+# Source column -> cells column, written out independently of cpmem.golden.golden.
 CP_MAP = {
     "source_sha": "estimator_source_sha",
     "driver_sha256": "driver_sha256",

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from cpmem.layout import ParallelLayout
-from cpmem.request import Request, Segment
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.request import Request, Segment
 
 MAX_SEQUENCES = 64
 MAX_SEQUENCE_TOKENS = 32 * 1024

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from cpmem.layout import ParallelLayout
-from cpmem.planners import PLANNERS, plan_request
-from cpmem.request import Request
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.planners import PLANNERS, plan_request
+from cpmem.plan.request import Request
 from oracles import ownership
 
 from .strategies import Grid, Trees, grids, real_tokens, to_request, trees

@@ -14,17 +14,18 @@ import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
-from cpmem.admission import admit, admit_plan, usable_budget
+from cpmem.admission.admission import admit, admit_plan, usable_budget
 from cpmem.errors import InputError
-from cpmem.geometry import ModelGeometry
-from cpmem.layout import ParallelLayout
-from cpmem.plan import Plan, explicit_plan
-from cpmem.planners import PLANNERS, plan_request
-from cpmem.presets import PRESETS, get_preset
-from cpmem.pricing import PricingInput, price
-from cpmem.recompute import Recompute
-from cpmem.reference import ReferenceTerms, price_reference
-from cpmem.request import Request
+from cpmem.model.geometry import ModelGeometry
+from cpmem.model.presets import PRESETS, get_preset
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import Plan, explicit_plan
+from cpmem.plan.planners import PLANNERS, plan_request
+from cpmem.plan.request import Request
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.recompute import Recompute
+from cpmem.pricing.reference import ReferenceTerms, price_reference
+from cpmem.pricing.registry import price
 from oracles import ownership
 
 from .strategies import (

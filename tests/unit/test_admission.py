@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from cpmem.admission import admit, admit_plan, select_width, split_request, usable_budget
+from cpmem.admission.admission import admit, admit_plan, select_width, split_request, usable_budget
+from cpmem.admission.comm import LocalCommunicator, collective_plan
 from cpmem.api import estimate, load_model
-from cpmem.comm import LocalCommunicator, collective_plan
 from cpmem.errors import InputError, PlanningError
-from cpmem.layout import ParallelLayout
-from cpmem.plan import explicit_plan
-from cpmem.recompute import Recompute
-from cpmem.request import Request
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import explicit_plan
+from cpmem.plan.request import Request
+from cpmem.pricing.recompute import Recompute
 
 GIB = 1 << 30
 M27 = load_model("qwen3.5-27b")
@@ -180,7 +180,7 @@ def test_bad_budget_raises_inside_the_collective():
 
 def test_explicit_plan_accepts_the_balanced_planners_padding():
     # 64 one-token rows at CP 16: each row pads to 32, so every rank holds 128 > packed 64.
-    from cpmem.planners import plan_request
+    from cpmem.plan.planners import plan_request
 
     planned = plan_request(Request.independent([1] * 64), ParallelLayout(cp=16), "balanced")
     assert planned.rank_tokens == (128,) * 16

@@ -168,7 +168,7 @@ def test_row_has_exactly_the_golden_columns() -> None:
     assert tuple(row) == driver.GOLDEN_COLUMNS
     schema = json.loads((REPO / "golden" / "schema.json").read_text())
     assert tuple(c["name"] for c in schema["columns"]) == driver.GOLDEN_COLUMNS
-    golden = pytest.importorskip("cpmem.golden")
+    golden = pytest.importorskip("cpmem.golden.golden")
     assert tuple(golden.COLUMN_NAMES) == driver.GOLDEN_COLUMNS
 
 
@@ -206,7 +206,7 @@ def test_cpu_row_leaves_every_peak_empty() -> None:
 
 
 def test_row_passes_golden_validation() -> None:
-    from cpmem import golden
+    from cpmem.golden import golden
 
     row = _row(measured=True)
     assert row["phase"] == "native" and row["campaign"] == "native"

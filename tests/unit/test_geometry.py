@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from cpmem.errors import ConfigError, InputError, UnknownModelError
-from cpmem.hf_config import load_config
-from cpmem.presets import PRESETS, get_preset
+from cpmem.model.hf_config import load_config
+from cpmem.model.presets import PRESETS, get_preset
 
 
 def test_presets_match_the_measured_geometry_table():

@@ -6,10 +6,10 @@ import pytest
 
 from cpmem.api import estimate, load_model
 from cpmem.errors import InputError
-from cpmem.layout import ParallelLayout
-from cpmem.plan import explicit_plan
-from cpmem.planners import default_planner, plan_request
-from cpmem.request import Request, Segment
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import explicit_plan
+from cpmem.plan.planners import default_planner, plan_request
+from cpmem.plan.request import Request, Segment
 
 HYBRID = load_model("qwen3.5-27b")
 DENSE = load_model("qwen3-1.7b")

@@ -10,11 +10,11 @@ import pytest
 from raw_sources import read_source
 
 from cpmem.api import estimate, load_model
-from cpmem.layout import ParallelLayout
-from cpmem.plan import explicit_plan
-from cpmem.pricing import PricingInput
-from cpmem.recompute import Recompute
-from cpmem.reference import ReferenceTerms, price_reference
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import explicit_plan
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.recompute import Recompute
+from cpmem.pricing.reference import ReferenceTerms, price_reference
 
 CP_ROWS = read_source("art_recompute_memory_cp.csv")
 TP_ROWS = read_source("art_recompute_memory.csv")
@@ -113,8 +113,8 @@ def test_negative_controls_are_not_reproduced_and_reference_covers_their_peaks(r
 def test_check_values_from_pricing_md():
     # pricing.md: "27B features 8,142,848; 4B 2,449,408; 1.7B 1,462,272" and the segment
     # state bytes "27B at TP1: 6,414,336; 4B: 4,292,608".
-    from cpmem.reference import feature_width, segment_state_bytes
-    from cpmem.widths import layer_widths
+    from cpmem.pricing.reference import feature_width, segment_state_bytes
+    from cpmem.pricing.widths import layer_widths
 
     for name, features in (
         ("qwen3.5-27b", 8_142_848),

@@ -1,7 +1,7 @@
 """The ``tight`` policy: covers every measured peak, within the issue-6 headroom targets.
 
 Peaks come from the measured sources read raw with the csv module; each cell is priced
-from its recorded counts alone, through ``cpmem.pricing.price`` (not tight's own
+from its recorded counts alone, through ``cpmem.pricing.registry.price`` (not tight's own
 calibration helpers).
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 from raw_sources import read_source
 
-import cpmem.tight  # noqa: F401  (registers "tight")
-from cpmem.estimate import Estimate
-from cpmem.layout import ParallelLayout
-from cpmem.plan import explicit_plan
-from cpmem.presets import get_preset
-from cpmem.pricing import PricingInput, price
-from cpmem.recompute import Recompute
+import cpmem.pricing.tight  # noqa: F401  (registers "tight")
+from cpmem.model.presets import get_preset
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import explicit_plan
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.recompute import Recompute
+from cpmem.pricing.registry import price
 
 CP_ROWS = read_source("art_recompute_memory_cp.csv")
 TP_ROWS = read_source("art_recompute_memory.csv")
@@ -174,8 +175,8 @@ GIB = 2**30
 
 
 def test_tight_admits_the_27b_cp2_4k_pair_on_its_forward_backward_peak() -> None:
-    from cpmem.admission import admit
-    from cpmem.request import Request
+    from cpmem.admission.admission import admit
+    from cpmem.plan.request import Request
 
     budget = 81.868 * GIB
     decision = admit(
@@ -224,7 +225,7 @@ def test_cli_admits_the_27b_cp2_4k_pair_with_tight_forward_backward(
 
 
 def test_leave_outs_hold_out_each_models_longest_shape() -> None:
-    from cpmem.tight import leave_longest_shape_out, measured_samples
+    from cpmem.pricing.tight import leave_longest_shape_out, measured_samples
 
     longest: dict[str, int] = {}
     for row in TP_ROWS + CP_ROWS:
@@ -242,7 +243,7 @@ def test_leave_outs_hold_out_each_models_longest_shape() -> None:
 def test_kept_report_is_up_to_date() -> None:
     from pathlib import Path
 
-    from cpmem.tight import REPORT_PATH, main
+    from cpmem.pricing.tight import REPORT_PATH, main
 
     root = Path(__file__).resolve().parents[2]
     lines: list[str] = []

@@ -8,7 +8,7 @@ recorded for the Qwen3.5-27B geometry.
 from __future__ import annotations
 
 from cpmem.errors import UnknownModelError
-from cpmem.geometry import ModelGeometry, hybrid_layout
+from cpmem.model.geometry import ModelGeometry, hybrid_layout
 
 PRESETS: dict[str, ModelGeometry] = {
     g.name: g

@@ -1,9 +1,9 @@
-"""cpmem.comm.Communicator over torch.distributed, for real TP x CP groups.
+"""cpmem.admission.comm.Communicator over torch.distributed, for real TP x CP groups.
 
 Why: admission must reach the same fit/split/refuse on every rank of the TP x CP
 group that prices one request, and a planning failure on one rank must raise on
 all of them instead of leaving the others blocked in their next collective.
-:mod:`cpmem.comm` states the protocol; this module runs it on a process group:
+:mod:`cpmem.admission.comm` states the protocol; this module runs it on a process group:
 MAX / MIN all-reduces of int64 byte counts and an ``all_gather_object`` of
 planning errors.
 
@@ -30,7 +30,9 @@ def _dist() -> Any:
     try:
         dist = importlib.import_module("torch.distributed")
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("cpmem.torch_comm needs torch (pip install 'cpmem[oracle]')") from exc
+        raise ImportError(
+            "cpmem.admission.torch_comm needs torch (pip install 'cpmem[oracle]')"
+        ) from exc
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "torch.distributed is not initialized: call init_process_group before "
@@ -105,7 +107,7 @@ def tensor_and_context_group(
 
 
 class TorchCommunicator:
-    """The three collectives of :class:`cpmem.comm.Communicator` on one process group.
+    """The three collectives of :class:`cpmem.admission.comm.Communicator` on one process group.
 
     ``rank`` and ``size`` are within the group, so errors name the group rank.
     """

@@ -69,7 +69,7 @@ def default_golden_dir() -> Path:
     override = os.environ.get("CPMEM_GOLDEN_DIR")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parent.parent / "golden"
+    return Path(__file__).resolve().parents[2] / "golden"
 
 
 GOLDEN_DIR: Path = default_golden_dir()

@@ -1,17 +1,15 @@
-"""Pricing entry point: one input bundle, a registry of named policies."""
+"""What a policy may read: one input bundle (geometry, plan, recompute, execution mode)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from cpmem.errors import InputError
-from cpmem.estimate import Estimate
-from cpmem.geometry import ModelGeometry
-from cpmem.plan import Plan
-from cpmem.profiles import ProfileSignature, ProfileStore
-from cpmem.recompute import Recompute
+from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.plan import Plan
+from cpmem.pricing.profiles import ProfileSignature, ProfileStore
+from cpmem.pricing.recompute import Recompute
 
 MoeRouting = Literal["concentrated", "balanced"]
 BF16_BYTES = 2
@@ -57,38 +55,3 @@ class PricingInput:
             modules="+".join(self.recompute.modules),
             compiled=self.compiled,
         )
-
-
-Policy = Callable[[PricingInput], Estimate]
-POLICIES: dict[str, Policy] = {}
-
-
-def register_policy(name: str) -> Callable[[Policy], Policy]:
-    def wrap(fn: Policy) -> Policy:
-        POLICIES[name] = fn
-        return fn
-
-    return wrap
-
-
-def price(inputs: PricingInput, policy: str = "reference") -> Estimate:
-    """Price ``inputs`` with the named policy."""
-    _load_builtin_policies()
-    try:
-        fn = POLICIES[policy]
-    except KeyError:
-        raise InputError(
-            "policy", policy, f"unknown policy; choose one of {sorted(POLICIES)}"
-        ) from None
-    return fn(inputs)
-
-
-def policy_names() -> list[str]:
-    _load_builtin_policies()
-    return sorted(POLICIES)
-
-
-def _load_builtin_policies() -> None:
-    # importing registers the policies: "reference" and "global", then "tight"
-    import cpmem.reference
-    import cpmem.tight  # noqa: F401

@@ -25,9 +25,9 @@ from typing import Any
 import cpmem
 from cpmem.api import load_model
 from cpmem.errors import CpmemError
-from cpmem.gate import cell_inputs
-from cpmem.golden import CELLS_FILE, MeasuredCell, default_golden_dir, load_cells
-from cpmem.pricing import policy_names, price
+from cpmem.gate.gate import cell_inputs
+from cpmem.golden.golden import CELLS_FILE, MeasuredCell, default_golden_dir, load_cells
+from cpmem.pricing.registry import policy_names, price
 from cpmem.units import GIB
 
 __all__ = ["CellResult", "collect", "main", "write_report"]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cpmem.errors import InputError, require_nonnegative_int, require_positive_int
-from cpmem.layout import ParallelLayout, round_up
+from cpmem.plan.layout import ParallelLayout, round_up
 
 
 @dataclass(frozen=True)

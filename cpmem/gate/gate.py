@@ -40,9 +40,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from cpmem.admission import admit_plan
+from cpmem.admission.admission import admit_plan
 from cpmem.api import load_model
-from cpmem.controls import (
+from cpmem.errors import CpmemError
+from cpmem.gate.controls import (
     CONTROL_POLICY,
     CONTROLS_FILE,
     ControlsError,
@@ -54,16 +55,16 @@ from cpmem.controls import (
     load_meta,
     record_controls,
 )
-from cpmem.errors import CpmemError
-from cpmem.estimate import Estimate
-from cpmem.golden import CELLS_FILE, MeasuredCell, default_golden_dir, load_cells, verify
-from cpmem.layout import ParallelLayout, round_up
-from cpmem.plan import Plan, explicit_plan
-from cpmem.pricing import MoeRouting, PricingInput, policy_names, price
-from cpmem.recompute import Recompute
-from cpmem.reference import ReferenceTerms, price_reference
-from cpmem.tight import TARGETS as TIGHT_TARGETS
-from cpmem.tight import Target, TargetCell, measure_target
+from cpmem.golden.golden import CELLS_FILE, MeasuredCell, default_golden_dir, load_cells, verify
+from cpmem.plan.layout import ParallelLayout, round_up
+from cpmem.plan.plan import Plan, explicit_plan
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.inputs import MoeRouting, PricingInput
+from cpmem.pricing.recompute import Recompute
+from cpmem.pricing.reference import ReferenceTerms, price_reference
+from cpmem.pricing.registry import policy_names, price
+from cpmem.pricing.tight import TARGETS as TIGHT_TARGETS
+from cpmem.pricing.tight import Target, TargetCell, measure_target
 
 __all__ = [
     "CONFORMANCE_CLAIMS",
@@ -228,7 +229,7 @@ def claims_for(policy: str) -> tuple[Claim, ...]:
     return CONFORMANCE_CLAIMS.get(policy, ())
 
 
-# The targets each policy declares (``cpmem.tight.Target``); the definitions live with
+# The targets each policy declares (``cpmem.pricing.tight.Target``); the definitions live with
 # the policy. A policy not listed declares none, and its targets row says so.
 TARGETS: dict[str, tuple[Target, ...]] = {
     "tight": TIGHT_TARGETS,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import ConfigError
-from cpmem.geometry import MixerKind, MlpKind, ModelGeometry, hybrid_layout
+from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, hybrid_layout
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 DENSE_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")

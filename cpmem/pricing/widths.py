@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cpmem.geometry import ModelGeometry
+from cpmem.model.geometry import ModelGeometry
 
 MoeRouting = Literal["concentrated", "balanced"]
 

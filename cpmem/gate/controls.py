@@ -31,10 +31,10 @@ from typing import Any
 import cpmem
 from cpmem.api import estimate
 from cpmem.errors import CpmemError, InputError
-from cpmem.estimate import Estimate
-from cpmem.golden import CONTROLS_SUBDIR, verify_manifest, write_manifest
-from cpmem.presets import PRESETS
-from cpmem.pricing import MoeRouting
+from cpmem.golden.golden import CONTROLS_SUBDIR, verify_manifest, write_manifest
+from cpmem.model.presets import PRESETS
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.inputs import MoeRouting
 
 __all__ = [
     "CONTROLS_FILE",
@@ -370,7 +370,7 @@ def _int_or_zero(text: str | None) -> int:
 
 def git_revision() -> tuple[str, bool | None]:
     """The checkout's commit and whether it had local changes ("unknown" outside git)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True

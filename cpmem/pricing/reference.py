@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cpmem.estimate import Estimate
-from cpmem.geometry import ModelGeometry
-from cpmem.pricing import PricingInput, register_policy
-from cpmem.recompute import Recompute
+from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.recompute import Recompute
+from cpmem.pricing.registry import register_policy
+from cpmem.pricing.widths import LayerWidths, layer_widths
 from cpmem.units import MIB
-from cpmem.widths import LayerWidths, layer_widths
 
 COLD_ALLOWANCE = 64 * MIB  # observed cold kernel set-up is about 58 MiB
 SAFETY = 1.10

@@ -12,16 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from cpmem.comm import Communicator, LocalCommunicator, agree_on_bytes, collective_plan
+from cpmem.admission.comm import Communicator, LocalCommunicator, agree_on_bytes, collective_plan
 from cpmem.errors import InputError, RefusedError
-from cpmem.estimate import Estimate
-from cpmem.geometry import ModelGeometry
-from cpmem.layout import ParallelLayout
-from cpmem.plan import Plan, explicit_plan
-from cpmem.planners import PLANNERS, plan_request
-from cpmem.pricing import MoeRouting, PricingInput, price
-from cpmem.recompute import Recompute
-from cpmem.request import Request, Segment
+from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import Plan, explicit_plan
+from cpmem.plan.planners import PLANNERS, plan_request
+from cpmem.plan.request import Request, Segment
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.inputs import MoeRouting, PricingInput
+from cpmem.pricing.recompute import Recompute
+from cpmem.pricing.registry import price
 
 RESERVE_FRACTION = 0.03
 Action = Literal["fit", "split", "refuse"]

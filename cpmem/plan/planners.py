@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import Literal
 
 from cpmem.errors import InputError
-from cpmem.geometry import ModelGeometry
-from cpmem.layout import ParallelLayout, round_up
-from cpmem.plan import ForwardGroup, Plan
-from cpmem.request import Request, Segment
+from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.layout import ParallelLayout, round_up
+from cpmem.plan.plan import ForwardGroup, Plan
+from cpmem.plan.request import Request, Segment
 
 PlannerName = Literal["balanced", "attention-work", "gdn-segments"]
 PLANNERS: tuple[PlannerName, ...] = ("balanced", "attention-work", "gdn-segments")

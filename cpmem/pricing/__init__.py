@@ -1,0 +1,8 @@
+"""Bytes for a plan: the pricing inputs, the policy registry and the built-in policies.
+
+May import ``cpmem.model`` and ``cpmem.plan``. Importing this package registers the
+built-in policies (``reference``, ``global``, ``tight``); the registry itself imports
+no policy, so there is no import circle.
+"""
+
+from cpmem.pricing import reference, tight  # noqa: F401  (registers the built-in policies)
