@@ -2,7 +2,7 @@
 
 Why it exists: cpmem's planners compute per-rank token counts arithmetically
 (round-ups, closed-form causal work, bisection). This module re-derives the same
-counts the slow, obvious way, from the rule text in cpmem/planners.py's docstring
+counts the slow, obvious way, from the rule text in cpmem/plan/planners.py's docstring
 and docs/pricing.md ("Layout"): it materializes the packed row as an explicit
 list of tokens, each knowing its tree, its segment and how many keys it attends
 to, and hands the tokens to CP ranks one at a time. It deliberately imports

@@ -88,8 +88,8 @@ def reason_for(row: Row) -> str:
 
 
 def _cpmem_widths(name: str):  # type: ignore[no-untyped-def]
-    from cpmem.presets import PRESETS
-    from cpmem.widths import layer_widths
+    from cpmem.model.presets import PRESETS
+    from cpmem.pricing.widths import layer_widths
 
     return layer_widths(PRESETS[name], tp=1, sp=False)
 
@@ -154,7 +154,7 @@ def _megatron_rows(name: str, geo: OracleGeometry, ref, seq: int) -> list[Row]: 
             m = measure_megatron(geo, "full", seq, fused_norm=True)
             # the reference keeps H per layer plus one layer's recompute workspace,
             # here spread over the layers: H + (attention + mlp) / L per layer
-            from cpmem.presets import PRESETS
+            from cpmem.model.presets import PRESETS
 
             layers = PRESETS[name].layers
             full_ref = ref.layer_input + (ref.attention + ref.mlp) // layers

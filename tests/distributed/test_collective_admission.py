@@ -69,13 +69,13 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
 
     import torch.distributed as dist
 
-    from cpmem.admission import admit, admit_plan
-    from cpmem.comm import LocalCommunicator
-    from cpmem.layout import ParallelLayout
-    from cpmem.plan import explicit_plan
-    from cpmem.presets import get_preset
-    from cpmem.request import Request
-    from cpmem.torch_comm import torch_communicator
+    from cpmem.admission.admission import admit, admit_plan
+    from cpmem.admission.comm import LocalCommunicator
+    from cpmem.admission.torch_comm import torch_communicator
+    from cpmem.model.presets import get_preset
+    from cpmem.plan.layout import ParallelLayout
+    from cpmem.plan.plan import explicit_plan
+    from cpmem.plan.request import Request
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -385,7 +385,7 @@ def test_megatron_tensor_and_context_group() -> None:
 
 def test_import_does_not_need_torch() -> None:
     """torch is imported lazily: importing the module must not pull it in."""
-    code = "import sys, cpmem.torch_comm; sys.exit('torch' in sys.modules)"
+    code = "import sys, cpmem.admission.torch_comm; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
