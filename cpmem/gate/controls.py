@@ -31,7 +31,8 @@ from typing import Any
 import cpmem
 from cpmem.api import estimate
 from cpmem.errors import CpmemError, InputError
-from cpmem.golden.golden import CONTROLS_SUBDIR, verify_manifest, write_manifest
+from cpmem.golden.files import CONTROLS_SUBDIR
+from cpmem.golden.manifest import verify_manifest, write_manifest
 from cpmem.model.presets import PRESETS
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.inputs import MoeRouting

@@ -55,7 +55,9 @@ from cpmem.gate.controls import (
     load_meta,
     record_controls,
 )
-from cpmem.golden.golden import CELLS_FILE, MeasuredCell, default_golden_dir, load_cells, verify
+from cpmem.golden.cells import MeasuredCell, load_cells
+from cpmem.golden.files import CELLS_FILE, default_golden_dir
+from cpmem.golden.manifest import verify
 from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.pricing.estimate import Estimate

@@ -26,7 +26,8 @@ import cpmem
 from cpmem.api import load_model
 from cpmem.errors import CpmemError
 from cpmem.gate.gate import cell_inputs
-from cpmem.golden.golden import CELLS_FILE, MeasuredCell, default_golden_dir, load_cells
+from cpmem.golden.cells import MeasuredCell, load_cells
+from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.pricing.registry import policy_names, price
 from cpmem.units import GIB
 

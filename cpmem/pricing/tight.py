@@ -402,7 +402,7 @@ class Sample:
 
 def measured_samples() -> list[Sample]:
     """Every golden cell with a measured peak, as the caller would price it."""
-    from cpmem.golden.golden import load_cells
+    from cpmem.golden.cells import load_cells
     from cpmem.model.presets import get_preset
     from cpmem.plan.layout import ParallelLayout
     from cpmem.plan.plan import explicit_plan

@@ -25,7 +25,8 @@ from cpmem.gate.controls import (
     load_controls,
     record_controls,
 )
-from cpmem.golden.golden import GOLDEN_DIR, verify_manifest
+from cpmem.golden.files import GOLDEN_DIR
+from cpmem.golden.manifest import verify_manifest
 from cpmem.pricing.reference import reference_policy
 from cpmem.pricing.registry import POLICIES
 

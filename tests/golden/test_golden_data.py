@@ -15,26 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from cpmem.golden import golden
-from cpmem.golden.golden import (
+from cpmem.golden import cli as golden_cli
+from cpmem.golden.cells import MeasuredCell, load_cells
+from cpmem.golden.files import (
     CELLS_FILE,
     GOLDEN_DIR,
+    MANIFEST_FILE,
     GoldenDataError,
-    MeasuredCell,
-    append_rows,
-    import_sources,
-    load_cells,
-    verify,
-    verify_manifest,
-    write_manifest,
+    default_golden_dir,
 )
+from cpmem.golden.importer import append_rows, import_sources
+from cpmem.golden.manifest import verify, verify_manifest, write_manifest
+from cpmem.golden.schema import COLUMN_NAMES
 
 SOURCES = GOLDEN_DIR / "sources"
 CP_FILE = "art_recompute_memory_cp.csv"
 TP_FILE = "art_recompute_memory.csv"
 SHARED_SOURCES = Path(__file__).resolve().parents[3] / "shared" / "golden-sources"
 
-# Source column -> cells column, written out independently of cpmem.golden.golden.
+# Source column -> cells column, written out independently of cpmem.golden.
 CP_MAP = {
     "source_sha": "estimator_source_sha",
     "driver_sha256": "driver_sha256",
@@ -272,7 +271,7 @@ def test_measured_cell_fields_follow_the_columns() -> None:
     names = [f.name for f in dataclasses.fields(MeasuredCell)]
     with (GOLDEN_DIR / CELLS_FILE).open(newline="", encoding="utf-8") as fh:
         header = next(csv.reader(fh))
-    assert names == header == list(golden.COLUMN_NAMES)
+    assert names == header == list(COLUMN_NAMES)
     cell = next(c for c in load_cells() if c.cell_id == "cp:27b-selective:2048+2048")
     assert cell.forward_peak_bytes == 33842017792
     assert cell.lengths_list == (2048, 2048)
@@ -281,7 +280,7 @@ def test_measured_cell_fields_follow_the_columns() -> None:
 
 def test_golden_dir_env_override(monkeypatch: pytest.MonkeyPatch, golden_copy: Path) -> None:
     monkeypatch.setenv("CPMEM_GOLDEN_DIR", str(golden_copy))
-    assert golden.default_golden_dir() == golden_copy
+    assert default_golden_dir() == golden_copy
     replace_in_cell(golden_copy, "cp:4b-none:256+256", "phase", "bogus")
     with pytest.raises(GoldenDataError, match="bogus"):
         load_cells()
@@ -329,7 +328,7 @@ def test_peak_on_a_refused_cell_is_rejected(golden_copy: Path) -> None:
 
 def test_manifest_verifies() -> None:
     assert verify_manifest(GOLDEN_DIR) == []
-    listed = (GOLDEN_DIR / golden.MANIFEST_FILE).read_text().splitlines()
+    listed = (GOLDEN_DIR / MANIFEST_FILE).read_text().splitlines()
     assert {ln.split("  ", 1)[1] for ln in listed} == {
         "cells.csv",
         "schema.json",
@@ -382,7 +381,7 @@ def test_fresh_import_reproduces_the_committed_files(tmp_path: Path) -> None:
     for name in (CELLS_FILE, "schema.json", "sources/README.md", f"sources/{TP_FILE}"):
         assert (fresh / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), name
     write_manifest(fresh)
-    manifest = golden.MANIFEST_FILE
+    manifest = MANIFEST_FILE
     committed = [
         ln
         for ln in (GOLDEN_DIR / manifest).read_text().splitlines()
@@ -485,13 +484,13 @@ def test_append_rows_refuses_a_conflicting_row(golden_copy: Path) -> None:
 
 
 def test_cli_import_verify_manifest(golden_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert golden.main(["import", "--golden", str(golden_copy)]) == 0
+    assert golden_cli.main(["import", "--golden", str(golden_copy)]) == 0
     assert "0 cells imported, 76 skipped" in capsys.readouterr().out
-    assert golden.main(["verify", "--golden", str(golden_copy)]) == 0
+    assert golden_cli.main(["verify", "--golden", str(golden_copy)]) == 0
     assert "76 cells ok" in capsys.readouterr().out
     replace_in_cell(golden_copy, "cp:4b-none:256+256", "forward_peak_bytes", "1478316033")
-    assert golden.main(["verify", "--golden", str(golden_copy)]) == 1
+    assert golden_cli.main(["verify", "--golden", str(golden_copy)]) == 1
     err = capsys.readouterr().err
     assert "cells.csv: sha256" in err and "'1478316033'" in err and "'1478316032'" in err
-    assert golden.main(["manifest", "--golden", str(golden_copy)]) == 0
+    assert golden_cli.main(["manifest", "--golden", str(golden_copy)]) == 0
     assert verify_manifest(golden_copy) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cpmem.gate import report
-from cpmem.golden.golden import GOLDEN_DIR
+from cpmem.golden.files import GOLDEN_DIR
 
 with (GOLDEN_DIR / "cells.csv").open(newline="", encoding="utf-8") as _fh:
     CELL_ROWS = list(csv.DictReader(_fh))

@@ -1,0 +1,75 @@
+"""``cpmem golden import|verify|manifest``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cpmem.golden.cells import load_cells
+from cpmem.golden.files import CELLS_FILE, SOURCES_SUBDIR, GoldenDataError, default_golden_dir
+from cpmem.golden.importer import import_sources
+from cpmem.golden.manifest import data_files, verify, verify_manifest, write_manifest
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cpmem golden", description="Import, verify and pin the measured golden cells."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_import = sub.add_parser("import", help="import source CSVs into golden/ (append-only)")
+    p_import.add_argument(
+        "--sources",
+        type=Path,
+        default=None,
+        help="directory with README.md and the source CSVs (default: GOLDEN/sources)",
+    )
+    p_verify = sub.add_parser("verify", help="check schema, manifest and agreement with sources")
+    p_manifest = sub.add_parser("manifest", help="regenerate golden/MANIFEST.sha256")
+    for p in (p_import, p_verify, p_manifest):
+        p.add_argument(
+            "--golden",
+            type=Path,
+            default=None,
+            help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
+        )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``cpmem golden import|verify|manifest``; returns the process exit status."""
+    args = _parser().parse_args(argv)
+    golden_dir: Path = args.golden if args.golden is not None else default_golden_dir()
+    try:
+        if args.command == "import":
+            sources: Path = (
+                args.sources if args.sources is not None else (golden_dir / SOURCES_SUBDIR)
+            )
+            report = import_sources(sources, golden_dir)
+            print(report.summary())
+            stale = verify_manifest(golden_dir)
+            print(
+                "manifest ok"
+                if not stale
+                else f"manifest stale ({len(stale)} problems): run `cpmem golden manifest`"
+            )
+            return 0
+        if args.command == "manifest":
+            path = write_manifest(golden_dir)
+            print(f"wrote {path} ({len(data_files(golden_dir))} files)")
+            return 0
+        problems = verify(golden_dir)
+    except GoldenDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if problems:
+        for p in problems:
+            print(f"problem: {p}", file=sys.stderr)
+        return 1
+    n = len(load_cells(golden_dir / CELLS_FILE))
+    print(f"{n} cells ok: schema valid, manifest ok, sources agree")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

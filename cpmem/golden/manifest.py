@@ -1,0 +1,131 @@
+"""``golden/MANIFEST.sha256`` pins the bytes of every data file; ``verify`` runs every
+check of the data layer at once (schema, manifest, agreement with the sources)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from cpmem.golden.cells import load_cells
+from cpmem.golden.files import (
+    CAMPAIGNS_SUBDIR,
+    CELLS_FILE,
+    CONTROLS_SUBDIR,
+    MANIFEST_FILE,
+    SOURCES_SUBDIR,
+    GoldenDataError,
+    atomic_write,
+    default_golden_dir,
+)
+from cpmem.golden.importer import existing_rows
+from cpmem.golden.schema import COLUMN_NAMES
+from cpmem.golden.sources import normalize_sources
+
+_DATA_SUBDIRS = (SOURCES_SUBDIR, CONTROLS_SUBDIR, CAMPAIGNS_SUBDIR)
+
+
+def data_files(golden_dir: Path) -> list[str]:
+    """Golden-relative paths of every data file: top-level .csv/.json, and all files
+    under sources/, controls/ and campaigns/ (hidden files and caches excluded)."""
+    found: list[str] = []
+    for p in golden_dir.iterdir():
+        if p.is_file() and p.suffix in (".csv", ".json") and not p.name.startswith("."):
+            found.append(p.name)
+    for sub in _DATA_SUBDIRS:
+        base = golden_dir / sub
+        if not base.is_dir():
+            continue
+        for p in base.rglob("*"):
+            rel = p.relative_to(golden_dir)
+            if not p.is_file() or any(
+                part.startswith(".") or part == "__pycache__" for part in rel.parts
+            ):
+                continue
+            found.append(rel.as_posix())
+    return sorted(found)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_manifest(golden_dir: Path | str | None = None) -> Path:
+    """Regenerate ``MANIFEST.sha256`` (``sha256sum -c`` format) over every data file."""
+    golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
+    lines = [f"{_sha256(golden_dir / rel)}  {rel}\n" for rel in data_files(golden_dir)]
+    path = golden_dir / MANIFEST_FILE
+    atomic_write(path, "".join(lines).encode("utf-8"))
+    return path
+
+
+_MANIFEST_LINE = re.compile(r"^(?P<sha>[0-9a-f]{64})  (?P<path>\S.*)$")
+
+
+def verify_manifest(golden_dir: Path | str | None = None) -> list[str]:
+    """Problems with the manifest (empty list = every data file matches its hash)."""
+    golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
+    path = golden_dir / MANIFEST_FILE
+    if not path.exists():
+        return [f"{MANIFEST_FILE}: missing (run `cpmem golden manifest`)"]
+    problems: list[str] = []
+    listed: dict[str, str] = {}
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        m = _MANIFEST_LINE.match(line)
+        if not m:
+            problems.append(f"{MANIFEST_FILE}: line {i} is not '<sha256>  <path>': {line!r}")
+            continue
+        listed[m["path"]] = m["sha"]
+    for rel, want in sorted(listed.items()):
+        target = golden_dir / rel
+        if not target.is_file():
+            problems.append(f"{rel}: listed in {MANIFEST_FILE} but missing")
+            continue
+        got = _sha256(target)
+        if got != want:
+            problems.append(f"{rel}: sha256 {got} does not match the manifest's {want}")
+    for rel in data_files(golden_dir):
+        if rel not in listed:
+            problems.append(f"{rel}: data file not in {MANIFEST_FILE}")
+    return problems
+
+
+def check_sources(golden_dir: Path | str | None = None) -> list[str]:
+    """Problems between cells.csv and the provenance copies (empty list = consistent).
+
+    Every row of every source file must appear in cells.csv with identical values.
+    """
+    golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
+    try:
+        expected = normalize_sources(golden_dir / SOURCES_SUBDIR)
+        rows = existing_rows(golden_dir)
+    except GoldenDataError as exc:
+        return [str(exc)]
+    by_id = {r["cell_id"]: r for r in rows}
+    problems: list[str] = []
+    for exp in expected:
+        cid = exp["cell_id"]
+        got = by_id.get(cid)
+        if got is None:
+            problems.append(f"{CELLS_FILE}: cell {cid!r} of {exp['source_file']} is missing")
+            continue
+        problems.extend(
+            f"{CELLS_FILE}: cell {cid!r} column {n!r}: cells.csv has {got[n]!r}, "
+            f"{exp['source_file']} gives {exp[n]!r}"
+            for n in COLUMN_NAMES
+            if got[n] != exp[n]
+        )
+    return problems
+
+
+def verify(golden_dir: Path | str | None = None) -> list[str]:
+    """Every check at once: schema, manifest, and agreement with the sources."""
+    golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
+    problems: list[str] = []
+    try:
+        load_cells(golden_dir / CELLS_FILE)
+    except GoldenDataError as exc:
+        problems.append(str(exc))
+    problems.extend(verify_manifest(golden_dir))
+    problems.extend(p for p in check_sources(golden_dir) if p not in problems)
+    return problems
