@@ -1,0 +1,186 @@
+"""Model geometry as plain numbers: presets, Hugging Face configs, recorded model ids.
+
+The simulator never imports cpmem, so it carries its own description of a model. The
+preset numbers restate the geometry table of the measured sources
+(/work/shared/golden-sources/README.md, copied into golden/sources/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+
+class SimInputError(ValueError):
+    """Bad input, reported as one line naming the field."""
+
+    def __init__(self, field: str, value: object, why: str) -> None:
+        super().__init__(f"{field}={value!r}: {why}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class SimModel:
+    """One decoder's shapes. ``kinds`` lists each layer's mixer: ``attention`` or ``gdn``."""
+
+    name: str
+    hidden: int
+    ffn: int
+    q_heads: int
+    kv_groups: int
+    head_dim: int
+    gated_attention: bool
+    fused_swiglu: bool
+    kinds: tuple[str, ...]
+    gdn_key_heads: int = 0
+    gdn_key_dim: int = 0
+    gdn_value_heads: int = 0
+    gdn_value_dim: int = 0
+    gdn_conv_kernel: int = 0
+    vocab: int = 0
+    moe: bool = False
+
+    @property
+    def layers(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def gdn_layers(self) -> int:
+        return sum(k == "gdn" for k in self.kinds)
+
+    def truncated(self, layers: int) -> SimModel:
+        """The first ``layers`` layers (the interleave pattern kept)."""
+        return replace(self, name=f"{self.name}[:{layers}]", kinds=self.kinds[:layers])
+
+    def check_tp(self, tp: int) -> None:
+        """TP must divide every head count it shards (KV groups may be replicated)."""
+        if tp < 1:
+            raise SimInputError("tp", tp, "must be >= 1")
+        if self.q_heads % tp:
+            raise SimInputError("tp", tp, f"does not divide the {self.q_heads} attention heads")
+        if self.kv_groups % tp and tp % self.kv_groups:
+            raise SimInputError("tp", tp, f"and {self.kv_groups} KV groups do not nest")
+        if self.gdn_layers and (self.gdn_key_heads % tp or self.gdn_value_heads % tp):
+            raise SimInputError("tp", tp, "does not divide the GDN key/value heads")
+        if self.ffn % tp:
+            raise SimInputError("tp", tp, f"does not divide the FFN width {self.ffn}")
+
+
+def _hybrid(layers: int) -> tuple[str, ...]:
+    """Qwen3.5: full attention at layers 3, 7, 11, ...; the others Gated DeltaNet."""
+    return tuple("attention" if i % 4 == 3 else "gdn" for i in range(layers))
+
+
+# Source: golden-sources README, "Model geometries" table.
+PRESETS: dict[str, SimModel] = {
+    "qwen3.5-27b": SimModel(
+        "qwen3.5-27b",
+        5120,
+        17408,
+        24,
+        4,
+        256,
+        True,
+        True,
+        _hybrid(64),
+        16,
+        128,
+        48,
+        128,
+        4,
+        248320,
+    ),
+    "qwen3.5-4b": SimModel(
+        "qwen3.5-4b",
+        2560,
+        9216,
+        16,
+        4,
+        256,
+        True,
+        True,
+        _hybrid(32),
+        16,
+        128,
+        32,
+        128,
+        4,
+        248320,
+    ),
+    "qwen3-1.7b": SimModel(
+        "qwen3-1.7b", 2048, 6144, 16, 8, 128, False, False, ("attention",) * 28, vocab=151936
+    ),
+}
+
+# Recorded ids (golden `model` column) -> preset. Qwen3.8-27B is ART's name for the
+# Qwen3.5-27B geometry (golden-sources README).
+MODEL_IDS: dict[str, str] = {
+    "Qwen/Qwen3.8-27B": "qwen3.5-27b",
+    "Qwen/Qwen3.5-27B": "qwen3.5-27b",
+    "Qwen/Qwen3.5-4B": "qwen3.5-4b",
+    "Qwen/Qwen3-1.7B": "qwen3-1.7b",
+}
+MOE_IDS = ("Qwen/Qwen3.5-35B-A3B", "qwen3.5-35b-a3b")
+
+
+def get_model(name: str) -> SimModel:
+    key = MODEL_IDS.get(name, name).lower()
+    if name in MOE_IDS or key in MOE_IDS:
+        raise SimInputError("model", name, "MoE models are not simulated (issue 10: optional)")
+    if key not in PRESETS:
+        raise SimInputError("model", name, f"unknown; known: {', '.join(sorted(PRESETS))}")
+    return PRESETS[key]
+
+
+def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
+    """A geometry from a Hugging Face config.json (``text_config`` honoured)."""
+    text = raw.get("text_config", raw)
+
+    def get(key: str, default: Any = None) -> Any:
+        value = text.get(key, raw.get(key, default))
+        if value is None:
+            raise SimInputError(f"config.{key}", None, "missing")
+        return value
+
+    if text.get("num_experts") or text.get("n_routed_experts"):
+        raise SimInputError("config.num_experts", text.get("num_experts"), "MoE not simulated")
+    hidden, layers = int(get("hidden_size")), int(get("num_hidden_layers"))
+    heads = int(get("num_attention_heads"))
+    kinds: tuple[str, ...]
+    if text.get("layer_types"):
+        kinds = tuple("attention" if "full" in t else "gdn" for t in text["layer_types"])
+    elif text.get("full_attention_interval"):
+        step = int(text["full_attention_interval"])
+        kinds = tuple("attention" if (i + 1) % step == 0 else "gdn" for i in range(layers))
+    else:
+        kinds = ("attention",) * layers
+    hybrid = "gdn" in kinds
+    family = str(text.get("model_type") or raw.get("model_type") or "")
+    return SimModel(
+        name=str(raw.get("_name_or_path") or name),
+        hidden=hidden,
+        ffn=int(get("intermediate_size")),
+        q_heads=heads,
+        kv_groups=int(text.get("num_key_value_heads", heads)),
+        head_dim=int(text.get("head_dim") or hidden // heads),
+        gated_attention=bool(text.get("attn_output_gate", hybrid)),
+        # Qwen3.5-family runtimes run the fused SwiGLU; Qwen3 the unfused one (sources).
+        fused_swiglu=hybrid or family.startswith("qwen3_5"),
+        kinds=kinds,
+        gdn_key_heads=int(text.get("linear_num_key_heads", 0)) if hybrid else 0,
+        gdn_key_dim=int(text.get("linear_key_head_dim", 0)) if hybrid else 0,
+        gdn_value_heads=int(text.get("linear_num_value_heads", 0)) if hybrid else 0,
+        gdn_value_dim=int(text.get("linear_value_head_dim", 0)) if hybrid else 0,
+        gdn_conv_kernel=int(text.get("linear_conv_kernel_dim", 4)) if hybrid else 0,
+        vocab=int(text.get("vocab_size", 0)),
+    )
+
+
+def load_config(path: str | Path) -> SimModel:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SimInputError("config", str(path), f"cannot read: {exc}") from None
+    return from_hf_config(raw, Path(path).stem)

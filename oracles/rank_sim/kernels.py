@@ -1,0 +1,242 @@
+"""Shape-only kernels and collectives: what each allocates and saves, no arithmetic.
+
+The simulator runs under ``FakeTensorMode``; only allocations count. Each autograd
+function below allocates in forward and backward the buffers the named GPU kernel
+allocates, and saves what it saves for backward:
+
+- flash attention (FlashAttention-2 varlen contract): saves q, k, v, out and fp32
+  logsumexp; backward allocates dq, dk, dv, an fp32 dq accumulator and softmax-d, and
+  head-expanded dk/dv under GQA before summing them.
+- the chunked gated delta rule: saved set of the saved-tensor oracle's stand-in
+  (q, k, v, fp32 q/k rms reciprocals, fp32 chunk-local gate cumsum, beta, the per-64
+  WY matrix A, the initial state); forward/backward workspace laid out after fla's
+  ``chunk_gated_delta_rule`` (A in fp32 before the triangular solve, w, u, per-chunk
+  states h, v_new; in backward the recomputed w/u/h/v_new plus dh and dv_local).
+- the fused causal conv + SiLU: saves its input.
+Collectives go through ``torch.distributed`` on the fake process group, so the
+buffers they fill are real allocations of the right size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+CHUNK = 64
+FA_BLOCK = 128
+
+GDN_KERNEL = "stand-in"  # fla-core is not importable on this CPU machine
+
+
+class FlashAttention(torch.autograd.Function):
+    """q: (n_q, hq, d); k, v: (n_k, hkv, d). Returns out (n_q, hq, d)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = q.new_empty(q.shape)
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v, _out, _lse = ctx.saved_tensors
+        n_q, hq, d = q.shape
+        softmax_d = q.new_empty((hq, n_q + FA_BLOCK), dtype=torch.float32)
+        dq_accum = q.new_empty((hq, n_q + FA_BLOCK, d), dtype=torch.float32)
+        dq = q.new_empty(q.shape)
+        if k.shape[1] != hq:  # GQA: per-query-head dk/dv, then summed over the group
+            dk_e = k.new_empty((k.shape[0], hq, d))
+            dv_e = v.new_empty((v.shape[0], hq, v.shape[2]))
+            dk = dk_e.view(k.shape[0], k.shape[1], -1, d).sum(2)
+            dv = dv_e.view(v.shape[0], v.shape[1], -1, v.shape[2]).sum(2)
+            del dk_e, dv_e
+        else:
+            dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+        del softmax_d, dq_accum
+        return dq, dk, dv
+
+
+class GatedDeltaRule(torch.autograd.Function):
+    """q, k: (n, h, dk); v: (n, h, dv); g: (n, h) fp32; beta: (n, h); h0: (h, dk, dv) fp32.
+    Returns (o, final_state)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        h0: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, h, dk = k.shape
+        dv = v.shape[2]
+        nt = -(-n // CHUNK)
+        f32 = torch.float32
+        q_rstd = q.new_empty((n, h), dtype=f32)
+        k_rstd = k.new_empty((n, h), dtype=f32)
+        g_cum = g.new_empty((n, h), dtype=f32)
+        a32 = k.new_empty((n, h, CHUNK), dtype=f32)
+        a = k.new_empty((n, h, CHUNK))
+        del a32
+        w, u = k.new_empty((n, h, dk)), v.new_empty((n, h, dv))
+        states = k.new_empty((nt, h, dk, dv))
+        v_new = v.new_empty((n, h, dv))
+        final = h0.new_empty((h, dk, dv), dtype=f32)
+        o = v.new_empty((n, h, dv))
+        del w, u, states, v_new
+        ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g_cum, beta, a, h0)
+        return o, final
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor, dfinal: torch.Tensor | None) -> tuple[Any, ...]:
+        q, _qr, k, _kr, v, g_cum, beta, _a, h0 = ctx.saved_tensors
+        n, h, dk = k.shape
+        dv = v.shape[2]
+        nt = -(-n // CHUNK)
+        w, u = k.new_empty((n, h, dk)), v.new_empty((n, h, dv))
+        states = k.new_empty((nt, h, dk, dv))
+        v_new = v.new_empty((n, h, dv))
+        dv_local = v.new_empty((n, h, dv))
+        dh = k.new_empty((nt, h, dk, dv))
+        dh0 = h0.new_empty(h0.shape)
+        dvv = v.new_empty(v.shape)
+        dq, dkk, dw = q.new_empty(q.shape), k.new_empty(k.shape), k.new_empty((n, h, dk))
+        dg = g_cum.new_empty(g_cum.shape)
+        db = beta.new_empty(beta.shape)
+        del w, u, states, v_new, dv_local, dh, dw
+        return dq, dkk, dvv, dg, db, dh0
+
+
+class CausalConvSiLU(torch.autograd.Function):
+    """Fused causal depthwise conv + SiLU over (n, c): saves the input (and weight)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return x.new_empty(x.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, _w = ctx.saved_tensors
+        return x.new_empty(x.shape), None
+
+
+class FusedSwiGLU(torch.autograd.Function):
+    """A fused SwiGLU kernel (megatron's bias_swiglu / TE): saves its gate‖up input."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return x.new_empty(x.shape)
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """A fused RMSNorm kernel (TE / apex): saves its input and the fp32 rstd."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(x, rstd, weight)
+        return x.new_empty(x.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, _r, _w = ctx.saved_tensors
+        return x.new_empty(x.shape), None
+
+
+class FusedGatedRMSNorm(torch.autograd.Function):
+    """fla's fused gated RMSNorm, norm(o)·w·silu(z): saves o, z and the fp32 rstd."""
+
+    @staticmethod
+    def forward(ctx: Any, o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        rstd = o.new_empty(o.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(o, z, rstd, weight)
+        return o.new_empty(o.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        o, z, _r, _w = ctx.saved_tensors
+        return o.new_empty(o.shape), z.new_empty(z.shape), None
+
+
+class FusedGate(torch.autograd.Function):
+    """out * sigmoid(gate) as one compiled kernel: keeps out and the gate logits only."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(out, gate)
+        return out.new_empty(out.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        out, gate = ctx.saved_tensors
+        return out.new_empty(out.shape), gate.new_empty(gate.shape)
+
+
+class FusedGdnGates(torch.autograd.Function):
+    """beta = sigmoid(b) and g = -exp(A_log)·softplus(a + dt_bias) as one compiled kernel:
+    keeps the two logit views only."""
+
+    @staticmethod
+    def forward(ctx: Any, bl: torch.Tensor, al: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(bl, al)
+        return bl.new_empty(bl.shape), al.new_empty(al.shape, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx: Any, db: torch.Tensor, dg: torch.Tensor) -> tuple[Any, ...]:
+        bl, al = ctx.saved_tensors
+        return bl.new_empty(bl.shape), al.new_empty(al.shape)
+
+
+def _group_size(group: Any) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+class GatherTokens(torch.autograd.Function):
+    """All-gather along tokens over a group with uneven counts: each rank's rows padded
+    to the largest count in transit (one buffer of group x max rows); backward
+    reduce-scatters (a fresh local-size gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, counts: tuple[int, ...], group: Any) -> torch.Tensor:
+        ctx.local = x.shape[0]
+        width = max(counts)
+        src = x if x.shape[0] == width else x.new_empty((width, *x.shape[1:]))
+        buf = x.new_empty((width * len(counts), *x.shape[1:]))
+        if group is not None:
+            dist.all_gather_into_tensor(buf, src.contiguous(), group=group)
+        del src
+        return buf[: sum(counts)]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad.new_empty((ctx.local, *grad.shape[1:])), None, None
+
+
+class Relayout(torch.autograd.Function):
+    """All-to-all of the residual stream between the attention and the GDN token layouts
+    (a fresh buffer of the new count; backward the reverse)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tokens: int) -> torch.Tensor:
+        ctx.local = x.shape[0]
+        return x.new_empty((tokens, *x.shape[1:]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad.new_empty((ctx.local, *grad.shape[1:])), None
+
+
+def group_size(group: Any) -> int:
+    return _group_size(group)

@@ -1,0 +1,313 @@
+"""One rank's decoder: megatron-core Column/RowParallelLinear projections (frozen bf16,
+rank-1 LoRA), sequence parallel through megatron's mappings, and the shape-only kernels.
+
+Layers hold 2-D (tokens, features) activations. Under SP a layer's residual stream holds
+tokens / TP rows; each projection's input is gathered first (the adapter keeps the
+gathered input for its own gradient, as the reference pricing's SP term says), and the
+row-parallel output is reduce-scattered back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oracles.rank_sim import kernels as K
+from oracles.rank_sim.geometry import SimModel
+from oracles.rank_sim.layout import RankLayout
+from oracles.rank_sim.recompute import Recompute
+
+BF16 = torch.bfloat16
+
+
+@dataclass
+class RankContext:
+    """What every layer needs: the layout, groups, recompute, and the label setter."""
+
+    model: SimModel
+    layout: RankLayout
+    recompute: Recompute
+    compiled: bool
+    cp_group: Any
+    set_label: Callable[[str], str] = field(default=lambda label: label)
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @contextlib.contextmanager
+    def label(self, name: str) -> Iterator[None]:
+        previous = self.set_label(name)
+        try:
+            yield
+        finally:
+            self.set_label(previous)
+
+    def local(self, tokens: int) -> int:
+        """Rows of the residual stream on this rank for a layer over ``tokens``."""
+        return tokens // self.layout.tp if self.layout.sp else tokens
+
+
+def _frozen(*shape: int, dtype: torch.dtype = BF16) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+def _config(model: SimModel, layout: RankLayout) -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from oracles.saved_tensors import megatron_layer_settings
+
+    return TransformerConfig(
+        num_layers=1,
+        hidden_size=model.hidden,
+        ffn_hidden_size=model.ffn,
+        num_attention_heads=model.q_heads,
+        kv_channels=model.head_dim,
+        tensor_model_parallel_size=layout.tp,
+        sequence_parallel=layout.sp,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        **megatron_layer_settings(),
+    )
+
+
+def gather_sp(x: torch.Tensor, layout: RankLayout) -> torch.Tensor:
+    if not layout.sp:
+        return x
+    from megatron.core.tensor_parallel import mappings
+
+    return mappings.gather_from_sequence_parallel_region(x)
+
+
+class LoRAColumn(nn.Module):
+    """Column-parallel frozen projection on an already gathered input, plus a rank-1
+    adapter (A replicated, B sharded) that saves that gathered input."""
+
+    def __init__(self, n_in: int, n_out_local: int, cfg: Any, tp: int) -> None:
+        super().__init__()
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+        self.base = ColumnParallelLinear(
+            n_in, n_out_local * tp, config=cfg, init_method=nn.init.zeros_, bias=False,
+            gather_output=False, skip_bias_add=True,
+        )  # fmt: skip
+        self.base.sequence_parallel = False  # the layer gathered the input already
+        self.lora_a = nn.Parameter(torch.empty(1, n_in, dtype=BF16))
+        self.lora_b = nn.Parameter(torch.empty(n_out_local, 1, dtype=BF16))
+
+    def forward(self, full: torch.Tensor) -> torch.Tensor:
+        out, _ = self.base(full)
+        return out + F.linear(F.linear(full, self.lora_a), self.lora_b)
+
+
+class LoRARow(nn.Module):
+    """Row-parallel frozen projection (reduce-scattered under SP) plus a rank-1 adapter
+    (A sharded, its rank-1 partial reduced or scattered, B replicated)."""
+
+    def __init__(self, n_in_local: int, n_out: int, cfg: Any, layout: RankLayout) -> None:
+        super().__init__()
+        from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+        self.layout = layout
+        self.base = RowParallelLinear(
+            n_in_local * layout.tp, n_out, config=cfg, init_method=nn.init.zeros_, bias=False,
+            input_is_parallel=True, skip_bias_add=True,
+        )  # fmt: skip
+        self.lora_a = nn.Parameter(torch.empty(1, n_in_local, dtype=BF16))
+        self.lora_b = nn.Parameter(torch.empty(n_out, 1, dtype=BF16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from megatron.core.tensor_parallel import mappings
+
+        out, _ = self.base(x)
+        mid = F.linear(x, self.lora_a)
+        if self.layout.sp:
+            mid = mappings.reduce_scatter_to_sequence_parallel_region(mid)
+        elif self.layout.tp > 1:
+            mid = mappings.reduce_from_tensor_model_parallel_region(mid)
+        return out + F.linear(mid, self.lora_b)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return K.FusedRMSNorm.apply(x, weight)
+
+
+def _rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Unfused rotary embedding on (n, h, d); only the (non-trainable) tables are saved."""
+    cos, sin = tables
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[: x.shape[0], None, :] + rot * sin[: x.shape[0], None, :]
+
+
+class Attention(nn.Module):
+    """Pre-norm attention: fused QKV(+gate) projection, q/k RMSNorm, rope, CP K/V
+    all-gather and the flash kernel (the checkpointed core under ``core_attn``), the
+    Qwen3.5 sigmoid output gate, output projection."""
+
+    def __init__(self, ctx: RankContext, cfg: Any) -> None:
+        super().__init__()
+        m, t = ctx.model, ctx.layout.tp
+        self.ctx = ctx
+        self.hq, self.hkv, self.d = m.q_heads // t, max(1, m.kv_groups // t), m.head_dim
+        self.q_out = self.hq * self.d * (2 if m.gated_attention else 1)
+        self.norm_w = _frozen(m.hidden)
+        self.qn_w, self.kn_w = _frozen(m.head_dim), _frozen(m.head_dim)
+        self.linear_qkv = LoRAColumn(m.hidden, self.q_out + 2 * self.hkv * self.d, cfg, t)
+        self.linear_proj = LoRARow(self.hq * self.d, m.hidden, cfg, ctx.layout)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        if ctx.layout.cp > 1:
+            counts = ctx.layout.attention_tokens
+            k = K.GatherTokens.apply(k, counts, ctx.cp_group)
+            v = K.GatherTokens.apply(v, counts, ctx.cp_group)
+        return K.FlashAttention.apply(q, k, v)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        with ctx.label("attention"):
+            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout)
+            s = full.shape[0]
+            qkv = self.linear_qkv(full)
+            qg, k, v = qkv.split([self.q_out, self.hkv * self.d, self.hkv * self.d], dim=-1)
+            qg = qg.view(s, self.hq, -1)
+            q, gate = (
+                (qg[..., : self.d], qg[..., self.d :]) if ctx.model.gated_attention else (qg, None)
+            )
+            assert ctx.rope is not None
+            q = _rope(rmsnorm(q, self.qn_w), ctx.rope)
+            k = _rope(rmsnorm(k.view(s, self.hkv, self.d), self.kn_w), ctx.rope)
+            v = v.view(s, self.hkv, self.d)
+            if ctx.recompute.core_attn:
+                out = ctx.recompute.checkpoint(self.core, q, k, v)
+            else:
+                out = self.core(q, k, v)
+            if gate is not None:
+                if ctx.compiled:  # inductor fuses sigmoid and multiply: keeps out and gate
+                    out = K.FusedGate.apply(out, gate)
+                else:
+                    out = out * torch.sigmoid(gate)
+            return x + self.linear_proj(out.reshape(s, self.hq * self.d))
+
+
+class GatedDeltaNet(nn.Module):
+    """Pre-norm Gated DeltaNet (megatron GatedDeltaNet shape): one input projection to
+    q, k, v, z, beta and gate logits; fused conv + SiLU; q/k repeated to the value
+    heads; the chunked kernel once per segment piece (a piece starts from its parent
+    piece's final state, or from a fresh fp32 state); fused gated RMSNorm; output
+    projection."""
+
+    def __init__(self, ctx: RankContext, cfg: Any) -> None:
+        super().__init__()
+        m, t = ctx.model, ctx.layout.tp
+        self.ctx = ctx
+        self.hk, self.hv = m.gdn_key_heads // t, m.gdn_value_heads // t
+        self.dk, self.dv = m.gdn_key_dim, m.gdn_value_dim
+        self.kw, self.vw = self.hk * self.dk, self.hv * self.dv
+        self.norm_w = _frozen(m.hidden)
+        self.in_proj = LoRAColumn(m.hidden, 2 * self.kw + 2 * self.vw + 2 * self.hv, cfg, t)
+        self.conv_w = _frozen(2 * self.kw + self.vw, 1, m.gdn_conv_kernel)
+        self.a_log = _frozen(self.hv, dtype=torch.float32)
+        self.dt_bias = _frozen(self.hv, dtype=torch.float32)
+        self.out_norm_w = _frozen(self.dv)
+        self.out_proj = LoRARow(self.vw, m.hidden, cfg, ctx.layout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        with ctx.label("gdn"):
+            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout)
+            s = full.shape[0]
+            proj = self.in_proj(full)
+            qkv, z, bl, al = proj.split([2 * self.kw + self.vw, self.vw, self.hv, self.hv], -1)
+            qkv = K.CausalConvSiLU.apply(qkv, self.conv_w)
+            q, k, v = qkv.split([self.kw, self.kw, self.vw], dim=-1)
+            rep = self.hv // self.hk
+            q = q.reshape(s, self.hk, self.dk).repeat_interleave(rep, dim=1)
+            k = k.reshape(s, self.hk, self.dk).repeat_interleave(rep, dim=1)
+            v = v.reshape(s, self.hv, self.dv)
+            if ctx.compiled:
+                beta, g = K.FusedGdnGates.apply(bl, al)
+            else:
+                beta = torch.sigmoid(bl)
+                g = -self.a_log.exp() * F.softplus(al.float() + self.dt_bias)
+            outs, finals = [], []
+            start = 0
+            for piece in ctx.layout.gdn_pieces:
+                with ctx.label("gdn_state"):
+                    h0 = (
+                        finals[piece.parent]
+                        if piece.parent is not None
+                        else q.new_zeros((self.hv, self.dk, self.dv), dtype=torch.float32)
+                    )
+                stop = start + piece.tokens
+                o, fin = K.GatedDeltaRule.apply(
+                    q[start:stop], k[start:stop], v[start:stop], g[start:stop],
+                    beta[start:stop], h0,
+                )  # fmt: skip
+                outs.append(o)
+                finals.append(fin)
+                start = stop
+            o = outs[0] if len(outs) == 1 else torch.cat(outs)
+            del outs, finals
+            o = K.FusedGatedRMSNorm.apply(o, z.reshape(s, self.hv, self.dv), self.out_norm_w)
+            return x + self.out_proj(o.reshape(s, self.vw))
+
+
+class MLP(nn.Module):
+    """Pre-norm SwiGLU: fused gate‖up projection; the fused activation kernel, or
+    megatron's unfused GLU (silu(x0) * (x1 + glu_linear_offset)); down projection. Under
+    selective ``mlp`` the part after the norm is checkpointed, as megatron does."""
+
+    def __init__(self, ctx: RankContext, cfg: Any) -> None:
+        super().__init__()
+        m, t = ctx.model, ctx.layout.tp
+        self.ctx = ctx
+        self.norm_w = _frozen(m.hidden)
+        self.fc1 = LoRAColumn(m.hidden, 2 * m.ffn // t, cfg, t)
+        self.fc2 = LoRARow(m.ffn // t, m.hidden, cfg, ctx.layout)
+
+    def body(self, hn: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        h = self.fc1(gather_sp(hn, ctx.layout))
+        if ctx.model.fused_swiglu or ctx.compiled:
+            act = K.FusedSwiGLU.apply(h)
+        else:
+            x0, x1 = torch.chunk(h, 2, dim=-1)
+            act = F.silu(x0) * (x1 + 0.0)
+        return self.fc2(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        with ctx.label("mlp"):
+            hn = rmsnorm(x, self.norm_w)
+            if ctx.recompute.mlp:
+                return x + ctx.recompute.checkpoint(self.body, hn)
+            return x + self.body(hn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, ctx: RankContext, cfg: Any, kind: str) -> None:
+        super().__init__()
+        self.ctx, self.kind = ctx, kind
+        self.mixer = Attention(ctx, cfg) if kind == "attention" else GatedDeltaNet(ctx, cfg)
+        self.mlp = MLP(ctx, cfg)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.mixer(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ctx.recompute.full:
+            return self.ctx.recompute.checkpoint(self.body, x)
+        return self.body(x)
+
+
+def build_layers(ctx: RankContext) -> nn.ModuleList:
+    cfg = _config(ctx.model, ctx.layout)
+    layers = nn.ModuleList(DecoderLayer(ctx, cfg, kind) for kind in ctx.model.kinds)
+    for name, p in layers.named_parameters():  # frozen base; only the adapters train
+        p.requires_grad_(name.endswith(("lora_a", "lora_b")))
+    return layers

@@ -1,0 +1,201 @@
+"""Run one rank's step under fake tensors and a fake process group, and account it.
+
+World = TP x CP over torch's ``fake`` backend (FakeStore); megatron's parallel_state is
+initialised over it with the simulated rank's coordinates (TP fastest, then CP, as
+megatron orders ranks). The model is built under ``FakeTensorMode`` (no memory), then
+one step runs inside the live-storage tracker: embedding output, every layer, the
+returned hidden states gathered over SP and CP and unpacked to the logical tokens, the
+mean-square loss, and backward.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from oracles.rank_sim import kernels as K
+from oracles.rank_sim.geometry import SimModel
+from oracles.rank_sim.layers import RankContext, build_layers, gather_sp
+from oracles.rank_sim.layout import RankLayout
+from oracles.rank_sim.recompute import Recompute
+from oracles.rank_sim.tracker import LiveBytesTracker
+
+BF16 = torch.bfloat16
+
+
+@dataclass
+class RankResult:
+    """Incremental bytes above the pre-forward baseline (no cold set-up added)."""
+
+    rank: int
+    attention_tokens: int
+    gdn_tokens: int
+    forward_peak_bytes: int
+    forward_backward_peak_bytes: int
+    retained_bytes: int
+    components: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+    ops: int = 0
+    gdn_kernel: str = K.GDN_KERNEL
+
+    @property
+    def tokens(self) -> int:
+        return max(self.attention_tokens, self.gdn_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "tokens": self.tokens,
+            "attention_tokens": self.attention_tokens,
+            "gdn_tokens": self.gdn_tokens,
+            "forward_peak_bytes": self.forward_peak_bytes,
+            "forward_backward_peak_bytes": self.forward_backward_peak_bytes,
+            "retained_bytes": self.retained_bytes,
+            "components": self.components,
+            "gdn_kernel": self.gdn_kernel,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def init_groups(tp: int, cp: int, cp_rank: int, tp_rank: int = 0) -> Any:
+    """(Re)initialise the fake world and megatron's groups; returns the CP group."""
+    from megatron.core import parallel_state
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from oracles.saved_tensors import install_megatron_cpu_shim
+
+    install_megatron_cpu_shim()
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    world = tp * cp
+    dist.init_process_group(
+        "fake", store=FakeStore(), rank=cp_rank * tp + tp_rank, world_size=world
+    )
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, context_parallel_size=cp, create_gloo_process_groups=False
+    )
+    return parallel_state.get_context_parallel_group() if cp > 1 else None
+
+
+def _count(layout: RankLayout, kind: str) -> int:
+    return layout.attn_local if kind == "attention" else layout.gdn_local
+
+
+def simulate_rank(
+    model: SimModel,
+    layout: RankLayout,
+    recompute: Recompute,
+    *,
+    compiled: bool = False,
+) -> RankResult:
+    """Forward (+ backward unless no-grad) of one rank; peaks per phase and component."""
+    layout.check(model.gdn_layers > 0)
+    model.check_tp(layout.tp)
+    started = time.perf_counter()
+    cp_group = init_groups(layout.tp, layout.cp, layout.rank, layout.tp_rank)
+    tracker: LiveBytesTracker
+
+    def set_label(name: str) -> str:
+        previous, tracker.label = tracker.label, name
+        return previous
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        ctx = RankContext(model, layout, recompute, compiled, cp_group, set_label)
+        layers = build_layers(ctx)
+        tracker = LiveBytesTracker(list(layers.parameters()))
+        first = _count(layout, model.kinds[0])
+        longest = max(layout.attn_local, layout.gdn_local)
+        with tracker:
+            result = _step(ctx, layers, tracker, first, longest)
+    result.seconds = time.perf_counter() - started
+    result.ops = tracker.ops
+    return result
+
+
+def _step(
+    ctx: RankContext, layers: Any, tracker: LiveBytesTracker, first: int, longest: int
+) -> RankResult:
+    model, layout, rc = ctx.model, ctx.layout, ctx.recompute
+    grad = torch.no_grad() if rc.no_grad else torch.enable_grad()
+    with grad:
+        with ctx.label("embedding"):
+            emb = torch.empty((first, model.hidden), dtype=BF16)
+            if layout.sp:  # vocab-parallel partial sums reduce-scattered over the sequence
+                from megatron.core.tensor_parallel import mappings
+
+                emb = mappings.reduce_scatter_to_sequence_parallel_region(emb)
+            x = emb
+            if rc.full and not rc.no_grad:  # megatron's reentrant checkpoint needs grad
+                x = x.detach().requires_grad_(True)
+            del emb
+        with ctx.label("rope"):
+            tables = (torch.empty((longest, model.head_dim), dtype=BF16),) * 2
+            ctx.rope = (tables[0], torch.empty_like(tables[1]))
+            del tables
+        count = first
+        for layer in layers:
+            want = _count(layout, layer.kind)
+            if want != count:
+                with ctx.label("relayout"):
+                    x = K.Relayout.apply(x, ctx.local(want))
+                count = want
+            x = layer(x)
+        with ctx.label("output"):
+            out = gather_sp(x, layout)
+            if layout.cp > 1:
+                counts = (
+                    layout.attention_tokens if count == layout.attn_local else layout.gdn_tokens
+                )
+                out = K.GatherTokens.apply(out, counts, ctx.cp_group)
+            # unpack the packed row to the logical tokens (shared prefixes repeated)
+            out = _unpack(out, layout.logical_tokens)
+            loss = out.square().mean()
+        ctx.rope = None
+        del x
+    forward = tracker.peaks["forward"]
+    retained = tracker.snapshot()
+    fb_peak = forward
+    if not rc.no_grad:
+        tracker.set_phase("backward")
+        tracker.label = "backward"
+        loss.backward()
+        fb = tracker.peaks["backward"]
+        fb_peak = fb if fb.bytes > forward.bytes else forward
+    del loss, out
+    return RankResult(
+        rank=layout.rank,
+        attention_tokens=layout.attn_local,
+        gdn_tokens=layout.gdn_local,
+        forward_peak_bytes=forward.bytes,
+        forward_backward_peak_bytes=fb_peak.bytes,
+        retained_bytes=retained.bytes,
+        components={
+            "forward_peak": forward.components,
+            "forward_backward_peak": fb_peak.components,
+            "retained": retained.components,
+        },
+    )
+
+
+class _Unpack(torch.autograd.Function):
+    """index_select of the packed row into the logical sequences (a fresh buffer)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, logical: int) -> torch.Tensor:
+        ctx.rows = x.shape[0]
+        return x.new_empty((logical, *x.shape[1:]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad.new_empty((ctx.rows, *grad.shape[1:])), None
+
+
+def _unpack(x: torch.Tensor, logical: int) -> torch.Tensor:
+    return _Unpack.apply(x, logical)
