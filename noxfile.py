@@ -76,7 +76,7 @@ def golden(session: nox.Session) -> None:
     # the tight policy's report: targets, per-cell, leave-one-model-out and
     # leave-longest-shape-out tables; printed, and failing when the copy kept in
     # golden/reports/ is stale (regenerate with --write, never here)
-    session.run("python", "-m", "cpmem.pricing.tight", "--check", "golden/reports/tight_policy.md")
+    session.run("python", "-m", "cpmem.gate.tight_report", "--check", "golden/reports/tight_policy.md")
 
 
 @nox.session(python=PYTHON)

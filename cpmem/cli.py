@@ -323,7 +323,7 @@ def _extra_commands() -> dict[str, tuple[str, Handler]]:
     """Tools in their own modules, each taking the rest of the command line."""
     return {
         "golden": ("import / verify the golden measurement layer", _forward("cpmem.golden.cli")),
-        "gate": ("check an estimator policy against the golden layer", _forward("cpmem.gate.gate")),
+        "gate": ("check an estimator policy against the golden layer", _forward("cpmem.gate.cli")),
         "report": (
             "write the calibration report (markdown + figures)",
             _forward("cpmem.gate.report"),

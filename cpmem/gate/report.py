@@ -25,7 +25,7 @@ from typing import Any
 import cpmem
 from cpmem.api import load_model
 from cpmem.errors import CpmemError
-from cpmem.gate.gate import cell_inputs
+from cpmem.gate.samples import cell_inputs
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.pricing.registry import policy_names, price

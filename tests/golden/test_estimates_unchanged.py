@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cpmem.gate.controls import control_grid
-from cpmem.gate.gate import cell_inputs
+from cpmem.gate.samples import cell_inputs
 from cpmem.golden.cells import load_cells
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names, price

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cpmem import cli
-from cpmem.gate import gate
+from cpmem.gate import cli as gate_cli
 from cpmem.gate.controls import (
     CONTROLS_FILE,
     DIFF_FILE,
@@ -25,6 +25,13 @@ from cpmem.gate.controls import (
     load_controls,
     record_controls,
 )
+from cpmem.gate.estimator import REFERENCE_FORMULA_TERMS, Estimator
+from cpmem.gate.power import MUTANTS
+from cpmem.gate.render import render
+from cpmem.gate.run import run_gate
+from cpmem.gate.samples import cell_inputs
+from cpmem.gate.targets import TARGETS
+from cpmem.golden.cells import load_cells
 from cpmem.golden.files import GOLDEN_DIR
 from cpmem.golden.manifest import verify_manifest
 from cpmem.pricing.reference import reference_policy
@@ -52,7 +59,7 @@ def recorded(cell_id: str) -> int:
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    return gate.run_gate("reference")
+    return run_gate("reference")
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +79,7 @@ def golden_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 
 
 def test_gate_passes_on_reference(report: dict[str, Any]) -> None:
-    assert report["passed"], gate.render(report)
+    assert report["passed"], render(report)
     failed = {name: c["failing"] for name, c in report["checks"].items() if not c["passed"]}
     assert failed == {}
 
@@ -119,17 +126,17 @@ def test_conformance_claims_of_reference(report: dict[str, Any]) -> None:
 
 def test_a_policy_without_claims_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(POLICIES, "tight-test", reference_policy)
-    rep = gate.run_gate("tight-test")
+    rep = run_gate("tight-test")
     conf = rep["checks"]["conformance"]
     assert conf["claims_none"] and conf["checked"] == 0 and conf["passed"]
-    assert "claims no recorded estimates" in gate.render(rep)
+    assert "claims no recorded estimates" in render(rep)
     # controls are reported for other policies, never required of them
     assert rep["checks"]["controls"]["required"] is False
-    assert "only the reference policy is required" in gate.render(rep)
+    assert "only the reference policy is required" in render(rep)
 
 
 def test_global_policy_claims_the_cp_old_column() -> None:
-    rep = gate.run_gate("global")
+    rep = run_gate("global")
     conf = rep["checks"]["conformance"]
     old = [r for r in CELLS.values() if r["recorded_old_estimate_bytes"]]
     assert [(c["claim"], c["matched"], c["checked"]) for c in conf["claims"]] == [
@@ -165,9 +172,9 @@ def test_recorded_negative_controls_are_flagged(report: dict[str, Any]) -> None:
 
 
 def mutant_estimate(name: str, cell_id: str) -> int:
-    cells = {c.cell_id: c for c in gate.load_cells(GOLDEN_DIR / "cells.csv")}
-    mutant = gate.Estimator(name, None, gate.MUTANTS[name])
-    return mutant.price(gate.cell_inputs(cells[cell_id])).estimate_bytes
+    cells = {c.cell_id: c for c in load_cells(GOLDEN_DIR / "cells.csv")}
+    mutant = Estimator(name, None, MUTANTS[name])
+    return mutant.price(cell_inputs(cells[cell_id])).estimate_bytes
 
 
 def test_no_segment_states_is_caught_by_coverage(mutants: dict[str, Any]) -> None:
@@ -270,16 +277,16 @@ def test_fused_mlp_on_unfused_model_is_caught_by_coverage(mutants: dict[str, Any
 
 
 def test_every_mutant_is_reported_with_its_catching_check(report: dict[str, Any]) -> None:
-    text = gate.render(report)
-    for name in gate.MUTANTS:
+    text = render(report)
+    for name in MUTANTS:
         line = next(ln for ln in text.splitlines() if ln.startswith(name))
         assert "coverage" in line or "conformance" in line, line
 
 
 def test_an_uncaught_mutant_fails_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     # the unchanged formula registered as a "mutant" changes nothing: nothing catches it
-    monkeypatch.setitem(gate.MUTANTS, "no-op", gate.REFERENCE_FORMULA_TERMS["reference"])
-    rep = gate.run_gate("reference")
+    monkeypatch.setitem(MUTANTS, "no-op", REFERENCE_FORMULA_TERMS["reference"])
+    rep = run_gate("reference")
     assert not rep["passed"]
     assert rep["checks"]["power"]["failing"] == ["mutant:no-op"]
 
@@ -294,9 +301,9 @@ def test_tampered_measured_byte_fails_the_manifest_check(
     data = path.read_bytes()
     assert data.count(b",67557881856,") == 1  # the 27B 4k CP pair's forward peak
     path.write_bytes(data.replace(b",67557881856,", b",67557881857,"))
-    assert gate.main([]) == 1
+    assert gate_cli.main([]) == 1
     out = capsys.readouterr().out
-    rep = gate.run_gate("reference")
+    rep = run_gate("reference")
     problems = rep["checks"]["golden"]["problems"]
     assert any("cells.csv" in p and "manifest" in p for p in problems), problems
     assert "golden       FAIL" in out and "gate FAILED" in out
@@ -338,7 +345,7 @@ def test_recording_with_an_unchanged_estimator_reports_zero_changed(
     golden_copy: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = (golden_copy / "controls" / CONTROLS_FILE).read_bytes()
-    assert gate.main(["--record-controls"]) == 0
+    assert gate_cli.main(["--record-controls"]) == 0
     out = capsys.readouterr().out
     assert "controls: 0 changed, 0 added, 0 removed" in out
     diff = (golden_copy / "controls" / DIFF_FILE).read_text()
@@ -358,11 +365,11 @@ def test_recording_lists_every_changed_control(
     rows[1] = ",".join(first)
     path.write_text("\n".join(rows) + "\n")
     # without the flag the gate only reports the moved control, and writes nothing
-    assert gate.main([]) == 1
+    assert gate_cli.main([]) == 1
     assert cid in capsys.readouterr().out
     assert path.read_text().splitlines()[1].split(",")[-2] == str(old * 2)
     # with it, the diff names the control with old, new and ratio
-    assert gate.main(["--record-controls"]) == 0
+    assert gate_cli.main(["--record-controls"]) == 0
     out = capsys.readouterr().out
     assert "controls: 1 changed, 0 added, 0 removed" in out
     line = next(ln for ln in out.splitlines() if cid in ln)
@@ -411,7 +418,7 @@ def test_cli_forwards_gate_and_json_is_complete(capsys: pytest.CaptureFixture[st
 
 
 def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert gate.main(["--policy", "nope"]) == 2
+    assert gate_cli.main(["--policy", "nope"]) == 2
     assert "unknown policy" in capsys.readouterr().err
 
 
@@ -451,11 +458,11 @@ def _dense_long_ids() -> set[str]:
 
 @pytest.fixture(scope="module")
 def tight_report() -> dict[str, Any]:
-    return gate.run_gate("tight")
+    return run_gate("tight")
 
 
 def test_gate_passes_on_tight_and_prints_each_target(tight_report: dict[str, Any]) -> None:
-    assert tight_report["passed"], gate.render(tight_report)
+    assert tight_report["passed"], render(tight_report)
     tg = tight_report["checks"]["targets"]
     got = {t["target"]: t for t in tg["targets"]}
     assert {name: t["bound"] for name, t in got.items()} == TIGHT_BOUNDS
@@ -479,7 +486,7 @@ def test_gate_passes_on_tight_and_prints_each_target(tight_report: dict[str, Any
     fb = tight_report["checks"]["coverage"]["forward_backward"]
     assert fb["cells"] == fb["covered"] == 74
     # every target is printed with its measured value, in the table and in the summary
-    text = gate.render(tight_report)
+    text = render(tight_report)
     summary = tight_report["summary"]
     assert "targets 8/8 met" in summary and text.endswith(summary)
     for name, bound in TIGHT_BOUNDS.items():
@@ -494,7 +501,7 @@ def _register_weak(monkeypatch: pytest.MonkeyPatch, name: str, margin: Any) -> N
     from cpmem.pricing.tight import price_tight
 
     monkeypatch.setitem(POLICIES, name, lambda inputs: price_tight(inputs, margin))
-    monkeypatch.setitem(gate.TARGETS, name, gate.TARGETS["tight"])
+    monkeypatch.setitem(TARGETS, name, TARGETS["tight"])
 
 
 def test_tight_without_margin_fails_coverage_and_targets_naming_cells(
@@ -503,7 +510,7 @@ def test_tight_without_margin_fails_coverage_and_targets_naming_cells(
     from cpmem.pricing.tight import Margin
 
     _register_weak(monkeypatch, "tight-no-margin", Margin(1.0, 0, 1.0, 0))
-    rep = gate.run_gate("tight-no-margin")
+    rep = run_gate("tight-no-margin")
     assert not rep["passed"]
     failed = {n for n, c in rep["checks"].items() if not c["passed"]}
     assert {"coverage", "targets"} <= failed
@@ -519,7 +526,7 @@ def test_tight_without_margin_fails_coverage_and_targets_naming_cells(
     assert not tg["every cell, forward peak"]["met"]
     assert tp8 in tg["every cell, forward peak"]["failing"]
     assert tg["4B CP2 64+64, forward+backward peak"]["failing"] == ["cp:4b-selective:64+64"]
-    text = gate.render(rep)
+    text = render(rep)
     assert "targets      FAIL" in text and "MISSED" in text
     assert any(
         ln.startswith("  targets: 4B CP2 64+64") and "cp:4b-selective:64+64" in ln
@@ -531,7 +538,7 @@ def test_tight_with_a_loose_factor_misses_headroom_targets(monkeypatch: pytest.M
     from cpmem.pricing.tight import Margin
 
     _register_weak(monkeypatch, "tight-loose", Margin(1.5, 16 * MIB, 1.5, 236 * MIB))
-    rep = gate.run_gate("tight-loose")
+    rep = run_gate("tight-loose")
     assert not rep["passed"]
     # everything is covered (admission, over-pricing, refuses cells that ran)
     failed = {n for n, c in rep["checks"].items() if not c["passed"]}
@@ -549,14 +556,14 @@ def test_tight_with_a_loose_factor_misses_headroom_targets(monkeypatch: pytest.M
 
 
 def test_a_target_selecting_no_cell_is_missed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cpmem.pricing.tight import Target
+    from cpmem.gate.targets import Target
 
     nothing = Target("nothing", lambda _: False, "forward", max_headroom=0.1)
-    monkeypatch.setitem(gate.TARGETS, "reference", (nothing,))
-    rep = gate.run_gate("reference")
+    monkeypatch.setitem(TARGETS, "reference", (nothing,))
+    rep = run_gate("reference")
     assert rep["checks"]["targets"]["failing"] == ["nothing: selects no measured cell"]
     # the reference does not price backward: a forward+backward target cannot be met
     fb = Target("fb", lambda _: True, "forward_backward", min_coverage=1.0)
-    monkeypatch.setitem(gate.TARGETS, "reference", (fb,))
-    rep = gate.run_gate("reference")
+    monkeypatch.setitem(TARGETS, "reference", (fb,))
+    rep = run_gate("reference")
     assert rep["checks"]["targets"]["failing"] == ["fb: the policy does not price backward"]

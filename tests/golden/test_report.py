@@ -106,5 +106,5 @@ def test_unknown_policy_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_cpmem_imports_without_matplotlib() -> None:
-    code = "import sys, cpmem.gate.report, cpmem.gate.gate; assert 'matplotlib' not in sys.modules"
+    code = "import sys, cpmem.gate.report, cpmem.gate.cli; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -225,7 +225,8 @@ def test_cli_admits_the_27b_cp2_4k_pair_with_tight_forward_backward(
 
 
 def test_leave_outs_hold_out_each_models_longest_shape() -> None:
-    from cpmem.pricing.tight import leave_longest_shape_out, measured_samples
+    from cpmem.gate.fitting import leave_longest_shape_out
+    from cpmem.gate.samples import measured_samples
 
     longest: dict[str, int] = {}
     for row in TP_ROWS + CP_ROWS:
@@ -243,7 +244,7 @@ def test_leave_outs_hold_out_each_models_longest_shape() -> None:
 def test_kept_report_is_up_to_date() -> None:
     from pathlib import Path
 
-    from cpmem.pricing.tight import REPORT_PATH, main
+    from cpmem.gate.tight_report import REPORT_PATH, main
 
     root = Path(__file__).resolve().parents[2]
     lines: list[str] = []

@@ -1,0 +1,74 @@
+"""Power: a gate that passes broken estimators proves nothing. The recorded negative
+controls must fail coverage, and every mutant must be caught."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cpmem.gate.checks import conformance, coverage
+from cpmem.gate.claims import claims_for
+from cpmem.gate.estimator import Estimator
+from cpmem.golden.cells import MeasuredCell
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.reference import ReferenceTerms
+
+# The reference formula with one term removed; each must be caught.
+MUTANTS: dict[str, ReferenceTerms] = {
+    "no-segment-states": ReferenceTerms(segment_states=False),
+    "no-cold-allowance": ReferenceTerms(cold_allowance=False),
+    "cp-average-tokens": ReferenceTerms(cp_tokens="average"),
+    "no-tp-padding": ReferenceTerms(tp_padding=False),
+    "fused-mlp-on-unfused": ReferenceTerms(fused_swiglu=True),
+}
+
+
+def power(cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput]) -> dict[str, Any]:
+    negatives = []
+    for c in cells:
+        if not c.is_negative_control:
+            continue
+        peak, rec = c.forward_peak_bytes, c.recorded_estimate_bytes
+        caught = peak is not None and rec is not None and rec < peak
+        negatives.append(
+            {
+                "cell_id": c.cell_id,
+                "phase": c.phase,
+                "recorded_estimate_bytes": rec,
+                "forward_peak_bytes": peak,
+                "ratio": rec / peak if rec is not None and peak else None,
+                "caught": caught,
+            }
+        )
+    mutants = []
+    ref_claims = claims_for("reference")
+    for name, terms in MUTANTS.items():
+        mutant = Estimator(f"mutant:{name}", None, terms)
+        cov = coverage(cells, inputs, mutant)
+        conf = conformance(cells, inputs, mutant, ref_claims)
+        caught_by = "coverage" if cov["failing"] else "conformance" if conf["failing"] else None
+        reproduces = [
+            c.cell_id
+            for c in cells
+            if c.is_negative_control
+            and c.recorded_estimate_bytes == mutant.price(inputs[c.cell_id]).estimate_bytes
+        ]
+        mutants.append(
+            {
+                "mutant": name,
+                "terms": repr(terms),
+                "caught": caught_by is not None,
+                "caught_by": caught_by,
+                "coverage_failing": cov["failing"],
+                "conformance_failing": conf["failing"],
+                "reproduces_negative_controls": reproduces,
+            }
+        )
+    failing = [n["cell_id"] for n in negatives if not n["caught"]]
+    failing += [f"mutant:{m['mutant']}" for m in mutants if not m["caught"]]
+    return {
+        "passed": not failing,
+        "negative_controls": negatives,
+        "mutants": mutants,
+        "failing": failing,
+    }

@@ -1,0 +1,203 @@
+"""The gate's human report: checks table, tightest cells, power detail, failures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cpmem.gate.checks import pct
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*headers).rstrip(), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*r).rstrip() for r in rows]
+    return out
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The human report: checks table, tightest cells, power detail, failures, summary."""
+    ch = report["checks"]
+    gold, cov, conf, ctl, ref, pw = (
+        ch["golden"],
+        ch["coverage"],
+        ch["conformance"],
+        ch["controls"],
+        ch["refusals"],
+        ch["power"],
+    )
+    tg = ch["targets"]
+
+    def status(c: Mapping[str, Any]) -> str:
+        return "PASS" if c["passed"] else "FAIL"
+
+    conf_detail = (
+        f"policy {report['policy']} claims no recorded estimates"
+        if conf["claims_none"]
+        else "; ".join(f"{p['claim']} {p['matched']}/{p['checked']}" for p in conf["claims"])
+    )
+    if ctl.get("error"):
+        ctl_scope, ctl_detail = "0 controls", ctl["error"]
+    elif ctl["required"]:
+        ctl_scope = f"{ctl['total']} controls"
+        ctl_detail = (
+            "byte-identical to golden/controls"
+            if ctl["byte_identical"]
+            else f"{len(ctl['differing'])} differ from golden/controls"
+        )
+    else:
+        ctl_scope = f"{ctl['total']} controls"
+        ctl_detail = (
+            f"{ctl['matching']}/{ctl['total']} match the reference's recorded values "
+            f"(informational: only the reference policy is required to reproduce them)"
+        )
+    negs, muts = pw["negative_controls"], pw["mutants"]
+    rows = [
+        [
+            "golden",
+            status(gold),
+            f"{gold['cells']} cells",
+            "schema, manifest and sources agree" if gold["passed"] else "golden layer damaged",
+        ],
+        [
+            "coverage",
+            status(cov),
+            f"{cov['cells']} cells, {cov['rank_samples']} rank-samples",
+            (
+                f"headroom min {pct(cov['min_headroom'])} / median "
+                f"{pct(cov['median_headroom'])} / max {pct(cov['max_headroom'])}"
+            )
+            if cov["cells"]
+            else "no measured cells",
+        ],
+        *(
+            [
+                [
+                    "",
+                    "",
+                    f"{cov['forward_backward']['cells']} forward+backward peaks",
+                    f"{cov['forward_backward']['covered']}/{cov['forward_backward']['cells']} "
+                    f"covered; headroom min {pct(cov['forward_backward']['min_headroom'])} / "
+                    f"median {pct(cov['forward_backward']['median_headroom'])} / max "
+                    f"{pct(cov['forward_backward']['max_headroom'])}",
+                ]
+            ]
+            if "forward_backward" in cov
+            else []
+        ),
+        ["conformance", status(conf), f"{conf['checked']} recorded estimates", conf_detail],
+        [
+            "controls",
+            status(ctl) if ctl["required"] else "INFO",
+            ctl_scope,
+            ctl_detail,
+        ],
+        [
+            "refusals",
+            status(ref),
+            f"{ref['cells']} cells",
+            f"{ref['refused']} recorded refused, {ref['admitted']} ran; "
+            f"{len(ref['failing'])} decided otherwise",
+        ],
+        [
+            "power",
+            status(pw),
+            f"{len(negs)} negative controls, {len(muts)} mutants",
+            f"negative controls flagged {sum(n['caught'] for n in negs)}/{len(negs)}; "
+            f"mutants caught {sum(m['caught'] for m in muts)}/{len(muts)}",
+        ],
+        [
+            "targets",
+            status(tg),
+            f"{tg['declared']} targets",
+            f"{tg['met']}/{tg['declared']} met"
+            if tg["declared"]
+            else f"policy {report['policy']} declares none",
+        ],
+    ]
+    lines = [f"cpmem gate: policy {report['policy']}, golden {report['golden_dir']}", ""]
+    lines += _table(["check", "result", "scope", "detail"], rows)
+
+    tight = sorted(cov["rows"], key=lambda r: r["headroom"])[:5]
+    if tight:
+        lines += ["", "tightest cells (coverage):"]
+        lines += _table(
+            ["cell", "estimate GiB", "peak GiB", "headroom"],
+            [
+                [
+                    r["cell_id"],
+                    f"{r['estimate_bytes'] / 2**30:.3f}",
+                    f"{r['forward_peak_bytes'] / 2**30:.3f}",
+                    pct(r["headroom"]),
+                ]
+                for r in tight
+            ],
+        )
+    lines += ["", "power: recorded negative-control estimates (must NOT cover the peak):"]
+    lines += _table(
+        ["cell", "recorded GiB", "peak GiB", "ratio", "flagged"],
+        [
+            [
+                n["cell_id"],
+                f"{(n['recorded_estimate_bytes'] or 0) / 2**30:.3f}",
+                f"{(n['forward_peak_bytes'] or 0) / 2**30:.3f}",
+                f"{n['ratio']:.3f}" if n["ratio"] is not None else "-",
+                "caught" if n["caught"] else "NOT CAUGHT",
+            ]
+            for n in negs
+        ],
+    )
+    lines += ["", "power: mutants of the reference formula (each must be caught):"]
+    mrows = []
+    for m in muts:
+        cells = m["coverage_failing"] if m["caught_by"] == "coverage" else m["conformance_failing"]
+        shown = ", ".join(cells[:3]) + (f" (+{len(cells) - 3} more)" if len(cells) > 3 else "")
+        mrows.append(
+            [
+                m["mutant"],
+                m["caught_by"] or "NOT CAUGHT",
+                f"{len(m['coverage_failing'])}",
+                f"{len(m['conformance_failing'])}",
+                shown or "-",
+            ]
+        )
+    lines += _table(["mutant", "caught by", "uncovered", "mismatched", "catching cells"], mrows)
+
+    if tg["declared"]:
+        lines += ["", f"targets declared by policy {report['policy']}:"]
+        lines += _table(
+            ["target", "figure", "bound", "cells", "measured", "worst cell", "met"],
+            [
+                [
+                    t["target"],
+                    t["figure"],
+                    t["bound"],
+                    f"{t['cells']}",
+                    t["measured"],
+                    t["worst_cell"] or "-",
+                    "met" if t["met"] else "MISSED",
+                ]
+                for t in tg["targets"]
+            ],
+        )
+
+    failures = []
+    for name, c in ch.items():
+        if name == "controls" and not c["required"]:
+            continue
+        for item in c.get("failing", []):
+            failures.append(f"  {name}: {item}")
+    if ch["controls"].get("error") and ch["controls"]["required"]:
+        failures.append(f"  controls: {ch['controls']['error']}")
+    if failures:
+        lines += ["", "failures:", *failures]
+    if not conf["passed"]:
+        lines += ["", "conformance mismatches:"]
+        lines += [
+            f"  {m['claim']}: {m['cell_id']}: recorded {m['recorded_bytes']:,}, "
+            f"estimate {m['estimate_bytes']:,} ({m['difference_bytes']:+,})"
+            for m in conf["mismatches"]
+        ]
+    lines += ["", report["summary"]]
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""The estimator gate: checks a pricing policy against the golden measurements.
+
+``cpmem gate [--policy reference] [--json] [--record-controls] [--golden DIR]``
+
+Checks, each PASS or FAIL (the exit status is non-zero when any fails):
+
+0. golden: the golden layer is intact (schema, manifest, agreement with sources);
+   a measured byte that changed would otherwise change every verdict below.
+1. coverage: the estimate is at least the measured forward peak of every measured
+   cell, in every phase. A measurement is valid whichever estimator ran beside
+   it, so negative-control cells' peaks count too. For a policy that prices
+   backward (``forward_backward_bytes``), its forward+backward figure must also
+   cover every measured forward+backward peak.
+2. conformance: recorded estimates of the paths the policy claims to reproduce
+   match to the byte (``CONFORMANCE_CLAIMS``; a policy absent from it claims none).
+3. controls: the reference policy reproduces ``golden/controls`` to the byte;
+   other policies' differences are reported, not required.
+4. refusals: cells recorded as refused are refused by admission against their
+   recorded available bytes; cells that ran are admitted.
+5. power: the recorded negative-control estimates fail to cover their peaks, and
+   every mutant of the reference formula (one term removed) is caught by
+   coverage or, failing that, by conformance. A gate that passes broken
+   estimators proves nothing.
+6. targets: the headroom and coverage targets the policy declares (``TARGETS``;
+   a policy absent from it declares none) are each met on the cells they select;
+   each is printed with its measured worst value, a miss names its cells.
+
+Cells are priced from what was recorded, never from a planner's guess: the
+layout, packed tokens, segments and (under CP) the busiest rank's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cpmem.gate.checks import (
+    conformance,
+    controls_check,
+    coverage,
+    golden_check,
+    pct,
+    refusals,
+    targets_check,
+)
+from cpmem.gate.claims import claims_for
+from cpmem.gate.estimator import Estimator
+from cpmem.gate.power import power
+from cpmem.gate.samples import cell_inputs
+from cpmem.gate.targets import targets_for
+from cpmem.golden.cells import load_cells
+from cpmem.golden.files import CELLS_FILE, default_golden_dir
+
+
+def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[str, Any]:
+    """Every check for ``policy``; the full report as a JSON-ready dict."""
+    golden_dir = golden_dir if golden_dir is not None else default_golden_dir()
+    cells = load_cells(golden_dir / CELLS_FILE)
+    inputs = {c.cell_id: cell_inputs(c) for c in cells}
+    est = Estimator.for_policy(policy)
+    checks = {
+        "golden": golden_check(golden_dir, cells),
+        "coverage": coverage(cells, inputs, est),
+        "conformance": conformance(cells, inputs, est, claims_for(policy)),
+        "controls": controls_check(golden_dir, policy),
+        "refusals": refusals(cells, inputs, policy),
+        "power": power(cells, inputs),
+        "targets": targets_check(cells, inputs, est, targets_for(policy)),
+    }
+    passed = all(ch["passed"] for ch in checks.values())
+    report: dict[str, Any] = {
+        "policy": policy,
+        "golden_dir": str(golden_dir),
+        "passed": passed,
+        "checks": checks,
+    }
+    report["summary"] = summary_line(report)
+    return report
+
+
+def summary_line(report: Mapping[str, Any]) -> str:
+    ch = report["checks"]
+    cov, conf, ctl, ref, pw = (
+        ch["coverage"],
+        ch["conformance"],
+        ch["controls"],
+        ch["refusals"],
+        ch["power"],
+    )
+    verdict = "PASSED" if report["passed"] else "FAILED"
+    failed = [name for name, c in ch.items() if not c["passed"]]
+    fbc = cov.get("forward_backward")
+    parts = [
+        f"gate {verdict} (policy {report['policy']}): {cov['cells']} cells, "
+        f"{cov['rank_samples']} rank-samples "
+        + ("covered" if cov["passed"] else f"checked, {len(cov['failing'])} NOT covered")
+        + (f" (forward+backward {fbc['covered']}/{fbc['cells']})" if fbc else "")
+    ]
+    if cov["min_headroom"] is not None:
+        parts.append(
+            f"min headroom {pct(cov['min_headroom'])}, median {pct(cov['median_headroom'])}, "
+            f"max {pct(cov['max_headroom'])}"
+        )
+    if conf["claims_none"]:
+        parts.append("conformance: claims none")
+    else:
+        parts.append(f"{conf['matched']}/{conf['checked']} recorded estimates reproduced")
+    if ctl.get("error"):
+        parts.append("controls missing")
+    else:
+        word = "reproduced" if ctl["required"] else "match (informational)"
+        parts.append(f"{ctl['matching']}/{ctl['total']} controls {word}")
+    parts.append(f"{ref['cells'] - len(ref['failing'])}/{ref['cells']} admission decisions")
+    muts = pw["mutants"]
+    negs = pw["negative_controls"]
+    parts.append(
+        f"{sum(n['caught'] for n in negs)}/{len(negs)} negative controls and "
+        f"{sum(m['caught'] for m in muts)}/{len(muts)} mutants caught"
+    )
+    tg = ch.get("targets")
+    if tg and tg["declared"]:
+        parts.append(
+            f"targets {tg['met']}/{tg['declared']} met: "
+            + "; ".join(
+                f"{t['target']} ({t['figure']}) {t['measured']} [{t['bound']}]"
+                + ("" if t["met"] else " MISSED")
+                for t in tg["targets"]
+            )
+        )
+    line = "; ".join(parts)
+    if failed:
+        line += f"; FAILED checks: {', '.join(failed)}"
+    return line
