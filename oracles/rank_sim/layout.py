@@ -109,3 +109,53 @@ def uniform_layout(
     counts = tuple(rank_tokens)
     pieces = (GdnPiece(counts[rank]),) if 0 <= rank < len(counts) else ()
     return RankLayout(tp, len(counts), rank, counts, counts, pieces, logical_tokens, sp)
+
+
+def row_segments(
+    lengths: tuple[int, ...] | list[int], shared_prefix: int, packed: int
+) -> list[tuple[int, int | None]]:
+    """(tokens, parent index) of a packed row in pre-order: the shared prefix stored once
+    when ``packed`` says it was shared, then each completion; padding as 1-token roots."""
+    p = shared_prefix
+    shared = p > 0 and packed < sum(lengths)
+    segs: list[tuple[int, int | None]] = (
+        [(p, None)] + [(n - p, 0) for n in lengths] if shared else [(n, None) for n in lengths]
+    )
+    pad = packed - sum(t for t, _ in segs)
+    if pad < 0:
+        raise SimInputError("packed_tokens", packed, f"fewer than the {packed - pad} row tokens")
+    return segs + [(1, None)] * pad
+
+
+def rank_pieces(segs: list[tuple[int, int | None]], lo: int, hi: int) -> tuple[GdnPiece, ...]:
+    """Pieces of the row's tokens [lo, hi): a piece continues from a local parent piece."""
+    pieces: list[GdnPiece] = []
+    local: dict[int, int] = {}  # segment index -> index of its piece on this rank
+    start = 0
+    for i, (tokens, parent) in enumerate(segs):
+        a, b = max(start, lo), min(start + tokens, hi)
+        if a < b:
+            src = local.get(parent) if (a == start and parent is not None) else None
+            local[i] = len(pieces)
+            pieces.append(GdnPiece(b - a, src))
+        start += tokens
+    return tuple(pieces)
+
+
+def contiguous_layout(
+    segs: list[tuple[int, int | None]],
+    attention_tokens: tuple[int, ...],
+    gdn_tokens: tuple[int, ...],
+    *,
+    tp: int,
+    rank: int,
+    logical_tokens: int,
+    sp: bool = True,
+) -> RankLayout:
+    """Ranks own contiguous runs of the row in rank order (GDN pieces cut from the GDN
+    counts); the caller's counts are taken as given."""
+    lo = sum(gdn_tokens[:rank])
+    pieces = rank_pieces(segs, lo, lo + gdn_tokens[rank]) if 0 <= rank < len(gdn_tokens) else ()
+    return RankLayout(
+        tp, len(attention_tokens), rank, attention_tokens, gdn_tokens, pieces, logical_tokens, sp
+    )

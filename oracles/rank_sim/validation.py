@@ -20,7 +20,7 @@ from pathlib import Path
 
 from oracles.rank_sim import SIM_VERSION
 from oracles.rank_sim.geometry import MODEL_IDS, SimModel, get_model
-from oracles.rank_sim.layout import GdnPiece, RankLayout
+from oracles.rank_sim.layout import RankLayout, rank_pieces, row_segments
 from oracles.rank_sim.recompute import Recompute
 from oracles.rank_sim.runner import RankResult, simulate_rank
 
@@ -92,33 +92,7 @@ def read_cells(path: Path = CELLS) -> tuple[list[Cell], list[tuple[str, str]]]:
 
 
 def segments(cell: Cell) -> list[tuple[int, int | None]]:
-    """(tokens, parent index) of the packed row in pre-order, padding as 1-token roots."""
-    p = cell.shared_prefix
-    shared = p > 0 and cell.packed < cell.logical
-    segs: list[tuple[int, int | None]] = (
-        [(p, None)] + [(n - p, 0) for n in cell.lengths]
-        if shared
-        else [(n, None) for n in cell.lengths]
-    )
-    pad = cell.packed - sum(t for t, _ in segs)
-    if pad < 0:
-        raise ValueError(f"{cell.cell_id}: segments exceed packed tokens")
-    return segs + [(1, None)] * pad
-
-
-def rank_pieces(segs: list[tuple[int, int | None]], lo: int, hi: int) -> tuple[GdnPiece, ...]:
-    """Pieces of the row's tokens [lo, hi): a piece continues from a local parent piece."""
-    pieces: list[GdnPiece] = []
-    local: dict[int, int] = {}  # segment index -> index of its piece on this rank
-    start = 0
-    for i, (tokens, parent) in enumerate(segs):
-        a, b = max(start, lo), min(start + tokens, hi)
-        if a < b:
-            src = local.get(parent) if (a == start and parent is not None) else None
-            local[i] = len(pieces)
-            pieces.append(GdnPiece(b - a, src))
-        start += tokens
-    return tuple(pieces)
+    return row_segments(cell.lengths, cell.shared_prefix, cell.packed)
 
 
 def cell_layout(cell: Cell) -> RankLayout:
