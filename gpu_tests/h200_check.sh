@@ -58,7 +58,7 @@ FAILED=0
 run_cell() {  # name, then driver arguments
   local name="$1"; shift
   echo "== cell $name: $*"
-  if "$PY" gpu_tests/driver.py "$@" --device cuda --timeout "$CELL_TIMEOUT" \
+  if "$PY" -m gpu_tests.driver "$@" --device cuda --timeout "$CELL_TIMEOUT" \
       --out "$CELLS_DIR/$name"; then
     cp "$CELLS_DIR/$name/summary.json" "$OUT/$name.json"
   else

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-DRIVER = Path(__file__).resolve().parent / "driver.py"
-REPO = DRIVER.parent.parent
+REPO = Path(__file__).resolve().parent.parent
+# The driver package, run as a module from the checkout root.
+DRIVER_CMD = [sys.executable, "-m", "gpu_tests.driver"]
 
 # Small on purpose: a lent H200 gives minutes, not hours.
 CELLS = {
@@ -39,7 +40,7 @@ def _has(module: str) -> bool:
 
 def _measure(args: list[str], out: Path) -> dict:
     proc = subprocess.run(
-        [sys.executable, str(DRIVER), *args, "--device", "cuda", "--timeout", "240",
+        [*DRIVER_CMD, *args, "--device", "cuda", "--timeout", "240",
          "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""CPU checks of the native measurement driver (gpu_tests/driver.py).
+"""CPU checks of the native measurement driver (the gpu_tests/driver package).
 
 Why: the GPU campaign gets a few minutes of a lent H200, so everything that does not
 need CUDA (argument handling, row schema, layout, GDN math, a tiny end-to-end run)
@@ -8,7 +8,8 @@ must be proven here first. No memory figure is produced on CPU and none is inven
 from __future__ import annotations
 
 import csv
-import importlib.util
+import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -18,8 +19,11 @@ from typing import Any
 
 import pytest
 
+from cpmem.golden.schema import COLUMN_NAMES, validate_row
+
 REPO = Path(__file__).resolve().parents[2]
-DRIVER = REPO / "gpu_tests" / "driver.py"
+# The driver is a package run as a module from the checkout root.
+DRIVER_CMD = [sys.executable, "-m", "gpu_tests.driver"]
 
 DENSE_CONFIG = {
     "model_type": "qwen3",
@@ -45,12 +49,9 @@ HYBRID_CONFIG = {
 
 
 def _load_driver() -> Any:
-    spec = importlib.util.spec_from_file_location("cpmem_native_driver", DRIVER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    if str(REPO) not in sys.path:  # pytest's pythonpath puts it there; be explicit anyway
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module("gpu_tests.driver")
 
 
 driver = _load_driver()
@@ -94,14 +95,40 @@ def test_bad_argument_names_field_and_value(
 
 def test_bad_argument_exits_nonzero_without_traceback_as_a_process() -> None:
     proc = subprocess.run(
-        [sys.executable, str(DRIVER), "--model", "qwen3-1.7b", "--lengths", "64", "--cp", "-1"],
+        [*DRIVER_CMD, "--model", "qwen3-1.7b", "--lengths", "64", "--cp", "-1"],
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=REPO,
     )
     assert proc.returncode == 2
     assert "error: cp='-1'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_package_folder_runs_as_a_path_from_anywhere(tmp_path: Path) -> None:
+    # worker ranks are started this way (python gpu_tests/driver --worker)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "gpu_tests" / "driver"), "--model", "qwen3-1.7b",
+         "--lengths", "64", "--tp", "0"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "error: tp='0'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_driver_sha256_covers_every_module_of_the_package() -> None:
+    names = [p.relative_to(driver.PACKAGE_DIR).as_posix() for p in driver.driver_files()]
+    on_disk = sorted(
+        p.relative_to(driver.PACKAGE_DIR).as_posix()
+        for p in driver.PACKAGE_DIR.rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+    assert names == on_disk and {"__init__.py", "__main__.py", "cli.py"} <= set(names)
+    digest = driver.driver_sha256()
+    assert len(digest) == 64 and digest == driver.driver_sha256()
+    assert digest != hashlib.sha256((driver.PACKAGE_DIR / "__init__.py").read_bytes()).hexdigest()
 
 
 def test_layout_rules_resolve_engine_and_refuse_unsupported() -> None:
@@ -168,15 +195,14 @@ def test_row_has_exactly_the_golden_columns() -> None:
     assert tuple(row) == driver.GOLDEN_COLUMNS
     schema = json.loads((REPO / "golden" / "schema.json").read_text())
     assert tuple(c["name"] for c in schema["columns"]) == driver.GOLDEN_COLUMNS
-    golden = pytest.importorskip("cpmem.golden.golden")
-    assert tuple(golden.COLUMN_NAMES) == driver.GOLDEN_COLUMNS
+    assert tuple(COLUMN_NAMES) == driver.GOLDEN_COLUMNS
 
 
 def test_row_provenance_and_integer_bytes() -> None:
     row = _row(measured=True)
     assert row["campaign"] == "native" and row["phase"] == "native"
     assert row["source_repository"] == "cpmem"
-    assert row["source_path"] == "gpu_tests/driver.py"
+    assert row["source_path"] == "gpu_tests/driver"
     assert len(row["source_commit"]) == 40 and int(row["source_commit"], 16) >= 0
     assert row["estimator_source_sha"] == row["source_commit"]
     assert row["driver_sha256"] == driver.driver_sha256()
@@ -206,11 +232,9 @@ def test_cpu_row_leaves_every_peak_empty() -> None:
 
 
 def test_row_passes_golden_validation() -> None:
-    from cpmem.golden import golden
-
     row = _row(measured=True)
     assert row["phase"] == "native" and row["campaign"] == "native"
-    golden.validate_row(row)  # raises GoldenDataError naming the column on any violation
+    validate_row(row)  # raises GoldenDataError naming the column on any violation
 
 
 def test_written_csv_round_trips(tmp_path: Path) -> None:
@@ -260,7 +284,7 @@ def _run_cli(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProce
     out = tmp_path / "out"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
-        [sys.executable, str(DRIVER), *args, "--device", "cpu", "--out", str(out)],
+        [*DRIVER_CMD, *args, "--device", "cpu", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,0 +1,216 @@
+"""Measuring one rank: build its model, run REPETITIONS steps, record their peaks.
+
+Why it is done this way: the golden sources measured incremental allocated bytes above
+the pre-forward baseline (``max_memory_allocated`` after ``reset_peak_memory_stats``),
+forward and forward+backward, and the driver must measure the same quantity. On CPU no
+figure is recorded (None), never invented.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cpmem.errors import InputError
+from cpmem.plan.request import Request
+from cpmem.pricing.recompute import Recompute
+
+from .cp_attention import Dist, RowLayout
+from .engine_megatron import build_megatron_model, install_megatron_cpu_shim
+from .engine_torch import RankContext, build_torch_model
+from .gdn import have_fla
+from .spec import CellSpec, cell_geometry, cell_plan
+from .torchlib import load_torch
+
+REPETITIONS = 2
+
+
+@dataclass
+class RankSample:
+    """One rank, one repetition. Byte figures are None where not measured (CPU)."""
+
+    rank: int
+    repetition: int
+    baseline_bytes: int | None
+    available_bytes: int | None
+    forward_peak_bytes: int | None
+    retained_bytes: int | None
+    forward_backward_peak_bytes: int | None
+    loss: float
+    loss_finite: bool
+    adapter_params: int
+    adapter_grads_present: int
+    adapter_grads_finite: bool
+    adapter_grads_nonzero: int
+    gdn_fallback_saved_bytes: int | None = None
+
+
+def measure_step(
+    forward: Callable[[], Any], adapters: Sequence[Any], device: Any, rank: int, rep: int
+) -> RankSample:
+    """One forward + MSE-on-hidden backward; CUDA peaks relative to the pre-forward baseline."""
+    torch = load_torch()
+    for p in adapters:
+        p.grad = None
+    gc.collect()
+    cuda = device.type == "cuda"
+    base = avail = fwd = kept = fwbw = None
+    if cuda:
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        avail = torch.cuda.mem_get_info(device)[0]
+        torch.cuda.reset_peak_memory_stats(device)
+    hidden = forward()
+    if cuda:
+        torch.cuda.synchronize(device)
+        fwd = torch.cuda.max_memory_allocated(device) - base
+        kept = torch.cuda.memory_allocated(device) - base
+    loss = hidden.float().pow(2).mean()
+    loss.backward()
+    if cuda:
+        torch.cuda.synchronize(device)
+        fwbw = torch.cuda.max_memory_allocated(device) - base
+    value = float(loss.detach())
+    grads = [p.grad for p in adapters]
+    present = [gr for gr in grads if gr is not None]
+    sample = RankSample(
+        rank=rank,
+        repetition=rep,
+        baseline_bytes=base,
+        available_bytes=avail,
+        forward_peak_bytes=fwd,
+        retained_bytes=kept,
+        forward_backward_peak_bytes=fwbw,
+        loss=value,
+        loss_finite=math.isfinite(value),
+        adapter_params=len(adapters),
+        adapter_grads_present=len(present),
+        adapter_grads_finite=all(bool(torch.isfinite(gr).all()) for gr in present),
+        adapter_grads_nonzero=sum(1 for gr in present if bool(gr.abs().sum() > 0)),
+    )
+    del hidden, loss
+    return sample
+
+
+def _pick_device(spec: CellSpec, local_rank: int) -> Any:
+    torch = load_torch()
+    want = spec.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError("device", "cuda", "no CUDA device is visible")
+        # more ranks than GPUs: every rank shares one GPU (gloo between them)
+        index = local_rank if torch.cuda.device_count() >= spec.world else 0
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0) -> dict[str, Any]:
+    """Build the model on this rank and measure REPETITIONS steps; returns its samples."""
+    torch = load_torch()
+    device = _pick_device(spec, local_rank)
+    geometry = cell_geometry(spec)
+    plan = cell_plan(spec, geometry)
+    request = Request.shared(list(spec.lengths), spec.shared_prefix)
+    torch.manual_seed(spec.seed)
+    dist = torch.distributed
+    needs_group = world > 1 or spec.engine == "megatron"
+    if needs_group and not dist.is_initialized():
+        if world == 1:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
+        shared_gpu = device.type == "cuda" and torch.cuda.device_count() < world
+        backend = "nccl" if device.type == "cuda" and not shared_gpu else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world)
+    notes: list[str] = []
+    kernel = None
+    if spec.engine == "megatron":
+        if device.type == "cpu":
+            install_megatron_cpu_shim()
+        rows = plan.rank_tokens[0]
+        layout = RowLayout.from_plan(request, [rows])
+        model = build_megatron_model(spec, geometry, device, rows)
+        ids = torch.randint(0, geometry.vocab, (1, rows), device=device)
+        pos = torch.tensor([layout.positions(0)], device=device)
+
+        def forward() -> Any:
+            return model(ids, pos, attention_mask=None)
+
+        notes.append(
+            "megatron local spec: one packed row under a plain causal mask (shapes as "
+            "packed; no per-sequence mask), unfused score-materialising attention"
+        )
+        gdn_counts: list[int] = []
+    else:
+        layout = RowLayout.from_plan(request, plan.groups[0].attention_tokens)
+        ctx = RankContext(
+            layout,
+            rank,
+            Dist(rank, world, device),
+            Recompute.parse(spec.recompute, spec.modules or None),
+        )
+        ctx.positions = torch.tensor(layout.positions(rank), device=device)
+        fused = device.type == "cuda" and have_fla()
+        ctx.count_gdn_saved = geometry.is_hybrid and not fused
+        kernel = None if not geometry.is_hybrid else ("fla" if fused else "torch-fallback")
+        model = build_torch_model(geometry, ctx, device)
+        lo, hi = layout.rank_range(rank)
+        gen = torch.Generator().manual_seed(spec.seed)
+        ids = torch.randint(0, geometry.vocab, (layout.total,), generator=gen)[lo:hi].to(device)
+
+        def forward() -> Any:
+            from torch.utils.checkpoint import set_checkpoint_early_stop
+
+            # every rank must replay the same collectives when a checkpoint recomputes
+            with set_checkpoint_early_stop(False):
+                return model(ids)
+
+        gdn_counts = ctx.gdn_saved_bytes
+        if kernel == "torch-fallback":
+            notes.append(
+                "GDN ran on the pure-torch chunked fallback (fla not installed or no CUDA): "
+                "peaks include its extra saved fp32 chunk tensors; gdn_fallback_saved_bytes "
+                "is what autograd saved inside it, measured per rank"
+            )
+        if world > 1 and geometry.is_hybrid:
+            notes.append(
+                "cross-rank GDN states are passed forward exactly but detached (their "
+                "gradient is not sent back); no saved tensor or activation shape changes"
+            )
+    adapters = [p for n, p in model.named_parameters() if "lora_" in n]
+    samples = []
+    for rep in range(REPETITIONS):
+        gdn_counts.clear()
+        s = measure_step(forward, adapters, device, rank, rep)
+        if kernel == "torch-fallback":
+            s.gdn_fallback_saved_bytes = sum(gdn_counts)
+        samples.append(asdict(s))
+    result = {
+        "rank": rank,
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "engine": spec.engine,
+        "gdn_kernel": kernel,
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "rank_tokens": layout.rank_tokens[rank] if spec.engine == "torch" else layout.total,
+        "samples": samples,
+        "notes": notes,
+    }
+    if dist.is_initialized() and world > 1:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, result)
+        return {"ranks": gathered}
+    return {"ranks": [result]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,181 @@
+"""The cell: what one measurement depends on, validated, and what cpmem says about it.
+
+Why a module of its own: every other part (engines, rows, the CLI) takes a CellSpec
+that has already been checked against the model and the request, and the plan and
+estimate it is compared with come from the same place, so the driver measures exactly
+the layout cpmem prices.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cpmem.api import estimate as cpmem_estimate
+from cpmem.api import load_model
+from cpmem.errors import InputError
+from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import Plan
+from cpmem.plan.planners import plan_request
+from cpmem.plan.request import Request
+
+ENGINES = ("auto", "megatron", "torch")
+DEVICES = ("auto", "cuda", "cpu")
+MODES = ("selective", "none", "full")
+# Selective-recompute module sets the golden schema accepts.
+MODULE_SETS = ("core_attn", "core_attn+mlp")
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """Everything one measurement depends on (picklable, JSON-able)."""
+
+    model: str | None
+    config: str | None
+    layers: int | None
+    lengths: tuple[int, ...]
+    shared_prefix: int
+    tp: int = 1
+    cp: int = 1
+    sp: bool = False
+    recompute: str = "selective"
+    modules: str = "core_attn"
+    engine: str = "auto"
+    device: str = "auto"
+    seed: int = 1234
+    source_commit: str | None = None
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """``2048+2048`` or ``2048,2048``: positive integers, else InputError naming the field."""
+    parts = [p.strip() for p in str(text).replace(",", "+").split("+")]
+    out: list[int] = []
+    for p in parts:
+        if not p.isdigit() or int(p) < 1:
+            raise InputError("lengths", text, "must be positive integers joined by '+' or ','")
+        out.append(int(p))
+    return tuple(out)
+
+
+def int_field(name: str, text: str, minimum: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise InputError(name, text, "must be an integer") from None
+    if value < minimum:
+        raise InputError(name, text, f"must be >= {minimum}")
+    return value
+
+
+def spec_from_args(args: argparse.Namespace) -> CellSpec:
+    """Validate the parsed arguments into a CellSpec; InputError names the bad field."""
+    lengths = parse_lengths(args.lengths)
+    prefix = int_field("shared_prefix", args.shared_prefix, 0)
+    tp = int_field("tp", args.tp, 1)
+    cp = int_field("cp", args.cp, 1)
+    layers = None if args.layers is None else int_field("layers", args.layers, 1)
+    seed = int_field("seed", args.seed, 0)
+    if args.recompute not in MODES:
+        raise InputError("recompute", args.recompute, f"must be one of {list(MODES)}")
+    modules = (
+        args.modules
+        if args.modules is not None
+        else ("core_attn" if args.recompute == "selective" else "")
+    )
+    if args.recompute != "selective":
+        if modules:
+            raise InputError(
+                "modules",
+                modules,
+                f"only selective recompute takes modules (recompute={args.recompute})",
+            )
+    elif modules not in MODULE_SETS:
+        raise InputError("modules", modules, f"must be one of {list(MODULE_SETS)}")
+    if args.engine not in ENGINES:
+        raise InputError("engine", args.engine, f"must be one of {list(ENGINES)}")
+    if args.device not in DEVICES:
+        raise InputError("device", args.device, f"must be one of {list(DEVICES)}")
+    commit = args.source_commit
+    if commit is not None and not is_hex(commit, 40):
+        raise InputError("source_commit", commit, "must be a 40-hex git revision")
+    spec = CellSpec(
+        model=args.model,
+        config=args.config,
+        layers=layers,
+        lengths=lengths,
+        shared_prefix=prefix,
+        tp=tp,
+        cp=cp,
+        sp=(tp > 1) if args.sp is None else bool(args.sp),
+        recompute=args.recompute,
+        modules=modules,
+        engine=args.engine,
+        device=args.device,
+        seed=seed,
+        source_commit=commit,
+    )
+    return validate_spec(spec)
+
+
+def validate_spec(spec: CellSpec) -> CellSpec:
+    """Cross-field checks against the model and the request; resolves ``engine=auto``."""
+    geometry = cell_geometry(spec)
+    Request.shared(list(spec.lengths), spec.shared_prefix)  # raises on a bad prefix
+    geometry.check_tp(spec.tp)
+    if geometry.is_moe:
+        raise InputError("model", geometry.name, "MoE models are not measured by this driver")
+    engine = spec.engine
+    if engine == "auto":
+        engine = "megatron" if (spec.cp == 1 and not geometry.is_hybrid) else "torch"
+    if engine == "megatron":
+        if spec.cp != 1:
+            raise InputError("cp", spec.cp, "the megatron engine runs CP = 1 only (use torch)")
+        if geometry.is_hybrid:
+            raise InputError("engine", "megatron", f"{geometry.name} has GDN layers; use torch")
+    if engine == "torch" and spec.tp != 1:
+        raise InputError("tp", spec.tp, "the torch engine runs TP = 1 only (use megatron)")
+    return replace(spec, engine=engine)
+
+
+def cell_geometry(spec: CellSpec) -> ModelGeometry:
+    """The model geometry, truncated to the first ``layers`` layers if asked."""
+    geometry = load_model(spec.model, config=spec.config)
+    if spec.layers is not None:
+        if spec.layers > geometry.layers:
+            raise InputError("layers", spec.layers, f"exceeds the model's {geometry.layers} layers")
+        geometry = replace(
+            geometry, mixers=geometry.mixers[: spec.layers], mlps=geometry.mlps[: spec.layers]
+        )
+    return geometry
+
+
+def recorded_model_name(spec: CellSpec, geometry: ModelGeometry) -> str:
+    """The Hugging Face id for presets (as the sources record it), else the config's name."""
+    return geometry.aliases[0] if (spec.model and geometry.aliases) else geometry.name
+
+
+def cell_plan(spec: CellSpec, geometry: ModelGeometry) -> Plan:
+    """cpmem's default plan for the request: the token counts each rank will own."""
+    layout = ParallelLayout(tp=spec.tp, cp=spec.cp, sp=spec.sp)
+    request = Request.shared(list(spec.lengths), spec.shared_prefix)
+    return plan_request(request, layout, None, geometry)
+
+
+def cell_estimate(spec: CellSpec, geometry: ModelGeometry, plan: Plan) -> Any:
+    """cpmem's reference estimate for exactly the plan the driver measures."""
+    return cpmem_estimate(
+        geometry,
+        plan=plan,
+        recompute=spec.recompute,
+        modules=spec.modules or None,
+    )
+
+
+def is_hex(text: str, n: int) -> bool:
+    return len(text) == n and all(c in "0123456789abcdef" for c in text)
