@@ -13,13 +13,13 @@ from cpmem.gate.controls import (
     CONTROL_POLICY,
     CONTROLS_FILE,
     ControlsError,
-    compare_controls,
     compute_controls,
     controls_bytes,
     controls_dir,
     load_controls,
     load_meta,
 )
+from cpmem.gate.controls_diff import compare_controls
 from cpmem.gate.estimator import Estimator
 from cpmem.gate.samples import is_measured
 from cpmem.gate.targets import Target, TargetCell, measure_target

@@ -221,39 +221,6 @@ def test_cli_admits_the_27b_cp2_4k_pair_with_tight_forward_backward(
     assert capsys.readouterr().out.startswith("FIT:")
 
 
-# --------------------------------------------------------------------- the report
-
-
-def test_leave_outs_hold_out_each_models_longest_shape() -> None:
-    from cpmem.gate.fitting import leave_longest_shape_out
-    from cpmem.gate.samples import measured_samples
-
-    longest: dict[str, int] = {}
-    for row in TP_ROWS + CP_ROWS:
-        if int(row.get("measured_rank_samples") or row.get("measured_samples") or 0) > 0:
-            m = get_preset(row["model"]).name
-            longest[m] = max(longest.get(m, 0), sum(_lengths(row)))
-    results = leave_longest_shape_out(measured_samples())
-    assert {lo.label for lo in results} == {f"{m} {n:,} tokens" for m, n in longest.items()}
-    for lo in results:
-        assert lo.held
-        model, tokens = lo.label.split(" ")[0], int(lo.label.split(" ")[1].replace(",", ""))
-        assert all(s.model == model and s.logical_tokens == tokens for s in lo.held)
-
-
-def test_kept_report_is_up_to_date() -> None:
-    from pathlib import Path
-
-    from cpmem.gate.tight_report import REPORT_PATH, main
-
-    root = Path(__file__).resolve().parents[2]
-    lines: list[str] = []
-    assert main(["--check", str(root / REPORT_PATH)], emit=lines.append) == 0
-    assert lines[-1].endswith("is up to date")
-    text = "\n".join(lines)
-    assert "## Leave one model out" in text and "## Leave each model's longest shape out" in text
-
-
 def test_segment_discount_only_for_layouts_that_place_whole_segments() -> None:
     """Zigzag cuts every sequence across all ranks, so every rank keeps every segment's
     recurrent state; only a whole-segment layout may charge the busiest rank fewer."""
