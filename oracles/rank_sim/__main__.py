@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "sequence_parallel": args.tp > 1 and not args.no_sp,
             "source": source,
             **counts,
-        },  # fmt: skip
+        },
         "ranks": results,
         "busiest_rank": busiest,
         "provenance": {

@@ -157,7 +157,6 @@ def _step(
             # unpack the packed row to the logical tokens (shared prefixes repeated)
             out = _unpack(out, layout.logical_tokens)
             loss = out.square().mean()
-        ctx.rope = None
         del x
     forward = tracker.peaks["forward"]
     retained = tracker.snapshot()
@@ -168,6 +167,7 @@ def _step(
         loss.backward()
         fb = tracker.peaks["backward"]
         fb_peak = fb if fb.bytes > forward.bytes else forward
+    ctx.rope = None  # the rope tables live through backward (recompute reads them)
     del loss, out
     return RankResult(
         rank=layout.rank,
