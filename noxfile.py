@@ -108,3 +108,15 @@ def bench(session: nox.Session) -> None:
     """Speed figures of planning, pricing and width selection (not a pass/fail test)."""
     _install(session, "test")
     session.run("python", "benchmarks/bench_planning.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def simulate(session: nox.Session) -> None:
+    """Rank simulator over every expressible golden cell at full depth: prints the
+    comparison and fails when golden/reports/rank_sim_validation.md is stale (regenerate
+    with `python -m oracles.rank_sim.validate --write`). The default `oracle` session
+    runs only a reduced-depth subset (tests/oracle/test_rank_sim.py)."""
+    _install(session, "test")
+    session.install(TORCH, "megatron-core>=0.16,<0.17")
+    session.run("python", "-m", "oracles.rank_sim.validate", *session.posargs)
+    session.run("python", "-m", "oracles.rank_sim.validate", "--check")
