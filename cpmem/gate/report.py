@@ -25,6 +25,7 @@ from typing import Any
 import cpmem
 from cpmem.api import load_model
 from cpmem.errors import CpmemError
+from cpmem.gate.progress import Progress, wanted
 from cpmem.gate.samples import cell_inputs
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
@@ -53,10 +54,17 @@ class CellResult:
         return self.estimates[policy] / peak - 1
 
 
-def collect(policies: Sequence[str], golden_dir: Path) -> list[CellResult]:
+def collect(
+    policies: Sequence[str], golden_dir: Path, progress: Progress | None = None
+) -> list[CellResult]:
     """Price every golden cell with every policy."""
     out = []
-    for cell in sorted(load_cells(golden_dir / CELLS_FILE), key=_order):
+    cells = sorted(load_cells(golden_dir / CELLS_FILE), key=_order)
+    if progress is not None:
+        progress.total += len(cells)
+    for cell in cells:
+        if progress is not None:
+            progress.step(note=cell.cell_id)
         inputs = cell_inputs(cell)
         ests = {p: price(inputs, p) for p in policies}
         out.append(
@@ -282,15 +290,36 @@ def plot_headroom(results: Sequence[CellResult], policies: Sequence[str], path: 
     plt.close(fig)
 
 
-def write_report(policies: Sequence[str], out: Path, golden_dir: Path) -> list[Path]:
+REPORT_EXTRA_HINT = "pip install 'cpmem[report]'"
+
+
+def require_matplotlib() -> None:
+    """Fail with one line naming the extra, before anything is written."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CpmemError(
+            f"the report's figures need matplotlib, which is not installed: {REPORT_EXTRA_HINT}"
+        ) from None
+
+
+def write_report(
+    policies: Sequence[str], out: Path, golden_dir: Path, *, progress: bool = False
+) -> list[Path]:
     """Write report.md and the figures into ``out``; return the paths written."""
-    results = collect(policies, golden_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    md = out / REPORT_FILE
-    md.write_text(render_markdown(results, policies, golden_dir), encoding="utf-8")
-    scatter, headroom = out / SCATTER_FILE, out / HEADROOM_FILE
-    plot_scatter(results, policies, scatter)
-    plot_headroom(results, policies, headroom)
+    require_matplotlib()
+    with Progress("cpmem report: pricing cells", 0, enabled=progress) as bar:
+        results = collect(policies, golden_dir, bar)
+        out.mkdir(parents=True, exist_ok=True)
+        md = out / REPORT_FILE
+        md.write_text(render_markdown(results, policies, golden_dir), encoding="utf-8")
+        scatter, headroom = out / SCATTER_FILE, out / HEADROOM_FILE
+        bar.label, bar.done, bar.total = "cpmem report: drawing figures", 0, 2
+        bar.step(0)
+        plot_scatter(results, policies, scatter)
+        bar.step()
+        plot_headroom(results, policies, headroom)
+        bar.step()
     return [md, scatter, headroom]
 
 
@@ -323,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     golden_dir: Path = args.golden if args.golden is not None else default_golden_dir()
     try:
-        paths = write_report(policies, args.out, golden_dir)
+        paths = write_report(policies, args.out, golden_dir, progress=wanted())
     except CpmemError as exc:
         print(f"cpmem report: error: {exc}", file=sys.stderr)
         return 2
