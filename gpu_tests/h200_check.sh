@@ -13,7 +13,8 @@
 # no flash-linear-attention, and no internet. Carry wheels in .whl/ (see
 # gpu_tests/README.md) to get them; without megatron the megatron cell is skipped and
 # the log says so; without fla the GDN layers use the driver's pure-torch fallback and
-# each summary reports its extra saved bytes.
+# each summary reports its extra saved bytes (gdn_fallback_saved_bytes: saved beyond
+# what fla's kernel saves) and the forward peak less them (column fwd-x).
 set -euo pipefail
 
 BUDGET_S="${BUDGET_S:-470}"
@@ -92,7 +93,8 @@ if rows:
         w.writeheader()
         w.writerows(rows)
 gib = 2**30
-print(f"{'cell':70s} {'fwd GiB':>8s} {'f+b GiB':>8s} {'est GiB':>8s} {'peak/est':>8s} finite")
+# fwd-x: forward peak less the GDN fallback's extra saved bytes (= fwd without fallback)
+print(f"{'cell':70s} {'fwd GiB':>8s} {'fwd-x GiB':>9s} {'f+b GiB':>8s} {'est GiB':>8s} {'peak/est':>8s} finite")
 for f in sorted(cells.glob("*/summary.json")):
     s = json.loads(f.read_text())
     a, e = s["aggregate"], s["estimate"]["estimate_bytes"]
@@ -100,7 +102,9 @@ for f in sorted(cells.glob("*/summary.json")):
     ratio = f"{p / e:8.3f}" if p is not None else "       -"
     fwd = f"{p / gib:8.3f}" if p is not None else "       -"
     fbs = f"{fb / gib:8.3f}" if fb is not None else "       -"
-    print(f"{s['row']['cell_id'][:70]:70s} {fwd} {fbs} {e / gib:8.3f} {ratio} {a['finite']}")
+    px = a.get("forward_peak_less_gdn_fallback_bytes")
+    fwx = f"{px / gib:9.3f}" if px is not None else "        -"
+    print(f"{s['row']['cell_id'][:70]:70s} {fwd} {fwx} {fbs} {e / gib:8.3f} {ratio} {a['finite']}")
     for n in s["notes"]:
         print(f"    note: {n}")
 print(f"wrote {out} ({len(rows)} rows)")

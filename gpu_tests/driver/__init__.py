@@ -38,8 +38,10 @@ from .cp_attention import Dist, Piece, RowLayout, SegmentSpan, gather_tokens
 from .engine_megatron import build_megatron_model, install_megatron_cpu_shim
 from .engine_torch import RankContext, build_torch_model, make_lora_linear
 from .gdn import (
+    FLA_CHUNK,
     GDN_CHUNK,
     count_saved,
+    fla_equivalent_saved_bytes,
     gdn_chunked_torch,
     gdn_kernel,
     gdn_reference_recurrent,
@@ -88,6 +90,7 @@ __all__ = [
     "CAMPAIGN",
     "DEVICES",
     "ENGINES",
+    "FLA_CHUNK",
     "GDN_CHUNK",
     "GOLDEN_COLUMNS",
     "MODES",
@@ -122,6 +125,7 @@ __all__ = [
     "driver_files",
     "driver_sha256",
     "finish",
+    "fla_equivalent_saved_bytes",
     "gather_tokens",
     "gdn_chunked_torch",
     "gdn_kernel",

@@ -17,7 +17,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.recompute import Recompute
 
 from .cp_attention import Dist, RowLayout, gather_tokens
-from .gdn import count_saved, gdn_kernel
+from .gdn import count_saved, fla_equivalent_saved_bytes, gdn_kernel
 from .torchlib import load_torch
 
 
@@ -30,7 +30,8 @@ class RankContext:
     dist: Dist
     recompute: Recompute
     positions: Any = None
-    gdn_saved_bytes: list[int] = field(default_factory=list)
+    gdn_saved_bytes: list[int] = field(default_factory=list)  # per GDN call, fallback
+    gdn_fla_bytes: list[int] = field(default_factory=list)  # per GDN piece, fla's list
     count_gdn_saved: bool = False
 
 
@@ -153,7 +154,9 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
             self.dt_bias = nn.Parameter(torch.zeros(hv, device=device), requires_grad=False)
             self.out_norm = norm_weight(g.gdn_value_dim)
 
-        def mix(self, q: Any, k: Any, v: Any, gl: Any, beta: Any) -> Any:
+        def mix(
+            self, q: Any, k: Any, v: Any, gl: Any, beta: Any, fla_seen: set[int] | None = None
+        ) -> Any:
             """Pieces in row order; a piece starts from its parent's (or previous piece's)
             final state. Remote states arrive by broadcast, detached (see module notes)."""
             hv, dk, dv = g.gdn_value_heads, g.gdn_key_dim, g.gdn_value_dim
@@ -180,6 +183,12 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
                         init = zero if where is None else finals[where]
                         a, b = p.start - lo, p.stop - lo
                         o, fin = gdn_kernel(q[a:b], k[a:b], v[a:b], gl[a:b], beta[a:b], init)
+                        if fla_seen is not None:  # what fla would have saved instead
+                            ctx.gdn_fla_bytes.append(
+                                fla_equivalent_saved_bytes(
+                                    q[a:b], k[a:b], v[a:b], beta[a:b], init, fla_seen
+                                )
+                            )
                         finals[(rank, i)] = fin
                         outs.append(o)
                 if ctx.dist.world > 1 and pieces:
@@ -211,7 +220,7 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
             gl = -torch.exp(self.a_log) * f.softplus(self.in_proj_a(x).float() + self.dt_bias)
             if ctx.count_gdn_saved:
                 with count_saved(ctx.gdn_saved_bytes):
-                    o = self.mix(q, k, v, gl, beta)
+                    o = self.mix(q, k, v, gl, beta, fla_seen=set())
             else:
                 o = self.mix(q, k, v, gl, beta)
             z = self.in_proj_z(x).view(t, hv, -1)

@@ -3,9 +3,10 @@
 Why the fallback: the lent GPU image has no flash-linear-attention, and hybrid models
 must still run. The fallback is checked against the token-by-token recurrence (on CPU,
 in tests/unit/test_driver_cli.py). It keeps more for backward than fla's kernel does,
-so measuring with it would overstate a peak; ``count_saved`` and
-``fla_equivalent_saved_bytes`` let the driver report the difference
-(``gdn_fallback_saved_bytes``) instead of passing the fallback's bytes off as fla's.
+so measuring with it would overstate a peak. ``count_saved`` (what autograd saved
+inside the fallback) minus ``fla_equivalent_saved_bytes`` (what fla's kernel saves for
+the same call, counted the same way) is ``gdn_fallback_saved_bytes``: the driver
+reports it, and the GPU checks subtract it from the peaks, never more.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 from .torchlib import load_torch
 
 GDN_CHUNK = 64
+# fla's chunk length (BT) in chunk_gated_delta_rule: the width of the matrix A it saves.
+FLA_CHUNK = 64
 
 
 def have_fla() -> bool:
@@ -103,6 +106,36 @@ def gdn_kernel(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> tuple[A
     kn = f.normalize(k.float(), dim=-1)
     o, final = gdn_chunked_torch(qn, kn, v, g, beta, state)
     return o.to(v.dtype), final
+
+
+def fla_equivalent_saved_bytes(
+    q: Any, k: Any, v: Any, beta: Any, state: Any, seen: set[int]
+) -> int:
+    """What fla's ``chunk_gated_delta_rule`` would save for backward on this call, counted
+    the way ``count_saved`` counts what the fallback saved (each storage once per GDN
+    layer call, by its full size; ``seen`` holds the storages already counted).
+
+    Not a measurement: it follows fla-core 0.6.0's ``ChunkGatedDeltaRuleFunction``
+    (``use_qk_l2norm_in_kernel=True``, gate and beta sigmoid outside the kernel), whose
+    ``save_for_backward`` keeps new tensors q and k after its L2 norm ([T, H, dk], q's
+    dtype), their fp32 rstd ([T, H] each), the fp32 chunk-local cumulative gate
+    ([T, H]) and the solved chunk matrix A ([T, H, 64], k's dtype); and v, beta and the
+    initial state as passed, which its ``input_guard`` first makes contiguous: a
+    contiguous view keeps its whole storage, a strided one becomes a new copy.
+    """
+    t, h, dk = q.shape
+    new: int = 2 * t * h * dk * q.element_size()  # q, k after the in-kernel L2 norm
+    new += 3 * t * h * 4  # q_rstd, k_rstd, cumulative gate g: fp32
+    new += t * h * FLA_CHUNK * k.element_size()  # A
+    for x in (v, beta, state):
+        if not x.is_contiguous():
+            new += int(x.numel() * x.element_size())
+            continue
+        st = x.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            new += int(st.nbytes())
+    return new
 
 
 @contextlib.contextmanager

@@ -47,7 +47,11 @@ class RankSample:
     adapter_grads_present: int
     adapter_grads_finite: bool
     adapter_grads_nonzero: int
+    # GDN on the torch fallback only (else None): what autograd saved inside it, what
+    # fla's kernel would have saved for the same calls, and the difference (gdn.py).
     gdn_fallback_saved_bytes: int | None = None
+    gdn_fallback_total_saved_bytes: int | None = None
+    gdn_fla_equivalent_saved_bytes: int | None = None
 
 
 def measure_step(
@@ -131,6 +135,7 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
         dist.init_process_group(backend, rank=rank, world_size=world)
     notes: list[str] = []
     kernel = None
+    forward_counts = [0, 0]  # GDN fallback, per forward: saved inside it, fla's equivalent
     if spec.engine == "megatron":
         if device.type == "cpu":
             install_megatron_cpu_shim()
@@ -148,6 +153,7 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
             "packed; no per-sequence mask), unfused score-materialising attention"
         )
         gdn_counts: list[int] = []
+        fla_counts: list[int] = []
     else:
         layout = RowLayout.from_plan(request, plan.groups[0].attention_tokens)
         ctx = RankContext(
@@ -170,15 +176,25 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
 
             # every rank must replay the same collectives when a checkpoint recomputes
             with set_checkpoint_early_stop(False):
-                return model(ids)
+                out = model(ids)
+            # forward-time sums: a full-recompute replay in backward would count again
+            forward_counts[:] = [sum(gdn_counts), sum(fla_counts)]
+            return out
 
-        gdn_counts = ctx.gdn_saved_bytes
+        gdn_counts, fla_counts = ctx.gdn_saved_bytes, ctx.gdn_fla_bytes
         if kernel == "torch-fallback":
             notes.append(
                 "GDN ran on the pure-torch chunked fallback (fla not installed or no CUDA): "
-                "peaks include its extra saved fp32 chunk tensors; gdn_fallback_saved_bytes "
-                "is what autograd saved inside it, measured per rank"
+                "peaks include its extra saved fp32 chunk tensors; per rank-sample, "
+                "gdn_fallback_saved_bytes = gdn_fallback_total_saved_bytes (what autograd "
+                "saved inside it) - gdn_fla_equivalent_saved_bytes (what fla's kernel saves "
+                "for the same calls, from its saved-tensor list, counted the same way)"
             )
+            if spec.recompute == "full":
+                notes.append(
+                    "full recompute with the GDN fallback: the counting hook replaces the "
+                    "checkpoint's inside GDN mixing, so its tensors are kept, not recomputed"
+                )
         if world > 1 and geometry.is_hybrid:
             notes.append(
                 "cross-rank GDN states are passed forward exactly but detached (their "
@@ -188,9 +204,13 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
     samples = []
     for rep in range(REPETITIONS):
         gdn_counts.clear()
+        fla_counts.clear()
         s = measure_step(forward, adapters, device, rank, rep)
         if kernel == "torch-fallback":
-            s.gdn_fallback_saved_bytes = sum(gdn_counts)
+            total, fla = forward_counts
+            s.gdn_fallback_total_saved_bytes = total
+            s.gdn_fla_equivalent_saved_bytes = fla
+            s.gdn_fallback_saved_bytes = total - fla
         samples.append(asdict(s))
     result = {
         "rank": rank,

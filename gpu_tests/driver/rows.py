@@ -76,7 +76,20 @@ def aggregate(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "gdn_fallback_saved_bytes": _max(
             [s.get("gdn_fallback_saved_bytes") for s in samples]
         ) if any(s.get("gdn_fallback_saved_bytes") is not None for s in samples) else None,
+        # per rank-sample peak minus that sample's GDN fallback excess, then the maximum:
+        # what the peaks would be with fla's kernel (summary only, not in the row)
+        "forward_peak_less_gdn_fallback_bytes": _max(
+            [_less_fallback(s, "forward_peak_bytes") for s in samples]
+        ),
+        "forward_backward_peak_less_gdn_fallback_bytes": _max(
+            [_less_fallback(s, "forward_backward_peak_bytes") for s in samples]
+        ),
     }  # fmt: skip
+
+
+def _less_fallback(sample: dict[str, Any], key: str) -> int | None:
+    peak = sample[key]
+    return None if peak is None else peak - (sample.get("gdn_fallback_saved_bytes") or 0)
 
 
 def _text(value: Any) -> str:
