@@ -324,6 +324,7 @@ def _extra_commands() -> dict[str, tuple[str, Handler]]:
     return {
         "golden": ("import / verify the golden measurement layer", _forward("cpmem.golden.cli")),
         "gate": ("check an estimator policy against the golden layer", _forward("cpmem.gate.cli")),
+        "diff": ("what an estimator change moves, vs a git revision", _forward("cpmem.gate.diff")),
         "report": (
             "write the calibration report (markdown + figures)",
             _forward("cpmem.gate.report"),

@@ -1,0 +1,184 @@
+"""``cpmem diff`` on two commits of a scratch repository.
+
+The scratch repository holds a copy of ``cpmem/`` and ``golden/``. The second commit
+drops the reference formula's 1.10 safety factor (``SAFETY = 1.00``). What the diff
+must then report follows from that change alone, not from the code under test:
+
+- every reference (and global: the same formula) estimate shrinks by 1/11 (-9.09%),
+  to within the one byte ``int()`` rounds away; the tight policy does not move;
+- a measured cell loses forward coverage exactly when its recorded pre-change
+  estimate (``tests/golden/data/estimates_before_layout.csv``, written by the
+  pre-layout code) divided by 1.1 falls below its measured forward peak;
+- a smaller estimate can only admit more: every flipped refusal goes refuse -> fit/split.
+
+Putting the factor back in the (uncommitted) working tree and diffing against the
+second commit gains back exactly those cells and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpmem.gate import diff as diff_mod
+from cpmem.golden.cells import load_cells
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT = ROOT / "tests" / "golden" / "data" / "estimates_before_layout.csv"
+SAFETY_LINE = "SAFETY = 1.10\n"
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("scratch")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "cpmem", repo / "cpmem", ignore=ignore)
+    shutil.copytree(ROOT / "golden", repo / "golden", ignore=ignore)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "cpmem", "golden")
+    _git(repo, "commit", "-q", "-m", "base")
+    ref = repo / "cpmem" / "pricing" / "reference.py"
+    text = ref.read_text(encoding="utf-8")
+    assert text.count(SAFETY_LINE) == 1
+    ref.write_text(text.replace(SAFETY_LINE, "SAFETY = 1.00\n"), encoding="utf-8")
+    _git(repo, "commit", "-q", "-am", "drop the safety factor")
+    return repo
+
+
+def _run(repo: Path, base: str, tmp: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    out = tmp / "diff.md"
+    argv = ["--base", base, "--repo", str(repo), "--json", "--out", str(out), *extra]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = diff_mod.main(argv)
+    return rc, json.loads(buf.getvalue()), out.read_text(encoding="utf-8")
+
+
+def _snapshot_reference() -> dict[str, int]:
+    with SNAPSHOT.open(newline="", encoding="utf-8") as fh:
+        return {
+            r["id"]: int(r["estimate_bytes"])
+            for r in csv.DictReader(fh)
+            if r["kind"] == "cell" and r["policy"] == "reference"
+        }
+
+
+def test_dropping_the_safety_factor(scratch: Path, tmp_path: Path) -> None:
+    rc, report, md = _run(scratch, "HEAD~1", tmp_path)
+    cells = load_cells(scratch / "golden" / "cells.csv")
+    measured = {c.cell_id: c for c in cells if not c.refused and c.forward_peak_bytes}
+    before = _snapshot_reference()
+    expected_lost = sorted(
+        cid for cid, c in measured.items() if before[cid] / 1.1 < (c.forward_peak_bytes or 0)
+    )
+    assert expected_lost, "the change must cost some cell its coverage for this test to bite"
+    pols = report["diff"]["policies"]
+    assert set(pols) == {"reference", "global", "tight"}
+
+    for policy in ("reference", "global"):
+        moved = [r for r in pols[policy]["cells_moved"] if r["figure"] == "forward"]
+        assert {r["id"] for r in moved} == {c.cell_id for c in cells}
+        for r in moved:
+            assert abs(r["head_bytes"] - r["base_bytes"] / 1.1) <= 1.5, r
+            assert r["delta_ratio"] == pytest.approx(-1 / 11, abs=1e-8)
+        controls = pols[policy]["rows_moved"]["control"]
+        assert len(controls) == pols[policy]["rows_total"]["control"] == 702
+        assert all(r["delta_ratio"] == pytest.approx(-1 / 11, abs=1e-8) for r in controls)
+        assert pols[policy]["coverage_gained"] == []
+        for r in pols[policy]["refusals_flipped"]:
+            assert (r["base"], r["recorded"]) == ("refuse", "refused")
+            assert r["head"] in ("fit", "split")
+
+    lost = pols["reference"]["coverage_lost"]
+    assert sorted(r["cell_id"] for r in lost) == expected_lost
+    assert all(r["figure"] == "forward" for r in lost)
+    assert pols["tight"]["cells_moved"] == [] and pols["tight"]["coverage_lost"] == []
+    assert pols["tight"]["rows_moved"]["control"] == []
+
+    assert rc == 1 and report["passed"] is False
+    assert "**Coverage lost**" in md and "### policy `reference`" in md
+    assert f"`{expected_lost[0]}`" in md
+    assert "-9.09%" in md  # the per-cell change, in percent
+    assert report["base"]["revision"] == _git(scratch, "rev-parse", "HEAD~1")
+    # the temporary worktree is gone again
+    assert len(_git(scratch, "worktree", "list").splitlines()) == 1
+
+
+def test_restoring_it_in_the_working_tree_gains_coverage(scratch: Path, tmp_path: Path) -> None:
+    ref = scratch / "cpmem" / "pricing" / "reference.py"
+    changed = ref.read_text(encoding="utf-8")
+    ref.write_text(changed.replace("SAFETY = 1.00\n", SAFETY_LINE), encoding="utf-8")
+    try:
+        rc, report, md = _run(scratch, "HEAD", tmp_path, "--policy", "reference")
+    finally:
+        ref.write_text(changed, encoding="utf-8")
+    pd = report["diff"]["policies"]
+    assert list(pd) == ["reference"]
+    before = _snapshot_reference()
+    cells = load_cells(scratch / "golden" / "cells.csv")
+    expected = sorted(
+        c.cell_id
+        for c in cells
+        if not c.refused and c.forward_peak_bytes and before[c.cell_id] / 1.1 < c.forward_peak_bytes
+    )
+    assert sorted(r["cell_id"] for r in pd["reference"]["coverage_gained"]) == expected
+    assert pd["reference"]["coverage_lost"] == []
+    assert rc == 0 and report["passed"] is True
+    assert "No cell loses coverage." in md
+
+
+def test_a_revision_git_does_not_know_is_a_usage_error(
+    scratch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert diff_mod.main(["--base", "no-such-rev", "--repo", str(scratch)]) == 2
+    assert "no-such-rev" in capsys.readouterr().err
+
+
+def test_a_policy_one_side_lacks_is_a_usage_error(
+    scratch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert diff_mod.main(["--base", "HEAD", "--repo", str(scratch), "--policy", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_the_script_prices_the_pre_layout_revision() -> None:
+    """The stable script finds the flat pre-layout modules (cpmem.gate, cpmem.controls)."""
+    from cpmem.gate.diff_price import price_checkout, resolve_revision, worktree
+
+    try:
+        commit = resolve_revision(ROOT, "14dedda")
+    except Exception:
+        pytest.skip("the pre-layout commit is not in this clone (shallow checkout)")
+    with worktree(ROOT, commit) as checkout:
+        assert not (checkout / "cpmem" / "gate" / "samples.py").exists()
+        priced = price_checkout(checkout, ROOT / "golden")
+    before = _snapshot_reference()
+    got = {cid: figs["reference"][0] for cid, figs in priced["cells"].items()}
+    assert got == {cid: before[cid] for cid in got} and len(got) == len(before)
+    assert len(priced["rows"]["control"]) == 702
+
+
+def test_cpmem_diff_is_a_cpmem_command(scratch: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cpmem.cli import main
+
+    assert main(["diff", "--base", "HEAD", "--repo", str(scratch), "--policy", "tight"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## cpmem diff: ") and "Nothing moved." in out
