@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands() -> dict[str, tuple[str, Handler]]:
     """Tools in their own modules, each taking the rest of the command line."""
     return {
-        "golden": ("import / verify the golden measurement layer", _forward("cpmem.golden.cli")),
+        "golden": ("import / verify / export the golden measurement layer", _golden),
         "gate": ("check an estimator policy against the golden layer", _forward("cpmem.gate.cli")),
         "diff": ("what an estimator change moves, vs a git revision", _forward("cpmem.gate.diff")),
         "report": (
@@ -330,6 +330,15 @@ def _extra_commands() -> dict[str, tuple[str, Handler]]:
             _forward("cpmem.gate.report"),
         ),
     }
+
+
+def _golden(args: argparse.Namespace) -> int:
+    """``golden export`` describes cells with model geometry, so it lives in the gate."""
+    if args.rest[:1] == ["export"]:
+        from cpmem.gate.external_cli import export_main
+
+        return export_main(args.rest[1:])
+    return _forward("cpmem.golden.cli")(args)
 
 
 def _forward(module: str) -> Handler:

@@ -11,6 +11,7 @@ from typing import Any
 
 from cpmem.errors import CpmemError
 from cpmem.gate.controls import controls_dir, record_controls
+from cpmem.gate.external_cli import gate_main as gate_external_main
 from cpmem.gate.render import render
 from cpmem.gate.run import run_gate
 from cpmem.golden.files import default_golden_dir
@@ -35,6 +36,20 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
     )
+    ext = p.add_argument_group(
+        "an estimator that is not a cpmem policy (docs/external-estimators.md)"
+    )
+    ext.add_argument(
+        "--estimator",
+        metavar="package.module:function",
+        help="gate this function: it gets one cell's description (a dict) and returns bytes",
+    )
+    ext.add_argument(
+        "--estimates",
+        type=Path,
+        metavar="FILE.csv",
+        help="gate these estimates: cell_id,estimate_bytes[,forward_backward_bytes]",
+    )
     return p
 
 
@@ -42,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``cpmem gate``: 0 when every check passes, 1 when one fails, 2 on a usage error."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     golden_dir: Path = args.golden if args.golden is not None else default_golden_dir()
+    if args.estimator is not None or args.estimates is not None:
+        return gate_external_main(args, golden_dir)
     if args.policy not in policy_names():
         print(
             f"cpmem gate: error: unknown policy {args.policy!r}; choose one of {policy_names()}",

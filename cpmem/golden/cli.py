@@ -14,7 +14,10 @@ from cpmem.golden.manifest import data_files, verify, verify_manifest, write_man
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="cpmem golden", description="Import, verify and pin the measured golden cells."
+        prog="cpmem golden",
+        description="Import, verify and pin the measured golden cells.",
+        epilog="`cpmem golden export [--out FILE]` writes every measured cell's description "
+        "for an external estimator (docs/external-estimators.md).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p_import = sub.add_parser("import", help="import source CSVs into golden/ (append-only)")

@@ -1,0 +1,360 @@
+"""Gating an estimator that is not a cpmem policy (``docs/external-estimators.md``).
+
+Two ways in:
+
+- ``cpmem gate --estimator package.module:function``: the function receives one
+  cell's description (``describe``: a plain, JSON-ready dict) and returns its
+  forward estimate in bytes (an int), or ``{"forward": int, "forward_backward": int}``;
+- ``cpmem gate --estimates file.csv``: columns ``cell_id,estimate_bytes`` and
+  optionally ``forward_backward_bytes``, for estimators in other languages, which
+  read the descriptions written by ``cpmem golden export`` (JSON lines).
+
+The description is built from ``cell_inputs`` (the one conversion of a cell), so an
+external estimator sees exactly the layout cpmem prices. It lives here, not in
+``cpmem/golden``, because it needs the model geometry and the plan.
+
+Checks that apply: golden (the data is intact), coverage (forward, and
+forward+backward when the estimator gives it), and a headroom report per model and
+per recompute mode. Conformance, controls, refusals, power and targets check cpmem
+policies and are reported as not applicable.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cpmem.errors import InputError
+from cpmem.gate.checks import golden_check, pct
+from cpmem.gate.samples import cell_inputs, is_measured
+from cpmem.golden.cells import MeasuredCell, load_cells
+from cpmem.golden.files import CELLS_FILE, default_golden_dir
+from cpmem.model.geometry import ModelGeometry
+
+__all__ = [
+    "ExternalEstimate",
+    "describe",
+    "descriptions",
+    "gate_external",
+    "hf_config",
+    "load_estimator",
+    "price_with",
+    "read_estimates_csv",
+]
+
+ExternalEstimate = tuple[int, int | None]  # (forward bytes, forward+backward bytes or None)
+EstimatorFn = Callable[[dict[str, Any]], Any]
+
+NOT_APPLICABLE = ("conformance", "controls", "refusals", "power", "targets")
+NA_REASON = "checks a cpmem pricing policy; not applicable to an external estimator"
+
+
+def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
+    """A Hugging Face style ``config.json`` dict for ``geometry``.
+
+    ``cpmem.model.hf_config.load_config`` reads it back to the same geometry (a test
+    holds this), so it carries every field cpmem prices with.
+    """
+    g = geometry
+    family = ("qwen3_5_moe" if g.is_moe else "qwen3_5") if g.is_hybrid or g.is_moe else "qwen3"
+    cfg: dict[str, Any] = {
+        "_name_or_path": g.aliases[0] if g.aliases else g.name,
+        "model_type": family,
+        "hidden_size": g.hidden,
+        "num_hidden_layers": g.layers,
+        "num_attention_heads": g.q_heads,
+        "num_key_value_heads": g.kv_groups,
+        "head_dim": g.head_dim,
+        "layer_types": ["linear_attention" if m == "gdn" else "full_attention" for m in g.mixers],
+        "attn_output_gate": g.attention_output_gate,
+        "vocab_size": g.vocab,
+        "tie_word_embeddings": g.tied_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+    }
+    if g.ffn:
+        cfg["intermediate_size"] = g.ffn
+    if g.gdn_layers:
+        cfg.update(
+            linear_num_key_heads=g.gdn_key_heads,
+            linear_key_head_dim=g.gdn_key_dim,
+            linear_num_value_heads=g.gdn_value_heads,
+            linear_value_head_dim=g.gdn_value_dim,
+            linear_conv_kernel_dim=g.gdn_conv_kernel,
+        )
+    if g.is_moe:
+        cfg.update(
+            num_experts=g.num_experts,
+            num_experts_per_tok=g.moe_top_k,
+            moe_intermediate_size=g.expert_ffn,
+            shared_expert_intermediate_size=g.shared_expert_ffn,
+            decoder_sparse_step=1,
+            mlp_only_layers=[i for i, m in enumerate(g.mlps) if m == "dense"],
+        )
+    if g.activation_clamp is not None:
+        cfg["swiglu_limit"] = g.activation_clamp
+    max_positions = getattr(g, "max_position_embeddings", None)  # recorded by newer presets
+    if max_positions is not None:
+        cfg["max_position_embeddings"] = max_positions
+    return cfg
+
+
+def describe(cell: MeasuredCell) -> dict[str, Any]:
+    """One cell as an external estimator sees it: geometry, layout, request, plan.
+
+    Never the measured peaks: the estimator must not see the answer.
+    """
+    inp = cell_inputs(cell)
+    g, plan = inp.geometry, inp.plan
+    return {
+        "cell_id": cell.cell_id,
+        "model": cell.model,
+        "config": hf_config(g),
+        "fused_swiglu": g.fused_swiglu,
+        "dtype": cell.dtype,
+        "tp": plan.layout.tp,
+        "cp": plan.layout.cp,
+        "sp": plan.layout.sp,
+        "ep": plan.layout.ep,
+        "recompute": inp.recompute.mode,
+        "modules": list(inp.recompute.modules),
+        "compiled": inp.compiled,
+        "moe_routing": inp.moe_routing,
+        "lengths": list(cell.lengths_list),
+        "shared_prefix": cell.shared_prefix,
+        "logical_tokens": plan.logical_tokens,
+        "packed_tokens": plan.packed_tokens,
+        "rank_tokens": list(plan.rank_tokens),
+        "busiest_tokens": plan.busiest_tokens,
+        "rank_tokens_recorded": "busiest" if plan.layout.cp > 1 else "all",
+        "segments": plan.grad_segments,
+    }
+
+
+def descriptions(golden_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Every measured cell's description, in ``cells.csv`` order."""
+    golden_dir = golden_dir if golden_dir is not None else default_golden_dir()
+    return [describe(c) for c in load_cells(golden_dir / CELLS_FILE) if is_measured(c)]
+
+
+def load_estimator(spec: str) -> EstimatorFn:
+    """``package.module:function``; the current directory is importable, as with ``-m``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError("estimator", spec, "expected package.module:function")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError("estimator", spec, f"cannot import {module_name} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise InputError("estimator", spec, f"{module_name} has no function {attr}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _nonneg_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(where, value, "must be a non-negative integer number of bytes")
+    return value
+
+
+def _result(value: Any, cell_id: str) -> ExternalEstimate:
+    if isinstance(value, Mapping):
+        if "forward" not in value:
+            raise InputError(f"estimate[{cell_id}]", dict(value), "a dict needs 'forward'")
+        fwd = _nonneg_int(value["forward"], f"estimate[{cell_id}].forward")
+        fb = value.get("forward_backward")
+        return fwd, None if fb is None else _nonneg_int(fb, f"estimate[{cell_id}].forward_backward")
+    return _nonneg_int(value, f"estimate[{cell_id}]"), None
+
+
+def price_with(
+    fn: EstimatorFn, descs: Iterable[Mapping[str, Any]]
+) -> tuple[dict[str, ExternalEstimate], dict[str, str]]:
+    """Call ``fn`` on a fresh copy of every description; (estimates, errors raised)."""
+    out: dict[str, ExternalEstimate] = {}
+    raised: dict[str, str] = {}
+    for d in descs:
+        cid = str(d["cell_id"])
+        try:
+            value = fn(json.loads(json.dumps(d)))  # a copy: it may not alter the next cell's
+        except Exception as exc:  # the estimator's own failure fails its cell
+            raised[cid] = f"{type(exc).__name__}: {exc}"
+            continue
+        out[cid] = _result(value, cid)
+    return out, raised
+
+
+def read_estimates_csv(path: Path) -> dict[str, ExternalEstimate]:
+    """``cell_id,estimate_bytes[,forward_backward_bytes]``; errors name the row."""
+    try:
+        fh = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise InputError("estimates", str(path), f"cannot read ({exc.strerror})") from None
+    with fh:
+        reader = csv.DictReader(fh)
+        fields = reader.fieldnames or []
+        if "cell_id" not in fields or "estimate_bytes" not in fields:
+            raise InputError(
+                "estimates", str(path), f"header {fields} needs cell_id and estimate_bytes"
+            )
+        out: dict[str, ExternalEstimate] = {}
+        for i, row in enumerate(reader, start=2):
+            cid = (row.get("cell_id") or "").strip()
+            where = f"{path}:{i}"
+            if not cid:
+                raise InputError(f"{where} cell_id", row.get("cell_id"), "empty")
+            if cid in out:
+                raise InputError(f"{where} cell_id", cid, "appears twice")
+            fwd = _csv_int(row.get("estimate_bytes"), f"{where} estimate_bytes")
+            fb_text = (row.get("forward_backward_bytes") or "").strip()
+            fb = _csv_int(fb_text, f"{where} forward_backward_bytes") if fb_text else None
+            out[cid] = (fwd, fb)
+    return out
+
+
+def _csv_int(text: str | None, where: str) -> int:
+    try:
+        return _nonneg_int(int((text or "").strip()), where)
+    except ValueError:
+        raise InputError(where, text, "must be an integer number of bytes") from None
+
+
+def _headroom_groups(
+    rows: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]
+) -> list[dict[str, Any]]:
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r["estimate_bytes"] is not None:
+            groups.setdefault(key(r), []).append(r["headroom"])
+    return [
+        {
+            "group": name,
+            "cells": len(h),
+            "min_headroom": min(h),
+            "median_headroom": statistics.median(h),
+            "max_headroom": max(h),
+        }
+        for name, h in sorted(groups.items())
+    ]
+
+
+def gate_external(
+    name: str,
+    estimates: Mapping[str, ExternalEstimate],
+    golden_dir: Path | None = None,
+    raised: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The gate's report for an external estimator (JSON-ready)."""
+    golden_dir = golden_dir if golden_dir is not None else default_golden_dir()
+    cells = load_cells(golden_dir / CELLS_FILE)
+    known = {c.cell_id for c in cells}
+    unknown = sorted(set(estimates) - known)
+    if unknown:
+        raise InputError("cell_id", unknown[:5], f"not golden cells ({len(unknown)} unknown)")
+    raised = dict(raised or {})
+    rows: list[dict[str, Any]] = []
+    fb_rows: list[dict[str, Any]] = []
+    failing: list[str] = []
+    for c in cells:
+        if not is_measured(c):
+            continue
+        assert c.forward_peak_bytes is not None
+        peak = c.forward_peak_bytes
+        got = estimates.get(c.cell_id)
+        e = None if got is None else got[0]
+        reason = raised.get(c.cell_id) or ("no estimate" if got is None else None)
+        covered = e is not None and e >= peak
+        rows.append(
+            {
+                "cell_id": c.cell_id,
+                "model": c.model.split("/")[-1],
+                "mode": f"{c.mode}({c.modules})" if c.modules else c.mode,
+                "estimate_bytes": e,
+                "forward_peak_bytes": peak,
+                "headroom": None if e is None else e / peak - 1,
+                "rank_samples": c.measured_rank_samples,
+                "covered": covered,
+                "problem": reason,
+            }
+        )
+        if not covered:
+            failing.append(c.cell_id + (f" ({reason})" if reason else ""))
+        fb, fb_peak = (None if got is None else got[1]), c.forward_backward_peak_bytes
+        if fb is not None and fb_peak is not None:
+            fb_rows.append(
+                {
+                    "cell_id": c.cell_id,
+                    "forward_backward_bytes": fb,
+                    "forward_backward_peak_bytes": fb_peak,
+                    "headroom": fb / fb_peak - 1,
+                    "covered": fb >= fb_peak,
+                }
+            )
+            if fb < fb_peak:
+                failing.append(f"{c.cell_id} (forward+backward)")
+    heads = [r["headroom"] for r in rows if r["headroom"] is not None]
+    priced = [r for r in rows if r["headroom"] is not None]
+    tight = min(priced, key=lambda r: r["headroom"]) if priced else None
+    coverage: dict[str, Any] = {
+        "passed": not failing and bool(rows),
+        "cells": len(rows),
+        "priced": len(priced),
+        "rank_samples": sum(r["rank_samples"] for r in rows),
+        "min_headroom": min(heads) if heads else None,
+        "min_headroom_cell": tight["cell_id"] if tight else None,
+        "median_headroom": statistics.median(heads) if heads else None,
+        "max_headroom": max(heads) if heads else None,
+        "failing": failing,
+        "rows": rows,
+    }
+    if fb_rows:
+        fb_heads = [r["headroom"] for r in fb_rows]
+        coverage["forward_backward"] = {
+            "cells": len(fb_rows),
+            "covered": sum(1 for r in fb_rows if r["covered"]),
+            "min_headroom": min(fb_heads),
+            "median_headroom": statistics.median(fb_heads),
+            "max_headroom": max(fb_heads),
+            "rows": fb_rows,
+        }
+    checks: dict[str, Any] = {
+        "golden": golden_check(golden_dir, cells),
+        "coverage": coverage,
+        "headroom": {
+            "passed": True,
+            "informational": True,
+            "by_model": _headroom_groups(rows, lambda r: str(r["model"])),
+            "by_mode": _headroom_groups(rows, lambda r: str(r["mode"])),
+            "failing": [],
+        },
+    }
+    for check in NOT_APPLICABLE:
+        checks[check] = {"passed": True, "applicable": False, "reason": NA_REASON, "failing": []}
+    passed = all(ch["passed"] for ch in checks.values())
+    return {
+        "estimator": name,
+        "golden_dir": str(golden_dir),
+        "passed": passed,
+        "checks": checks,
+        "summary": (
+            f"gate {'PASSED' if passed else 'FAILED'} (external estimator {name}): "
+            f"{sum(1 for r in rows if r['covered'])}/{len(rows)} cells covered"
+            + (
+                f", forward+backward {coverage['forward_backward']['covered']}/{len(fb_rows)}"
+                if fb_rows
+                else ""
+            )
+            + (f"; min headroom {pct(min(heads))}" if heads else "")
+            + ("" if checks["golden"]["passed"] else "; golden layer damaged")
+        ),
+    }

@@ -1,0 +1,123 @@
+"""The command-line side of the external-estimator gate: its human report,
+``cpmem gate --estimator / --estimates`` and ``cpmem golden export``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cpmem.errors import CpmemError, InputError
+from cpmem.gate.checks import pct
+from cpmem.gate.external import (
+    NA_REASON,
+    NOT_APPLICABLE,
+    descriptions,
+    gate_external,
+    load_estimator,
+    price_with,
+    read_estimates_csv,
+)
+
+__all__ = ["export_main", "gate_main", "render_external"]
+
+
+def render_external(report: Mapping[str, Any]) -> str:
+    """The human report: checks (with the not-applicable ones), headroom, failures."""
+    ch = report["checks"]
+    cov, gold = ch["coverage"], ch["golden"]
+
+    def hr(x: float | None) -> str:
+        return "-" if x is None else pct(x)
+
+    rows = [
+        ("golden", "PASS" if gold["passed"] else "FAIL", f"{gold['cells']} cells"),
+        (
+            "coverage",
+            "PASS" if cov["passed"] else "FAIL",
+            f"{cov['cells']} cells; headroom min {hr(cov['min_headroom'])} / median "
+            f"{hr(cov['median_headroom'])} / max {hr(cov['max_headroom'])}",
+        ),
+    ]
+    fbc = cov.get("forward_backward")
+    if fbc:
+        rows.append(
+            ("", "", f"forward+backward {fbc['covered']}/{fbc['cells']} covered, "
+             f"headroom min {hr(fbc['min_headroom'])}")
+        )  # fmt: skip
+    rows += [(name, "n/a", NA_REASON) for name in NOT_APPLICABLE]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"cpmem gate: external estimator {report['estimator']}", ""]
+    lines += [f"{a:<{width}}  {b:<4}  {c}" for a, b, c in rows]
+    for title, key in (("model", "by_model"), ("recompute mode", "by_mode")):
+        groups = ch["headroom"][key]
+        if not groups:
+            continue
+        gw = max(len(title), *(len(g["group"]) for g in groups))
+        lines += [
+            "",
+            f"{'headroom per ' + title:<{gw}}  cells  {'min':>7}  {'median':>7}  {'max':>7}",
+        ]
+        for g in groups:
+            lines.append(
+                f"{g['group']:<{gw}}  {g['cells']:>5}  {hr(g['min_headroom']):>7}  "
+                f"{hr(g['median_headroom']):>7}  {hr(g['max_headroom']):>7}"
+            )
+    if cov["failing"]:
+        lines += ["", "not covered:"] + [f"  {f}" for f in cov["failing"]]
+    if gold["failing"]:
+        lines += ["", "golden problems:"] + [f"  {f}" for f in gold["failing"]]
+    lines += ["", report["summary"]]
+    return "\n".join(lines)
+
+
+def gate_main(args: argparse.Namespace, golden_dir: Path) -> int:
+    """``cpmem gate --estimator M:F`` / ``--estimates FILE``: 0 pass, 1 fail, 2 usage."""
+    try:
+        if args.estimator is not None and args.estimates is not None:
+            raise InputError("estimator", args.estimator, "give --estimator or --estimates")
+        if args.estimator is not None:
+            fn = load_estimator(args.estimator)
+            estimates, raised = price_with(fn, descriptions(golden_dir))
+            report = gate_external(args.estimator, estimates, golden_dir, raised)
+        else:
+            path: Path = args.estimates
+            report = gate_external(str(path), read_estimates_csv(path), golden_dir)
+    except CpmemError as exc:
+        print(f"cpmem gate: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else render_external(report))
+    return 0 if report["passed"] else 1
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``cpmem golden export [--out FILE] [--golden DIR]``: descriptions as JSON lines."""
+    p = argparse.ArgumentParser(
+        prog="cpmem golden export",
+        description="Write every measured golden cell's description (one JSON object a "
+        "line), the input of an external estimator (docs/external-estimators.md).",
+    )
+    p.add_argument("--out", type=Path, default=None, help="write to FILE (default: stdout)")
+    p.add_argument(
+        "--golden",
+        type=Path,
+        default=None,
+        help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
+    )
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        descs = descriptions(args.golden)
+    except CpmemError as exc:
+        print(f"cpmem golden export: error: {exc}", file=sys.stderr)
+        return 2
+    text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in descs)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+        print(f"wrote {len(descs)} cell descriptions to {args.out}", file=sys.stderr)
+    return 0
