@@ -182,3 +182,10 @@ def test_cpmem_diff_is_a_cpmem_command(scratch: Path, capsys: pytest.CaptureFixt
     assert main(["diff", "--base", "HEAD", "--repo", str(scratch), "--policy", "tight"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("## cpmem diff: ") and "Nothing moved." in out
+
+
+def test_progress_on_a_terminal_only(scratch: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    diff_mod.run_diff("HEAD", repo=scratch, policies=["tight"], progress=True)
+    assert "pricing working tree" in capfd.readouterr().err
+    diff_mod.run_diff("HEAD", repo=scratch, policies=["tight"], progress=False)
+    assert capfd.readouterr().err == ""
