@@ -200,6 +200,13 @@ def compare(
             },
         }
     result["coverage_lost"] = any_lost
+    kinds = sorted(set(base["rows"]) | set(head["rows"]))
+    result["rows_added"] = {
+        k: sorted(set(head["rows"].get(k, {})) - set(base["rows"].get(k, {}))) for k in kinds
+    }
+    result["rows_removed"] = {
+        k: sorted(set(base["rows"].get(k, {})) - set(head["rows"].get(k, {}))) for k in kinds
+    }
     return result
 
 

@@ -100,6 +100,14 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             + " | ".join(rows)
             + (" |" if rows else "|")
         )
+    for kind in report["row_kinds"]:
+        added, removed = d["rows_added"].get(kind, []), d["rows_removed"].get(kind, [])
+        if added or removed:
+            lines += [
+                "",
+                f"{kind.capitalize()}s only one side has (not compared): {len(added)} added "
+                f"in the working tree, {len(removed)} removed.",
+            ]
     for p, pd in d["policies"].items():
         lines += ["", f"### policy `{p}`", ""]
         changed = (

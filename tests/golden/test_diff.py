@@ -160,20 +160,33 @@ def test_a_policy_one_side_lacks_is_a_usage_error(
 
 
 def test_the_script_prices_the_pre_layout_revision() -> None:
-    """The stable script finds the flat pre-layout modules (cpmem.gate, cpmem.controls)."""
+    """The stable script finds the flat pre-layout modules (cpmem.gate, cpmem.controls):
+    at the snapshot commit it reproduces the snapshot that commit's own code wrote."""
     from cpmem.gate.diff_price import price_checkout, resolve_revision, worktree
 
     try:
         commit = resolve_revision(ROOT, "14dedda")
     except Exception:
         pytest.skip("the pre-layout commit is not in this clone (shallow checkout)")
+    written = _git(ROOT, "show", f"{commit}:tests/golden/data/estimates_before_layout.csv")
+    want = {
+        (r["kind"], r["id"], r["policy"]): [
+            int(r["estimate_bytes"]),
+            int(r["forward_backward_bytes"]) if r["forward_backward_bytes"] else None,
+        ]
+        for r in csv.DictReader(io.StringIO(written + "\n"))
+    }
     with worktree(ROOT, commit) as checkout:
         assert not (checkout / "cpmem" / "gate" / "samples.py").exists()
         priced = price_checkout(checkout, ROOT / "golden")
-    before = _snapshot_reference()
-    got = {cid: figs["reference"][0] for cid, figs in priced["cells"].items()}
-    assert got == {cid: before[cid] for cid in got} and len(got) == len(before)
-    assert len(priced["rows"]["control"]) == 702
+    got = {("cell", cid, p): f for cid, fs in priced["cells"].items() for p, f in fs.items()}
+    got |= {
+        ("control", rid, p): f
+        for rid, fs in priced["rows"]["control"].items()
+        for p, f in fs.items()
+    }
+    assert priced["cell_errors"] == {} and priced["row_errors"] == {}
+    assert got == want
 
 
 def test_cpmem_diff_is_a_cpmem_command(scratch: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -189,3 +202,22 @@ def test_progress_on_a_terminal_only(scratch: Path, capfd: pytest.CaptureFixture
     assert "pricing working tree" in capfd.readouterr().err
     diff_mod.run_diff("HEAD", repo=scratch, policies=["tight"], progress=False)
     assert capfd.readouterr().err == ""
+
+
+def test_controls_only_one_side_has_are_counted(scratch: Path, tmp_path: Path) -> None:
+    """A fourth control length adds a third as many controls again (the grid is a
+    product over the three lengths); they are counted, not compared."""
+    controls = scratch / "cpmem" / "gate" / "controls.py"
+    text = controls.read_text(encoding="utf-8")
+    line = "LENGTHS = (64, 2048, 32768)\n"
+    assert text.count(line) == 1
+    controls.write_text(text.replace(line, "LENGTHS = (64, 2048, 4096, 32768)\n"), "utf-8")
+    try:
+        rc, report, md = _run(scratch, "HEAD", tmp_path, "--policy", "tight")
+    finally:
+        controls.write_text(text, encoding="utf-8")
+    added = report["diff"]["rows_added"]["control"]
+    assert len(added) == 702 // 3 and all(":4096+" in a for a in added)
+    assert report["diff"]["rows_removed"]["control"] == []
+    assert report["diff"]["policies"]["tight"]["rows_moved"]["control"] == []
+    assert rc == 0 and "Controls only one side has (not compared): 234 added" in md
