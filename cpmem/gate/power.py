@@ -1,5 +1,8 @@
 """Power: a gate that passes broken estimators proves nothing. The recorded negative
-controls must fail coverage, and every mutant must be caught."""
+controls must fail coverage, and every mutant of the policy under test must be caught:
+for the reference formula (``reference``, ``global``) a term removed, caught by coverage
+or conformance; for a fitted policy its own structural mutants, each refitted
+(``cpmem.gate.fitted``)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ from typing import Any
 
 from cpmem.gate.checks import conformance, coverage
 from cpmem.gate.claims import claims_for
-from cpmem.gate.estimator import Estimator
+from cpmem.gate.estimator import REFERENCE_FORMULA_TERMS, Estimator
+from cpmem.gate.fitted import fitted_policy, mutants_check
+from cpmem.gate.samples import measured_samples
 from cpmem.golden.cells import MeasuredCell
 from cpmem.pricing.inputs import PricingInput
 from cpmem.pricing.reference import ReferenceTerms
@@ -23,7 +28,9 @@ MUTANTS: dict[str, ReferenceTerms] = {
 }
 
 
-def power(cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput]) -> dict[str, Any]:
+def power(
+    cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput], policy: str = "reference"
+) -> dict[str, Any]:
     negatives = []
     for c in cells:
         if not c.is_negative_control:
@@ -40,6 +47,30 @@ def power(cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput]) -> 
                 "caught": caught,
             }
         )
+    fitted = fitted_policy(policy)
+    if fitted is not None:
+        mutants = mutants_check(measured_samples(cells), fitted)
+        of = f"{policy} (each refitted)"
+    elif policy in REFERENCE_FORMULA_TERMS:
+        mutants = reference_mutants(cells, inputs)
+        of = "the reference formula"
+    else:
+        mutants, of = [], f"{policy}: none declared"
+    failing = [n["cell_id"] for n in negatives if not n["caught"]]
+    failing += [f"mutant:{m['mutant']}" for m in mutants if not m["caught"]]
+    return {
+        "passed": not failing,
+        "negative_controls": negatives,
+        "mutants_of": of,
+        "mutants": mutants,
+        "failing": failing,
+    }
+
+
+def reference_mutants(
+    cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput]
+) -> list[dict[str, Any]]:
+    """Each reference-formula mutant, caught by coverage or, failing that, conformance."""
     mutants = []
     ref_claims = claims_for("reference")
     for name, terms in MUTANTS.items():
@@ -64,11 +95,4 @@ def power(cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput]) -> 
                 "reproduces_negative_controls": reproduces,
             }
         )
-    failing = [n["cell_id"] for n in negatives if not n["caught"]]
-    failing += [f"mutant:{m['mutant']}" for m in mutants if not m["caught"]]
-    return {
-        "passed": not failing,
-        "negative_controls": negatives,
-        "mutants": mutants,
-        "failing": failing,
-    }
+    return mutants

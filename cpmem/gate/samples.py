@@ -16,6 +16,7 @@ from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.pricing.inputs import MoeRouting, PricingInput
 from cpmem.pricing.recompute import Recompute
+from cpmem.units import MIB
 
 
 def _unpadded_tokens(cell: MeasuredCell) -> int:
@@ -63,6 +64,20 @@ def cell_routing(cell: MeasuredCell) -> MoeRouting:
     return "balanced" if cell.concentrated_routing is False else "concentrated"
 
 
+def cell_was_cold(cell: MeasuredCell) -> bool:
+    """Did the cell's measured run pay the first-step set-up of its process?
+
+    Its peak is the maximum over a first and a repeat run in one process. Where both
+    are recorded and agree to within 1 MiB the process was already warm (an earlier
+    cell paid the set-up); otherwise (differing, or not recorded) the cell counts as
+    cold, which is what an estimate must assume when it cannot know.
+    """
+    first, repeat = cell.first_forward_peak_bytes, cell.repeat_forward_peak_bytes
+    if first is None or repeat is None:
+        return True
+    return abs(first - repeat) >= MIB
+
+
 def cell_inputs(cell: MeasuredCell) -> PricingInput:
     return PricingInput(
         geometry=load_model(cell.model),
@@ -70,6 +85,7 @@ def cell_inputs(cell: MeasuredCell) -> PricingInput:
         recompute=Recompute.parse(cell.mode, cell.modules or None),
         compiled=cell.compiled,
         moe_routing=cell_routing(cell),
+        cold=cell_was_cold(cell),
     )
 
 

@@ -46,63 +46,48 @@ class Target:
 
 
 def _is_dense(inputs: PricingInput) -> bool:
+    """Dense and hybrid models (every model without routed experts)."""
     return not inputs.geometry.is_moe
 
 
-def _compiled_attention_only(inputs: PricingInput) -> bool:
-    """Compiled runs of an attention-only dense model (the measured one: 1.7B)."""
-    g = inputs.geometry
-    return not g.is_moe and not g.is_hybrid and inputs.compiled
-
-
 def _dense_long(inputs: PricingInput) -> bool:
-    return (
-        _is_dense(inputs)
-        and not _compiled_attention_only(inputs)
-        and inputs.plan.logical_tokens >= 2048
-    )
+    return _is_dense(inputs) and inputs.plan.logical_tokens >= 2048
 
 
 def _dense_short(inputs: PricingInput) -> bool:
-    return (
-        _is_dense(inputs)
-        and not _compiled_attention_only(inputs)
-        and inputs.plan.logical_tokens < 2048
-    )
+    return _is_dense(inputs) and inputs.plan.logical_tokens < 2048
 
 
 def _moe_routed(routing: str) -> Callable[[PricingInput], bool]:
     return lambda inputs: inputs.geometry.is_moe and inputs.moe_routing == routing
 
 
-def _4b_cp2_64_token_pair(inputs: PricingInput) -> bool:
-    plan = inputs.plan
-    return (
-        inputs.geometry.name == "qwen3.5-4b"
-        and plan.layout.cp == 2
-        and plan.logical_tokens == 128
-        and inputs.recompute.keeps_gradients
-    )
+def _every_cell(_: PricingInput) -> bool:
+    return True
 
 
+# Bounds: the issue-13 aims where the policy meets them (dense/hybrid >= 2,048 tokens
+# forward+backward <= 8%); elsewhere the tightest bound it meets, with the aim and the
+# gap stated in docs/tight.md ("Targets and aims").
 TIGHT_TARGETS: tuple[Target, ...] = (
-    Target("every cell, forward peak", lambda _: True, "forward", min_coverage=1.0),
+    Target("every cell, forward", _every_cell, "forward", min_coverage=1.0),
+    Target("every cell, forward+backward", _every_cell, "forward_backward", min_coverage=1.0),
+    Target("dense/hybrid >= 2,048 tokens, forward", _dense_long, "forward", max_headroom=0.06),
     Target(
-        "every cell, forward+backward peak", lambda _: True, "forward_backward", min_coverage=1.0
-    ),
-    Target(
-        "4B CP2 64+64, forward+backward peak",
-        _4b_cp2_64_token_pair,
+        "dense/hybrid >= 2,048 tokens, forward+backward",
+        _dense_long,
         "forward_backward",
-        min_coverage=1.0,
+        max_headroom=0.08,
     ),
-    Target("dense, >= 2,048 logical tokens", _dense_long, "forward", max_headroom=0.08),
-    Target("dense, < 2,048 logical tokens", _dense_short, "forward", max_headroom=0.25),
+    Target("dense/hybrid < 2,048 tokens, forward", _dense_short, "forward", max_headroom=0.20),
     Target(
-        "compiled attention-only (1.7B)", _compiled_attention_only, "forward", max_headroom=0.15
+        "dense/hybrid < 2,048 tokens, forward+backward",
+        _dense_short,
+        "forward_backward",
+        max_headroom=0.40,
     ),
-    Target("MoE, concentrated routing", _moe_routed("concentrated"), "forward", min_coverage=1.0),
-    Target("MoE, balanced routing", _moe_routed("balanced"), "forward", max_headroom=0.60),
+    Target("MoE concentrated, forward", _moe_routed("concentrated"), "forward", min_coverage=1.0),
+    Target("MoE balanced, forward", _moe_routed("balanced"), "forward", max_headroom=0.25),
 )
 """The targets of ``tight``: the gate checks them (``TARGETS["tight"]``) and the margin
 fit aims at them (``target_of``). The one place they are defined."""

@@ -18,7 +18,9 @@ BF16_BYTES = 2
 @dataclass(frozen=True)
 class PricingInput:
     """Everything a policy may read. ``output_bytes`` defaults to the hidden states
-    the calibration driver returns (logical tokens x hidden x dtype bytes)."""
+    the calibration driver returns (logical tokens x hidden x dtype bytes). ``cold``:
+    the step is the first of its process (kernel set-up not yet paid); the safe default
+    for admission, since a planner rarely knows."""
 
     geometry: ModelGeometry
     plan: Plan
@@ -28,6 +30,7 @@ class PricingInput:
     output_bytes: int | None = None
     profiles: ProfileStore | None = None
     dtype_bytes: int = BF16_BYTES
+    cold: bool = True
 
     def __post_init__(self) -> None:
         self.geometry.check_tp(self.plan.layout.tp)

@@ -24,29 +24,57 @@ from cpmem.pricing.widths import common_width, moe_width, sp_divisor
 from cpmem.units import MIB
 
 # --- structural constants (observations, not fitted) -----------------------------
-COLD_SETUP = 58 * MIB
-"""Cold kernel set-up of the first forward of a process (golden/sources/README.md)."""
+COLD_SETUP = 64 * MIB
+"""Cold kernel set-up of the first forward of a process: the first forward peak minus
+the repeat forward peak of the same cell is 64.0 MiB on 12 of the 16 first-in-process
+golden cells (53.7-62.0 MiB on the others). Priced when ``inputs.cold``."""
 GDN_SMALL_PER_HEAD = 66
 """GDN per value-head small terms (fp32 gate cumsum, beta, WY matrix A): 66·Vh."""
+LOSS_BACKWARD_OUTPUTS = 6
+"""The mean-square loss's backward, in multiples of the rank's bf16 outputs: the
+forward+backward peak minus the bytes retained after forward is 6.00 x outputs on every
+golden cell of >= 2,048 tokens that records both and whose backward transient is
+smaller (12 bytes per output element: the fp32 upcast, its fp32 gradient and the bf16
+gradient handed to the last layer)."""
+CP_HYBRID_BACKWARD_AUTOTUNE = 256 * MIB
+"""Triton's benchmark buffer (``get_empty_cache_for_benchmark``: 256 MiB, allocated
+while an autotuned kernel is timed) during the first backward of a CP run of a hybrid
+model, whose GDN kernels autotune there: the 4B CP2 64+64 cell's backward rises 279.5 MiB
+above its forward peak where its retained set and loss explain about 24 MiB. Inferred
+from that one cell and the buffer's size, not read off a trace; priced when cold."""
 
 
 @dataclass(frozen=True)
 class Margin:
-    """The policy's margin: ``factor`` on the structural sum plus a fixed allowance."""
+    """The policy's fitted constants: ``forward_factor`` on each structural sum plus a
+    fixed allowance for the forward, one for every backward, and one for the cold
+    set-up of the first backward of a process (``cpmem.gate.fitting.fit_margin``)."""
 
     forward_factor: float
     forward_allowance: int
-    backward_factor: float
     backward_allowance: int
+    cold_backward_allowance: int
 
 
-# --- the fitted margin (see docs/tight.md; refit with fit_margin) ----------------
+# --- the fitted margin (docs/tight.md; the gate checks fit_margin reproduces it) ----
 MARGIN = Margin(
     forward_factor=1.04,
-    forward_allowance=16 * MIB,
-    backward_factor=1.04,
-    backward_allowance=236 * MIB,
+    forward_allowance=10 * MIB,
+    backward_allowance=1 * MIB,
+    cold_backward_allowance=93 * MIB,
 )
+
+
+@dataclass(frozen=True)
+class TightTerms:
+    """Switches of the structure. The defaults are the policy; the gate's power study
+    turns one off (or on) at a time, refits, and requires a target to fail."""
+
+    backward: bool = True
+    cold_setup: bool = True
+    segment_states: bool = True
+    fused_swiglu_on_unfused: bool = False
+    tp1_widths: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,10 +108,15 @@ def swiglu_saved(geometry: ModelGeometry, compiled: bool) -> int:
 
 
 def tight_widths(
-    geometry: ModelGeometry, inputs: PricingInput, compiled: bool | None = None
+    geometry: ModelGeometry,
+    inputs: PricingInput,
+    compiled: bool | None = None,
+    terms: TightTerms | None = None,
 ) -> TightWidths:
     layout = inputs.plan.layout
     tp, sp = layout.tp, layout.sp
+    if terms is not None and terms.tp1_widths:  # a power-study mutant: no TP sharding
+        tp, sp = 1, False
     comp = inputs.compiled if compiled is None else compiled
     common = common_width(geometry, tp, sp)
     q, kv = geometry.q_width, geometry.kv_width
@@ -137,28 +170,43 @@ def retained_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput
     return total
 
 
-def backward_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
-    """Elements per token live on top of the retained set during backward: the
-    gradient of one layer's retained activations plus, under recompute, that layer's
-    recomputed workspace (the widest layer)."""
+def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
+    """Elements per token of ``retained_width`` that only one layer holds while it runs:
+    the working set a selective mlp/moe recompute drops after each layer, the widest
+    layer's saved set under full recompute and no-grad. Freed before backward starts."""
     rc = inputs.recompute
-    if rc.mode == "no-grad":
-        return 0
-    best = 0
-    for mixer, ffn in zip(geometry.mixers, geometry.mlps, strict=True):
-        kept = w.mixer(mixer) + w.ffn(ffn)
-        recomputed = 0
-        if rc.mode == "full":
-            recomputed = kept
-        elif rc.mode == "selective":
-            if "core_attn" in rc.modules and mixer == "attention":
-                recomputed += w.attention_core
-            if "mlp" in rc.modules and ffn == "dense":
-                recomputed += w.mlp_core
-            if "moe" in rc.modules and ffn == "moe":
-                recomputed += w.moe - w.common
-        best = max(best, kept + recomputed)
-    return best
+    if rc.mode in ("full", "no-grad"):
+        return max(
+            w.mixer(m) + w.ffn(f) for m, f in zip(geometry.mixers, geometry.mlps, strict=True)
+        )
+    width = 0
+    if rc.mode == "selective":
+        if "mlp" in rc.modules and "dense" in geometry.mlps:
+            width += w.mlp - w.layer_input
+        if "moe" in rc.modules and geometry.moe_layers:
+            width += w.moe - w.common
+    return width
+
+
+def last_layer_recompute_width(
+    geometry: ModelGeometry, w: TightWidths, inputs: PricingInput
+) -> int:
+    """Elements per token the first layer backward visits (the model's last) recomputes
+    on top of the retained set: its checkpointed modules, or the whole layer under
+    full recompute."""
+    rc = inputs.recompute
+    mixer, ffn = geometry.mixers[-1], geometry.mlps[-1]
+    if rc.mode == "full":
+        return w.mixer(mixer) + w.ffn(ffn)
+    width = 0
+    if rc.mode == "selective":
+        if "core_attn" in rc.modules and mixer == "attention":
+            width += w.attention_core
+        if "mlp" in rc.modules and ffn == "dense":
+            width += w.mlp_core
+        if "moe" in rc.modules and ffn == "moe":
+            width += w.moe - w.common
+    return width
 
 
 def priced_tokens(inputs: PricingInput) -> int:
@@ -187,33 +235,67 @@ def rank_segments(inputs: PricingInput) -> int:
     return segments
 
 
-def structural_terms(inputs: PricingInput) -> tuple[dict[str, int], dict[str, int]]:
-    """The unmargined forward components and the backward extras."""
-    geometry, plan, rc = inputs.geometry, inputs.plan, inputs.recompute
+def local_outputs(inputs: PricingInput) -> int:
+    """The rank's share of the returned hidden states (under CP each rank's loss sees
+    its own tokens; the gathered copy is a forward term)."""
+    cp = inputs.plan.layout.cp
+    return inputs.outputs // cp if cp > 1 else inputs.outputs
+
+
+def structural_terms(
+    inputs: PricingInput, terms: TightTerms | None = None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The unmargined forward components and forward+backward components.
+
+    forward = retained set + one layer's transient; forward+backward = retained set +
+    the larger of that transient and the backward's first moment (the loss's backward,
+    or the last layer's recompute on top of the incoming gradient).
+    """
+    terms = terms or TightTerms()
+    geometry = inputs.geometry
+    if terms.fused_swiglu_on_unfused:  # a power-study mutant
+        geometry = geometry.with_fused_swiglu(True)
+    plan = inputs.plan
     b = inputs.dtype_bytes
-    w = tight_widths(geometry, inputs)
+    w = tight_widths(geometry, inputs, terms=terms)
     tokens = priced_tokens(inputs)
-    segments = rank_segments(inputs)
+    segments = rank_segments(inputs) if terms.segment_states else 0
     seg = segments * geometry.gdn_layers * segment_state_bytes(geometry, plan.layout.tp, b)
     outputs = inputs.outputs
-    gathered = outputs if plan.layout.cp > 1 else 0
+    transient = tokens * b * forward_transient_width(geometry, w, inputs)
     forward = {
-        "cold_setup": COLD_SETUP,
+        "cold_setup": COLD_SETUP if inputs.cold and terms.cold_setup else 0,
         "segment_states": seg,
         "outputs": outputs,
-        "gathered_outputs": gathered,
-        "retained_activations": tokens * b * retained_width(geometry, w, inputs),
+        "gathered_outputs": outputs if plan.layout.cp > 1 else 0,
+        "retained_activations": tokens * b * retained_width(geometry, w, inputs) - transient,
+        "layer_transient": transient,
     }
-    local_outputs = outputs // plan.layout.cp if plan.layout.cp > 1 else outputs
-    backward = {
-        "output_gradient": local_outputs if rc.keeps_gradients else 0,
-        "layer_gradient_and_recompute": tokens * b * backward_width(geometry, w, inputs),
-        # one GDN layer's segment states get an fp32 gradient of the same size
-        "segment_state_gradient": (
-            segments * segment_state_bytes(geometry, plan.layout.tp, b) if geometry.is_hybrid else 0
-        ),
-    }
-    return forward, backward
+    backward = 0
+    if terms.backward and inputs.recompute.keeps_gradients:
+        local = local_outputs(inputs)
+        recompute = tokens * b * last_layer_recompute_width(geometry, w, inputs)
+        backward = max(LOSS_BACKWARD_OUTPUTS * local, local + recompute)
+        if cold_autotune(inputs, terms):
+            # timed inside a GDN layer's backward: the loss's buffers are gone by then
+            backward = max(backward, local + CP_HYBRID_BACKWARD_AUTOTUNE)
+    forward_backward = {k: v for k, v in forward.items() if k != "layer_transient"}
+    forward_backward["backward_transient"] = max(transient, backward)
+    return forward, forward_backward
+
+
+def cold_autotune(inputs: PricingInput, terms: TightTerms) -> bool:
+    """The first backward of a CP run of a hybrid model times its GDN kernels."""
+    return (
+        inputs.cold and terms.cold_setup and inputs.plan.layout.cp > 1 and inputs.geometry.is_hybrid
+    )
+
+
+def cold_backward_terms(inputs: PricingInput, margin: Margin, terms: TightTerms) -> dict[str, int]:
+    """What the first backward of a process adds (nothing for a warm step)."""
+    if not (inputs.cold and terms.cold_setup and terms.backward):
+        return {}
+    return {"cold_backward_setup": margin.cold_backward_allowance}
 
 
 def _with_margin(base: dict[str, int], factor: float, allowance: int) -> dict[str, int]:
@@ -224,11 +306,19 @@ def _with_margin(base: dict[str, int], factor: float, allowance: int) -> dict[st
     return out
 
 
-def price_tight(inputs: PricingInput, margin: Margin = MARGIN) -> Estimate:
-    forward, backward = structural_terms(inputs)
+def price_tight(
+    inputs: PricingInput, margin: Margin = MARGIN, terms: TightTerms | None = None
+) -> Estimate:
+    terms = terms or TightTerms()
+    forward, forward_backward = structural_terms(inputs, terms)
     components = _with_margin(forward, margin.forward_factor, margin.forward_allowance)
-    fb_base = {**forward, **backward}
-    fb_components = _with_margin(fb_base, margin.backward_factor, margin.backward_allowance)
+    if inputs.recompute.keeps_gradients:
+        fb_components = _with_margin(
+            forward_backward, margin.forward_factor, margin.backward_allowance
+        )
+        fb_components.update(cold_backward_terms(inputs, margin, terms))
+    else:  # a no-grad forward has no backward: its whole step is its forward
+        fb_components = dict(components)
     plan, layout = inputs.plan, inputs.plan.layout
     estimate = sum(components.values())
     fb = sum(fb_components.values())

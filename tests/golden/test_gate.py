@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,7 +307,7 @@ def test_tampered_measured_byte_fails_the_manifest_check(
     rep = run_gate("reference")
     problems = rep["checks"]["golden"]["problems"]
     assert any("cells.csv" in p and "manifest" in p for p in problems), problems
-    assert "golden       FAIL" in out and "gate FAILED" in out
+    assert re.search(r"^golden +FAIL", out, re.M) and "gate FAILED" in out
 
 
 # ----------------------------------------------------------------------------- controls
@@ -424,16 +425,17 @@ def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
 
 # ----------------------------------------------------------------------------- targets
 
-# Issue 6, restated here from the issue (not read from cpmem.pricing.tight): name -> bound.
+# The declared bounds, restated here (not read from cpmem.gate.targets): name -> bound.
+# Issue 13's aims, where they are tighter than these, are stated in docs/tight.md.
 TIGHT_BOUNDS = {
-    "dense, >= 2,048 logical tokens": "max headroom <= +8.0%",
-    "dense, < 2,048 logical tokens": "max headroom <= +25.0%",
-    "compiled attention-only (1.7B)": "max headroom <= +15.0%",
-    "MoE, balanced routing": "max headroom <= +60.0%",
-    "MoE, concentrated routing": "coverage >= 100%",
-    "every cell, forward peak": "coverage >= 100%",
-    "every cell, forward+backward peak": "coverage >= 100%",
-    "4B CP2 64+64, forward+backward peak": "coverage >= 100%",
+    "every cell, forward": "coverage >= 100%",
+    "every cell, forward+backward": "coverage >= 100%",
+    "dense/hybrid >= 2,048 tokens, forward": "max headroom <= +6.0%",
+    "dense/hybrid >= 2,048 tokens, forward+backward": "max headroom <= +8.0%",
+    "dense/hybrid < 2,048 tokens, forward": "max headroom <= +20.0%",
+    "dense/hybrid < 2,048 tokens, forward+backward": "max headroom <= +40.0%",
+    "MoE concentrated, forward": "coverage >= 100%",
+    "MoE balanced, forward": "max headroom <= +25.0%",
 }
 MOE = "Qwen/Qwen3.5-35B-A3B"
 
@@ -447,13 +449,7 @@ def _tokens(row: dict[str, str]) -> int:
 
 
 def _dense_long_ids() -> set[str]:
-    return {
-        r["cell_id"]
-        for r in _measured_rows()
-        if r["model"] != MOE
-        and not (r["model"] == "Qwen/Qwen3-1.7B" and r["compiled"] == "True")
-        and _tokens(r) >= 2048
-    }
+    return {r["cell_id"] for r in _measured_rows() if r["model"] != MOE and _tokens(r) >= 2048}
 
 
 @pytest.fixture(scope="module")
@@ -470,30 +466,102 @@ def test_gate_passes_on_tight_and_prints_each_target(tight_report: dict[str, Any
     # cell counts from the CSV
     rows = _measured_rows()
     moe = [r for r in rows if r["model"] == MOE]
-    compiled_17 = [r for r in rows if r["model"] == "Qwen/Qwen3-1.7B" and r["compiled"] == "True"]
-    assert got["every cell, forward peak"]["cells"] == len(rows) == 74
-    assert got["every cell, forward+backward peak"]["cells"] == 74
-    assert got["dense, >= 2,048 logical tokens"]["cells"] == len(_dense_long_ids())
-    assert got["compiled attention-only (1.7B)"]["cells"] == len(compiled_17) == 2
-    assert got["MoE, concentrated routing"]["cells"] == sum(
+    assert got["every cell, forward"]["cells"] == len(rows) == 74
+    assert got["every cell, forward+backward"]["cells"] == 74
+    assert got["dense/hybrid >= 2,048 tokens, forward"]["cells"] == len(_dense_long_ids())
+    assert got["dense/hybrid < 2,048 tokens, forward"]["cells"] == len(rows) - len(moe) - len(
+        _dense_long_ids()
+    )
+    assert got["MoE concentrated, forward"]["cells"] == sum(
         r["concentrated_routing"] == "True" for r in moe
     )
-    assert got["MoE, balanced routing"]["cells"] == sum(
+    assert got["MoE balanced, forward"]["cells"] == sum(
         r["concentrated_routing"] == "False" for r in moe
     )
-    assert got["4B CP2 64+64, forward+backward peak"]["worst_cell"] == "cp:4b-selective:64+64"
-    # forward+backward peaks are covered too (the policy prices backward)
-    fb = tight_report["checks"]["coverage"]["forward_backward"]
-    assert fb["cells"] == fb["covered"] == 74
-    # every target is printed with its measured value, in the table and in the summary
     text = render(tight_report)
     summary = tight_report["summary"]
-    assert "targets 8/8 met" in summary and text.endswith(summary)
     for name, bound in TIGHT_BOUNDS.items():
         assert name in summary and bound in summary
         line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
         assert bound in line and got[name]["measured"] in line and line.endswith("met")
     assert any(ln.startswith("targets ") and "8/8 met" in ln for ln in text.splitlines())
+
+
+def test_tight_gate_refits_its_constants_and_cross_validates(
+    tight_report: dict[str, Any],
+) -> None:
+    ch = tight_report["checks"]
+    assert ch["constants"]["passed"], ch["constants"]
+    cv = ch["cross_validation"]
+    # 4 models + 4 longest shapes + 4 recompute modes (from the CSV)
+    rows = _measured_rows()
+    modes = {(r["mode"], r["modules"]) for r in rows}
+    models = {r["model"] for r in rows}
+    assert len(cv["folds"]) == 2 * len(models) + len(modes) == 12
+    assert cv["passed"] and cv["failing"] == []
+    assert len(cv["misses"]) == len(cv["known_misses"])
+
+
+def test_tight_mutants_are_its_own_and_each_is_caught(tight_report: dict[str, Any]) -> None:
+    pw = tight_report["checks"]["power"]
+    assert pw["mutants_of"].startswith("tight")
+    names = {m["mutant"] for m in pw["mutants"]}
+    assert names == {
+        "no-backward-term",
+        "no-cold-setup",
+        "no-segment-states",
+        "fused-swiglu-on-unfused",
+        "tp1-widths-at-tp",
+    }
+    assert all(m["caught"] for m in pw["mutants"]), pw["mutants"]
+
+
+def test_a_mutant_nothing_catches_fails_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cpmem.gate.fitted import FITTED
+    from cpmem.pricing.tight import TightTerms
+
+    monkeypatch.setitem(FITTED["tight"].mutants, "no-op", TightTerms())  # type: ignore[index]
+    rep = run_gate("tight")
+    assert not rep["passed"] and rep["checks"]["power"]["failing"] == ["mutant:no-op"]
+
+
+def test_a_new_held_out_miss_fails_and_a_stale_declared_one_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cpmem.gate import fitted
+
+    known = fitted.KNOWN_HELDOUT_MISSES["tight"]
+    first = next(iter(known))
+    monkeypatch.setitem(
+        fitted.KNOWN_HELDOUT_MISSES, "tight", {k: v for k, v in known.items() if k != first}
+    )
+    rep = run_gate("tight")
+    assert not rep["passed"]
+    assert any(
+        f.startswith("new held-out miss") for f in rep["checks"]["cross_validation"]["failing"]
+    )
+    stale = ("leave one model out", "qwen3-1.7b", "no-such-cell", "forward")
+    monkeypatch.setitem(fitted.KNOWN_HELDOUT_MISSES, "tight", {**known, stale: "planted"})
+    rep = run_gate("tight")
+    assert rep["checks"]["cross_validation"]["failing"] == [
+        "declared miss no longer happens (remove it): "
+        "leave one model out (qwen3-1.7b): no-such-cell forward"
+    ]
+
+
+def test_changed_constants_fail_the_constants_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Editing a fitted constant by hand (1.04 -> 1.045) is caught: the fit disagrees."""
+    import dataclasses
+
+    from cpmem.gate import fitted
+
+    edited = dataclasses.replace(
+        fitted.FITTED["tight"], constants=dataclasses.replace(fitted.MARGIN, forward_factor=1.045)
+    )
+    monkeypatch.setitem(fitted.FITTED, "tight", edited)
+    rep = run_gate("tight")
+    assert not rep["checks"]["constants"]["passed"]
+    assert "1.045" in rep["checks"]["constants"]["failing"][0]
 
 
 def _register_weak(monkeypatch: pytest.MonkeyPatch, name: str, margin: Any) -> None:
@@ -509,35 +577,29 @@ def test_tight_without_margin_fails_coverage_and_targets_naming_cells(
 ) -> None:
     from cpmem.pricing.tight import Margin
 
-    _register_weak(monkeypatch, "tight-no-margin", Margin(1.0, 0, 1.0, 0))
+    _register_weak(monkeypatch, "tight-no-margin", Margin(1.0, 0, 0, 0))
     rep = run_gate("tight-no-margin")
     assert not rep["passed"]
     failed = {n for n, c in rep["checks"].items() if not c["passed"]}
     assert {"coverage", "targets"} <= failed
-    # the 27B TP8 64-token pair peaks at 652,222,464 bytes, 58 MiB cold set-up included;
-    # its forward is not covered without the margin, nor is the 4B CP2 64-token pair's
-    # backward (750,982,144 bytes, 0.27 GiB above its forward peak)
+    # the 27B TP8 64-token pair peaks at 652,222,464 bytes, cold set-up included; its
+    # forward is not covered without the margin, nor is its first backward
     tp8 = "tp:final:Qwen3.8-27B:tp8:selective:core_attn:compiled:64+64"
     assert peak(tp8) == 652_222_464
-    assert int(CELLS["cp:4b-selective:64+64"]["forward_backward_peak_bytes"]) == 750_982_144
     cov = rep["checks"]["coverage"]["failing"]
-    assert tp8 in cov and "cp:4b-selective:64+64 (forward+backward)" in cov
+    assert tp8 in cov and f"{tp8} (forward+backward)" in cov
     tg = {t["target"]: t for t in rep["checks"]["targets"]["targets"]}
-    assert not tg["every cell, forward peak"]["met"]
-    assert tp8 in tg["every cell, forward peak"]["failing"]
-    assert tg["4B CP2 64+64, forward+backward peak"]["failing"] == ["cp:4b-selective:64+64"]
+    assert not tg["every cell, forward"]["met"]
+    assert tp8 in tg["every cell, forward"]["failing"]
+    assert tp8 in tg["every cell, forward+backward"]["failing"]
     text = render(rep)
-    assert "targets      FAIL" in text and "MISSED" in text
-    assert any(
-        ln.startswith("  targets: 4B CP2 64+64") and "cp:4b-selective:64+64" in ln
-        for ln in text.splitlines()
-    )
+    assert re.search(r"^targets +FAIL", text, re.M) and "MISSED" in text
 
 
 def test_tight_with_a_loose_factor_misses_headroom_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     from cpmem.pricing.tight import Margin
 
-    _register_weak(monkeypatch, "tight-loose", Margin(1.5, 16 * MIB, 1.5, 236 * MIB))
+    _register_weak(monkeypatch, "tight-loose", Margin(1.5, 16 * MIB, 1 * MIB, 93 * MIB))
     rep = run_gate("tight-loose")
     assert not rep["passed"]
     # everything is covered (admission, over-pricing, refuses cells that ran)
@@ -545,13 +607,8 @@ def test_tight_with_a_loose_factor_misses_headroom_targets(monkeypatch: pytest.M
     assert "coverage" not in failed and "targets" in failed
     tg = {t["target"]: t for t in rep["checks"]["targets"]["targets"]}
     missed = {n for n, t in tg.items() if not t["met"]}
-    assert missed == {
-        "dense, >= 2,048 logical tokens",
-        "dense, < 2,048 logical tokens",
-        "compiled attention-only (1.7B)",
-        "MoE, balanced routing",  # 1.5 x on top of the balanced cells' +22 % passes +60 %
-    }
-    assert set(tg["dense, >= 2,048 logical tokens"]["failing"]) == _dense_long_ids()
+    assert missed == {name for name, bound in TIGHT_BOUNDS.items() if "headroom" in bound}
+    assert set(tg["dense/hybrid >= 2,048 tokens, forward"]["failing"]) == _dense_long_ids()
     assert "MISSED" in rep["summary"] and "targets" in rep["summary"].split("FAILED checks:")[1]
 
 
