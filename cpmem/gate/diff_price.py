@@ -12,7 +12,8 @@ under every module layout cpmem has had:
   ``cpmem.pricing``).
 
 Revisions before the estimator gate existed (no ``cell_inputs`` anywhere) are
-refused with a message naming what was missing.
+refused with a message naming what was missing; one without the control grid or
+the refusals check is priced without them, and the report notes it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ if Path(cpmem.__file__).resolve().parent != (root / "cpmem").resolve():
     sys.exit(f"cpmem diff: imported cpmem from {cpmem.__file__}, not from {root}")
 
 
-def first(name, *modules):
+def first(name, *modules, required=True):
     tried = []
     for mod in modules:
         try:
@@ -66,13 +67,15 @@ def first(name, *modules):
         if hasattr(found, name):
             return getattr(found, name)
         tried.append(f"{mod} (no {name})")
+    if not required:
+        return None
     sys.exit(f"cpmem diff: {root}: cannot find {name}; tried " + "; ".join(tried))
 
 
 load_cells = first("load_cells", "cpmem.golden.cells", "cpmem.golden.golden", "cpmem.golden")
 cell_inputs = first("cell_inputs", "cpmem.gate.samples", "cpmem.gate.gate", "cpmem.gate")
-refusals = first("refusals", "cpmem.gate.checks", "cpmem.gate.gate", "cpmem.gate")
-control_grid = first("control_grid", "cpmem.gate.controls", "cpmem.controls")
+refusals = first("refusals", "cpmem.gate.checks", "cpmem.gate.gate", "cpmem.gate", required=False)
+control_grid = first("control_grid", "cpmem.gate.controls", "cpmem.controls", required=False)
 price = first("price", "cpmem.pricing.registry", "cpmem.pricing")
 policy_names = first("policy_names", "cpmem.pricing.registry", "cpmem.pricing")
 
@@ -98,7 +101,11 @@ except Exception as exc:  # an older loader that cannot read today's golden laye
     out["golden"] = str(own)
     cells = load_cells(own / "cells.csv")
 
-sources = [("control", lambda: [(r.control_id, r.price) for r in control_grid()])]
+sources = []
+if control_grid is not None:
+    sources.append(("control", lambda: [(r.control_id, r.price) for r in control_grid()]))
+else:
+    out["row_errors"]["control"] = "this revision has no control grid"
 for kind, spec in row_sources.items():
     mod_name, _, fn_name = spec.partition(":")
     try:
@@ -140,12 +147,14 @@ for cell in cells:
     except Exception as exc:
         out["cell_errors"][cell.cell_id] = f"{type(exc).__name__}: {exc}"
 priced = [c for c in cells if c.cell_id in inputs]
-for p in policies:
+for p in policies if refusals is not None else ():
     try:
         rows = refusals(priced, inputs, p)["rows"]
         out["refusals"][p] = {r["cell_id"]: r["decision"] for r in rows}
     except Exception as exc:
         out["refusal_errors"][p] = f"{type(exc).__name__}: {exc}"
+if refusals is None:
+    out["refusal_errors"]["all policies"] = "this revision has no refusals check"
 for kind, rows in grids:
     got = out["rows"].setdefault(kind, {})
     for row_id, pricer in rows:

@@ -79,6 +79,12 @@ def gate_main(args: argparse.Namespace, golden_dir: Path) -> int:
     try:
         if args.estimator is not None and args.estimates is not None:
             raise InputError("estimator", args.estimator, "give --estimator or --estimates")
+        if getattr(args, "record_controls", False):
+            raise InputError(
+                "record-controls",
+                True,
+                "records the reference policy's controls; not with --estimator / --estimates",
+            )
         if args.estimator is not None:
             fn = load_estimator(args.estimator)
             estimates, raised = price_with(fn, descriptions(golden_dir))

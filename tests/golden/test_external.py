@@ -187,3 +187,11 @@ def test_a_bad_estimates_file_is_a_usage_error(
     path.write_text(text, encoding="utf-8")
     assert main(["gate", "--estimates", str(path)]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_record_controls_does_not_combine_with_an_external_estimator(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["gate", "--record-controls", "--estimator", f"{MODULE}:generous"]
+    assert main(argv) == 2
+    assert "record-controls" in capsys.readouterr().err
