@@ -9,9 +9,13 @@ allocates, and saves what it saves for backward:
   head-expanded dk/dv under GQA before summing them.
 - the chunked gated delta rule: saved set of the saved-tensor oracle's stand-in
   (q, k, v, fp32 q/k rms reciprocals, fp32 chunk-local gate cumsum, beta, the per-64
-  WY matrix A, the initial state); forward/backward workspace laid out after fla's
-  ``chunk_gated_delta_rule`` (A in fp32 before the triangular solve, w, u, per-chunk
-  states h, v_new; in backward the recomputed w/u/h/v_new plus dh and dv_local).
+  WY matrix A, the initial state); forward/backward workspace laid out after
+  fla-core 0.6.0's ``chunk_gated_delta_rule_fwd`` / ``_bwd`` (source read, not run:
+  w, u, per-chunk states h in the input dtype, v_new; in backward the recomputed
+  w/u/h/v_new plus dv_local and dh; an fp32 A before the triangular solve, which 0.6.0's
+  fused intra-chunk path no longer allocates, is kept as a transient: at most
+  256 bytes per token and value head). fla 0.6.0 saves l2-normalised copies of q and k
+  where the stand-in saves q and k themselves: the same sizes.
 - the fused causal conv + SiLU: saves its input.
 Collectives go through ``torch.distributed`` on the fake process group, so the
 buffers they fill are real allocations of the right size.
@@ -222,6 +226,27 @@ class GatherTokens(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         return grad.new_empty((ctx.local, *grad.shape[1:])), None, None
+
+
+class GatherSequence(torch.autograd.Function):
+    """Sequence-parallel all-gather in front of a column-parallel projection, keeping the
+    local (norm output) input for backward. The measured runtime keeps both the local norm
+    output and the gathered adapter input under SP (the reference design's per-sub-layer
+    ``2H/t + H``, docs in /work/shared/design/pricing.md); megatron's local mapping keeps
+    only the gathered copy (through the adapter)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        size = dist.get_world_size(group)
+        out = x.new_empty((x.shape[0] * size, *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        (x,) = ctx.saved_tensors
+        return grad.new_empty(x.shape), None
 
 
 class Relayout(torch.autograd.Function):

@@ -74,11 +74,16 @@ def _config(model: SimModel, layout: RankLayout) -> Any:
     )
 
 
-def gather_sp(x: torch.Tensor, layout: RankLayout) -> torch.Tensor:
+def gather_sp(x: torch.Tensor, layout: RankLayout, keep_local: bool = False) -> torch.Tensor:
+    """SP all-gather over the TP group (megatron's mapping); ``keep_local`` also keeps the
+    local input for backward, as the measured runtime's fused norm+linear does."""
     if not layout.sp:
         return x
+    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import mappings
 
+    if keep_local:
+        return K.GatherSequence.apply(x, parallel_state.get_tensor_model_parallel_group())
     return mappings.gather_from_sequence_parallel_region(x)
 
 
@@ -156,7 +161,15 @@ class Attention(nn.Module):
         self.q_out = self.hq * self.d * (2 if m.gated_attention else 1)
         self.norm_w = _frozen(m.hidden)
         self.qn_w, self.kn_w = _frozen(m.head_dim), _frozen(m.head_dim)
-        self.linear_qkv = LoRAColumn(m.hidden, self.q_out + 2 * self.hkv * self.d, cfg, t)
+        local = self.q_out + 2 * self.hkv * self.d
+        # Fewer KV groups than TP ranks: megatron cannot shard the groups, so the QKV
+        # projection runs replicated (full width on every rank) and each rank views its
+        # heads out of it; the views keep the full-width storage (the reference design's
+        # "replicated-QKV" term, /work/shared/design/pricing.md).
+        self.replicated = m.kv_groups < t
+        width = self.q_out * t + 2 * m.kv_groups * self.d if self.replicated else local
+        self.linear_qkv = LoRAColumn(m.hidden, width, cfg, t)
+        self.local_width = local
         self.linear_proj = LoRARow(self.hq * self.d, m.hidden, cfg, ctx.layout)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -170,9 +183,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("attention"):
-            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout)
+            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=True)
             s = full.shape[0]
             qkv = self.linear_qkv(full)
+            if self.replicated:
+                qkv = qkv[..., : self.local_width]
             qg, k, v = qkv.split([self.q_out, self.hkv * self.d, self.hkv * self.d], dim=-1)
             qg = qg.view(s, self.hq, -1)
             q, gate = (
@@ -219,7 +234,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("gdn"):
-            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout)
+            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=True)
             s = full.shape[0]
             proj = self.in_proj(full)
             qkv, z, bl, al = proj.split([2 * self.kw + self.vw, self.vw, self.hv, self.hv], -1)
@@ -272,7 +287,7 @@ class MLP(nn.Module):
 
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
-        h = self.fc1(gather_sp(hn, ctx.layout))
+        h = self.fc1(gather_sp(hn, ctx.layout, keep_local=True))
         if ctx.model.fused_swiglu or ctx.compiled:
             act = K.FusedSwiGLU.apply(h)
         else:
