@@ -17,7 +17,7 @@ from cpmem.errors import InputError, RefusedError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan, explicit_plan
-from cpmem.plan.planners import PLANNERS, plan_request
+from cpmem.plan.planners import EXECUTABLE, plan_request
 from cpmem.plan.request import Request, Segment
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.inputs import MoeRouting, PricingInput
@@ -100,10 +100,15 @@ class Decision:
     estimate: Estimate
     considered: tuple[tuple[str, int], ...]
     suggestion: str | None = None
+    planners: tuple[tuple[str, str], ...] = ()  # variant -> the planner its layout assumes
 
     @property
     def fits(self) -> bool:
         return self.action != "refuse"
+
+    def planner_of(self, variant: str) -> str | None:
+        """The planner whose layout ``variant`` was priced with (None: not recorded)."""
+        return dict(self.planners).get(variant)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -112,7 +117,11 @@ class Decision:
             "available_bytes": self.available_bytes,
             "parts": self.parts,
             "variant": self.variant,
-            "considered": [{"variant": v, "required_bytes": b} for v, b in self.considered],
+            "planner": self.planner_of(self.variant),
+            "considered": [
+                {"variant": v, "required_bytes": b, "planner": self.planner_of(v)}
+                for v, b in self.considered
+            ],
             "suggestion": self.suggestion,
             "estimate": self.estimate.to_dict(),
         }
@@ -175,6 +184,11 @@ def admit(
 ) -> Decision:
     """Fit (cost-optimal plan, then memory-minimal plan), split (2, 4, 8, ...), or refuse.
 
+    The cost-optimal plan is ``planner``'s (default: the model's default planner). The
+    memory-minimal alternatives are layouts a runtime executes (``EXECUTABLE``: the
+    measured runtime's chunks, Megatron's zigzag), never a rule only cpmem applies;
+    ``Decision.planners`` names the planner behind each variant.
+
     Every input check runs inside the first collective, so a bad input on one rank
     raises on every rank instead of leaving the others waiting.
     """
@@ -187,18 +201,23 @@ def admit(
         cost_optimal = pricer.estimate(plan_request(request, layout, planner, geometry))
         out = [("cost-optimal", pricer.required(cost_optimal), cost_optimal)]
         if layout.cp > 1:
-            for name in PLANNERS:
+            for name in EXECUTABLE:
+                if name == cost_optimal.planner:
+                    continue  # already priced as the cost-optimal layout
                 est = pricer.estimate(plan_request(request, layout, name, geometry))
                 out.append((f"memory-minimal:{name}", pricer.required(est), est))
         return out
 
     found = collective_plan(comm, candidates)
+    planners = tuple((variant, est.planner) for variant, _, est in found)
     considered: list[tuple[str, int]] = []
     available = comm.min_int(int(budget_bytes))
     best_fit = _first_fit(comm, found, available, considered)
     if best_fit is not None:
         variant, required, est = best_fit
-        return Decision("fit", required, available, 1, variant, est, tuple(considered))
+        return Decision(
+            "fit", required, available, 1, variant, est, tuple(considered), planners=planners
+        )
 
     parts = 2
     while parts <= MAX_SPLIT:
@@ -213,10 +232,18 @@ def admit(
         ests = collective_plan(comm, price_parts)
         required, available = agree_on_bytes(comm, split_cost(pricer, ests), available)
         considered.append((f"split-{parts}", required))
+        planners += ((f"split-{parts}", ests[0].planner),)
         if required <= available:
             largest = max(ests, key=pricer.required)
             return Decision(
-                "split", required, available, parts, f"split-{parts}", largest, tuple(considered)
+                "split",
+                required,
+                available,
+                parts,
+                f"split-{parts}",
+                largest,
+                tuple(considered),
+                planners=planners,
             )
         parts *= 2
 
@@ -230,6 +257,7 @@ def admit(
         least[2],
         tuple(considered),
         suggestion=suggest(geometry, request, layout, available, pricer, planner),
+        planners=planners,
     )
 
 
@@ -319,6 +347,7 @@ def admit_plan(
         est,
         (("explicit", required),),
         suggestion,
+        planners=(("explicit", "explicit"),),
     )
 
 

@@ -16,6 +16,15 @@ re-derives them token by token):
   target is cut into ceil(n / ceil(target)) near-equal chain pieces, each to the
   least-loaded rank. Ties go to the lowest rank. Attention tokens stay with their
   GDN segment's owner.
+- ``chunked``: the layout of the runtime the CP cells were measured on
+  (``docs/layout.md``, "The chunk planner"): 512-token chunks, one contiguous range
+  of chunks per rank chosen by a cost model, then up to 8 boundary moves; for
+  hybrid models GDN segments kept whole or chained. The default for attention-only
+  models.
+
+``worst`` is not a layout: it plans with every planner above and keeps the plan
+with the most tokens on its busiest rank, for callers who cannot name their
+runtime's layout.
 
 Under SP each rank's local slice is padded to a multiple of TP. With CP = 1 every
 planner gives the one rank the whole packed row.
@@ -29,18 +38,29 @@ from typing import Literal
 
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.chunked import chunk_costs, chunked_loads
 from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import ForwardGroup, Plan
 from cpmem.plan.request import Request, Segment
 
-PlannerName = Literal["balanced", "attention-work", "gdn-segments"]
-PLANNERS: tuple[PlannerName, ...] = ("balanced", "attention-work", "gdn-segments")
+PlannerName = Literal["balanced", "attention-work", "gdn-segments", "chunked"]
+PLANNERS: tuple[PlannerName, ...] = ("balanced", "attention-work", "gdn-segments", "chunked")
+WORST = "worst"
+PLANNER_CHOICES: tuple[str, ...] = (*PLANNERS, WORST)
 ATTENTION_BLOCK = 128
+
+# Layouts a runtime is known to execute, with the runtime that does: admission's
+# memory-minimal alternatives are drawn from these only.
+EXECUTABLE: dict[str, str] = {
+    "chunked": "the measured runtime's chunk planner (one contiguous range per rank)",
+    "balanced": "Megatron's zigzag (2*CP slabs, rank r takes r and 2*CP-1-r)",
+}
 
 
 def default_planner(geometry: ModelGeometry) -> PlannerName:
-    """Hybrid models follow their GDN segments; attention-only models balance work."""
-    return "gdn-segments" if geometry.is_hybrid else "attention-work"
+    """Hybrid models follow their GDN segments; attention-only models are laid out as the
+    measured runtime did (``chunked``: the recorded 1.7B counts, 5,120 and 218)."""
+    return "gdn-segments" if geometry.is_hybrid else "chunked"
 
 
 def plan_request(
@@ -54,24 +74,79 @@ def plan_request(
         if geometry is None:
             raise InputError("planner", None, "name a planner or give the model geometry")
         planner = default_planner(geometry)
-    if planner not in _RANK_LOADS:
-        raise InputError("planner", planner, f"unknown planner; choose one of {list(PLANNERS)}")
+    if planner == WORST:
+        return _worst(request, layout, geometry)
+    if planner not in _RANK_LOADS and planner != "chunked":
+        raise InputError(
+            "planner", planner, f"unknown planner; choose one of {list(PLANNER_CHOICES)}"
+        )
+    gdn: list[int] | None = None
     if layout.cp == 1:
         loads = [request.real_tokens]
+    elif planner == "chunked":
+        if geometry is None:
+            raise InputError("planner", planner, "the chunked planner needs the model geometry")
+        loads, gdn = chunked_loads(request, layout.cp, chunk_costs(geometry), geometry.is_hybrid)
     else:
         loads = _RANK_LOADS[planner](request, layout)
+    if gdn is None:
+        gdn = loads
     if layout.sp_active:
         loads = [round_up(n, layout.tp) for n in loads]
-    ranks = tuple(loads)
+        gdn = [round_up(n, layout.tp) for n in gdn]
     group = ForwardGroup(
         logical_tokens=request.logical_tokens,
         packed_tokens=round_up(request.real_tokens, layout.tp),
-        attention_tokens=ranks,
-        gdn_tokens=ranks,
+        attention_tokens=tuple(loads),
+        gdn_tokens=tuple(gdn),
         grad_segments=request.grad_segments,
         real_tokens=request.real_tokens,
     )
     return Plan(layout=layout, planner=planner, groups=(group,))
+
+
+def check_ranks(plan: Plan, real_tokens: int) -> list[str]:
+    """Refuse a CP size that leaves a rank with no tokens; warn about near-empty ranks.
+
+    An error when the request has fewer real tokens than CP ranks (every layout leaves a
+    rank empty) or when ``plan`` (a planner's, not ``worst``'s pick among planners)
+    leaves one empty. A warning per the smallest rank holding fewer tokens than one
+    128-token attention block.
+    """
+    cp = plan.layout.cp
+    if cp == 1:
+        return []
+    if real_tokens < cp:
+        raise InputError(
+            "cp", cp, f"leaves ranks with no tokens: the request has only {real_tokens} tokens"
+        )
+    ranks = plan.rank_tokens
+    empty = [r for r, n in enumerate(ranks) if n == 0]
+    if empty and not plan.planner.startswith(WORST):
+        raise InputError(
+            "cp",
+            cp,
+            f"leaves {len(empty)} of {cp} ranks with no tokens under the {plan.planner} "
+            f"layout of {real_tokens:,} tokens (first: rank {empty[0]})",
+        )
+    smallest = min(ranks)
+    if smallest < ATTENTION_BLOCK:
+        rank = ranks.index(smallest)
+        return [
+            f"cp={cp}: rank {rank} holds {smallest} tokens, fewer than one "
+            f"{ATTENTION_BLOCK}-token attention block (CP this wide buys little)"
+        ]
+    return []
+
+
+def _worst(request: Request, layout: ParallelLayout, geometry: ModelGeometry | None) -> Plan:
+    """The plan with the most tokens on its busiest rank over every planner (ties: the
+    first in ``PLANNERS``), named ``worst:<planner>``."""
+    if geometry is None:
+        raise InputError("planner", WORST, "the worst-case planner needs the model geometry")
+    plans = [plan_request(request, layout, name, geometry) for name in PLANNERS]
+    worst = max(plans, key=lambda p: p.busiest_tokens)  # max keeps the first of ties
+    return Plan(layout=worst.layout, planner=f"{WORST}:{worst.planner}", groups=worst.groups)
 
 
 def _balanced(request: Request, layout: ParallelLayout) -> list[int]:

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from cpmem.model.geometry import ModelGeometry
+from cpmem.model.presets import get_preset
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.request import Request, Segment
+from oracles import ownership
 
 MAX_SEQUENCES = 64
 MAX_SEQUENCE_TOKENS = 32 * 1024
@@ -128,4 +131,81 @@ def grids(
         tp=tp if tp is not None else st.integers(1, 8),
         cp=cp if cp is not None else st.integers(1, 16),
         sp=st.booleans(),
+    )
+
+
+# The chunk planner's constants for the two preset families the properties plan for,
+# written out from runtime-layout.md (femtoseconds): owned = 3 (8 h^2 + 6 h f) / 400e12 s,
+# pair = 3 * 4 * Q / 400e12 s, 1.2 ms + 1.2 ms per remote stage, 3e-5 ms + 3e-5 ms per
+# fetched key. ``hybrid``: the model has GDN layers.
+STAGE = 2_400_000_000_000
+FETCH = 60_000_000
+
+
+def _owned(h: int, f: int) -> int:
+    return 3 * (8 * h * h + 6 * h * f) * 10**15 // (400 * 10**12)
+
+
+def _pair(q: int) -> int:
+    return 3 * 4 * q * 10**15 // (400 * 10**12)
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    """A preset the properties plan for, with its chunk costs as plain numbers."""
+
+    name: str
+    owned: int
+    pair: int
+    hybrid: bool
+
+    @property
+    def costs(self) -> ownership.Costs:
+        return ownership.Costs(self.owned, self.pair, STAGE, FETCH)
+
+    @property
+    def geometry(self) -> ModelGeometry:
+        return get_preset(self.name)
+
+
+PLAN_MODELS = {
+    "qwen3-1.7b": PlanModel("qwen3-1.7b", _owned(2048, 6144), _pair(16 * 128), hybrid=False),
+    "qwen3.5-27b": PlanModel("qwen3.5-27b", _owned(5120, 17408), _pair(24 * 256), hybrid=True),
+    "qwen3.5-4b": PlanModel("qwen3.5-4b", _owned(2560, 9216), _pair(16 * 256), hybrid=True),
+}
+
+
+def plan_models() -> st.SearchStrategy[PlanModel]:
+    return st.sampled_from(sorted(PLAN_MODELS.values(), key=lambda m: m.name))
+
+
+def oracle(
+    planner: str, forest: Trees, cp: int, tp: int = 1, sp: bool = False, model: str = "qwen3-1.7b"
+) -> ownership.Ownership:
+    """The ownership oracle for ``planner`` (the chunk planner with ``model``'s costs)."""
+    m = PLAN_MODELS[model]
+    return ownership.simulate(planner, forest, cp, tp, sp, m.costs, m.hybrid)
+
+
+def geometry_costs(geometry: ModelGeometry) -> ownership.Costs:
+    """runtime-layout.md's constants for any geometry (an MoE layer's f: the routed
+    experts' width top-k * expert FFN plus the shared expert's)."""
+    f = geometry.ffn or geometry.moe_top_k * geometry.expert_ffn + geometry.shared_expert_ffn
+    return ownership.Costs(
+        _owned(geometry.hidden, f), _pair(geometry.q_heads * geometry.head_dim), STAGE, FETCH
+    )
+
+
+def oracle_for(
+    planner: str, forest: Trees, grid: Grid, geometry: ModelGeometry
+) -> ownership.Ownership:
+    """The oracle for ``planner`` on ``grid`` with ``geometry``'s chunk costs."""
+    return ownership.simulate(
+        planner,
+        forest,
+        grid.cp,
+        grid.tp,
+        grid.sp,
+        geometry_costs(geometry),
+        geometry.gdn_layers > 0,
     )

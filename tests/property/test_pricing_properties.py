@@ -32,6 +32,8 @@ from .strategies import (
     Grid,
     Tree,
     Trees,
+    oracle,
+    oracle_for,
     real_tokens,
     segment_count,
     sequence_lengths,
@@ -164,8 +166,8 @@ def test_reference_at_tp1_is_the_published_formula_on_the_oracle_layout(
     planner = data.draw(st.sampled_from(PLANNERS))
     geometry = get_preset(model)
     real = real_tokens(forest)
-    plan = plan_request(to_request(forest), ParallelLayout(cp=cp), planner)
-    retained = ownership.simulate(planner, forest, cp).busiest if cp > 1 else real
+    plan = plan_request(to_request(forest), ParallelLayout(cp=cp), planner, geometry)
+    retained = oracle(planner, forest, cp, model=model).busiest if cp > 1 else real
     common = {
         "packed": real,
         "logical": sum(sequence_lengths(forest)),
@@ -183,7 +185,7 @@ def test_reference_lies_between_the_average_bound_and_global(
     """avg-load <= reference <= global, except where the zigzag's padding exceeds packed."""
     geometry, grid = mg
     planner = data.draw(st.sampled_from(PLANNERS))
-    plan = plan_request(to_request(forest), grid.layout, planner)
+    plan = plan_request(to_request(forest), grid.layout, planner, geometry)
     ref = cost(geometry, plan, "reference", rc)
     glob = cost(geometry, plan, "global", rc)
     avg = cost_terms(geometry, plan, ReferenceTerms(cp_tokens="average"), rc)
@@ -192,8 +194,8 @@ def test_reference_lies_between_the_average_bound_and_global(
     if not discounted:
         assert avg == ref == glob  # everyone is charged the packed count
         return
-    o = ownership.simulate(planner, forest, grid.cp, grid.tp, grid.sp)
-    busiest = max(up(n, grid.tp) for n in o.attention)
+    o = oracle_for(planner, forest, grid, geometry)
+    busiest = max(up(max(a, g), grid.tp) for a, g in zip(o.attention, o.gdn, strict=True))
     packed = up(real_tokens(forest), grid.tp)
     if busiest <= packed:
         assert ref <= glob
@@ -225,8 +227,8 @@ def test_estimates_grow_with_sequence_length(
     longer = lengthen(forest, index, extra)
     short_req, long_req = to_request(forest), to_request(longer)
     for planner in PLANNERS:
-        a = plan_request(short_req, grid.layout, planner)
-        b = plan_request(long_req, grid.layout, planner)
+        a = plan_request(short_req, grid.layout, planner, geometry)
+        b = plan_request(long_req, grid.layout, planner, geometry)
         assert cost(geometry, b, "global", rc) >= cost(geometry, a, "global", rc), planner
     a = plan_request(short_req, grid.layout, "balanced")
     b = plan_request(long_req, grid.layout, "balanced")
@@ -253,7 +255,7 @@ def test_estimates_grow_with_layers(
         mlps=geometry.mlps + (geometry.mlps[-1],) * len(extra),
     )
     planner = data.draw(st.sampled_from(PLANNERS))
-    plan = plan_request(to_request(forest), grid.layout, planner)
+    plan = plan_request(to_request(forest), grid.layout, planner, geometry)
     for policy in ("reference", "global"):
         assert cost(deeper, plan, policy, rc) >= cost(geometry, plan, policy, rc), policy
 
@@ -265,7 +267,7 @@ def test_tp_padding_never_lowers_an_estimate(
     """Pricing the TP padding costs at least as much as ignoring it; so does padding a rank."""
     geometry, grid = mg
     planner = data.draw(st.sampled_from(PLANNERS))
-    plan = plan_request(to_request(forest), grid.layout, planner)
+    plan = plan_request(to_request(forest), grid.layout, planner, geometry)
     unpadded = cost_terms(geometry, plan, ReferenceTerms(tp_padding=False), rc)
     assert cost(geometry, plan, "reference", rc) >= unpadded
     # more padding on one rank of an explicit plan
@@ -346,14 +348,15 @@ def test_uneven_cp_admission_prices_the_busiest_rank(
 def test_admit_one_sequence_follows_the_oracle(
     model: str, cp: int, n: int, data: st.DataObject
 ) -> None:
-    """One unshared sequence cannot be split: fit with the cost-optimal planner, else the
-    memory-minimal one, else refuse; each planner priced at the oracle's busiest rank."""
+    """One unshared sequence cannot be split: fit with the cost-optimal (default) planner,
+    else the cheapest layout a runtime executes (chunks or zigzag), else refuse; each
+    planner priced at the oracle's busiest rank."""
     geometry = get_preset(model)
     forest: Trees = ((n, ()),)
     need = {
         pl: published_estimate(
             model,
-            retained=ownership.simulate(pl, forest, cp).busiest,
+            retained=oracle(pl, forest, cp, model=model).busiest,
             packed=n,
             logical=n,
             segments=1,
@@ -361,8 +364,8 @@ def test_admit_one_sequence_follows_the_oracle(
         )
         for pl in ownership.PLANNERS
     }
-    default = "gdn-segments" if PUBLISHED[model].gdn_layers else "attention-work"
-    least = min(need.values())
+    default = "gdn-segments" if PUBLISHED[model].gdn_layers else "chunked"
+    least = min(need[default], need["chunked"], need["balanced"])
     budget = data.draw(
         st.one_of(
             st.integers(0, 2 * max(need.values())),
@@ -403,11 +406,13 @@ def test_usable_budget_is_free_plus_reusable_minus_three_percent(
 def test_a_pair_fits_only_when_its_busiest_rank_does(model: str) -> None:
     """The 4k pair at CP2: admitted at the busiest-rank figure, refused a byte below it."""
     forest: Trees = ((1228, ((2868, ()), (2868, ()))),)
-    planner = "gdn-segments" if PUBLISHED[model].gdn_layers else "attention-work"
-    plan = plan_request(Request.pair(4096, 4096, 1228), ParallelLayout(cp=2), planner)
+    planner = "gdn-segments" if PUBLISHED[model].gdn_layers else "chunked"
+    plan = plan_request(
+        Request.pair(4096, 4096, 1228), ParallelLayout(cp=2), planner, get_preset(model)
+    )
     need = published_estimate(
         model,
-        retained=ownership.simulate(planner, forest, 2).busiest,
+        retained=oracle(planner, forest, 2, model=model).busiest,
         packed=6964,
         logical=8192,
         segments=3,

@@ -192,3 +192,26 @@ def test_explicit_plan_accepts_the_balanced_planners_padding():
         rank_tokens=list(planned.rank_tokens),
     )
     assert again.rank_tokens == planned.rank_tokens
+
+
+def test_memory_minimal_alternatives_are_layouts_a_runtime_executes():
+    """Only the measured runtime's chunks and Megatron's zigzag are offered as
+    alternatives (never attention-work or gdn-segments, rules only cpmem applies), and
+    every considered variant names the planner its layout assumes."""
+    d = admit(M27, PAIR, ParallelLayout(cp=2), 10 * GIB)
+    assert d.action != "fit"
+    variants = [v for v, _ in d.considered]
+    assert variants[:3] == ["cost-optimal", "memory-minimal:chunked", "memory-minimal:balanced"]
+    assert d.planner_of("cost-optimal") == "gdn-segments"  # the hybrid default
+    assert d.planner_of("memory-minimal:chunked") == "chunked"
+    assert d.planner_of("memory-minimal:balanced") == "balanced"
+    assert all(c["planner"] for c in d.to_dict()["considered"])  # type: ignore[union-attr]
+    assert not any("attention-work" in v or "gdn-segments" in v for v in variants)
+
+
+def test_attention_only_cost_optimal_is_the_chunk_layout_and_not_offered_twice():
+    dense = load_model("qwen3-1.7b")
+    d = admit(dense, PAIR, ParallelLayout(cp=2), 100 * GIB)
+    assert (d.action, d.variant, d.planner_of(d.variant)) == ("fit", "cost-optimal", "chunked")
+    assert d.estimate.busiest_tokens == 5120
+    assert [v for v, _ in d.considered] == ["cost-optimal", "memory-minimal:balanced"]

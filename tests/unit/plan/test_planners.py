@@ -34,8 +34,8 @@ def test_recorded_unshared_gdn_pairs_one_sequence_per_rank(length):
     assert plan.busiest_tokens == length
 
 
-def test_attention_only_defaults_to_attention_work():
-    assert default_planner(DENSE) == "attention-work"
+def test_attention_only_defaults_to_the_chunk_planner():
+    assert default_planner(DENSE) == "chunked"
     assert default_planner(HYBRID) == "gdn-segments"
 
 
@@ -49,8 +49,8 @@ def test_attention_work_hand_worked_pair():
 
 
 def test_recorded_runtime_count_is_taken_as_an_explicit_plan():
-    # The 1.7B pair's 5,120 busiest tokens came from a runtime planner cpmem does not
-    # replicate; the recorded count is passed explicitly.
+    # The 1.7B pair's 5,120 busiest tokens, as a runtime that knows its layout passes it
+    # (the chunk planner reproduces the count: tests/unit/plan/test_chunked.py).
     plan = explicit_plan(
         ParallelLayout(cp=2),
         logical_tokens=8192,
