@@ -51,6 +51,25 @@ from oracles import saved_tensors as st  # noqa: E402
 SEQ = 64  # widths are per token; 64 tokens is one GDN chunk (the oracle's A is per chunk)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _single_process_megatron():  # type: ignore[no-untyped-def]
+    """The megatron measurements here need a world of one rank; another oracle test
+    (rank_sim) may leave a fake multi-rank world initialised in this process."""
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        yield
+        return
+    if parallel_state.model_parallel_is_initialized() and (
+        parallel_state.get_context_parallel_world_size() != 1
+        or parallel_state.get_tensor_model_parallel_world_size() != 1
+    ):
+        parallel_state.destroy_model_parallel()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    yield
+
+
 # --------------------------------------------------------------------------- named terms
 
 
@@ -282,6 +301,27 @@ def test_rope_tables_are_the_35b_attention_gap() -> None:
         expected = 2 * geo.head_dim if geo.head_dim >= geo.hidden // st.SMALL_FRACTION else 0
         assert in_bulk / 2 / SEQ == expected, model
     assert -TERMS["rope_tables"].width(PRESETS["qwen3.5-35b-a3b"]) == 512
+
+
+def test_docs_table_states_the_measured_widths() -> None:
+    """docs/tight.md's table (oracle, tight per model and kind) is what is measured here."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "tight.md").read_text()
+    section = doc.split("### tight widths vs the saved-tensor oracle", 1)[1].split("\n\n")
+    table = next(block for block in section if block.startswith("| model |"))
+    documented: dict[tuple[str, str], set[tuple[int, int]]] = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[4] == "—":  # a kind the oracle does not measure
+            assert (cells[0], cells[1].lower()) in UNMEASURED, line
+            continue
+        pair = (int(cells[4].replace(",", "")), int(cells[5].replace(",", "")))
+        documented.setdefault((cells[0], cells[1].lower()), set()).add(pair)
+    measured: dict[tuple[str, str], set[tuple[int, int]]] = {}
+    for row in ROWS:
+        g = PRESETS[row.model]
+        tight = _tight_field(tight_widths(g, _inputs(g, row.setting)), row.kind)
+        measured.setdefault((row.model, row.kind), set()).add((_oracle_bulk(row), tight))
+    assert documented == measured
 
 
 # --------------------------------------------------------------------------- full / no-grad
