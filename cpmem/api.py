@@ -12,7 +12,7 @@ from cpmem.model.hf_config import load_config
 from cpmem.model.presets import get_preset
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan, explicit_plan
-from cpmem.plan.planners import plan_request
+from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.inputs import MoeRouting, PricingInput
@@ -57,10 +57,16 @@ def estimate(
     moe_routing: MoeRouting = "concentrated",
     output_bytes: int | None = None,
     profiles: ProfileStore | None = None,
+    allow_long: bool = False,
 ) -> Estimate:
     """Price one forward. Give ``lengths`` (+ ``shared_prefix``), a ``request``, or a
     ready ``plan`` (e.g. from :func:`cpmem.plan.plan.explicit_plan`). SP defaults to on
-    when TP > 1, as Megatron runs it."""
+    when TP > 1, as Megatron runs it.
+
+    A planned request is refused (InputError) when a sequence is longer than the
+    model's ``max_position_embeddings`` (unless ``allow_long``) or when its CP size
+    leaves a rank with no tokens. ``planner="worst"`` prices the planner that puts the
+    most tokens on one rank, for callers who do not know their runtime's layout."""
     geometry = load_model(model)
     rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
     if plan is None:
@@ -70,7 +76,9 @@ def estimate(
             if lengths is None:
                 raise InputError("lengths", None, "give lengths, a request or a plan")
             request = Request.shared(list(lengths), shared_prefix)
+        geometry.check_lengths(request.sequence_lengths, allow_long)
         plan = plan_request(request, layout, planner, geometry)
+        check_ranks(plan, request.real_tokens)
     inputs = PricingInput(
         geometry=geometry,
         plan=plan,

@@ -15,7 +15,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.model.presets import PRESETS
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan, explicit_plan
-from cpmem.plan.planners import PLANNERS, plan_request
+from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES, check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.inputs import PricingInput
@@ -27,19 +27,19 @@ from cpmem.units import GIB
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _int_list(field: str) -> Callable[[str], list[int]]:
-    def parse(text: str) -> list[int]:
+def parse_int_list(field: str, text: str) -> list[int]:
+    """``4096,4096`` (or ``4096+4096``) as integers; an empty item is an error, not
+    silently dropped (``4096,,`` and ``,4096`` are not ``[4096]``)."""
+    items = text.replace("+", ",").split(",")
+    values = []
+    for i, item in enumerate(items):
+        if not item.strip():
+            raise InputError(field, text, f"item {i + 1} of {len(items)} is empty")
         try:
-            values = [int(x) for x in text.replace("+", ",").split(",") if x.strip()]
+            values.append(int(item))
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{field}={text!r}: must be comma-separated integers"
-            ) from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"{field}={text!r}: needs at least one value")
-        return values
-
-    return parse
+            raise InputError(field, text, f"item {i + 1} ({item!r}) is not an integer") from None
+    return values
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lengths", type=_int_list("lengths"), help="sequence lengths, e.g. 4096,4096")
+    p.add_argument("--lengths", help="sequence lengths, e.g. 4096,4096")
     p.add_argument("--shared-prefix", type=int, default=0, help="tokens all sequences share")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     p.add_argument("--cp", type=int, default=1, help="context parallel size")
@@ -91,10 +91,16 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="reference", help="pricing policy (reference, global, ...)")
     p.add_argument(
         "--planner",
-        choices=PLANNERS,
+        choices=PLANNER_CHOICES,
         default=None,
-        help="reference planner (default: gdn-segments for hybrid, attention-work "
-        "for attention-only models)",
+        help="planner (default: chunked, the measured runtime's layout, for attention-only "
+        "models; gdn-segments for hybrid); worst: the most tokens any planner puts on one "
+        "rank, when the runtime's layout is unknown",
+    )
+    p.add_argument(
+        "--allow-long",
+        action="store_true",
+        help="price sequences longer than the model's max_position_embeddings (warns)",
     )
     p.add_argument("--compiled", action="store_true", help="layers run under torch.compile")
     p.add_argument("--moe-routing", choices=("concentrated", "balanced"), default="concentrated")
@@ -102,11 +108,7 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     ex = p.add_argument_group("explicit plan (a runtime that knows its layout)")
     ex.add_argument("--logical-tokens", type=int)
     ex.add_argument("--packed-tokens", type=int)
-    ex.add_argument(
-        "--rank-tokens",
-        type=_int_list("rank-tokens"),
-        help="model tokens per CP rank, e.g. 4096,2868",
-    )
+    ex.add_argument("--rank-tokens", help="model tokens per CP rank, e.g. 4096,2868")
     ex.add_argument("--busiest-tokens", type=int)
     ex.add_argument("--segments", type=int, help="gradient-enabled prefix-tree segments")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -116,39 +118,63 @@ def _geometry(args: argparse.Namespace) -> ModelGeometry:
     return load_model(args.model, config=args.config, fused_swiglu=args.fused)
 
 
-def _plan(args: argparse.Namespace, geometry: ModelGeometry) -> Plan:
+def _lengths(args: argparse.Namespace) -> list[int] | None:
+    return None if args.lengths is None else parse_int_list("lengths", args.lengths)
+
+
+def _plan(args: argparse.Namespace, geometry: ModelGeometry) -> tuple[Plan, list[str]]:
+    """The plan to price, and the warnings (legal but suspicious input) it raised."""
     sp = args.tp > 1 if args.sp is None else args.sp
     layout = ParallelLayout(tp=args.tp, cp=args.cp, sp=sp, ep=args.ep)
     geometry.check_tp(layout.tp)
+    lengths = _lengths(args)
+    rank_tokens = (
+        None if args.rank_tokens is None else parse_int_list("rank-tokens", args.rank_tokens)
+    )
     explicit = any(
         v is not None
-        for v in (args.logical_tokens, args.packed_tokens, args.rank_tokens, args.busiest_tokens)
+        for v in (args.logical_tokens, args.packed_tokens, rank_tokens, args.busiest_tokens)
     )
     if explicit:
-        if args.lengths is not None:
+        if lengths is not None:
+            raise InputError("lengths", lengths, "give --lengths or an explicit plan, not both")
+        if rank_tokens is not None and len(rank_tokens) != layout.cp:
             raise InputError(
-                "lengths", args.lengths, "give --lengths or an explicit plan, not both"
+                "rank-tokens",
+                args.rank_tokens,
+                f"gives {len(rank_tokens)} ranks; --cp is {layout.cp}",
             )
         for name in ("logical_tokens", "packed_tokens", "segments"):
             if getattr(args, name) is None:
                 raise InputError(name.replace("_", "-"), None, "required for an explicit plan")
-        return explicit_plan(
+        plan = explicit_plan(
             layout,
             logical_tokens=args.logical_tokens,
             packed_tokens=args.packed_tokens,
             grad_segments=args.segments,
-            rank_tokens=args.rank_tokens,
+            rank_tokens=rank_tokens,
             busiest_tokens=args.busiest_tokens,
         )
-    if args.lengths is None:
+        return plan, []
+    if lengths is None:
         raise InputError("lengths", None, "give --lengths (or an explicit plan)")
-    request = Request.shared(args.lengths, args.shared_prefix)
-    return plan_request(request, layout, args.planner, geometry)
+    request = Request.shared(lengths, args.shared_prefix)
+    warnings = geometry.check_lengths(request.sequence_lengths, args.allow_long)
+    plan = plan_request(request, layout, args.planner, geometry)
+    warnings += check_ranks(plan, request.real_tokens)
+    return plan, warnings
 
 
-def _price_args(args: argparse.Namespace) -> tuple[ModelGeometry, Plan, Estimate, Recompute]:
+def _warn(warnings: Sequence[str]) -> None:
+    for w in warnings:
+        print(f"cpmem: warning: {w}", file=sys.stderr)
+
+
+def _price_args(
+    args: argparse.Namespace,
+) -> tuple[ModelGeometry, Plan, Estimate, Recompute, list[str]]:
     geometry = _geometry(args)
-    plan = _plan(args, geometry)
+    plan, warnings = _plan(args, geometry)
     rc = Recompute.parse(args.recompute, args.modules)
     profiles = ProfileStore.load(args.profiles) if args.profiles else None
     inputs = PricingInput(
@@ -159,7 +185,7 @@ def _price_args(args: argparse.Namespace) -> tuple[ModelGeometry, Plan, Estimate
         moe_routing=args.moe_routing,
         profiles=profiles,
     )
-    return geometry, plan, price(inputs, args.policy), rc
+    return geometry, plan, price(inputs, args.policy), rc, warnings
 
 
 def _gib(n: int) -> str:
@@ -196,10 +222,12 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    _, plan, est, _ = _price_args(args)
+    _, plan, est, _, warnings = _price_args(args)
+    _warn(warnings)
     if args.json:
         out = est.to_dict()
         out["rank_tokens"] = list(plan.rank_tokens)
+        out["warnings"] = warnings
         print(json.dumps(out, indent=2))
     else:
         print(render_estimate(est, plan))
@@ -230,21 +258,36 @@ def cmd_admit(args: argparse.Namespace) -> int:
         compiled=args.compiled,
         moe_routing=args.moe_routing,
     )
-    plan = _plan(args, geometry)
+    plan, warnings = _plan(args, geometry)
+    _warn(warnings)
     if plan.planner == "explicit":
         decision = admit_plan(geometry, plan, budget, **kwargs)
     else:
-        request = Request.shared(args.lengths, args.shared_prefix)
+        request = Request.shared(_lengths(args) or [], args.shared_prefix)
         decision = admit(geometry, request, plan.layout, budget, planner=args.planner, **kwargs)
     if args.json:
-        print(json.dumps(decision.to_dict(), indent=2))
+        out = decision.to_dict()
+        out["warnings"] = warnings
+        print(json.dumps(out, indent=2))
     else:
         print(
             f"{decision.action.upper()}: required {_gib(decision.required_bytes)} GiB "
-            f"({decision.variant}), usable {_gib(decision.available_bytes)} GiB"
+            f"({decision.variant}, planner {decision.planner_of(decision.variant)}), "
+            f"usable {_gib(decision.available_bytes)} GiB"
         )
+        chosen = decision.planner_of(decision.variant) or ""
+        if decision.action == "fit" and decision.variant.startswith("memory-minimal"):
+            print(
+                f"  fits only if the runtime lays the request out as {chosen} "
+                f"({EXECUTABLE.get(chosen, chosen)}), not as {decision.planner_of('cost-optimal')}"
+            )
         for variant, required in decision.considered:
-            print(f"  considered {variant:<32} {_gib(required):>9} GiB")
+            planner = decision.planner_of(variant) or "-"
+            runs = EXECUTABLE.get(planner, "")
+            print(
+                f"  considered {variant:<28} {_gib(required):>9} GiB  planner {planner}"
+                + (f": {runs}" if runs else "")
+            )
         if decision.action == "split":
             print(f"  split into {decision.parts} sub-forwards")
         if decision.suggestion:

@@ -42,6 +42,9 @@ class ModelGeometry:
     activation_clamp: float | None = None
     tied_embeddings: bool = False
     aliases: tuple[str, ...] = field(default=(), compare=False)
+    # the longest sequence the model's positions cover (config ``max_position_embeddings``);
+    # None: not recorded. Not a shape: it prices nothing, so geometries compare without it.
+    max_position_embeddings: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("hidden", "q_heads", "kv_groups", "head_dim", "vocab"):
@@ -87,6 +90,8 @@ class ModelGeometry:
                 raise InputError(
                     "moe_top_k", self.moe_top_k, f"exceeds num_experts ({self.num_experts})"
                 )
+        if self.max_position_embeddings is not None:
+            require_positive_int("max_position_embeddings", self.max_position_embeddings)
         if self.activation_clamp is not None and not self.activation_clamp > 0:
             raise InputError("activation_clamp", self.activation_clamp, "must be > 0 or None")
 
@@ -137,6 +142,23 @@ class ModelGeometry:
     def with_fused_swiglu(self, fused: bool) -> ModelGeometry:
         """The same model under a runtime that does (or does not) fuse the SwiGLU activation."""
         return replace(self, fused_swiglu=fused)
+
+    def check_lengths(self, lengths: list[int], allow_long: bool = False) -> list[str]:
+        """Sequences longer than ``max_position_embeddings`` raise InputError naming the
+        first; with ``allow_long`` they are priced anyway and a warning is returned."""
+        limit = self.max_position_embeddings
+        if limit is None:
+            return []
+        warnings = []
+        for i, n in enumerate(lengths):
+            if n > limit:
+                reason = f"exceeds max_position_embeddings ({limit:,}) of {self.name}"
+                if not allow_long:
+                    raise InputError(
+                        f"lengths[{i}]", n, f"{reason}; pass --allow-long to price it anyway"
+                    )
+                warnings.append(f"lengths[{i}]={n}: {reason}; priced anyway (--allow-long)")
+        return warnings
 
     def check_tp(self, tp: int) -> None:
         """Raise InputError if tensor parallelism ``tp`` cannot shard this model's heads."""

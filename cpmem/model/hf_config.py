@@ -97,6 +97,11 @@ def load_config(
         tied_embeddings=bool(
             text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))
         ),
+        max_position_embeddings=(
+            reader.int("max_position_embeddings", root=raw)
+            if text.get("max_position_embeddings", raw.get("max_position_embeddings")) is not None
+            else None
+        ),
     )
 
 

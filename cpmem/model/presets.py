@@ -2,7 +2,8 @@
 
 Source of every figure: the geometry table of the measured sources
 (`golden/sources/README.md`). ``Qwen/Qwen3.8-27B`` is the name the measurements
-recorded for the Qwen3.5-27B geometry.
+recorded for the Qwen3.5-27B geometry. ``max_position_embeddings`` is each model's
+published ``config.json`` value (Qwen3-1.7B 40,960; the Qwen3.5 hybrids 262,144).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ PRESETS: dict[str, ModelGeometry] = {
             gdn_conv_kernel=4,
             fused_swiglu=True,
             vocab=248320,
+            max_position_embeddings=262144,
         ),
         ModelGeometry(
             name="qwen3.5-4b",
@@ -51,6 +53,7 @@ PRESETS: dict[str, ModelGeometry] = {
             fused_swiglu=True,
             vocab=248320,
             tied_embeddings=True,
+            max_position_embeddings=262144,
         ),
         ModelGeometry(
             name="qwen3.5-35b-a3b",
@@ -73,6 +76,7 @@ PRESETS: dict[str, ModelGeometry] = {
             shared_expert_ffn=512,
             fused_swiglu=True,
             vocab=248320,
+            max_position_embeddings=262144,
         ),
         ModelGeometry(
             name="qwen3-1.7b",
@@ -88,6 +92,7 @@ PRESETS: dict[str, ModelGeometry] = {
             fused_swiglu=False,
             vocab=151936,
             tied_embeddings=True,
+            max_position_embeddings=40960,
         ),
     )
 }

@@ -194,3 +194,174 @@ def test_import_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) > 0
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cpmem.cli", *argv], capture_output=True, text=True, check=False
+    )
+
+
+PAIR_1_7B = ["--model", "qwen3-1.7b", "--lengths", "4096,4096", "--shared-prefix", "1228"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        # a CP size that leaves a rank with no tokens (hybrid default: whole segments)
+        (["--model", "qwen3.5-27b", "--lengths", "4096,4096", "--cp", "1000"], "cp=1000"),
+        # fewer tokens than ranks: every layout leaves one empty
+        (["--model", "qwen3-1.7b", "--lengths", "500", "--cp", "1000"], "cp=1000"),
+        # a length beyond max_position_embeddings (Qwen3-1.7B: 40,960)
+        (["--model", "qwen3-1.7b", "--lengths", "50000"], "lengths[0]=50000"),
+        # empty items are not silently dropped
+        (["--model", "qwen3-1.7b", "--lengths", "4096,,"], "lengths='4096,,'"),
+        (["--model", "qwen3-1.7b", "--lengths", ",4096"], "lengths=',4096'"),
+        (["--model", "qwen3-1.7b", "--lengths", "4096,x"], "lengths='4096,x'"),
+        # --rank-tokens with a different count of ranks than --cp
+        (
+            [
+                "--model",
+                "qwen3-1.7b",
+                "--cp",
+                "2",
+                "--logical-tokens",
+                "8192",
+                "--packed-tokens",
+                "6964",
+                "--rank-tokens",
+                "5120,1844,3",
+                "--segments",
+                "3",
+            ],
+            "rank-tokens='5120,1844,3'",
+        ),
+        (
+            [
+                "--model",
+                "qwen3-1.7b",
+                "--cp",
+                "2",
+                "--logical-tokens",
+                "8192",
+                "--packed-tokens",
+                "6964",
+                "--rank-tokens",
+                "5120,,1844",
+                "--segments",
+                "3",
+            ],
+            "rank-tokens='5120,,1844'",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["estimate", "admit"])
+def test_nonsense_is_a_one_line_error_naming_field_and_value(argv, needle, command):
+    extra = ["--budget-gib", "80"] if command == "admit" else []
+    proc = _cli(command, *argv, *extra)
+    assert proc.returncode == 2, (proc.stdout[-300:], proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("cpmem: error: ") and needle in lines[0]
+    assert proc.stdout == ""
+
+
+def test_allow_long_prices_with_a_warning_on_stderr_and_in_json():
+    proc = _cli("estimate", "--model", "qwen3-1.7b", "--lengths", "50000", "--allow-long", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = json.loads(proc.stdout)["warnings"]
+    assert "lengths[0]=50000" in warning and "max_position_embeddings (40,960)" in warning
+    assert proc.stderr.strip() == f"cpmem: warning: {warning}"
+
+
+def test_a_near_empty_rank_is_a_warning():
+    # the chunk planner re-cuts 8,192 tokens into 1,000 ranks of 8 (the last holds the rest)
+    proc = _cli(
+        "admit",
+        "--model",
+        "qwen3-1.7b",
+        "--lengths",
+        "4096,4096",
+        "--cp",
+        "1000",
+        "--budget-gib",
+        "80",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = json.loads(proc.stdout)["warnings"]
+    assert "holds 8 tokens" in warning and warning in proc.stderr
+
+
+def test_clean_input_has_no_warnings(capsys):
+    assert main(["estimate", *PAIR_1_7B, "--cp", "2", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["warnings"] == []
+    assert captured.err == ""
+
+
+def test_the_issue_request_is_no_longer_fit_at_the_default_layout(capsys):
+    """`cpmem admit` on the measured 1.7B pair (forward peak 13.93 GiB) with 13 GiB: the
+    default layout (5,120 on the busiest rank) does not fit; only a layout another runtime
+    executes (Megatron's zigzag) would, and the output says which."""
+    code = main(["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    considered = {c["variant"]: c for c in out["considered"]}
+    cost_optimal = considered["cost-optimal"]
+    assert cost_optimal["planner"] == "chunked"
+    assert cost_optimal["required_bytes"] > 14_959_463_424  # the measured forward peak
+    assert out["estimate"]["busiest_tokens"] != 4096
+    assert (code, out["action"], out["variant"], out["planner"]) == (
+        0,
+        "fit",
+        "memory-minimal:balanced",
+        "balanced",
+    )
+    assert set(considered) == {"cost-optimal", "memory-minimal:balanced"}
+    main(["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13"])
+    text = capsys.readouterr().out
+    assert "fits only if the runtime lays the request out as balanced" in text
+    assert "planner chunked" in text
+
+
+def test_worst_planner_prices_the_largest_busiest_count(capsys):
+    argv = [
+        "estimate",
+        "--model",
+        "qwen3.5-4b",
+        "--lengths",
+        "2048,2048",
+        "--shared-prefix",
+        "614",
+        "--cp",
+        "2",
+        "--json",
+    ]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--planner", "worst"]) == 0
+    worst = json.loads(capsys.readouterr().out)
+    assert (default["planner"], default["busiest_tokens"]) == ("gdn-segments", 2048)
+    assert (worst["planner"], worst["busiest_tokens"]) == ("worst:chunked", 2560)
+    assert worst["estimate_bytes"] > default["estimate_bytes"]
+
+
+def test_a_config_supplies_max_position_embeddings(tmp_path):
+    config = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 2,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "max_position_embeddings": 1024,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    proc = _cli("estimate", "--config", str(path), "--lengths", "512,2048")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("cpmem: error: lengths[1]=2048: exceeds")
+    assert "max_position_embeddings (1,024)" in proc.stderr
+    assert _cli("estimate", "--config", str(path), "--lengths", "512,1024").returncode == 0
