@@ -79,6 +79,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("command, codes", COMMANDS, ids=[c for c, _ in COMMANDS])
 def test_every_walkthrough_command_runs(command: str, codes: set[int], workdir: Path) -> None:
     argv = shlex.split(command)[1:]
+    if argv[0] == "diff" and not (ROOT / ".git").exists():
+        pytest.skip("cpmem diff needs the repository's git history (not a git checkout)")
     env = {**os.environ, "CPMEM_GOLDEN_DIR": str(ROOT / "golden"), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "cpmem.cli", *argv],
