@@ -149,27 +149,30 @@ def _rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.T
 
 
 class Attention(nn.Module):
-    """Pre-norm attention: fused QKV(+gate) projection, q/k RMSNorm, rope, CP K/V
-    all-gather and the flash kernel (the checkpointed core under ``core_attn``), the
-    Qwen3.5 sigmoid output gate, output projection."""
+    """Pre-norm attention following megatron-core 0.16's ``SelfAttention``
+    (``get_query_key_value_tensors``, ``_apply_output_gate``, read in the installed source):
+    one QKV(+gate) projection laid out per query group; query (and gate) reshaped to
+    heads, a copy when a partition holds more than one group; q/k RMSNorm on the query
+    copy and on key views of the projection; rope; CP K/V all-gather and the flash kernel
+    (the checkpointed core under ``core_attn``); the output gate as megatron computes it
+    (``x * sigmoid(gate.float())`` in fp32, then back to bf16); output projection."""
 
     def __init__(self, ctx: RankContext, cfg: Any) -> None:
         super().__init__()
         m, t = ctx.model, ctx.layout.tp
         self.ctx = ctx
-        self.hq, self.hkv, self.d = m.q_heads // t, max(1, m.kv_groups // t), m.head_dim
-        self.q_out = self.hq * self.d * (2 if m.gated_attention else 1)
+        self.d = m.head_dim
+        self.hq = m.q_heads // t
+        self.per_group_q = m.q_heads // m.kv_groups  # query heads per group
+        self.gated = m.gated_attention
+        self.group_width = (self.per_group_q * (2 if self.gated else 1) + 2) * self.d
+        # Fewer KV groups than TP ranks: megatron all-gathers the projection along the
+        # last dim and each rank views its group out of the full-width tensor.
+        self.replicated = m.kv_groups < t
+        self.groups = 1 if self.replicated else m.kv_groups // t
         self.norm_w = _frozen(m.hidden)
         self.qn_w, self.kn_w = _frozen(m.head_dim), _frozen(m.head_dim)
-        local = self.q_out + 2 * self.hkv * self.d
-        # Fewer KV groups than TP ranks: megatron cannot shard the groups, so the QKV
-        # projection runs replicated (full width on every rank) and each rank views its
-        # heads out of it; the views keep the full-width storage (the reference design's
-        # "replicated-QKV" term, /work/shared/design/pricing.md).
-        self.replicated = m.kv_groups < t
-        width = self.q_out * t + 2 * m.kv_groups * self.d if self.replicated else local
-        self.linear_qkv = LoRAColumn(m.hidden, width, cfg, t)
-        self.local_width = local
+        self.linear_qkv = LoRAColumn(m.hidden, m.kv_groups * self.group_width // t, cfg, t)
         self.linear_proj = LoRARow(self.hq * self.d, m.hidden, cfg, ctx.layout)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -180,32 +183,44 @@ class Attention(nn.Module):
             v = K.GatherTokens.apply(v, counts, ctx.cp_group)
         return K.FlashAttention.apply(q, k, v)
 
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        s, d, nq = qkv.shape[0], self.d, self.per_group_q
+        if self.replicated:
+            from megatron.core.tensor_parallel.mappings import (
+                all_gather_last_dim_from_tensor_parallel_region,
+            )
+
+            qkv = all_gather_last_dim_from_tensor_parallel_region(qkv[:, None])[:, 0]
+            qkv = qkv[..., : self.group_width]
+        mixed = qkv.view(s, self.groups, self.group_width)
+        sizes = [nq * d, nq * d, d, d] if self.gated else [nq * d, d, d]
+        parts = torch.split(mixed, sizes, dim=2)
+        query = parts[0].reshape(s, -1, d)  # a copy when the partition has > 1 group
+        gate = parts[1].reshape(s, -1, d) if self.gated else None
+        if self.replicated:
+            query = query[:, : self.hq]
+            gate = gate[:, : self.hq] if gate is not None else None
+        return query, parts[-2], parts[-1], gate
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("attention"):
             full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=True)
             s = full.shape[0]
-            qkv = self.linear_qkv(full)
-            if self.replicated:
-                qkv = qkv[..., : self.local_width]
-            qg, k, v = qkv.split([self.q_out, self.hkv * self.d, self.hkv * self.d], dim=-1)
-            qg = qg.view(s, self.hq, -1)
-            q, gate = (
-                (qg[..., : self.d], qg[..., self.d :]) if ctx.model.gated_attention else (qg, None)
-            )
+            q, k, v, gate = self._split(self.linear_qkv(full))
             assert ctx.rope is not None
             q = _rope(rmsnorm(q, self.qn_w), ctx.rope)
-            k = _rope(rmsnorm(k.view(s, self.hkv, self.d), self.kn_w), ctx.rope)
-            v = v.view(s, self.hkv, self.d)
+            k = _rope(rmsnorm(k, self.kn_w), ctx.rope)
             if ctx.recompute.core_attn:
                 out = ctx.recompute.checkpoint(self.core, q, k, v)
             else:
                 out = self.core(q, k, v)
             if gate is not None:
-                if ctx.compiled:  # inductor fuses sigmoid and multiply: keeps out and gate
+                if ctx.compiled:  # inductor fuses the gate: keeps out and the gate logits
                     out = K.FusedGate.apply(out, gate)
-                else:
-                    out = out * torch.sigmoid(gate)
+                else:  # megatron's _apply_output_gate
+                    gate = gate.contiguous().view(*out.shape)
+                    out = (out * torch.sigmoid(gate.float())).to(out.dtype)
             return x + self.linear_proj(out.reshape(s, self.hq * self.d))
 
 
