@@ -1,17 +1,19 @@
-"""Control estimates: a generated grid of requests whose reference estimates are pinned.
+"""Control estimates: a generated grid of requests whose estimates are pinned.
 
-The golden cells only cover what was measured. An estimator change can also move
-paths nobody measured (full recompute, no-grad, MoE, CP = 1 at other TP sizes,
-lengths, request shapes). ``golden/controls/controls.csv`` records the reference
-policy's current estimate, to the byte, for a fixed grid of such requests, so the
-gate notices when a change moves one. Re-recording is an explicit act
-(``cpmem gate --record-controls``): it always writes a diff report (every changed
-control, old, new, ratio) to stdout and to ``golden/controls/last_diff.md``.
+Controls are recorded outputs of the estimator, baselines and not measurements. The
+golden cells only cover what was measured; an estimator change can also move paths
+nobody measured (full recompute, no-grad, MoE, other TP sizes, lengths, request
+shapes). ``golden/controls/controls.csv`` records every built-in policy's current
+estimate (and forward+backward figure where the policy prices it), to the byte, for
+a fixed grid of such requests, so the gate notices when a change moves one.
+Re-recording is an explicit act (``cpmem gate --record-controls``): it always writes
+a diff report (every changed control, old, new, ratio) to stdout and to
+``golden/controls/last_diff.md``.
 
 The grid is deterministic (no randomness): a product of the four preset models,
-TP 1/2/4/8 (where the heads allow), lengths 64..32k, three request shapes, and the
-recompute modes, plus a CP = 2 slice of the paths the reference does not
-discount by busiest rank (full, no-grad, MoE).
+TP 1/2/4/8 (where the heads allow), CP 1 and 2 (at TP <= 2), lengths 64..32k, three
+request shapes, and the recompute modes (none, selective, full, no-grad; MoE
+variants for the MoE model).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from cpmem.pricing.inputs import MoeRouting
 __all__ = [
     "CONTROLS_FILE",
     "CONTROL_COLUMNS",
-    "CONTROL_POLICY",
+    "CONTROL_POLICIES",
     "DIFF_FILE",
     "META_FILE",
     "ControlRequest",
@@ -56,7 +58,7 @@ __all__ = [
 CONTROLS_FILE = "controls.csv"
 META_FILE = "controls.meta.json"
 DIFF_FILE = "last_diff.md"
-CONTROL_POLICY = "reference"  # the only policy whose controls are recorded
+CONTROL_POLICIES = ("reference", "global", "tight")  # every built-in policy
 
 TPS = (1, 2, 4, 8)
 LENGTHS = (64, 2048, 32768)
@@ -83,6 +85,7 @@ CONTROL_COLUMNS = (
     "policy",
     "estimate_bytes",
     "per_rank_bytes",
+    "forward_backward_bytes",
 )
 
 
@@ -117,7 +120,7 @@ class ControlRequest:
             f"{self.modules or '-'}:{self.moe_routing}:{self.shape}:{lengths}/{self.shared_prefix}"
         )
 
-    def price(self, policy: str = CONTROL_POLICY) -> Estimate:
+    def price(self, policy: str = "reference") -> Estimate:
         """Through the planner-facing API, so planner changes move controls too."""
         return estimate(
             self.model,
@@ -160,6 +163,7 @@ def control_grid() -> list[ControlRequest]:
             ("full", "", "concentrated"),
             ("no-grad", "", "concentrated"),
             ("selective", "core_attn", "concentrated"),
+            ("none", "", "concentrated"),
         ]
         if moe:
             settings += [
@@ -174,9 +178,6 @@ def control_grid() -> list[ControlRequest]:
                 if cp == 2 and tp > 2:
                     continue
                 for mode, modules, routing in settings:
-                    # CP = 2 only where the reference does not discount by busiest rank
-                    if cp == 2 and not (moe or mode in ("full", "no-grad")):
-                        continue
                     for shape in SHAPES:
                         for n in LENGTHS:
                             lengths, prefix = _shape_lengths(shape, n)
@@ -209,12 +210,20 @@ def _row(req: ControlRequest, est: Estimate, policy: str) -> dict[str, str]:
         "policy": policy,
         "estimate_bytes": str(est.estimate_bytes),
         "per_rank_bytes": "+".join(str(b) for b in est.per_rank_bytes),
+        "forward_backward_bytes": str(est.forward_backward_bytes or ""),
     }
 
 
-def compute_controls(policy: str = CONTROL_POLICY) -> list[dict[str, str]]:
-    """Price every control with ``policy``; rows in ``CONTROL_COLUMNS`` order."""
-    return [_row(req, req.price(policy), policy) for req in control_grid()]
+def compute_controls(policies: Iterable[str] = CONTROL_POLICIES) -> list[dict[str, str]]:
+    """Price every control with each policy; rows in ``CONTROL_COLUMNS`` order,
+    control by control, the policies in the order given."""
+    names = list(policies)
+    return [_row(req, req.price(p), p) for req in control_grid() for p in names]
+
+
+def policy_rows(rows: Iterable[Mapping[str, str]], policy: str) -> list[dict[str, str]]:
+    """The recorded rows of one policy."""
+    return [dict(r) for r in rows if r.get("policy") == policy]
 
 
 def controls_bytes(rows: Iterable[Mapping[str, str]]) -> bytes:
@@ -230,13 +239,18 @@ def controls_dir(golden_dir: Path) -> Path:
     return golden_dir / CONTROLS_SUBDIR
 
 
-def load_controls(golden_dir: Path) -> list[dict[str, str]]:
-    """The recorded controls; raises ControlsError if missing or malformed."""
+def load_controls(golden_dir: Path, *, any_header: bool = False) -> list[dict[str, str]]:
+    """The recorded controls; raises ControlsError if missing or malformed.
+
+    ``any_header`` reads an older recording (other columns) for the diff of a
+    re-recording; columns it lacks read as empty."""
     path = controls_dir(golden_dir) / CONTROLS_FILE
     if not path.is_file():
         raise ControlsError(f"{path}: missing; record them with `cpmem gate --record-controls`")
     with path.open(encoding="utf-8", newline="") as fh:
         reader = csv.DictReader(fh)
+        if any_header:
+            return [{k: r.get(k) or "" for k in CONTROL_COLUMNS} for r in reader]
         if tuple(reader.fieldnames or ()) != CONTROL_COLUMNS:
             raise ControlsError(
                 f"{path}: header {reader.fieldnames} is not {list(CONTROL_COLUMNS)}"
@@ -304,14 +318,14 @@ def record_controls(golden_dir: Path, *, overwrite: bool) -> ControlDiff:
             "the golden manifest has problems outside controls/; refusing to regenerate "
             "it over them:\n  " + "\n  ".join(other)
         )
-    new_rows = compute_controls(CONTROL_POLICY)
-    old_rows = load_controls(golden_dir) if target.exists() else []
+    new_rows = compute_controls()
+    old_rows = load_controls(golden_dir, any_header=True) if target.exists() else []
     diff = compare_controls(old_rows, new_rows)
     data = controls_bytes(new_rows)
     if not target.exists() or target.read_bytes() != data:
         rev, dirty = git_revision()
         meta = {
-            "policy": CONTROL_POLICY,
+            "policies": list(CONTROL_POLICIES),
             "cpmem_version": cpmem.__version__,
             "git_revision": rev,
             "git_dirty": dirty,
@@ -331,7 +345,8 @@ def record_controls(golden_dir: Path, *, overwrite: bool) -> ControlDiff:
         _atomic_write(controls_dir(golden_dir) / META_FILE, meta_bytes)
     meta_now = load_meta(golden_dir)
     header = (
-        f"policy {CONTROL_POLICY}, values from cpmem {meta_now.get('cpmem_version', '?')} "
+        f"policies {', '.join(CONTROL_POLICIES)}, values from cpmem "
+        f"{meta_now.get('cpmem_version', '?')} "
         f"at {meta_now.get('git_revision', '?')}"
     )
     _atomic_write(controls_dir(golden_dir) / DIFF_FILE, diff.markdown(header).encode("utf-8"))

@@ -91,30 +91,36 @@ def compare_controls(
     of the recomputed row is compared, in its order).
 
     ``ignore`` names columns not compared (e.g. ``policy`` when another policy's
-    values are held against the reference's, for information)."""
-    old_by = {r["control_id"]: r for r in old}
-    new_ids = {r["control_id"] for r in new}
+    values are held against the reference's, for information). Rows are matched by
+    policy and control id (by control id alone when ``policy`` is ignored)."""
+
+    def key(r: Mapping[str, str]) -> str:
+        cid = r["control_id"]
+        return cid if "policy" in ignore or not r.get("policy") else f"{r['policy']} {cid}"
+
+    old_by = {key(r): r for r in old}
+    new_keys = {key(r) for r in new}
     changed: list[ControlChange] = []
     added: list[str] = []
     for r in new:
-        cid = r["control_id"]
-        o = old_by.get(cid)
+        k = key(r)
+        o = old_by.get(k)
         if o is None:
-            added.append(cid)
+            added.append(k)
             continue
-        moved = tuple(k for k in r if k not in ignore and o.get(k) != r[k])
+        moved = tuple(c for c in r if c not in ignore and o.get(c) != r[c])
         if moved:
             changed.append(
                 ControlChange(
-                    cid,
+                    k,
                     _int_or_zero(o.get("estimate_bytes")),
                     int(r["estimate_bytes"]),
                     o.get("per_rank_bytes", ""),
                     r["per_rank_bytes"],
-                    tuple(k for k in moved if k not in ("estimate_bytes", "per_rank_bytes")),
+                    tuple(c for c in moved if c not in ("estimate_bytes", "per_rank_bytes")),
                 )
             )
-    removed = tuple(r["control_id"] for r in old if r["control_id"] not in new_ids)
+    removed = tuple(key(r) for r in old if key(r) not in new_keys)
     return ControlDiff(len(new), tuple(changed), tuple(added), removed)
 
 

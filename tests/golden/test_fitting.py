@@ -41,7 +41,8 @@ def test_kept_report_is_up_to_date() -> None:
     assert main(["--check", str(ROOT / REPORT_PATH)], emit=lines.append) == 0
     assert lines[-1].endswith("is up to date")
     text = "\n".join(lines)
-    assert "## Leave one model out" in text and "## Leave each model's longest shape out" in text
+    assert "## Cross-validation: leave one model out" in text
+    assert "## Cross-validation: leave one recompute mode out" in text
 
 
 def test_the_fit_reproduces_the_constants_in_the_code() -> None:
