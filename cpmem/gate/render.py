@@ -86,6 +86,20 @@ def render(report: Mapping[str, Any]) -> str:
             if "forward_backward" in cov
             else []
         ),
+        *(
+            [
+                [
+                    "request_path",
+                    status(ch["request_path"]),
+                    f"{ch['request_path']['cells']} cells from their requests",
+                    f"{ch['request_path']['cells'] - len(ch['request_path']['failing'])} covered; "
+                    f"busiest as recorded on {ch['request_path']['busiest_matching']}/"
+                    f"{ch['request_path']['cp_cells']} CP cells",
+                ]
+            ]
+            if "request_path" in ch
+            else []
+        ),
         ["conformance", status(conf), f"{conf['checked']} recorded estimates", conf_detail],
         [
             "controls",
@@ -132,6 +146,24 @@ def render(report: Mapping[str, Any]) -> str:
                     pct(r["headroom"]),
                 ]
                 for r in tight
+            ],
+        )
+    if "request_path" in ch:
+        rp_rows = [r for r in ch["request_path"]["rows"] if r["cp"] > 1 or not r["covered"]]
+        lines += ["", "request path: planned (default planner) vs recorded busiest tokens:"]
+        lines += _table(
+            ["cell", "planner", "planned", "recorded", "estimate GiB", "peak GiB", "headroom"],
+            [
+                [
+                    r["cell_id"],
+                    r["planner"],
+                    f"{r['planned_busiest_tokens']:,}",
+                    f"{r['recorded_busiest_tokens']:,}" if r["recorded_busiest_tokens"] else "-",
+                    f"{r['estimate_bytes'] / 2**30:.3f}",
+                    f"{r['forward_peak_bytes'] / 2**30:.3f}",
+                    pct(r["headroom"]) + ("" if r["covered"] else " NOT COVERED"),
+                ]
+                for r in rp_rows
             ],
         )
     lines += ["", "power: recorded negative-control estimates (must NOT cover the peak):"]

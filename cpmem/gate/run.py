@@ -24,6 +24,9 @@ Checks, each PASS or FAIL (the exit status is non-zero when any fails):
 6. targets: the headroom and coverage targets the policy declares (``TARGETS``;
    a policy absent from it declares none) are each met on the cells they select;
    each is printed with its measured worst value, a miss names its cells.
+7. request_path: every measured cell planned from its request (lengths, shared
+   prefix, TP, CP) with the default planner and priced by the policy covers its
+   measured forward peak; the planned and recorded busiest counts are reported.
 
 Cells are priced from what was recorded, never from a planner's guess: the
 layout, packed tokens, segments and (under CP) the busiest rank's tokens.
@@ -47,6 +50,7 @@ from cpmem.gate.checks import (
 from cpmem.gate.claims import claims_for
 from cpmem.gate.estimator import Estimator
 from cpmem.gate.power import power
+from cpmem.gate.request_path import request_path
 from cpmem.gate.samples import cell_inputs
 from cpmem.gate.targets import targets_for
 from cpmem.golden.cells import load_cells
@@ -62,6 +66,7 @@ def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[
     checks = {
         "golden": golden_check(golden_dir, cells),
         "coverage": coverage(cells, inputs, est),
+        "request_path": request_path(cells, est),
         "conformance": conformance(cells, inputs, est, claims_for(policy)),
         "controls": controls_check(golden_dir, policy),
         "refusals": refusals(cells, inputs, policy),
@@ -101,6 +106,12 @@ def summary_line(report: Mapping[str, Any]) -> str:
         parts.append(
             f"min headroom {pct(cov['min_headroom'])}, median {pct(cov['median_headroom'])}, "
             f"max {pct(cov['max_headroom'])}"
+        )
+    rp = ch.get("request_path")
+    if rp:
+        parts.append(
+            f"request path: {rp['cells'] - len(rp['failing'])}/{rp['cells']} covered, "
+            f"busiest {rp['busiest_matching']}/{rp['cp_cells']} CP cells as recorded"
         )
     if conf["claims_none"]:
         parts.append("conformance: claims none")
