@@ -1,6 +1,16 @@
-"""Test sessions. `nox` (no -s) runs what CI runs; `nox -s gpu` runs the GPU-marked checks."""
+"""Test sessions. `nox` (no -s) runs what CI runs; `nox -s gpu` runs the GPU-marked checks.
+
+Every session runs in ONE shared environment (`.nox/shared`), built the first time a
+session needs it and reused while its inputs (pyproject.toml and the pins below) are
+unchanged: torch and megatron-core are installed once, not once per session. Each
+session still runs on its own (`nox -s golden` builds the environment if missing).
+"""
 
 from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
 
 import nox
 
@@ -16,47 +26,74 @@ nox.options.sessions = [
     "oracle",
     "distributed",
 ]
-nox.options.reuse_existing_virtualenvs = True
 
-PYTHON = "3.11"
+ROOT = Path(__file__).resolve().parent
+SHARED = ROOT / ".nox" / "shared"
 # The CPU wheel of torch; an unpinned torch would pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
+PINS = (
+    TORCH,
+    "megatron-core>=0.16,<0.17",
+    "ruff>=0.6",
+    "mypy>=1.10",
+    "pandas-stubs",
+)
+EXTRAS = "test,report"
 
 
-def _install(session: nox.Session, extras: str) -> None:
-    session.install("-e", f".[{extras}]")
+def _inputs_digest() -> str:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8") + "\n".join(PINS) + EXTRAS
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-@nox.session(python=PYTHON)
+def _shared(session: nox.Session) -> Path:
+    """The shared environment's bin/ directory, built (or rebuilt) when its inputs
+    changed since it was last built."""
+    bindir = SHARED / "bin"
+    marker = SHARED / ".inputs-sha256"
+    digest = _inputs_digest()
+    if not (marker.is_file() and marker.read_text() == digest and (bindir / "python").exists()):
+        session.log(f"building the shared environment {SHARED}")
+        session.run(sys.executable, "-m", "venv", "--clear", str(SHARED), external=True)
+        pip = [str(bindir / "python"), "-m", "pip", "install", "--quiet", "--upgrade"]
+        session.run(*pip, "--disable-pip-version-check", "pip", external=True)
+        session.run(*pip, TORCH, *PINS[1:], "-e", f".[{EXTRAS}]", external=True)
+        marker.write_text(digest)
+    return bindir
+
+
+def _run(session: nox.Session, tool: str, *args: str) -> None:
+    """Run ``tool`` (a console script or ``python``) from the shared environment."""
+    session.run(str(_shared(session) / tool), *args, external=True)
+
+
+@nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
     """ruff over every Python file."""
-    session.install("ruff>=0.6")
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
+    _run(session, "ruff", "check", ".")
+    _run(session, "ruff", "format", "--check", ".")
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the estimator package (matplotlib installed for the report)."""
-    _install(session, "test,report")
-    session.install("mypy>=1.10", "pandas-stubs")
-    session.run("mypy", "cpmem")
+    """mypy --strict on the estimator package."""
+    _run(session, "mypy", "cpmem")
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """CPU unit tests, including byte-exact reproduction of the recorded estimates
     (torch + megatron-core let the measurement driver's CPU end-to-end tests run)."""
-    _install(session, "test,report")
-    session.install(TORCH, "megatron-core>=0.16,<0.17")
-    session.run("pytest", "tests/unit", *session.posargs)
+    _run(session, "python", "-m", "pytest", "tests/unit", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def property(session: nox.Session) -> None:
     """Hypothesis properties against the ownership oracle (profile `ci`)."""
-    _install(session, "test")
-    session.run(
+    _run(
+        session,
+        "python",
+        "-m",
         "pytest",
         "tests/property",
         "--hypothesis-profile=ci",
@@ -65,58 +102,55 @@ def property(session: nox.Session) -> None:
     )
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def golden(session: nox.Session) -> None:
     """Golden-layer integrity tests, the estimator gate on the reference and tight policies,
     and the tight policy's report."""
-    _install(session, "test,report")
-    session.run("pytest", "tests/golden", *session.posargs)
-    session.run("cpmem", "gate", "--policy", "reference")
-    session.run("cpmem", "gate", "--policy", "tight")
-    # the tight policy's report: targets, per-cell, leave-one-model-out and
-    # leave-longest-shape-out tables; printed, and failing when the copy kept in
-    # golden/reports/ is stale (regenerate with --write, never here)
-    session.run("python", "-m", "cpmem.gate.tight_report", "--check", "golden/reports/tight_policy.md")
+    _run(session, "python", "-m", "pytest", "tests/golden", *session.posargs)
+    _run(session, "cpmem", "gate", "--policy", "reference")
+    _run(session, "cpmem", "gate", "--policy", "tight")
+    # the tight policy's report: targets, cross-validation and per-cell tables; printed,
+    # and failing when the copy kept in golden/reports/ is stale (regenerate with
+    # --write, never here)
+    _run(
+        session,
+        "python",
+        "-m",
+        "cpmem.gate.tight_report",
+        "--check",
+        "golden/reports/tight_policy.md",
+    )
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def oracle(session: nox.Session) -> None:
-    """Saved-tensor oracle (torch + megatron-core on CPU) against the reference widths."""
-    _install(session, "test")
-    session.install(TORCH, "megatron-core>=0.16,<0.17")
-    session.run("pytest", "tests/oracle", "-s", *session.posargs)
+    """Saved-tensor oracle and rank simulator (torch + megatron-core on CPU)."""
+    _run(session, "python", "-m", "pytest", "tests/oracle", "-s", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def distributed(session: nox.Session) -> None:
     """Collective admission over torch.distributed (gloo, several CPU processes)."""
-    _install(session, "test")
-    session.install(TORCH, "megatron-core>=0.16,<0.17")
-    session.run("pytest", "tests/distributed", "-s", *session.posargs)
+    _run(session, "python", "-m", "pytest", "tests/distributed", "-s", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
     """GPU-marked native checks; they skip with a reason where no CUDA device exists."""
-    _install(session, "test")
-    session.install(TORCH, "megatron-core>=0.16,<0.17")
-    session.run("pytest", "gpu_tests", "-m", "gpu", "-rs", *session.posargs)
+    _run(session, "python", "-m", "pytest", "gpu_tests", "-m", "gpu", "-rs", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Speed figures of planning, pricing and width selection (not a pass/fail test)."""
-    _install(session, "test")
-    session.run("python", "benchmarks/bench_planning.py", *session.posargs)
+    _run(session, "python", "benchmarks/bench_planning.py", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def simulate(session: nox.Session) -> None:
     """Rank simulator over every expressible golden cell at full depth: prints the
     comparison and fails when golden/reports/rank_sim_validation.md is stale (regenerate
     with `python -m oracles.rank_sim.validate --write`). The default `oracle` session
     runs only a reduced-depth subset (tests/oracle/test_rank_sim.py)."""
-    _install(session, "test")
-    session.install(TORCH, "megatron-core>=0.16,<0.17")
-    session.run("python", "-m", "oracles.rank_sim.validate", *session.posargs)
-    session.run("python", "-m", "oracles.rank_sim.validate", "--check")
+    _run(session, "python", "-m", "oracles.rank_sim.validate", *session.posargs)
+    _run(session, "python", "-m", "oracles.rank_sim.validate", "--check")

@@ -50,7 +50,7 @@ def render(report: Mapping[str, Any]) -> str:
         ctl_scope = f"{ctl['total']} controls"
         ctl_detail = (
             f"{ctl['matching']}/{ctl['total']} match the reference's recorded values "
-            f"(informational: only the reference policy is required to reproduce them)"
+            f"(informational: only the recorded policies must reproduce their own)"
         )
     negs, muts = pw["negative_controls"], pw["mutants"]
     rows = [
@@ -121,6 +121,7 @@ def render(report: Mapping[str, Any]) -> str:
             f"negative controls flagged {sum(n['caught'] for n in negs)}/{len(negs)}; "
             f"mutants caught {sum(m['caught'] for m in muts)}/{len(muts)}",
         ],
+        *_fitting_rows(ch, status),
         [
             "targets",
             status(tg),
@@ -180,21 +181,34 @@ def render(report: Mapping[str, Any]) -> str:
             for n in negs
         ],
     )
-    lines += ["", "power: mutants of the reference formula (each must be caught):"]
-    mrows = []
-    for m in muts:
-        cells = m["coverage_failing"] if m["caught_by"] == "coverage" else m["conformance_failing"]
-        shown = ", ".join(cells[:3]) + (f" (+{len(cells) - 3} more)" if len(cells) > 3 else "")
-        mrows.append(
+    lines += ["", f"power: mutants of {pw['mutants_of']} (each must be caught):"]
+    lines += _mutant_table(muts)
+    if "cross_validation" in ch:
+        cv = ch["cross_validation"]
+        lines += [
+            "",
+            "cross-validation: constants refitted without each fold, on the held-out cells:",
+        ]
+        lines += _table(
+            ["fold", "held out", "cells", "fwd covered", "fb covered", "refit"],
             [
-                m["mutant"],
-                m["caught_by"] or "NOT CAUGHT",
-                f"{len(m['coverage_failing'])}",
-                f"{len(m['conformance_failing'])}",
-                shown or "-",
-            ]
+                [
+                    f["fold"],
+                    f["held_out"],
+                    f"{f['cells']}",
+                    f"{f['forward_covered']}/{f['cells']}",
+                    f"{f['forward_backward_covered']}/{f['cells']}",
+                    f["refit"],
+                ]
+                for f in cv["folds"]
+            ],
         )
-    lines += _table(["mutant", "caught by", "uncovered", "mismatched", "catching cells"], mrows)
+        if cv["known_misses"]:
+            lines += [
+                "",
+                "declared held-out misses (known, unexplained; the list may only shrink):",
+            ]
+            lines += [f"  {m}" for m in cv["known_misses"]]
 
     if tg["declared"]:
         lines += ["", f"targets declared by policy {report['policy']}:"]
@@ -233,3 +247,40 @@ def render(report: Mapping[str, Any]) -> str:
         ]
     lines += ["", report["summary"]]
     return "\n".join(lines)
+
+
+def _fitting_rows(ch: Mapping[str, Any], status: Any) -> list[list[str]]:
+    if "cross_validation" not in ch:
+        return []
+    const, cv = ch["constants"], ch["cross_validation"]
+    return [
+        [
+            "constants",
+            status(const),
+            "refit on every cell",
+            "the fit reproduces the constants in the code"
+            if const["passed"]
+            else f"code {const['constants']} != fit {const['refit']}",
+        ],
+        [
+            "cross-val",
+            status(cv),
+            f"{len(cv['folds'])} folds, {cv['held_out_cells']} held-out cells",
+            f"{len(cv['misses'])} held-out misses, {len(cv['known_misses'])} declared; "
+            f"{len(cv['failing'])} undeclared or stale",
+        ],
+    ]
+
+
+def _mutant_table(muts: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = []
+    for m in muts:
+        if "coverage_failing" in m:  # a reference-formula mutant
+            cells = (
+                m["coverage_failing"] if m["caught_by"] == "coverage" else m["conformance_failing"]
+            )
+            shown = ", ".join(cells[:3]) + (f" (+{len(cells) - 3} more)" if len(cells) > 3 else "")
+        else:  # a fitted policy's mutant, refitted
+            shown = "; ".join(m["targets_missed"][:2] or m["new_held_out_misses"][:2])
+        rows.append([m["mutant"], m["caught_by"] or "NOT CAUGHT", shown or "-"])
+    return _table(["mutant", "caught by", "evidence"], rows) if rows else ["  (none)"]

@@ -18,13 +18,17 @@ Checks, each PASS or FAIL (the exit status is non-zero when any fails):
 4. refusals: cells recorded as refused are refused by admission against their
    recorded available bytes; cells that ran are admitted.
 5. power: the recorded negative-control estimates fail to cover their peaks, and
-   every mutant of the reference formula (one term removed) is caught by
-   coverage or, failing that, by conformance. A gate that passes broken
-   estimators proves nothing.
+   every mutant of the policy under test is caught (the reference formula's by
+   coverage or conformance; a fitted policy's, refitted, by a target or a new
+   held-out miss). A gate that passes broken estimators proves nothing.
 6. targets: the headroom and coverage targets the policy declares (``TARGETS``;
    a policy absent from it declares none) are each met on the cells they select;
    each is printed with its measured worst value, a miss names its cells.
-7. request_path: every measured cell planned from its request (lengths, shared
+7. constants and cross_validation (policies with fitted constants,
+   ``cpmem.gate.fitted``): refitting on every cell reproduces the constants in the
+   code, and refitted without each fold the held-out cells are covered (declared
+   known misses aside, which may only shrink).
+8. request_path: every measured cell planned from its request (lengths, shared
    prefix, TP, CP) with the default planner and priced by the policy covers its
    measured forward peak; the planned and recorded busiest counts are reported.
 
@@ -34,7 +38,7 @@ layout, packed tokens, segments and (under CP) the busiest rank's tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +53,12 @@ from cpmem.gate.checks import (
 )
 from cpmem.gate.claims import claims_for
 from cpmem.gate.estimator import Estimator
+from cpmem.gate.fitted import constants_check, cross_validation_check, fitted_policy
 from cpmem.gate.power import power
 from cpmem.gate.request_path import request_path
-from cpmem.gate.samples import cell_inputs
+from cpmem.gate.samples import cell_inputs, measured_samples
 from cpmem.gate.targets import targets_for
-from cpmem.golden.cells import load_cells
+from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
 
 
@@ -70,7 +75,8 @@ def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[
         "conformance": conformance(cells, inputs, est, claims_for(policy)),
         "controls": controls_check(golden_dir, policy),
         "refusals": refusals(cells, inputs, policy),
-        "power": power(cells, inputs),
+        "power": power(cells, inputs, policy),
+        **fitting_checks(cells, policy),
         "targets": targets_check(cells, inputs, est, targets_for(policy)),
     }
     passed = all(ch["passed"] for ch in checks.values())
@@ -82,6 +88,18 @@ def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[
     }
     report["summary"] = summary_line(report)
     return report
+
+
+def fitting_checks(cells: Sequence[MeasuredCell], policy: str) -> dict[str, dict[str, Any]]:
+    """Constants and cross-validation, for a policy with fitted constants."""
+    fitted = fitted_policy(policy)
+    if fitted is None:
+        return {}
+    samples = measured_samples(cells)
+    return {
+        "constants": constants_check(samples, fitted),
+        "cross_validation": cross_validation_check(samples, fitted),
+    }
 
 
 def summary_line(report: Mapping[str, Any]) -> str:
@@ -129,6 +147,14 @@ def summary_line(report: Mapping[str, Any]) -> str:
         f"{sum(n['caught'] for n in negs)}/{len(negs)} negative controls and "
         f"{sum(m['caught'] for m in muts)}/{len(muts)} mutants caught"
     )
+    if "cross_validation" in ch:
+        cv = ch["cross_validation"]
+        parts.append(
+            f"constants {'reproduced' if ch['constants']['passed'] else 'NOT reproduced'} "
+            f"by the fit; cross-validation {len(cv['folds'])} folds, {cv['held_out_cells']} "
+            f"held-out cells, {len(cv['misses'])} held-out misses "
+            f"({len(cv['known_misses'])} declared)"
+        )
     tg = ch.get("targets")
     if tg and tg["declared"]:
         parts.append(

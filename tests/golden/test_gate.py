@@ -430,6 +430,7 @@ def test_cli_forwards_gate_and_json_is_complete(capsys: pytest.CaptureFixture[st
         "refusals",
         "power",
         "targets",
+        "request_path",
     }
     assert doc["summary"].startswith("gate PASSED (policy reference): 74 cells")
     # the reference declares no targets: the row says so and the summary is unchanged
