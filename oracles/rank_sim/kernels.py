@@ -174,35 +174,6 @@ class FusedGatedRMSNorm(torch.autograd.Function):
         return o.new_empty(o.shape), z.new_empty(z.shape), None
 
 
-class FusedGate(torch.autograd.Function):
-    """out * sigmoid(gate) as one compiled kernel: keeps out and the gate logits only."""
-
-    @staticmethod
-    def forward(ctx: Any, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(out, gate)
-        return out.new_empty(out.shape)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        out, gate = ctx.saved_tensors
-        return out.new_empty(out.shape), gate.new_empty(gate.shape)
-
-
-class FusedGdnGates(torch.autograd.Function):
-    """beta = sigmoid(b) and g = -exp(A_log)·softplus(a + dt_bias) as one compiled kernel:
-    keeps the two logit views only."""
-
-    @staticmethod
-    def forward(ctx: Any, bl: torch.Tensor, al: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.save_for_backward(bl, al)
-        return bl.new_empty(bl.shape), al.new_empty(al.shape, dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx: Any, db: torch.Tensor, dg: torch.Tensor) -> tuple[Any, ...]:
-        bl, al = ctx.saved_tensors
-        return bl.new_empty(bl.shape), al.new_empty(al.shape)
-
-
 def _group_size(group: Any) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
