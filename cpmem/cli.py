@@ -26,6 +26,50 @@ from cpmem.units import GIB
 
 Handler = Callable[[argparse.Namespace], int]
 
+# Every flag's help, in one place (a test requires each option to have one).
+HELP: dict[str, str] = {
+    "--model": "preset name or recorded Hugging Face id (see `cpmem models`)",
+    "--config": "path to a Hugging Face config.json (e.g. examples/qwen3-1.7b/config.json)",
+    "--fused-activation": "the runtime fuses the SwiGLU activation (default: by model family)",
+    "--unfused-activation": "the runtime runs SwiGLU unfused",
+    "--lengths": "sequence lengths of the request, comma-separated, e.g. 4096,4096",
+    "--shared-prefix": "tokens every sequence shares at its start, stored once (default 0)",
+    "--tp": "tensor parallel size (default 1)",
+    "--cp": "context parallel size (default 1)",
+    "--ep": "expert parallel size, MoE models (default 1)",
+    "--sp": "sequence parallel on (the default when --tp > 1)",
+    "--no-sp": "sequence parallel off",
+    "--recompute": "activation recompute: selective (checkpointed modules), none, full "
+    "(every layer), no-grad (a forward without backward); default selective",
+    "--modules": "modules selective recompute checkpoints, '+'-joined: core_attn, mlp, moe "
+    "(default core_attn)",
+    "--planner": "who owns which tokens under CP (default: chunked, the measured runtime's "
+    "layout, for attention-only models; gdn-segments for hybrid). worst: the most tokens "
+    "any planner puts on one rank, when the runtime's layout is unknown",
+    "--allow-long": "price sequences longer than the model's max_position_embeddings (warns)",
+    "--compiled": "the layers run under torch.compile (changes what attention and MLP keep)",
+    "--moe-routing": "how the MoE router spreads tokens over EP ranks: concentrated (top-k "
+    "rows of a token on one rank, the safe default) or balanced (the caller's promise)",
+    "--profiles": "JSON store of learned-profile floors (largest bytes observed per setting)",
+    "--logical-tokens": "explicit plan: sum of the sequence lengths",
+    "--packed-tokens": "explicit plan: tokens after prefix sharing and TP padding",
+    "--rank-tokens": "explicit plan: model tokens per CP rank, e.g. 4096,2868 (one per rank)",
+    "--busiest-tokens": "explicit plan: model tokens on the busiest CP rank only",
+    "--segments": "explicit plan: gradient-enabled prefix-tree segments (prefix + completions)",
+    "--json": "print one JSON object instead of the table",
+    "--budget-gib": "usable bytes per rank, in GiB",
+    "--free-bytes": "free device bytes per rank (with the two flags below instead of "
+    "--budget-gib: usable = free + reusable reserved - a 3%% reserve of the device total)",
+    "--reusable-reserved-bytes": "bytes the caching allocator holds and can reuse",
+    "--device-total-bytes": "the device's total memory in bytes",
+    "--figure": "admit on the forward peak or the whole step (forward_backward; policies "
+    "that price it, e.g. tight)",
+}
+
+
+def _policy_help() -> str:
+    return f"pricing policy: {', '.join(policy_names())} (default reference; docs/pricing.md)"
+
 
 def parse_int_list(field: str, text: str) -> list[int]:
     """``4096,4096`` (or ``4096+4096``) as integers; an empty item is an error, not
@@ -44,8 +88,8 @@ def parse_int_list(field: str, text: str) -> list[int]:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="preset name or recorded Hugging Face id (see `cpmem models`)")
-    src.add_argument("--config", help="path to a Hugging Face config.json")
+    src.add_argument("--model", help=HELP["--model"])
+    src.add_argument("--config", help=HELP["--config"])
     fused = p.add_mutually_exclusive_group()
     fused.add_argument(
         "--fused-activation",
@@ -53,23 +97,23 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         default=None,
-        help="the runtime fuses the SwiGLU activation (default: by model family)",
+        help=HELP["--fused-activation"],
     )
     fused.add_argument(
         "--unfused-activation",
         dest="fused",
         action="store_const",
         const=False,
-        help="the runtime runs SwiGLU unfused",
+        help=HELP["--unfused-activation"],
     )
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lengths", help="sequence lengths, e.g. 4096,4096")
-    p.add_argument("--shared-prefix", type=int, default=0, help="tokens all sequences share")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    p.add_argument("--cp", type=int, default=1, help="context parallel size")
-    p.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE)")
+    p.add_argument("--lengths", help=HELP["--lengths"])
+    p.add_argument("--shared-prefix", type=int, default=0, help=HELP["--shared-prefix"])
+    p.add_argument("--tp", type=int, default=1, help=HELP["--tp"])
+    p.add_argument("--cp", type=int, default=1, help=HELP["--cp"])
+    p.add_argument("--ep", type=int, default=1, help=HELP["--ep"])
     sp = p.add_mutually_exclusive_group()
     sp.add_argument(
         "--sp",
@@ -77,41 +121,38 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         default=None,
-        help="sequence parallel on (default when --tp > 1)",
+        help=HELP["--sp"],
     )
-    sp.add_argument(
-        "--no-sp", dest="sp", action="store_const", const=False, help="sequence parallel off"
-    )
-    p.add_argument("--recompute", choices=MODES, default="selective")
-    p.add_argument(
-        "--modules",
-        default=None,
-        help="selective recompute modules, e.g. core_attn+mlp (default core_attn)",
-    )
-    p.add_argument("--policy", default="reference", help="pricing policy (reference, global, ...)")
+    sp.add_argument("--no-sp", dest="sp", action="store_const", const=False, help=HELP["--no-sp"])
+    p.add_argument("--recompute", choices=MODES, default="selective", help=HELP["--recompute"])
+    p.add_argument("--modules", default=None, help=HELP["--modules"])
+    p.add_argument("--policy", default="reference", help=_policy_help())
     p.add_argument(
         "--planner",
         choices=PLANNER_CHOICES,
         default=None,
-        help="planner (default: chunked, the measured runtime's layout, for attention-only "
-        "models; gdn-segments for hybrid); worst: the most tokens any planner puts on one "
-        "rank, when the runtime's layout is unknown",
+        help=HELP["--planner"],
     )
     p.add_argument(
         "--allow-long",
         action="store_true",
-        help="price sequences longer than the model's max_position_embeddings (warns)",
+        help=HELP["--allow-long"],
     )
-    p.add_argument("--compiled", action="store_true", help="layers run under torch.compile")
-    p.add_argument("--moe-routing", choices=("concentrated", "balanced"), default="concentrated")
-    p.add_argument("--profiles", help="learned-profile floors (JSON store)")
+    p.add_argument("--compiled", action="store_true", help=HELP["--compiled"])
+    p.add_argument(
+        "--moe-routing",
+        choices=("concentrated", "balanced"),
+        default="concentrated",
+        help=HELP["--moe-routing"],
+    )
+    p.add_argument("--profiles", help=HELP["--profiles"])
     ex = p.add_argument_group("explicit plan (a runtime that knows its layout)")
-    ex.add_argument("--logical-tokens", type=int)
-    ex.add_argument("--packed-tokens", type=int)
-    ex.add_argument("--rank-tokens", help="model tokens per CP rank, e.g. 4096,2868")
-    ex.add_argument("--busiest-tokens", type=int)
-    ex.add_argument("--segments", type=int, help="gradient-enabled prefix-tree segments")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    ex.add_argument("--logical-tokens", type=int, help=HELP["--logical-tokens"])
+    ex.add_argument("--packed-tokens", type=int, help=HELP["--packed-tokens"])
+    ex.add_argument("--rank-tokens", help=HELP["--rank-tokens"])
+    ex.add_argument("--busiest-tokens", type=int, help=HELP["--busiest-tokens"])
+    ex.add_argument("--segments", type=int, help=HELP["--segments"])
+    p.add_argument("--json", action="store_true", help=HELP["--json"])
 
 
 def _geometry(args: argparse.Namespace) -> ModelGeometry:
@@ -192,6 +233,19 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.3f}"
 
 
+def align(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    """Columns as wide as their widest cell (any magnitude stays aligned); two spaces
+    between columns; ``right`` says which columns are right-aligned (numbers)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(right))]
+    return [
+        "  ".join(
+            (cell.rjust(w) if r else cell.ljust(w))
+            for cell, w, r in zip(row, widths, right, strict=True)
+        ).rstrip()
+        for row in rows
+    ]
+
+
 def render_estimate(est: Estimate, plan: Plan) -> str:
     """The human table: per-rank bytes, then the busiest rank's breakdown."""
     lines = [
@@ -200,24 +254,22 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
         f"logical tokens {est.logical_tokens:,}  packed {est.packed_tokens:,}  "
         f"grad segments {est.grad_segments}",
         "",
-        f"{'rank':>4}  {'tokens':>9}  {'bytes':>16}  {'GiB':>9}",
     ]
+    ranks = [["rank", "tokens", "bytes", "GiB", ""]]
     for r, b in enumerate(est.per_rank_bytes):
-        mark = "  <- busiest" if r == est.busiest_rank else ""
-        lines.append(f"{r:>4}  {plan.rank_tokens[r]:>9,}  {b:>16,}  {_gib(b):>9}{mark}")
-    lines += ["", f"{'component':<18}  {'bytes':>16}  {'GiB':>9}  {'share':>6}"]
+        mark = "<- busiest" if r == est.busiest_rank else ""
+        ranks.append([f"{r}", f"{plan.rank_tokens[r]:,}", f"{b:,}", _gib(b), mark])
+    lines += align(ranks, (True, True, True, True, False))
+    parts = [["component", "bytes", "GiB", "share", ""]]
     for name, b in est.components.items():
         share = b / est.estimate_bytes if est.estimate_bytes else 0.0
-        lines.append(f"{name:<18}  {b:>16,}  {_gib(b):>9}  {share:>6.1%}")
-    lines.append(
-        f"{'estimate':<18}  {est.estimate_bytes:>16,}  {_gib(est.estimate_bytes):>9}  "
-        f"(busiest rank {est.busiest_rank}, {est.busiest_tokens:,} tokens priced)"
-    )
+        parts.append([name, f"{b:,}", _gib(b), f"{share:.1%}", ""])
+    busiest = f"busiest rank {est.busiest_rank}, {est.busiest_tokens:,} tokens priced"
+    parts.append(["estimate", f"{est.estimate_bytes:,}", _gib(est.estimate_bytes), "", busiest])
     if est.forward_backward_bytes is not None:
-        lines.append(
-            f"{'forward+backward':<18}  {est.forward_backward_bytes:>16,}  "
-            f"{_gib(est.forward_backward_bytes):>9}"
-        )
+        fb = est.forward_backward_bytes
+        parts.append(["forward+backward", f"{fb:,}", _gib(fb), "", "the whole step"])
+    lines += ["", *align(parts, (False, True, True, True, False))]
     return "\n".join(lines)
 
 
@@ -281,12 +333,25 @@ def cmd_admit(args: argparse.Namespace) -> int:
                 f"  fits only if the runtime lays the request out as {chosen} "
                 f"({EXECUTABLE.get(chosen, chosen)}), not as {decision.planner_of('cost-optimal')}"
             )
+        considered = []
         for variant, required in decision.considered:
             planner = decision.planner_of(variant) or "-"
             runs = EXECUTABLE.get(planner, "")
+            considered.append(
+                [
+                    "  considered",
+                    variant,
+                    f"{_gib(required)} GiB",
+                    f"planner {planner}" + (f": {runs}" if runs else ""),
+                ]
+            )
+        for line in align(considered, (False, False, True, False)):
+            print(line)
+        if any(v.startswith("split-") for v, _ in decision.considered):
             print(
-                f"  considered {variant:<28} {_gib(required):>9} GiB  planner {planner}"
-                + (f": {runs}" if runs else "")
+                "  split-N: the request run as N sequential sub-forwards (its sequences "
+                "divided N ways, a shared prefix repeated where needed), every part's "
+                "activations kept until backward"
             )
         if decision.action == "split":
             print(f"  split into {decision.parts} sub-forwards")
@@ -340,20 +405,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("admit", help="fit, split or refuse a request against a budget")
     _add_model_args(p)
     _add_request_args(p)
-    p.add_argument("--budget-gib", type=float, help="usable bytes per rank, in GiB")
-    p.add_argument("--free-bytes", type=float)
-    p.add_argument("--reusable-reserved-bytes", type=float)
-    p.add_argument("--device-total-bytes", type=float)
+    p.add_argument("--budget-gib", type=float, help=HELP["--budget-gib"])
+    p.add_argument("--free-bytes", type=float, help=HELP["--free-bytes"])
+    p.add_argument("--reusable-reserved-bytes", type=float, help=HELP["--reusable-reserved-bytes"])
+    p.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
     p.add_argument(
         "--figure",
         choices=("forward", "forward_backward"),
         default="forward",
-        help="admit on the forward peak or the whole step (policies that price it)",
+        help=HELP["--figure"],
     )
     p.set_defaults(handler=cmd_admit)
 
     p = sub.add_parser("models", help="list the built-in model geometries")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=HELP["--json"])
     p.set_defaults(handler=cmd_models)
 
     for name, (help_text, register) in _extra_commands().items():

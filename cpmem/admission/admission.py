@@ -130,7 +130,7 @@ class Decision:
 def split_cost(pricer: Pricer, parts: Sequence[Estimate]) -> int:
     """Sub-forwards keep every part's retained bytes until backward, but only one
     part's workspace (outputs, cold allowance, floors, margin) is live at a time."""
-    retained = [p.components["retained_tokens"] + p.components["segment_states"] for p in parts]
+    retained = [p.estimate_bytes if p.retained_bytes is None else p.retained_bytes for p in parts]
     workspace = [pricer.required(p) - r for p, r in zip(parts, retained, strict=True)]
     return sum(retained) + max(workspace)
 

@@ -35,6 +35,10 @@ class Estimate:
     forward_backward_bytes: int | None = None
     forward_backward_components: dict[str, int] | None = None
     notes: tuple[str, ...] = field(default=())
+    retained_bytes: int | None = None
+    """What the forward keeps until backward (activations, segment states): the part
+    of a sub-forward that stays live while the next one runs when admission splits a
+    request. None: the policy does not say, and all of it is taken as kept."""
 
     def __post_init__(self) -> None:
         total = sum(self.components.values())

@@ -152,6 +152,7 @@ def _price(inputs: PricingInput, policy: str, terms: ReferenceTerms) -> Estimate
         tp=layout.tp,
         cp=layout.cp,
         sp=layout.sp,
+        retained_bytes=components["retained_tokens"] + components["segment_states"],
     )
 
 

@@ -345,6 +345,7 @@ def price_tight(
         forward_backward_bytes=fb,
         forward_backward_components=fb_components,
         notes=(f"moe_routing={inputs.moe_routing}",) if inputs.geometry.is_moe else (),
+        retained_bytes=forward["retained_activations"] + forward["segment_states"],
     )
 
 

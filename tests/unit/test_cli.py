@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from cpmem import cli
 from cpmem.cli import main
 
 EXAMPLE = [
@@ -365,3 +366,51 @@ def test_a_config_supplies_max_position_embeddings(tmp_path):
     assert proc.stderr.strip().startswith("cpmem: error: lengths[1]=2048: exceeds")
     assert "max_position_embeddings (1,024)" in proc.stderr
     assert _cli("estimate", "--config", str(path), "--lengths", "512,1024").returncode == 0
+
+
+def test_every_flag_has_help_and_the_policy_help_lists_the_registry():
+    import argparse
+
+    from cpmem.pricing.registry import policy_names
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name in ("estimate", "admit", "models"):
+        for action in sub.choices[name]._actions:
+            if action.option_strings and action.dest != "help" and not action.help:
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert missing == []
+    policy = next(a for a in sub.choices["estimate"]._actions if a.dest == "policy")
+    assert policy.help is not None
+    assert all(name in policy.help for name in policy_names()) and "tight" in policy.help
+
+
+def _right_aligned(table: list[str], labels: tuple[str, ...]) -> bool:
+    """Every row's number in each labelled column ends where the label ends."""
+    header = table[0]
+    for label in labels:
+        end = header.index(label) + len(label)
+        for row in table[1:]:
+            if row[end - 1] == " " or (len(row) > end and row[end] != " "):
+                return False
+    return True
+
+
+def test_tables_stay_aligned_for_any_magnitude(capsys):
+    argv = ["estimate", "--model", "qwen3-1.7b", "--lengths", "1000000000000", "--allow-long"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.split("\n\n")
+    ranks, components = out[1].splitlines(), out[2].splitlines()
+    assert "1,000,000,000,000" in ranks[1]
+    assert _right_aligned(ranks, ("tokens", "bytes", "GiB"))
+    assert _right_aligned(components, ("bytes", "GiB"))
+    assert _right_aligned(components[:-1], ("share",))  # the estimate row has no share
+
+
+def test_admit_explains_split_n(capsys):
+    argv = ["admit", "--model", "qwen3-1.7b", "--lengths", ",".join(["4096"] * 8)]
+    assert cli.main([*argv, "--budget-gib", "1"]) == 3
+    out = capsys.readouterr().out
+    assert "considered  split-2" in out
+    assert "split-N: the request run as N sequential sub-forwards" in out

@@ -215,3 +215,19 @@ def test_attention_only_cost_optimal_is_the_chunk_layout_and_not_offered_twice()
     assert (d.action, d.variant, d.planner_of(d.variant)) == ("fit", "cost-optimal", "chunked")
     assert d.estimate.busiest_tokens == 5120
     assert [v for v, _ in d.considered] == ["cost-optimal", "memory-minimal:balanced"]
+
+
+def test_split_under_a_policy_with_other_component_names():
+    """Splitting reads what each part keeps until backward from the estimate
+    (``retained_bytes``), not from one policy's component names: under ``tight`` a
+    split is priced and chosen when only it fits."""
+    geometry = load_model("qwen3-1.7b")
+    request = Request.independent([4096] * 8)
+    probe = admit(geometry, request, ParallelLayout(), 0, policy="tight")
+    considered = dict(probe.considered)
+    whole, halves = considered["cost-optimal"], considered["split-2"]
+    assert halves < whole  # one part's workspace at a time, every part's activations
+    decision = admit(geometry, request, ParallelLayout(), (halves + whole) // 2, policy="tight")
+    assert decision.action == "split" and decision.parts == 2
+    assert decision.estimate.retained_bytes is not None
+    assert 0 < decision.estimate.retained_bytes < decision.estimate.estimate_bytes
