@@ -145,3 +145,21 @@ def test_cli_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
         assert main(bad) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"error: {field}=") and "\n" not in err
+
+
+def test_tp_by_cp_ranks_follow_their_token_counts() -> None:
+    """TP 2 x CP 4 (a layout no measured cell has): each CP rank runs its own count, the
+    busier rank holds more, and a rank's K/V gather spans the whole packed row."""
+    model = get_model("qwen3.5-4b").truncated(4)
+    counts = (1024, 512, 512, 256)
+    rc = Recompute.parse("selective", "core_attn")
+    res = [
+        simulate_rank(
+            model,
+            RankLayout(2, 4, r, counts, counts, (GdnPiece(counts[r]),), sum(counts), True),
+            rc,
+        )
+        for r in (0, 1, 3)
+    ]
+    assert res[0].retained_bytes > res[1].retained_bytes > res[2].retained_bytes
+    assert res[0].tokens == 1024 and res[2].tokens == 256
