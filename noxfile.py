@@ -84,7 +84,7 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """CPU unit tests, including byte-exact reproduction of the recorded estimates
     (torch + megatron-core let the measurement driver's CPU end-to-end tests run)."""
-    _run(session, "python", "-m", "pytest", "tests/unit", *session.posargs)
+    _run(session, "python", "-m", "pytest", "tests/unit", "-n", "auto", *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -96,6 +96,8 @@ def property(session: nox.Session) -> None:
         "-m",
         "pytest",
         "tests/property",
+        "-n",
+        "auto",
         "--hypothesis-profile=ci",
         "--hypothesis-show-statistics",
         *session.posargs,
