@@ -51,10 +51,13 @@ def cpmem_counts(args: argparse.Namespace, lengths: list[int]) -> tuple[dict[str
             "rank_tokens", None, f"cpmem not importable ({exc}); pass --rank-tokens"
         ) from None
     try:
+        planner: Any = api  # Request, ParallelLayout, plan_request: names it imports
         geometry = api.load_model(args.model, config=args.config)
-        request = api.Request.shared(lengths, args.shared_prefix)
-        layout = api.ParallelLayout(tp=args.tp, cp=args.cp, sp=args.tp > 1 and not args.no_sp, ep=1)
-        plan = api.plan_request(request, layout, None, geometry)
+        request = planner.Request.shared(lengths, args.shared_prefix)
+        layout = planner.ParallelLayout(
+            tp=args.tp, cp=args.cp, sp=args.tp > 1 and not args.no_sp, ep=1
+        )
+        plan = planner.plan_request(request, layout, None, geometry)
     except AttributeError:
         raise SimInputError(
             "rank_tokens", None, "cpmem.api has no planner here; pass --rank-tokens"
@@ -96,6 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SimInputError("cp", args.cp, f"larger than the {sum(lengths)} tokens")
     if not 0 <= args.shared_prefix < min(lengths or [args.shared_prefix + 1]):
         raise SimInputError("shared_prefix", args.shared_prefix, "must be below every length")
+    counts: dict[str, Any]
     if explicit is not None:
         if len(explicit) != args.cp:
             raise SimInputError("rank_tokens", explicit, f"needs one count per CP rank ({args.cp})")
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         counts, source = cpmem_counts(args, lengths)
     else:
         raise SimInputError("lengths", None, "give --lengths or --rank-tokens")
-    segs = (
+    segs: list[tuple[int, int | None]] = (
         row_segments(lengths, args.shared_prefix, counts["packed_tokens"])
         if lengths is not None
         else [(n, None) for n in counts["gdn_tokens"]]

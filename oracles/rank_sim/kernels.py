@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return"
 """Shape-only kernels and collectives: what each allocates and saves, no arithmetic.
 
 The simulator runs under ``FakeTensorMode``; only allocations count. Each autograd

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return"
 """One rank's decoder: megatron-core Column/RowParallelLinear projections (frozen bf16,
 rank-1 LoRA), sequence parallel through megatron's mappings, and the shape-only kernels.
 
@@ -183,7 +184,9 @@ class Attention(nn.Module):
             v = K.GatherTokens.apply(v, counts, ctx.cp_group)
         return K.FlashAttention.apply(q, k, v)
 
-    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _split(
+        self, qkv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         s, d, nq = qkv.shape[0], self.d, self.per_group_q
         if self.replicated:
             from megatron.core.tensor_parallel.mappings import (
@@ -258,7 +261,8 @@ class GatedDeltaNet(nn.Module):
             v = v.reshape(s, self.hv, self.dv)
             beta = torch.sigmoid(bl)
             g = -self.a_log.exp() * F.softplus(al.float() + self.dt_bias)
-            outs, finals = [], []
+            outs: list[torch.Tensor] = []
+            finals: list[torch.Tensor] = []
             start = 0
             for piece in ctx.layout.gdn_pieces:
                 with ctx.label("gdn_state"):

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return"
 """Run one rank's step under fake tensors and a fake process group, and account it.
 
 World = TP x CP over torch's ``fake`` backend (FakeStore); megatron's parallel_state is
@@ -84,6 +85,17 @@ def init_groups(tp: int, cp: int, cp_rank: int, tp_rank: int = 0) -> Any:
     return parallel_state.get_context_parallel_group() if cp > 1 else None
 
 
+def release_groups() -> None:
+    """Tear the fake world down again, so that later users of torch.distributed or
+    megatron's parallel_state in the same process (the saved-tensor oracle) start clean."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _count(layout: RankLayout, kind: str) -> int:
     return layout.attn_local if kind == "attention" else layout.gdn_local
 
@@ -106,14 +118,17 @@ def simulate_rank(
         previous, tracker.label = tracker.label, name
         return previous
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        ctx = RankContext(model, layout, recompute, compiled, cp_group, set_label)
-        layers = build_layers(ctx)
-        tracker = LiveBytesTracker(list(layers.parameters()))
-        first = _count(layout, model.kinds[0])
-        longest = max(layout.attn_local, layout.gdn_local)
-        with tracker:
-            result = _step(ctx, layers, tracker, first, longest)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            ctx = RankContext(model, layout, recompute, compiled, cp_group, set_label)
+            layers = build_layers(ctx)
+            tracker = LiveBytesTracker(list(layers.parameters()))
+            first = _count(layout, model.kinds[0])
+            longest = max(layout.attn_local, layout.gdn_local)
+            with tracker:
+                result = _step(ctx, layers, tracker, first, longest)
+    finally:
+        release_groups()
     result.seconds = time.perf_counter() - started
     result.ops = tracker.ops
     return result

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return"
 """Live-storage accounting at dispatch level: what the CUDA caching allocator would
 report as allocated bytes above the pre-forward baseline.
 

@@ -183,16 +183,16 @@ def report(
         groups.setdefault(f"model {c.model_id}", []).append((c, r))
         groups.setdefault(f"mode {c.mode}{':' + c.modules if c.modules else ''}", []).append((c, r))
     for name, members in groups.items():
-        fr = [_ratio(r.forward_peak_bytes, c.forward_peak) for c, r in members]
-        br = [_ratio(r.forward_backward_peak_bytes, c.forward_backward_peak) for c, r in members]
+        frs = [_ratio(r.forward_peak_bytes, c.forward_peak) for c, r in members]
+        brs = [_ratio(r.forward_backward_peak_bytes, c.forward_backward_peak) for c, r in members]
         ok = sum(
             abs(a - 1) <= FWD_TARGET and abs(b - 1) <= FB_TARGET
-            for a, b in zip(fr, br, strict=True)
+            for a, b in zip(frs, brs, strict=True)
         )
         lines.append(
-            f"| {name} | {len(members)} | {_fmt(statistics.median(fr))} | "
-            f"{_fmt(max(fr, key=lambda x: abs(x - 1)))} | {_fmt(statistics.median(br))} | "
-            f"{_fmt(max(br, key=lambda x: abs(x - 1)))} | {ok}/{len(members)} |"
+            f"| {name} | {len(members)} | {_fmt(statistics.median(frs))} | "
+            f"{_fmt(max(frs, key=lambda x: abs(x - 1)))} | {_fmt(statistics.median(brs))} | "
+            f"{_fmt(max(brs, key=lambda x: abs(x - 1)))} | {ok}/{len(members)} |"
         )
     lines += ["", "## Cells outside the targets (>= 2048 logical tokens)", ""]
     for c, r in big:
