@@ -66,12 +66,20 @@ def coverage(
                     "covered": fb >= fb_peak,
                 }
             )
-    heads = [r["headroom"] for r in rows]
-    tight = min(rows, key=lambda r: r["headroom"]) if rows else None
     failing = [r["cell_id"] for r in rows if not r["covered"]]
     failing += [f"{r['cell_id']} (forward+backward)" for r in fb_rows if not r["covered"]]
+    return {"passed": not failing, **coverage_summary(rows, fb_rows, failing)}
+
+
+def coverage_summary(
+    rows: Sequence[Mapping[str, Any]], fb_rows: Sequence[Mapping[str, Any]], failing: list[str]
+) -> dict[str, Any]:
+    """Headroom statistics of coverage rows (a row without an estimate has headroom
+    None and counts as a cell, not as priced), and of forward+backward rows if any."""
+    priced = [r for r in rows if r["headroom"] is not None]
+    heads = [r["headroom"] for r in priced]
+    tight = min(priced, key=lambda r: r["headroom"]) if priced else None
     out: dict[str, Any] = {
-        "passed": not failing,
         "cells": len(rows),
         "rank_samples": sum(r["rank_samples"] for r in rows),
         "min_headroom": min(heads) if heads else None,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import InputError
-from cpmem.gate.checks import golden_check, pct
+from cpmem.gate.checks import coverage_summary, golden_check, pct
 from cpmem.gate.samples import cell_inputs, is_measured
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
@@ -302,31 +302,11 @@ def gate_external(
             )
             if fb < fb_peak:
                 failing.append(f"{c.cell_id} (forward+backward)")
-    heads = [r["headroom"] for r in rows if r["headroom"] is not None]
-    priced = [r for r in rows if r["headroom"] is not None]
-    tight = min(priced, key=lambda r: r["headroom"]) if priced else None
     coverage: dict[str, Any] = {
         "passed": not failing and bool(rows),
-        "cells": len(rows),
-        "priced": len(priced),
-        "rank_samples": sum(r["rank_samples"] for r in rows),
-        "min_headroom": min(heads) if heads else None,
-        "min_headroom_cell": tight["cell_id"] if tight else None,
-        "median_headroom": statistics.median(heads) if heads else None,
-        "max_headroom": max(heads) if heads else None,
-        "failing": failing,
-        "rows": rows,
+        "priced": sum(1 for r in rows if r["headroom"] is not None),
+        **coverage_summary(rows, fb_rows, failing),
     }
-    if fb_rows:
-        fb_heads = [r["headroom"] for r in fb_rows]
-        coverage["forward_backward"] = {
-            "cells": len(fb_rows),
-            "covered": sum(1 for r in fb_rows if r["covered"]),
-            "min_headroom": min(fb_heads),
-            "median_headroom": statistics.median(fb_heads),
-            "max_headroom": max(fb_heads),
-            "rows": fb_rows,
-        }
     checks: dict[str, Any] = {
         "golden": golden_check(golden_dir, cells),
         "coverage": coverage,
@@ -354,7 +334,11 @@ def gate_external(
                 if fb_rows
                 else ""
             )
-            + (f"; min headroom {pct(min(heads))}" if heads else "")
+            + (
+                f"; min headroom {pct(coverage['min_headroom'])}"
+                if coverage["min_headroom"] is not None
+                else ""
+            )
             + ("" if checks["golden"]["passed"] else "; golden layer damaged")
         ),
     }
