@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from cpmem.admission.admission import select_width
+from cpmem.admission.width import select_width
 from cpmem.api import load_model
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.planners import plan_request

@@ -22,7 +22,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "api": {"base", "model", "plan", "pricing"},
     "golden": {"base"},
     "gate": {"base", "model", "plan", "pricing", "admission", "api", "golden"},
-    "cli": {"base", "model", "plan", "pricing", "admission", "api", "golden", "gate"},
+    "cli_help": {"base", "pricing"},
+    "cli": {"base", "model", "plan", "pricing", "admission", "api", "golden", "gate", "cli_help"},
 }
 
 

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from cpmem.admission.admission import admit, admit_plan, select_width, split_request, usable_budget
+from cpmem.admission.admission import admit, admit_plan, split_request, usable_budget
 from cpmem.admission.comm import LocalCommunicator, collective_plan
+from cpmem.admission.width import select_width
 from cpmem.api import estimate, load_model
 from cpmem.errors import InputError, PlanningError
 from cpmem.plan.layout import ParallelLayout

@@ -1,0 +1,50 @@
+"""The help text of every ``cpmem`` flag, in one place (a test requires each option of
+``estimate``, ``admit`` and ``models`` to have one)."""
+
+from __future__ import annotations
+
+from cpmem.pricing.registry import policy_names
+
+HELP: dict[str, str] = {
+    "--model": "preset name or recorded Hugging Face id (see `cpmem models`)",
+    "--config": "path to a Hugging Face config.json (e.g. examples/qwen3-1.7b/config.json)",
+    "--fused-activation": "the runtime fuses the SwiGLU activation (default: by model family)",
+    "--unfused-activation": "the runtime runs SwiGLU unfused",
+    "--lengths": "sequence lengths of the request, comma-separated, e.g. 4096,4096",
+    "--shared-prefix": "tokens every sequence shares at its start, stored once (default 0)",
+    "--tp": "tensor parallel size (default 1)",
+    "--cp": "context parallel size (default 1)",
+    "--ep": "expert parallel size, MoE models (default 1)",
+    "--sp": "sequence parallel on (the default when --tp > 1)",
+    "--no-sp": "sequence parallel off",
+    "--recompute": "activation recompute: selective (checkpointed modules), none, full "
+    "(every layer), no-grad (a forward without backward); default selective",
+    "--modules": "modules selective recompute checkpoints, '+'-joined: core_attn, mlp, moe "
+    "(default core_attn)",
+    "--planner": "who owns which tokens under CP (default: chunked, the measured runtime's "
+    "layout, for attention-only models; gdn-segments for hybrid). worst: the most tokens "
+    "any planner puts on one rank, when the runtime's layout is unknown",
+    "--allow-long": "price sequences longer than the model's max_position_embeddings (warns)",
+    "--compiled": "the layers run under torch.compile (changes what attention and MLP keep)",
+    "--moe-routing": "how the MoE router spreads tokens over EP ranks: concentrated (top-k "
+    "rows of a token on one rank, the safe default) or balanced (the caller's promise)",
+    "--profiles": "JSON store of learned-profile floors (largest bytes observed per setting)",
+    "--logical-tokens": "explicit plan: sum of the sequence lengths",
+    "--packed-tokens": "explicit plan: tokens after prefix sharing and TP padding",
+    "--rank-tokens": "explicit plan: model tokens per CP rank, e.g. 4096,2868 (one per rank)",
+    "--busiest-tokens": "explicit plan: model tokens on the busiest CP rank only",
+    "--segments": "explicit plan: gradient-enabled prefix-tree segments (prefix + completions)",
+    "--json": "print one JSON object instead of the table",
+    "--budget-gib": "usable bytes per rank, in GiB",
+    "--free-bytes": "free device bytes per rank (with the two flags below instead of "
+    "--budget-gib: usable = free + reusable reserved - a 3%% reserve of the device total)",
+    "--reusable-reserved-bytes": "bytes the caching allocator holds and can reuse",
+    "--device-total-bytes": "the device's total memory in bytes",
+    "--figure": "admit on the forward peak or the whole step (forward_backward; policies "
+    "that price it, e.g. tight)",
+}
+
+
+def policy_help() -> str:
+    """The policy list comes from the registry, so a new policy shows up here."""
+    return f"pricing policy: {', '.join(policy_names())} (default reference; docs/pricing.md)"
