@@ -156,3 +156,18 @@ def simulate(session: nox.Session) -> None:
     runs only a reduced-depth subset (tests/oracle/test_rank_sim.py)."""
     _run(session, "python", "-m", "oracles.rank_sim.validate", *session.posargs)
     _run(session, "python", "-m", "oracles.rank_sim.validate", "--check")
+
+
+@nox.session(name="simulate-grid", venv_backend="none")
+def simulate_grid(session: nox.Session) -> None:
+    """The simulated grid (issue 11): generate golden/simulated/ with the rank simulator
+    over local processes (resumable: finished ranks are kept; `-- --workers N` to change
+    the 2 processes), then the gate's full simulated tier for every policy. Not in the
+    default run, which checks a fixed subset of committed rows (tests/golden/
+    test_simulated.py). The tier's verdicts are printed; it fails on missing or
+    corrupted rows, not on a policy that misses a target (docs/simulated-grid.md)."""
+    _run(session, "python", "-m", "oracles.sim_grid", *session.posargs)
+    cpmem = str(_shared(session) / "cpmem")
+    for policy in ("tight", "reference", "global"):
+        args = ("gate", "--tier", "simulated", "--policy", policy)
+        session.run(cpmem, *args, external=True, success_codes=[0, 1])

@@ -1,0 +1,341 @@
+"""``python -m oracles.sim_grid``: generate the simulated grid (golden/simulated/).
+
+The command line is the one part of the generator that asks cpmem for anything: it asks
+cpmem's default planner (``cpmem.api``: the plan a user of cpmem would get) for each
+configuration's per-CP-rank token counts, and hands them to the workers as plain
+numbers (``worker.py`` imports no cpmem). The skewed request is laid out explicitly
+instead (``grid.RequestSpec``). Each distinct rank of a configuration is simulated
+(ranks with equal counts and GDN pieces once, ``worker.rank_signature``), over local
+processes, with a progress line. Finished ranks are appended to ``ranks.jsonl`` as they
+complete, so an interrupted run resumes where it stopped; ``rows.csv``, the provenance
+record and ``MANIFEST.sha256`` are rewritten from it.
+
+    python -m oracles.sim_grid [--workers 2] [--limit N] [--only REGEX] [--assemble]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from oracles.rank_sim import SIM_VERSION
+from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, grid
+from oracles.sim_grid.worker import rank_signature, simulate_job
+
+RANKS = "ranks.jsonl"
+ROWS = "rows.csv"
+PROVENANCE = "provenance.json"
+MANIFEST = "MANIFEST.sha256"
+
+COLUMNS = (
+    "config_id", "model", "model_source", "layers", "gdn_layers", "tp", "cp", "ep",
+    "sequence_parallel", "compiled", "mode", "modules", "request", "lengths", "shared_prefix",
+    "logical_tokens", "packed_tokens", "retained_tokens", "grad_segments", "planner",
+    "attention_tokens", "gdn_tokens", "rank_forward_peak_bytes",
+    "rank_forward_backward_peak_bytes", "busiest_rank", "forward_peak_bytes",
+    "forward_backward_peak_bytes", "simulated_ranks", "sim_seconds", "simulator",
+)  # fmt: skip
+"""``rows.csv``: golden/cells.csv's layout columns (model .. grad_segments), the plan the
+simulator was given (planner, per-CP-rank attention / GDN tokens, '+'-joined), and the
+simulator's per-rank peaks ('+'-joined, rank order) with the busiest rank's (by forward
+peak). Peaks are incremental bytes above the pre-forward baseline without the cold
+set-up (oracles/rank_sim/README.md)."""
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def plan_job(c: GridConfig) -> dict[str, Any]:
+    """The configuration's plan as plain numbers (cpmem's default planner, or the skewed
+    explicit layout)."""
+    from cpmem import api
+    from cpmem.plan.layout import ParallelLayout
+    from cpmem.plan.planners import plan_request
+    from cpmem.plan.request import Request
+
+    geometry = api.load_model(config=c.config_path) if c.config_path else api.load_model(c.model)
+    layout = ParallelLayout(tp=c.tp, cp=c.cp, sp=c.tp > 1)
+    request = Request.shared(list(c.request.lengths), c.request.shared_prefix)
+    mult = c.tp if layout.sp_active else 1
+    if c.request.skew and c.cp > 1:
+        first = c.request.lengths[0]
+        rest = request.real_tokens - first
+        base, extra = divmod(rest, c.cp - 1)
+        attn = [_round_up(first, mult)] + [
+            _round_up(base + (i < extra), mult) for i in range(c.cp - 1)
+        ]
+        gdn = list(attn)
+        planner = "explicit:whole-first"
+        packed = _round_up(request.real_tokens, c.tp)
+    else:
+        plan = plan_request(request, layout, None, geometry)
+        g = plan.groups[0]
+        attn, gdn = list(g.attention_tokens), list(g.gdn_tokens)
+        planner, packed = plan.planner, g.packed_tokens
+    if not geometry.is_hybrid:
+        gdn = list(attn)  # no GDN layer: one count per rank
+    return {
+        "config_id": c.config_id,
+        "model": c.model,
+        "config_path": str(c.config_path) if c.config_path else None,
+        "tp": c.tp,
+        "cp": c.cp,
+        "mode": c.mode,
+        "modules": c.modules,
+        "lengths": list(c.request.lengths),
+        "shared_prefix": c.request.shared_prefix,
+        "logical_tokens": request.logical_tokens,
+        "packed_tokens": packed,
+        "grad_segments": request.grad_segments,
+        "planner": planner,
+        "attention_tokens": attn,
+        "gdn_tokens": gdn,
+        "layers": geometry.layers,
+        "gdn_layers": geometry.gdn_layers,
+    }
+
+
+def representatives(job: dict[str, Any]) -> list[int]:
+    """For each CP rank, the lowest rank with its signature (that one is simulated)."""
+    first: dict[tuple[object, ...], int] = {}
+    return [first.setdefault(rank_signature(job, r), r) for r in range(job["cp"])]
+
+
+def _load_done(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    path = out / RANKS
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[(r["config_id"], r["rank"])] = r
+    return done
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_sha() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _row(job: dict[str, Any], done: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    reps = representatives(job)
+    results = [done[(job["config_id"], rep)] for rep in reps]
+    fwd = [r["forward_peak_bytes"] for r in results]
+    fb = [r["forward_backward_peak_bytes"] for r in results]
+    busiest = fwd.index(max(fwd))
+    tokens = [max(a, g) for a, g in zip(job["attention_tokens"], job["gdn_tokens"], strict=True)]
+    mode, modules = job["mode"], job["modules"]
+    return {
+        "config_id": job["config_id"],
+        "model": job["model"],
+        "model_source": (
+            "preset" if not job["config_path"] else Path(job["config_path"]).relative_to(SIM_DIR)
+        ),
+        "layers": job["layers"],
+        "gdn_layers": job["gdn_layers"],
+        "tp": job["tp"],
+        "cp": job["cp"],
+        "ep": 1,
+        "sequence_parallel": job["tp"] > 1,
+        "compiled": False,
+        "mode": mode,
+        "modules": modules,
+        "request": job["config_id"].split(":")[3],
+        "lengths": "+".join(map(str, job["lengths"])),
+        "shared_prefix": job["shared_prefix"],
+        "logical_tokens": job["logical_tokens"],
+        "packed_tokens": job["packed_tokens"],
+        "retained_tokens": max(tokens),
+        "grad_segments": job["grad_segments"],
+        "planner": job["planner"],
+        "attention_tokens": "+".join(map(str, job["attention_tokens"])),
+        "gdn_tokens": "+".join(map(str, job["gdn_tokens"])),
+        "rank_forward_peak_bytes": "+".join(map(str, fwd)),
+        "rank_forward_backward_peak_bytes": "+".join(map(str, fb)),
+        "busiest_rank": busiest,
+        "forward_peak_bytes": max(fwd),
+        "forward_backward_peak_bytes": max(fb),
+        "simulated_ranks": len(set(reps)),
+        "sim_seconds": round(sum(done[(job["config_id"], r)]["seconds"] for r in set(reps)), 2),
+        "simulator": SIM_VERSION,
+    }
+
+
+def assemble(out: Path, jobs: list[dict[str, Any]], runs: list[dict[str, Any]]) -> int:
+    """Rewrite rows.csv (complete configurations, grid order), the provenance record and
+    the manifest from ranks.jsonl; returns the number of rows."""
+    done = _load_done(out)
+    rows = [
+        _row(j, done)
+        for j in jobs
+        if all((j["config_id"], r) in done for r in set(representatives(j)))
+    ]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    (out / ROWS).write_text(buf.getvalue())
+    prov_path = out / PROVENANCE
+    prov: dict[str, Any] = json.loads(prov_path.read_text()) if prov_path.exists() else {}
+    seconds = [r["seconds"] for r in done.values()]
+    prov.update(
+        {
+            "what": "rank simulator rows (simulated, not measured; never mixed into cells.csv)",
+            "simulator": SIM_VERSION,
+            "generator": "python -m oracles.sim_grid",
+            "torch": _version("torch"),
+            "megatron-core": _version("megatron-core"),
+            "fla": _version("fla-core"),
+            "gdn_kernel": "stand-in (oracles/rank_sim/README.md)",
+            "cold_setup_added": False,
+            "planner": "cpmem default planner (cpmem.plan.planners.plan_request), "
+            "skew rows explicit:whole-first",
+            "configs_sha256": {
+                str(p.relative_to(out)): _sha256(p)
+                for p in sorted((out / "configs").glob("*.json"))
+            },
+            "grid_configurations": len(jobs),
+            "rows": len(rows),
+            "simulated_ranks": len(done),
+            "rank_seconds_total": round(sum(seconds), 1),
+            "rank_seconds_mean": round(sum(seconds) / len(seconds), 2) if seconds else None,
+        }
+    )
+    prov["runs"] = prov.get("runs", []) + runs
+    prov_path.write_text(json.dumps(prov, indent=2) + "\n")
+    write_manifest(out)
+    return len(rows)
+
+
+def manifest_files(out: Path) -> list[Path]:
+    files = [out / ROWS, out / RANKS, out / PROVENANCE, *sorted((out / "configs").glob("*.json"))]
+    return [f for f in files if f.exists()]
+
+
+def write_manifest(out: Path) -> None:
+    lines = [f"{_sha256(f)}  {f.relative_to(out).as_posix()}" for f in manifest_files(out)]
+    (out / MANIFEST).write_text("\n".join(lines) + "\n")
+
+
+def _progress(done: int, total: int, started: float, extra: str) -> None:
+    elapsed = time.monotonic() - started
+    rate = done / elapsed if elapsed > 0 and done else 0.0
+    eta = (total - done) / rate if rate else float("nan")
+    width = 30
+    fill = int(width * done / total) if total else width
+    sys.stderr.write(
+        f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} ranks  "
+        f"{elapsed / 60:.1f} min  eta {eta / 60:.1f} min  {extra}   "
+    )
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m oracles.sim_grid", description=__doc__)
+    ap.add_argument("--workers", type=int, default=2, help="local processes (default 2)")
+    ap.add_argument("--limit", type=int, default=None, help="first N configurations only")
+    ap.add_argument("--only", default=None, help="configurations whose id matches this regex")
+    ap.add_argument("--out", type=Path, default=SIM_DIR, help="default golden/simulated")
+    ap.add_argument("--assemble", action="store_true", help="rewrite rows/manifest only")
+    ap.add_argument("--every", type=int, default=20, help="reassemble every N finished ranks")
+    args = ap.parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    configs = grid()
+    if args.only:
+        configs = [c for c in configs if re.search(args.only, c.config_id)]
+    if args.limit is not None:
+        configs = configs[: args.limit]
+    jobs = [plan_job(c) for c in configs]
+    all_jobs = jobs if not (args.only or args.limit) else [plan_job(c) for c in grid()]
+    run = {
+        "command": " ".join(["python -m oracles.sim_grid", *(argv or sys.argv[1:])]),
+        "git_sha": _git_sha(),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "workers": args.workers,
+        "host_cpus": os.cpu_count(),
+    }
+    if args.assemble:
+        n = assemble(out, all_jobs, [])
+        print(f"{n} rows in {out / ROWS}")
+        return 0
+    done = _load_done(out)
+    pending = [
+        {**j, "rank": r}
+        for j in jobs
+        for r in sorted(set(representatives(j)))
+        if (j["config_id"], r) not in done
+    ]
+    total = len(pending)
+    print(
+        f"{len(jobs)} configurations, {total} ranks to simulate ({len(done)} done)", file=sys.stderr
+    )
+    started = time.monotonic()
+    finished = 0
+    sim_seconds = 0.0
+    with ProcessPoolExecutor(max_workers=args.workers) as pool, (out / RANKS).open("a") as fh:
+        queue = iter(pending)
+        running: set[Future[dict[str, Any]]] = set()
+        for job in queue:  # keep the pool a little ahead, not the whole grid queued
+            running.add(pool.submit(simulate_job, job))
+            if len(running) >= 2 * args.workers:
+                break
+        while running:
+            ready, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in ready:
+                res = fut.result()
+                fh.write(json.dumps(res) + "\n")
+                fh.flush()
+                finished += 1
+                sim_seconds += res["seconds"]
+                nxt = next(queue, None)
+                if nxt is not None:
+                    running.add(pool.submit(simulate_job, nxt))
+            _progress(finished, total, started, f"last {res['config_id']}")
+            if finished % args.every == 0:
+                assemble(out, all_jobs, [])
+    wall = time.monotonic() - started
+    run.update(
+        {
+            "ranks_simulated": finished,
+            "wall_seconds": round(wall, 1),
+            "ranks_per_minute": round(60 * finished / wall, 2) if wall > 0 else None,
+        }
+    )
+    n = assemble(out, all_jobs, [run])
+    sys.stderr.write("\n")
+    print(f"{finished} ranks in {wall:.0f} s; {n} rows in {out / ROWS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""The simulated grid's definition: which (model, TP, CP, request, recompute) configurations
+exist. Pure data: no torch, no cpmem.
+
+Design (issue 11): 7 models x 13 TP x CP layouts (TP and CP in {1, 2, 4, 8}, TP x CP up
+to 16 ranks) x 5 (request, recompute) slots = 455 configurations. The slots rotate over
+the requests and the four recompute paths with the model and layout index, so that every
+model meets every request kind and every recompute path, and every CP size > 1 meets the
+skewed request (busiest rank far above packed/CP). Slot 0 of every (model, layout) comes
+first in generation order, then slot 1, ...: a partial run covers every model and layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SIM_DIR = REPO / "golden" / "simulated"
+CONFIG_DIR = SIM_DIR / "configs"
+
+# name -> (preset name, or None) / config file under golden/simulated/configs/
+MODELS: dict[str, str] = {
+    "qwen3.5-27b": "preset",
+    "qwen3.5-4b": "preset",
+    "qwen3-1.7b": "preset",
+    "qwen3.5-9b": "configs/qwen3.5-9b.json",
+    "llama-3.1-8b-style": "configs/llama-3.1-8b-style.json",
+    "qwen3-32b-style": "configs/qwen3-32b-style.json",
+    "qwen3-next-style-dense": "configs/qwen3-next-style-dense.json",
+}
+"""The four cpmem presets less the MoE one (qwen3.5-35b-a3b: the simulator does not
+simulate MoE layers, oracles/rank_sim/README.md), Qwen3.5-9B and three configs never
+measured."""
+
+LAYOUTS: tuple[tuple[int, int], ...] = (
+    (1, 1), (2, 1), (4, 1), (8, 1),
+    (1, 2), (1, 4), (1, 8),
+    (2, 2), (2, 4), (2, 8), (4, 2), (4, 4), (8, 2),
+)  # fmt: skip
+"""(TP, CP): every TP and CP in {1, 2, 4, 8} and TP x CP together up to 16 ranks."""
+
+K = 1024
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request: lengths and a shared prefix. ``skew``: laid out explicitly with the
+    first sequence whole on CP rank 0 and the rest spread evenly over the others (a
+    runtime that keeps sequences whole), so that the busiest rank holds far more than
+    packed/CP; otherwise cpmem's default planner lays it out."""
+
+    name: str
+    lengths: tuple[int, ...]
+    shared_prefix: int = 0
+    skew: bool = False
+
+
+REQUESTS: tuple[RequestSpec, ...] = (
+    RequestSpec("single-2k", (2 * K,)),
+    RequestSpec("single-8k", (8 * K,)),
+    RequestSpec("single-32k", (32 * K,)),
+    RequestSpec("single-128k", (128 * K,)),
+    RequestSpec("pair-16k", (16 * K, 16 * K)),
+    RequestSpec("pair-32k-prefix-8k", (32 * K, 32 * K), 8 * K),
+    RequestSpec("pack4-uneven", (12 * K, 2 * K, 6 * K + 512, 1 * K + 300)),
+    RequestSpec(
+        "pack8-uneven", (9000, 1500, 4096, 700, 12000, 2200, 3333, 5000)
+    ),
+    RequestSpec(
+        "pack16-uneven",
+        (8192, 1024, 3000, 500, 6000, 2048, 777, 4096, 9000, 1200, 2500, 640, 7000, 3500, 1800, 5200),
+    ),
+    RequestSpec("skew-whole-first", (48 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K, 2 * K), skew=True),
+)  # fmt: skip
+
+RECOMPUTE: tuple[tuple[str, str], ...] = (
+    ("none", ""),
+    ("selective", "core_attn"),
+    ("selective", "core_attn+mlp"),
+    ("full", ""),
+)
+"""(mode, modules) as golden/cells.csv records them."""
+
+SLOTS = 5
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    config_id: str
+    model: str
+    tp: int
+    cp: int
+    request: RequestSpec
+    mode: str
+    modules: str
+    order: int  # generation order (slot-major)
+
+    @property
+    def model_source(self) -> str:
+        return MODELS[self.model]
+
+    @property
+    def config_path(self) -> Path | None:
+        src = MODELS[self.model]
+        return None if src == "preset" else SIM_DIR / src
+
+
+def _requests_for(cp: int) -> tuple[RequestSpec, ...]:
+    return REQUESTS if cp > 1 else tuple(r for r in REQUESTS if not r.skew)
+
+
+def grid() -> list[GridConfig]:
+    """Every configuration, in generation order (slot-major)."""
+    out: list[GridConfig] = []
+    models = list(MODELS)
+    for slot in range(SLOTS):
+        for li, (tp, cp) in enumerate(LAYOUTS):
+            for mi, model in enumerate(models):
+                reqs = _requests_for(cp)
+                if slot == 0 and cp > 1 and (mi + li) % 3 == 0:
+                    req = reqs[-1]  # the skewed request, for every CP size and model family
+                else:
+                    req = reqs[(3 * mi + 2 * li + 2 * slot) % len(reqs)]
+                mode, modules = RECOMPUTE[(mi + li + slot) % len(RECOMPUTE)]
+                rc = mode + (f":{modules}" if modules else "")
+                cid = f"{model}:tp{tp}:cp{cp}:{req.name}:{rc}"
+                out.append(GridConfig(cid, model, tp, cp, req, mode, modules, len(out)))
+    # a slot that repeats an earlier slot's (request, recompute) is dropped
+    seen: set[str] = set()
+    unique = []
+    for c in out:
+        if c.config_id not in seen:
+            seen.add(c.config_id)
+            unique.append(c)
+    return unique
+
+
+def by_id() -> dict[str, GridConfig]:
+    return {c.config_id: c for c in grid()}
