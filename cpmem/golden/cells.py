@@ -1,20 +1,16 @@
-"""Measured cells: ``cells.csv`` loaded, validated against the schema beside it, typed."""
+"""Measured cells: ``cells.csv`` loaded as a DataFrame validated against the schema
+(:class:`cpmem.golden.schema.CellsModel`), and as typed rows (:class:`MeasuredCell`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpmem.golden.files import (
-    CELLS_FILE,
-    SCHEMA_FILE,
-    GoldenDataError,
-    default_golden_dir,
-    read_csv,
-)
-from cpmem.golden.schema import COLUMNS, PEAK_COLUMNS, ColumnSpec, load_schema, validate_row
+import pandas as pd
+
+from cpmem.golden.files import CELLS_FILE, GoldenDataError, default_golden_dir, read_csv
+from cpmem.golden.schema import COLUMN_NAMES, COLUMNS, PEAK_COLUMNS, validate_frame
 
 
 @dataclass(frozen=True)
@@ -87,62 +83,59 @@ class MeasuredCell:
         """A deliberately broken estimator whose recorded estimate a gate must flag."""
         return self.phase.endswith("_negative_control")
 
-    @staticmethod
-    def from_row(row: Mapping[str, str], columns: Sequence[ColumnSpec] = COLUMNS) -> MeasuredCell:
-        """Convert a validated row (strings) into typed values."""
-        kwargs: dict[str, Any] = {}
-        for spec in columns:
-            raw = row[spec.name]
-            value: Any
-            if spec.type == "str":
-                value = raw
-            elif raw == "":
-                value = None
-            elif spec.type == "int":
-                value = int(raw)
-            elif spec.type == "bool":
-                value = raw == "True"
-            else:
-                value = float(raw)
-            kwargs[spec.name] = value
-        return MeasuredCell(**kwargs)
+
+def _python(value: Any, ctype: str) -> Any:
+    """A frame value as the plain Python value of its column type (<NA> -> None;
+    a text column's empty field -> '', as written)."""
+    if value is None or value is pd.NA or (not isinstance(value, str) and pd.isna(value)):
+        return "" if ctype == "str" else None
+    if ctype == "int":
+        return int(value)
+    if ctype == "bool":
+        return bool(value)
+    if ctype == "float":
+        return float(value)
+    return str(value)
 
 
-def schema_for(cells_path: Path) -> tuple[ColumnSpec, ...]:
-    schema_path = cells_path.parent / SCHEMA_FILE
-    return load_schema(schema_path) if schema_path.exists() else COLUMNS
+def cells_from_frame(frame: pd.DataFrame) -> list[MeasuredCell]:
+    """Typed rows of a validated cells frame (``load_frame``), in frame order."""
+    columns = {
+        spec.name: [_python(v, spec.type) for v in frame[spec.name].tolist()] for spec in COLUMNS
+    }
+    return [
+        MeasuredCell(**{name: columns[name][i] for name in COLUMN_NAMES}) for i in range(len(frame))
+    ]
 
 
-def read_cells_rows(path: Path, columns: Sequence[ColumnSpec]) -> list[dict[str, str]]:
-    """Rows of a cells.csv, each validated; ids must be unique."""
+def read_cells(path: Path) -> tuple[list[dict[str, str]], pd.DataFrame]:
+    """A cells.csv as written (rows of text) and as a validated frame (index: the
+    1-based row number). Header, types, closed sets, patterns, cross-column rules and
+    unique ids are all checked; the first violation raises GoldenDataError."""
     header, rows = read_csv(path)
-    names = [c.name for c in columns]
+    names = list(COLUMN_NAMES)
     if header != names:
         raise GoldenDataError(
             f"header {header} differs from the schema's columns {names}", file=str(path)
         )
-    seen: dict[str, int] = {}
-    for i, row in enumerate(rows, start=1):
-        validate_row(row, columns, where=str(path), row_no=i)
-        cid = row["cell_id"]
-        if cid in seen:
-            raise GoldenDataError(
-                f"duplicate cell_id (first at row {seen[cid]})",
-                file=str(path),
-                row=i,
-                column="cell_id",
-                value=cid,
-            )
-        seen[cid] = i
-    return rows
+    return rows, validate_frame(rows, where=str(path))
+
+
+def read_cells_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of a cells.csv as text (for the append-only merge), validated."""
+    return read_cells(path)[0]
+
+
+def load_frame(path: Path | str | None = None) -> pd.DataFrame:
+    """``cells.csv`` (default: the golden dir's) as a DataFrame validated against
+    CellsModel: one row per cell, indexed by the 1-based row number, nullable dtypes
+    (``Int64``, ``boolean``, strings); an empty field is <NA>. A violation raises
+    GoldenDataError naming file, row, column and value."""
+    cells_path = Path(path) if path is not None else default_golden_dir() / CELLS_FILE
+    return read_cells(cells_path)[1]
 
 
 def load_cells(path: Path | str | None = None) -> list[MeasuredCell]:
-    """Load and validate ``cells.csv`` (default: the golden dir's), typed.
-
-    Validated against the ``schema.json`` beside the file (the built-in schema if
-    there is none); a violation raises GoldenDataError naming file, row, column, value.
-    """
-    cells_path = Path(path) if path is not None else default_golden_dir() / CELLS_FILE
-    columns = schema_for(cells_path)
-    return [MeasuredCell.from_row(r, columns) for r in read_cells_rows(cells_path, columns)]
+    """Load and validate ``cells.csv`` (default: the golden dir's), one typed
+    MeasuredCell per row, built from :func:`load_frame`."""
+    return cells_from_frame(load_frame(path))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpmem.golden.cells import read_cells_rows, schema_for
+from cpmem.golden.cells import read_cells_rows
 from cpmem.golden.files import (
     APPENDED_BY,
     CAMPAIGNS_SUBDIR,
@@ -22,7 +22,7 @@ from cpmem.golden.files import (
     atomic_write,
     csv_bytes,
 )
-from cpmem.golden.schema import COLUMN_NAMES, schema_bytes, validate_row
+from cpmem.golden.schema import COLUMN_NAMES, ROW_SCHEMA, schema_bytes, validate_frame
 from cpmem.golden.sources import SOURCES_README, normalize_sources, read_provenance
 
 
@@ -84,7 +84,7 @@ def existing_rows(golden_dir: Path) -> list[dict[str, str]]:
     path = golden_dir / CELLS_FILE
     if not path.exists():
         return []
-    return read_cells_rows(path, schema_for(path))
+    return read_cells_rows(path)
 
 
 def _commit(golden_dir: Path, writes: Sequence[tuple[Path, bytes]]) -> tuple[str, ...]:
@@ -119,8 +119,9 @@ def import_sources(
     incoming: list[tuple[str, Mapping[str, str]]] = [
         (f"{SOURCES_SUBDIR}/{r['source_file']} row {r['source_row']}", r) for r in rows
     ]
+    if campaign_rows:
+        validate_frame(campaign_rows, where="campaign_rows", schema=ROW_SCHEMA)
     for i, extra in enumerate(campaign_rows or (), start=1):
-        validate_row(extra, where="campaign_rows", row_no=i)
         incoming.append((f"campaign_rows[{i}]", extra))
     merged, imported, skipped = _merge(existing_rows(golden_dir), incoming)
 
@@ -177,12 +178,11 @@ def append_rows(
             raise GoldenDataError(
                 "provenance keys and values must be strings", column=str(key), value=repr(val)
             )
+    prepared = [{**given, "imported_by": given.get("imported_by") or APPENDED_BY} for given in rows]
+    if prepared:
+        validate_frame(prepared, where="append_rows", schema=ROW_SCHEMA)
     incoming: list[tuple[str, Mapping[str, str]]] = []
-    for i, given in enumerate(rows, start=1):
-        row = dict(given)
-        if not row.get("imported_by"):
-            row["imported_by"] = APPENDED_BY
-        validate_row(row, where="append_rows", row_no=i)
+    for i, row in enumerate(prepared, start=1):
         if row["campaign"] != campaign:
             raise GoldenDataError(
                 f"campaign differs from provenance campaign {campaign!r}",

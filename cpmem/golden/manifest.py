@@ -13,13 +13,14 @@ from cpmem.golden.files import (
     CELLS_FILE,
     CONTROLS_SUBDIR,
     MANIFEST_FILE,
+    SCHEMA_FILE,
     SOURCES_SUBDIR,
     GoldenDataError,
     atomic_write,
     default_golden_dir,
 )
 from cpmem.golden.importer import existing_rows
-from cpmem.golden.schema import COLUMN_NAMES
+from cpmem.golden.schema import COLUMN_NAMES, schema_bytes
 from cpmem.golden.sources import normalize_sources
 
 _DATA_SUBDIRS = (SOURCES_SUBDIR, CONTROLS_SUBDIR, CAMPAIGNS_SUBDIR)
@@ -118,6 +119,20 @@ def check_sources(golden_dir: Path | str | None = None) -> list[str]:
     return problems
 
 
+def check_schema_file(golden_dir: Path | str | None = None) -> list[str]:
+    """Problems with ``schema.json``: it must be what CellsModel generates."""
+    golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
+    path = golden_dir / SCHEMA_FILE
+    if not path.is_file():
+        return [f"{SCHEMA_FILE}: missing (run `cpmem golden import`)"]
+    if path.read_bytes() != schema_bytes():
+        return [
+            f"{SCHEMA_FILE}: differs from the schema cpmem.golden.schema.CellsModel declares "
+            "(run `cpmem golden import` to regenerate it, then `cpmem golden manifest`)"
+        ]
+    return []
+
+
 def verify(golden_dir: Path | str | None = None) -> list[str]:
     """Every check at once: schema, manifest, and agreement with the sources."""
     golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
@@ -126,6 +141,7 @@ def verify(golden_dir: Path | str | None = None) -> list[str]:
         load_cells(golden_dir / CELLS_FILE)
     except GoldenDataError as exc:
         problems.append(str(exc))
+    problems.extend(check_schema_file(golden_dir))
     problems.extend(verify_manifest(golden_dir))
     problems.extend(p for p in check_sources(golden_dir) if p not in problems)
     return problems

@@ -1,15 +1,27 @@
-"""The schema of ``golden/cells.csv``: every column typed, with its closed value set or
-pattern, and the cross-column rules a row must satisfy (``validate_row``)."""
+"""The schema of ``golden/cells.csv``, declared once: :class:`CellsModel`, a pandera
+``DataFrameModel`` (column types, nullability, closed value sets, patterns, minimums,
+and the cross-column rules). ``golden/schema.json``, the column list and the checks
+of the raw text (an integer is written in plain decimal, a boolean as True / False)
+are all generated from it. ``validate_frame`` / ``validate_row`` check rows of text
+against it and raise GoldenDataError naming file, row, column and value.
+
+The TP source's derived column (``min_estimate_to_forward_ratio``) is not copied into
+``cells.csv``; :class:`TpRatioModel` holds it to its definition when a source is read.
+"""
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import pandera.pandas as pa
+from pandas.api import types as ptypes
+from pandera.errors import SchemaErrors
+from pandera.typing import Series
 
 from cpmem.golden.files import APPENDED_BY, CELLS_FILE, IMPORTED_BY, GoldenDataError
 
@@ -18,10 +30,246 @@ ColumnType = Literal["int", "str", "bool", "float"]
 SCHEMA_VERSION = 1
 _HEX = "[0-9a-f]"
 
+PHASES: tuple[str, ...] = (
+    "final",
+    "before_segment_states",
+    "eager_control",
+    "cold_workspace_negative_control",
+    "segment_state_negative_control",
+    "unfused_negative_control",
+    "native",  # rows of cpmem's own measurement driver (gpu_tests/driver.py)
+)
+CAMPAIGNS: tuple[str, ...] = ("cp", "tp", "native")
+MODES: tuple[str, ...] = ("selective", "none", "full")
+# '' is the CSV's empty field (mode none); in a frame an empty field is <NA>.
+MODULES: tuple[str, ...] = ("", "core_attn", "core_attn+mlp", "core_attn+moe")
+BOOLEANS = ("True", "False")
+
+PEAK_COLUMNS: tuple[str, ...] = (
+    "forward_peak_bytes",
+    "first_forward_peak_bytes",
+    "repeat_forward_peak_bytes",
+    "retained_max_bytes",
+    "forward_backward_peak_bytes",
+)
+
+Int = pd.Int64Dtype
+Bool = pd.BooleanDtype
+
+
+def _f(
+    description: str,
+    *,
+    unit: str | None = None,
+    nullable: bool = False,
+    allowed: Sequence[str] | None = None,
+    pattern: str | None = None,
+    unique: bool = False,
+) -> Any:
+    """A text or boolean column: nullability, closed set or pattern, unit (metadata)."""
+    return pa.Field(
+        nullable=nullable,
+        unique=unique,
+        isin=None if allowed is None else list(allowed),
+        str_matches=pattern,
+        description=description,
+        metadata={"unit": unit},
+    )
+
+
+def _n(description: str, *, unit: str | None = None, nullable: bool = False) -> Any:
+    """An integer column: every count and byte figure is at least 0."""
+    return pa.Field(ge=0, nullable=nullable, description=description, metadata={"unit": unit})
+
+
+def _flag(df: pd.DataFrame, ok: Mapping[str, pd.Series]) -> pd.DataFrame:
+    """A frame-shaped verdict: True everywhere but where ``ok[column]`` is False, so a
+    failure names its row and column. Unknown (<NA>) counts as passing: a missing
+    value is the nullability check's to report."""
+    out = pd.DataFrame(True, index=df.index, columns=df.columns)
+    for col, verdict in ok.items():
+        out[col] = verdict.astype("boolean").fillna(True).astype(bool)
+    return out
+
+
+class CellsModel(pa.DataFrameModel):
+    """One row per measured cell of ``golden/cells.csv``; column order = file order.
+
+    An empty field means 'not recorded' (<NA> in a frame) and is never filled in.
+    """
+
+    cell_id: Series[str] = _f(
+        "stable unique id of the measured cell", pattern=r"^[A-Za-z0-9_.+:/-]+$", unique=True
+    )
+    source_file: Series[str] = _f("file name under golden/sources (or golden/campaigns)")
+    source_row: Series[Int] = _n("1-based data row index in source_file", unit="row")
+    source_repository: Series[str] = _f("repository that published the measurement")
+    source_path: Series[str] = _f("path of the published file in source_repository")
+    source_commit: Series[str] = _f(
+        "commit of source_repository the file was taken at", pattern=rf"^{_HEX}{{40}}$"
+    )
+    campaign: Series[str] = _f("measurement campaign", allowed=CAMPAIGNS)
+    phase: Series[str] = _f("estimator variant the cell was recorded under", allowed=PHASES)
+    estimator_source_sha: Series[str] = _f(
+        "estimator source commit, as recorded", pattern=rf"^{_HEX}{{7,40}}$"
+    )
+    driver_sha256: Series[str] = _f("sha256 of the measurement driver", pattern=rf"^{_HEX}{{64}}$")
+    model: Series[str] = _f("Hugging Face model id as recorded")
+    layers: Series[Int] = _n("decoder layers", unit="layers")
+    gdn_layers: Series[Int] = _n("Gated DeltaNet layers among them", unit="layers")
+    tp: Series[Int] = _n("tensor-parallel size", unit="ranks")
+    cp: Series[Int] = _n("context-parallel size", unit="ranks")
+    ep: Series[Int] = _n("expert-parallel size", unit="ranks")
+    etp: Series[Int] = _n("expert tensor-parallel size", unit="ranks")
+    sequence_parallel: Series[Bool] = _f("sequence parallelism on")
+    compiled: Series[Bool] = _f("layers ran under torch.compile (eager otherwise)")
+    concentrated_routing: Series[Bool] = _f(
+        "MoE routing concentrated on few experts", nullable=True
+    )
+    mode: Series[str] = _f("recompute granularity", allowed=MODES)
+    modules: Series[str] = _f(
+        "selective recompute modules ('' for mode none)", nullable=True, allowed=MODULES
+    )
+    lengths: Series[str] = _f(
+        "sequence lengths, '+'-joined as recorded", pattern=r"^[1-9][0-9]*(\+[1-9][0-9]*)*$"
+    )
+    shared_prefix: Series[Int] = _n("tokens the sequences share as a prefix", unit="tokens")
+    logical_tokens: Series[Int] = _n("sum of lengths", unit="tokens")
+    packed_tokens: Series[Int] = _n("tokens after prefix sharing and TP padding", unit="tokens")
+    retained_tokens: Series[Int] = _n(
+        "tokens on the busiest CP rank (CP file only)", unit="tokens", nullable=True
+    )
+    grad_segments: Series[Int] = _n(
+        "gradient-enabled prefix-tree segments", unit="segments", nullable=True
+    )
+    selected_max_depth: Series[Int] = _n("prefix-tree depth the planner selected", nullable=True)
+    memory_minimal: Series[Bool] = _f("planner chose its memory-minimal plan", nullable=True)
+    measured_rank_samples: Series[Int] = _n("rank-samples the peaks aggregate", unit="rank-samples")
+    refused_rank_samples: Series[Int] = _n(
+        "rank-samples the estimator refused", unit="rank-samples"
+    )
+    recorded_estimate_bytes: Series[Int] = _n(
+        "reference estimate recorded with the cell", unit="bytes", nullable=True
+    )
+    recorded_old_estimate_bytes: Series[Int] = _n(
+        "estimate before busiest-rank pricing (CP file only)", unit="bytes", nullable=True
+    )
+    available_bytes: Series[Int] = _n(
+        "minimum available bytes over ranks", unit="bytes", nullable=True
+    )
+    forward_peak_bytes: Series[Int] = _n(
+        "forward peak, max over ranks and repetitions", unit="bytes", nullable=True
+    )
+    first_forward_peak_bytes: Series[Int] = _n(
+        "forward peak of the first (cold) repetition", unit="bytes", nullable=True
+    )
+    repeat_forward_peak_bytes: Series[Int] = _n(
+        "forward peak of the repeat (warm) repetition", unit="bytes", nullable=True
+    )
+    retained_max_bytes: Series[Int] = _n(
+        "memory still held after forward", unit="bytes", nullable=True
+    )
+    forward_backward_peak_bytes: Series[Int] = _n(
+        "peak over forward and backward", unit="bytes", nullable=True
+    )
+    baseline_min_bytes: Series[Int] = _n(
+        "pre-forward allocated bytes, min over ranks", unit="bytes", nullable=True
+    )
+    baseline_max_bytes: Series[Int] = _n(
+        "pre-forward allocated bytes, max over ranks", unit="bytes", nullable=True
+    )
+    finite: Series[Bool] = _f("loss (and gradients, where recorded) were finite", nullable=True)
+    recorded_covers_forward: Series[Bool] = _f(
+        "recorded estimate covered the forward peak", nullable=True
+    )
+    unit: Series[str] = _f("unit of every *_bytes column", allowed=("bytes",))
+    device: Series[str] = _f("GPU the cell was measured on")
+    dtype: Series[str] = _f("activation dtype", allowed=("bf16",))
+    imported_by: Series[str] = _f("tool that wrote the row", allowed=(IMPORTED_BY, APPENDED_BY))
+
+    class Config:
+        strict = True
+        ordered = True
+
+    # ----- cross-column rules (each names the column it blames) -----
+
+    @pa.dataframe_check(error="must equal the sum of lengths", ignore_na=False)
+    def logical_tokens_is_the_sum_of_lengths(cls, df: pd.DataFrame) -> pd.DataFrame:
+        parts = df["lengths"].astype(object).str.split("+").explode()
+        total = pd.to_numeric(parts, errors="coerce").groupby(level=0).sum(min_count=1)
+        return _flag(df, {"logical_tokens": df["logical_tokens"] == total.reindex(df.index)})
+
+    @pa.dataframe_check(error="must be empty when mode is none", ignore_na=False)
+    def mode_none_has_no_modules(cls, df: pd.DataFrame) -> pd.DataFrame:
+        return _flag(df, {"modules": ~((df["mode"] == "none") & df["modules"].notna())})
+
+    @pa.dataframe_check(
+        error="must name the recomputed modules when mode is selective", ignore_na=False
+    )
+    def selective_names_its_modules(cls, df: pd.DataFrame) -> pd.DataFrame:
+        return _flag(df, {"modules": ~((df["mode"] == "selective") & df["modules"].isna())})
+
+    @pa.dataframe_check(
+        error="a cell with no measured rank-sample cannot have a peak", ignore_na=False
+    )
+    def no_peak_without_a_measured_rank_sample(cls, df: pd.DataFrame) -> pd.DataFrame:
+        ran = df["measured_rank_samples"] != 0
+        return _flag(df, {c: df[c].isna() | ran for c in PEAK_COLUMNS})
+
+    @pa.dataframe_check(
+        error="must be the maximum of the first and the repeat forward peaks", ignore_na=False
+    )
+    def forward_peak_is_the_max_of_both_repetitions(cls, df: pd.DataFrame) -> pd.DataFrame:
+        both = df[["first_forward_peak_bytes", "repeat_forward_peak_bytes"]].max(
+            axis=1, skipna=False
+        )
+        return _flag(df, {"forward_peak_bytes": df["forward_peak_bytes"] == both})
+
+    @pa.dataframe_check(
+        error="must say whether recorded_estimate_bytes >= forward_peak_bytes", ignore_na=False
+    )
+    def covers_forward_agrees_with_the_figures(cls, df: pd.DataFrame) -> pd.DataFrame:
+        covers = df["recorded_estimate_bytes"] >= df["forward_peak_bytes"]
+        return _flag(df, {"recorded_covers_forward": df["recorded_covers_forward"] == covers})
+
+
+class TpRatioModel(pa.DataFrameModel):
+    """The TP source file's ``min_estimate_to_forward_ratio`` (raw text): the recorded
+    estimate over the forward peak, empty where no peak was measured. It is derived,
+    so ``cells.csv`` does not copy it; reading the source holds it to its definition."""
+
+    estimate_bytes: Series[Any] = pa.Field(nullable=True)
+    forward_peak_max_bytes: Series[Any] = pa.Field(nullable=True)
+    min_estimate_to_forward_ratio: Series[Any] = pa.Field(nullable=True)
+
+    class Config:
+        strict = False
+
+    @pa.dataframe_check(error="must equal estimate_bytes / forward_peak_max_bytes", ignore_na=False)
+    def ratio_is_estimate_over_forward_peak(cls, df: pd.DataFrame) -> pd.DataFrame:
+        estimate = pd.to_numeric(df["estimate_bytes"], errors="coerce").astype(float)
+        peak = pd.to_numeric(df["forward_peak_max_bytes"], errors="coerce").astype(float)
+        ratio = pd.to_numeric(df["min_estimate_to_forward_ratio"], errors="coerce")
+        given = df["min_estimate_to_forward_ratio"].notna()
+        equal = ratio == estimate / peak  # the file writes the quotient exactly (repr)
+        ok = (given & equal) | (~given & peak.isna())
+        return _flag(df, {"min_estimate_to_forward_ratio": ok})
+
+
+# --------------------------------------------------------------------------------------
+# What is generated from the model: the column list, schema.json, the raw-text checks
+# --------------------------------------------------------------------------------------
+
+CELLS_SCHEMA: pa.DataFrameSchema = CellsModel.to_schema()
+# Rows on their way in (a source file, a campaign's rows): every rule but the id's
+# uniqueness, which the append-only merge judges against what is already there.
+ROW_SCHEMA: pa.DataFrameSchema = CELLS_SCHEMA.update_column("cell_id", unique=False)
+TP_RATIO_SCHEMA: pa.DataFrameSchema = TpRatioModel.to_schema()
+
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """One column of ``cells.csv``: its type, whether it may be empty, its closed set."""
+    """One column of ``cells.csv`` as ``schema.json`` writes it (read off CellsModel)."""
 
     name: str
     type: ColumnType
@@ -48,212 +296,38 @@ class ColumnSpec:
             doc["minimum"] = self.minimum
         return doc
 
-    @staticmethod
-    def from_json(doc: Mapping[str, Any], where: str) -> ColumnSpec:
-        try:
-            name = str(doc["name"])
-            ctype = str(doc["type"])
-            nullable = doc["nullable"]
-        except KeyError as exc:
-            raise GoldenDataError(f"column entry lacks key {exc.args[0]!r}", file=where) from exc
-        if ctype not in ("int", "str", "bool", "float"):
-            raise GoldenDataError("unknown column type", file=where, column=name, value=ctype)
-        if not isinstance(nullable, bool):
-            raise GoldenDataError("'nullable' must be true or false", file=where, column=name)
-        allowed = doc.get("allowed")
-        unit = doc.get("unit")
-        pattern = doc.get("pattern")
-        minimum = doc.get("minimum")
-        return ColumnSpec(
-            name=name,
-            type=ctype,  # type: ignore[arg-type]  # checked against the Literal just above
-            nullable=nullable,
-            description=str(doc.get("description", "")),
-            unit=None if unit is None else str(unit),
-            allowed=None if allowed is None else tuple(str(a) for a in allowed),
-            pattern=None if pattern is None else str(pattern),
-            minimum=None if minimum is None else int(minimum),
-        )
+
+def _column_type(column: pa.Column) -> ColumnType:
+    dtype = column.dtype.type
+    if ptypes.is_bool_dtype(dtype):
+        return "bool"
+    if ptypes.is_integer_dtype(dtype):
+        return "int"
+    if ptypes.is_float_dtype(dtype):
+        return "float"
+    if ptypes.is_string_dtype(dtype):
+        return "str"
+    raise TypeError(f"column {column.name!r}: no schema.json type for dtype {dtype}")
 
 
-def _c(
-    name: str,
-    ctype: ColumnType,
-    nullable: bool,
-    description: str,
-    *,
-    unit: str | None = None,
-    allowed: tuple[str, ...] | None = None,
-    pattern: str | None = None,
-) -> ColumnSpec:
-    minimum = 0 if ctype == "int" else None
-    return ColumnSpec(name, ctype, nullable, description, unit, allowed, pattern, minimum)
+def _spec(column: pa.Column) -> ColumnSpec:
+    stats = {check.name: check.statistics for check in column.checks}
+    allowed = stats.get("isin", {}).get("allowed_values")
+    minimum = stats.get("greater_than_or_equal_to", {}).get("min_value")
+    return ColumnSpec(
+        name=str(column.name),
+        type=_column_type(column),
+        nullable=bool(column.nullable),
+        description=str(column.description or ""),
+        unit=(column.metadata or {}).get("unit"),
+        allowed=None if allowed is None else tuple(str(a) for a in allowed),
+        pattern=stats.get("str_matches", {}).get("pattern"),
+        minimum=None if minimum is None else int(minimum),
+    )
 
 
-PHASES: tuple[str, ...] = (
-    "final",
-    "before_segment_states",
-    "eager_control",
-    "cold_workspace_negative_control",
-    "segment_state_negative_control",
-    "unfused_negative_control",
-    "native",  # rows of cpmem's own measurement driver (gpu_tests/driver.py)
-)
-CAMPAIGNS: tuple[str, ...] = ("cp", "tp", "native")
-MODES: tuple[str, ...] = ("selective", "none", "full")
-MODULES: tuple[str, ...] = ("", "core_attn", "core_attn+mlp", "core_attn+moe")
-BOOLEANS = ("True", "False")
-
-COLUMNS: tuple[ColumnSpec, ...] = (
-    _c(
-        "cell_id",
-        "str",
-        False,
-        "stable unique id of the measured cell",
-        pattern=r"^[A-Za-z0-9_.+:/-]+$",
-    ),
-    _c("source_file", "str", False, "file name under golden/sources (or golden/campaigns)"),
-    _c("source_row", "int", False, "1-based data row index in source_file", unit="row"),
-    _c("source_repository", "str", False, "repository that published the measurement"),
-    _c("source_path", "str", False, "path of the published file in source_repository"),
-    _c(
-        "source_commit",
-        "str",
-        False,
-        "commit of source_repository the file was taken at",
-        pattern=rf"^{_HEX}{{40}}$",
-    ),
-    _c("campaign", "str", False, "measurement campaign", allowed=CAMPAIGNS),
-    _c("phase", "str", False, "estimator variant the cell was recorded under", allowed=PHASES),
-    _c(
-        "estimator_source_sha",
-        "str",
-        False,
-        "estimator source commit, as recorded",
-        pattern=rf"^{_HEX}{{7,40}}$",
-    ),
-    _c(
-        "driver_sha256",
-        "str",
-        False,
-        "sha256 of the measurement driver",
-        pattern=rf"^{_HEX}{{64}}$",
-    ),
-    _c("model", "str", False, "Hugging Face model id as recorded"),
-    _c("layers", "int", False, "decoder layers", unit="layers"),
-    _c("gdn_layers", "int", False, "Gated DeltaNet layers among them", unit="layers"),
-    _c("tp", "int", False, "tensor-parallel size", unit="ranks"),
-    _c("cp", "int", False, "context-parallel size", unit="ranks"),
-    _c("ep", "int", False, "expert-parallel size", unit="ranks"),
-    _c("etp", "int", False, "expert tensor-parallel size", unit="ranks"),
-    _c("sequence_parallel", "bool", False, "sequence parallelism on"),
-    _c("compiled", "bool", False, "layers ran under torch.compile (eager otherwise)"),
-    _c("concentrated_routing", "bool", True, "MoE routing concentrated on few experts"),
-    _c("mode", "str", False, "recompute granularity", allowed=MODES),
-    _c("modules", "str", True, "selective recompute modules ('' for mode none)", allowed=MODULES),
-    _c(
-        "lengths",
-        "str",
-        False,
-        "sequence lengths, '+'-joined as recorded",
-        pattern=r"^[1-9][0-9]*(\+[1-9][0-9]*)*$",
-    ),
-    _c("shared_prefix", "int", False, "tokens the sequences share as a prefix", unit="tokens"),
-    _c("logical_tokens", "int", False, "sum of lengths", unit="tokens"),
-    _c("packed_tokens", "int", False, "tokens after prefix sharing and TP padding", unit="tokens"),
-    _c(
-        "retained_tokens",
-        "int",
-        True,
-        "tokens on the busiest CP rank (CP file only)",
-        unit="tokens",
-    ),
-    _c("grad_segments", "int", True, "gradient-enabled prefix-tree segments", unit="segments"),
-    _c("selected_max_depth", "int", True, "prefix-tree depth the planner selected"),
-    _c("memory_minimal", "bool", True, "planner chose its memory-minimal plan"),
-    _c(
-        "measured_rank_samples",
-        "int",
-        False,
-        "rank-samples the peaks aggregate",
-        unit="rank-samples",
-    ),
-    _c(
-        "refused_rank_samples",
-        "int",
-        False,
-        "rank-samples the estimator refused",
-        unit="rank-samples",
-    ),
-    _c(
-        "recorded_estimate_bytes",
-        "int",
-        True,
-        "reference estimate recorded with the cell",
-        unit="bytes",
-    ),
-    _c(
-        "recorded_old_estimate_bytes",
-        "int",
-        True,
-        "estimate before busiest-rank pricing (CP file only)",
-        unit="bytes",
-    ),
-    _c("available_bytes", "int", True, "minimum available bytes over ranks", unit="bytes"),
-    _c(
-        "forward_peak_bytes",
-        "int",
-        True,
-        "forward peak, max over ranks and repetitions",
-        unit="bytes",
-    ),
-    _c(
-        "first_forward_peak_bytes",
-        "int",
-        True,
-        "forward peak of the first (cold) repetition",
-        unit="bytes",
-    ),
-    _c(
-        "repeat_forward_peak_bytes",
-        "int",
-        True,
-        "forward peak of the repeat (warm) repetition",
-        unit="bytes",
-    ),
-    _c("retained_max_bytes", "int", True, "memory still held after forward", unit="bytes"),
-    _c("forward_backward_peak_bytes", "int", True, "peak over forward and backward", unit="bytes"),
-    _c(
-        "baseline_min_bytes",
-        "int",
-        True,
-        "pre-forward allocated bytes, min over ranks",
-        unit="bytes",
-    ),
-    _c(
-        "baseline_max_bytes",
-        "int",
-        True,
-        "pre-forward allocated bytes, max over ranks",
-        unit="bytes",
-    ),
-    _c("finite", "bool", True, "loss (and gradients, where recorded) were finite"),
-    _c("recorded_covers_forward", "bool", True, "recorded estimate covered the forward peak"),
-    _c("unit", "str", False, "unit of every *_bytes column", allowed=("bytes",)),
-    _c("device", "str", False, "GPU the cell was measured on"),
-    _c("dtype", "str", False, "activation dtype", allowed=("bf16",)),
-    _c("imported_by", "str", False, "tool that wrote the row", allowed=(IMPORTED_BY, APPENDED_BY)),
-)
-
+COLUMNS: tuple[ColumnSpec, ...] = tuple(_spec(c) for c in CELLS_SCHEMA.columns.values())
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
-
-PEAK_COLUMNS: tuple[str, ...] = (
-    "forward_peak_bytes",
-    "first_forward_peak_bytes",
-    "repeat_forward_peak_bytes",
-    "retained_max_bytes",
-    "forward_backward_peak_bytes",
-)
 
 
 def schema_document(columns: Sequence[ColumnSpec] = COLUMNS) -> dict[str, Any]:
@@ -275,89 +349,211 @@ def schema_bytes(columns: Sequence[ColumnSpec] = COLUMNS) -> bytes:
     return (json.dumps(schema_document(columns), indent=2) + "\n").encode("utf-8")
 
 
-def load_schema(path: Path) -> tuple[ColumnSpec, ...]:
-    """Read a ``schema.json``; raise GoldenDataError naming the file if it is malformed."""
-    where = str(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise GoldenDataError(f"cannot read schema: {exc}", file=where) from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("columns"), list):
-        raise GoldenDataError("schema must be an object with a 'columns' list", file=where)
-    return tuple(ColumnSpec.from_json(c, where) for c in doc["columns"])
+_INT_TEXT = r"(0|-?[1-9][0-9]*)"
+
+
+def _written_as(ctype: ColumnType, test: Any, error: str) -> pa.Check:
+    """How every column of one type must be written in the CSV: one frame-level check
+    over those columns (an empty field passes; nullability is the model's to judge)."""
+    names = [c.name for c in COLUMNS if c.type == ctype]
+
+    def verdict(df: pd.DataFrame) -> pd.DataFrame:
+        text = df[names]
+        return _flag(df, {n: text[n].isna() | test(text[n].astype(object)) for n in names})
+
+    return pa.Check(verdict, name=f"{ctype}_text", error=error, ignore_na=False)
+
+
+RAW_SCHEMA: pa.DataFrameSchema = pa.DataFrameSchema(
+    {c.name: pa.Column(None, nullable=True, name=c.name) for c in COLUMNS},
+    checks=[
+        _written_as(
+            "int",
+            lambda s: s.str.fullmatch(_INT_TEXT),
+            "must be an integer written in plain decimal",
+        ),
+        _written_as("bool", lambda s: s.isin(BOOLEANS), "must be True or False"),
+        _written_as(
+            "float",
+            lambda s: pd.Series(np.isfinite(pd.to_numeric(s, errors="coerce")), index=s.index),
+            "must be a finite number",
+        ),
+    ],
+    strict=True,
+    ordered=True,
+)
 
 
 # --------------------------------------------------------------------------------------
-# Row validation
+# Text rows -> a typed, validated frame
 # --------------------------------------------------------------------------------------
 
-_INT_RE = re.compile(r"^(0|-?[1-9][0-9]*)$")
+
+def raw_frame(
+    rows: Sequence[Mapping[str, str]], names: Sequence[str], index: Sequence[int]
+) -> pd.DataFrame:
+    """Rows of text as a frame of Python strings, an empty field as None (<NA>)."""
+    data = {n: [r[n] if r[n] != "" else None for r in rows] for n in names}
+    return pd.DataFrame(
+        data, index=pd.Index(list(index), name="row"), columns=list(names), dtype=object
+    )
 
 
-def _check_value(spec: ColumnSpec, value: str, where: str, row: int | None) -> None:
-    def fail(reason: str) -> GoldenDataError:
-        return GoldenDataError(reason, file=where, row=row, column=spec.name, value=value)
+def _typed(raw: pd.DataFrame) -> pd.DataFrame:
+    """The raw text (already checked by RAW_SCHEMA) in the model's dtypes."""
+    out: dict[str, Any] = {}
+    for spec in COLUMNS:
+        values = raw[spec.name].tolist()
+        dtype = CELLS_SCHEMA.columns[spec.name].dtype.type
+        if spec.type == "int":
+            values = [None if v is None else int(v) for v in values]
+        elif spec.type == "bool":
+            values = [None if v is None else v == "True" for v in values]
+        elif spec.type == "float":
+            values = [None if v is None else float(v) for v in values]
+        out[spec.name] = pd.array(values, dtype=dtype)
+    return pd.DataFrame(out, index=raw.index)
 
-    if value == "":
-        if spec.nullable or (spec.allowed is not None and "" in spec.allowed):
-            return
-        raise fail("must not be empty")
-    if spec.type == "int":
-        if not _INT_RE.match(value):
-            raise fail("must be an integer written in plain decimal")
-        if spec.minimum is not None and int(value) < spec.minimum:
-            raise fail(f"must be >= {spec.minimum}")
-    elif spec.type == "bool":
-        if value not in BOOLEANS:
-            raise fail("must be True or False")
-    elif spec.type == "float":
-        try:
-            parsed = float(value)
-        except ValueError:
-            raise fail("must be a number") from None
-        if not math.isfinite(parsed):
-            raise fail("must be finite")
-    if spec.allowed is not None and value not in spec.allowed:
-        raise fail(f"not one of the allowed values {list(spec.allowed)}")
-    if spec.pattern is not None and not re.match(spec.pattern, value):
-        raise fail(f"does not match {spec.pattern}")
+
+def validate_frame(
+    rows: Sequence[Mapping[str, str]],
+    *,
+    where: str = CELLS_FILE,
+    index: Sequence[int] | None = None,
+    schema: pa.DataFrameSchema = CELLS_SCHEMA,
+    report_row: bool = True,
+) -> pd.DataFrame:
+    """Rows of text, validated against the model, as a typed frame indexed by row number.
+
+    ``index`` numbers the rows (default 1, 2, ...); an error names that number unless
+    ``report_row`` is false. Raises GoldenDataError on the first failure (by row, then
+    column order), naming file, row, column and the value as written.
+    """
+    names = list(COLUMN_NAMES)
+    for i, row in enumerate(rows):
+        row_no = (list(index)[i] if index is not None else i + 1) if report_row else None
+        missing = [n for n in names if n not in row]
+        if missing:
+            raise GoldenDataError(f"missing columns {missing}", file=where, row=row_no)
+        extra = [k for k in row if k not in names]
+        if extra:
+            raise GoldenDataError(f"unknown columns {extra}", file=where, row=row_no)
+    idx = list(index) if index is not None else list(range(1, len(rows) + 1))
+    raw = raw_frame(rows, names, idx)
+    check(RAW_SCHEMA, raw, raw, where, report_row)
+    typed = _typed(raw)
+    check(schema, typed, raw, where, report_row)
+    return typed
 
 
 def validate_row(
     row: Mapping[str, str],
-    columns: Sequence[ColumnSpec] = COLUMNS,
     *,
     where: str = CELLS_FILE,
     row_no: int | None = None,
 ) -> None:
-    """Check one normalised row against the schema and the cross-column rules.
+    """Check one row of text against CellsModel (GoldenDataError on a violation)."""
+    validate_frame(
+        [row], where=where, index=[row_no or 1], schema=ROW_SCHEMA, report_row=row_no is not None
+    )
 
-    Cross-column rules: ``logical_tokens`` is the sum of ``lengths``; mode ``none``
-    has no modules and ``selective`` has some; a cell with no measured rank-sample
-    has no peak (a refused cell was never run, so a peak there would be invented).
-    """
-    names = [c.name for c in columns]
-    missing = [n for n in names if n not in row]
-    if missing:
-        raise GoldenDataError(f"missing columns {missing}", file=where, row=row_no)
-    extra = [k for k in row if k not in names]
-    if extra:
-        raise GoldenDataError(f"unknown columns {extra}", file=where, row=row_no)
-    for spec in columns:
-        _check_value(spec, row[spec.name], where, row_no)
 
-    def fail(column: str, reason: str) -> GoldenDataError:
-        return GoldenDataError(reason, file=where, row=row_no, column=column, value=row[column])
+def check(
+    schema: pa.DataFrameSchema,
+    frame: pd.DataFrame,
+    raw: pd.DataFrame,
+    where: str,
+    report_row: bool = True,
+) -> None:
+    """Validate ``frame`` with ``schema``; a failure becomes a GoldenDataError naming the
+    file, the row (the frame's index), the column and the value as written in ``raw``."""
+    try:
+        schema.validate(frame, lazy=True)
+    except SchemaErrors as exc:
+        raise _golden_error(schema, exc.failure_cases, frame, raw, where, report_row) from None
 
-    if "lengths" in row and "logical_tokens" in row and row["logical_tokens"]:
-        total = sum(int(x) for x in row["lengths"].split("+"))
-        if int(row["logical_tokens"]) != total:
-            raise fail("logical_tokens", f"must equal the sum of lengths ({total})")
-    if row.get("mode") == "none" and row.get("modules"):
-        raise fail("modules", "must be empty when mode is none")
-    if row.get("mode") == "selective" and row.get("modules") == "":
-        raise fail("modules", "must name the recomputed modules when mode is selective")
-    if row.get("measured_rank_samples") == "0":
-        for col in PEAK_COLUMNS:
-            if row.get(col):
-                raise fail(col, "a cell with no measured rank-sample cannot have a peak")
+
+def _reason(schema: pa.DataFrameSchema, case: Mapping[str, Any], column: str | None) -> str:
+    number = case["check_number"]
+    check_name = str(case["check"])
+    if check_name == "not_nullable":
+        return "must not be empty"
+    found: pa.Check | None = None
+    if number is not None and not pd.isna(number):
+        if case["schema_context"] == "Column" and column in schema.columns:
+            found = schema.columns[column].checks[int(number)]
+        elif case["schema_context"] == "DataFrameSchema":
+            found = schema.checks[int(number)]
+    if found is None:
+        return check_name
+    stats: dict[str, Any] = found.statistics or {}
+    if found.name == "isin" and "allowed_values" in stats:
+        return f"not one of the allowed values {list(stats['allowed_values'])}"
+    if found.name == "str_matches" and "pattern" in stats:
+        return f"does not match {stats['pattern']}"
+    if found.name == "greater_than_or_equal_to" and "min_value" in stats:
+        return f"must be >= {stats['min_value']}"
+    return str(found.error or found.name)
+
+
+def _text(raw: pd.DataFrame, row: int, column: str) -> str | None:
+    """The value as written in the file ('' for an empty field); None if no such cell."""
+    if column not in raw.columns or row not in raw.index:
+        return None
+    text: Any = raw.at[row, column]
+    return text if isinstance(text, str) else ""
+
+
+def _golden_error(
+    schema: pa.DataFrameSchema,
+    cases: pd.DataFrame,
+    frame: pd.DataFrame,
+    raw: pd.DataFrame,
+    where: str,
+    report_row: bool,
+) -> GoldenDataError:
+    order = {name: i for i, name in enumerate(raw.columns)}
+    found: list[tuple[tuple[int, int], int | None, str | None, str]] = []
+    rules_failed = False
+    column: str | None
+    for record in cases.to_dict("records"):
+        case = {str(k): v for k, v in record.items()}
+        row = None if case["index"] is None or pd.isna(case["index"]) else int(case["index"])
+        failure = case["failure_case"]
+        if isinstance(failure, dict):  # a cross-column rule: placed below, from its verdict
+            rules_failed = True
+            continue
+        if case["schema_context"] == "Column":
+            column = str(case["column"])
+        else:  # a column missing, unknown or out of order
+            column = str(failure)
+        reason = _reason(schema, case, column)
+        if case["check"] == "field_uniqueness" and column is not None and row is not None:
+            first = min(int(i) for i in raw.index[raw[column] == _text(raw, row, column)])
+            if first == row:
+                continue
+            reason = f"duplicate {column} (first at row {first})"
+        key = (-1 if row is None else row, order.get(column or "", -1))
+        found.append((key, row, column, reason))
+    if rules_failed or not found:
+        # a cross-column rule's verdict is a frame: False where it blames (row, column),
+        # an empty (<NA>) field included, which pandera's own failure cases leave out
+        for rule in schema.checks:
+            verdict = rule(frame).check_output
+            if not isinstance(verdict, pd.DataFrame):
+                continue
+            for name in verdict.columns:
+                for label in verdict.index[~verdict[name].astype(bool)]:
+                    key = (int(label), order.get(str(name), -1))
+                    found.append((key, int(label), str(name), str(rule.error)))
+    if not found:  # pandera reported nothing that names a row and column
+        return GoldenDataError(f"schema validation failed:\n{cases}", file=where)
+    found.sort(key=lambda f: f[0])
+    _, row, column, reason = found[0]
+    value = None if row is None or column is None else _text(raw, row, column)
+    more = len(found) - 1
+    if more:
+        reason += f" ({more} other failure{'s' if more > 1 else ''} in {where})"
+    return GoldenDataError(
+        reason, file=where, row=row if report_row else None, column=column, value=value
+    )

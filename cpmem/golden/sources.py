@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpmem.golden.files import IMPORTED_BY, SOURCES_SUBDIR, GoldenDataError, read_csv
-from cpmem.golden.schema import BOOLEANS, COLUMN_NAMES, validate_row
+from cpmem.golden.schema import (
+    BOOLEANS,
+    COLUMN_NAMES,
+    ROW_SCHEMA,
+    TP_RATIO_SCHEMA,
+    check,
+    raw_frame,
+    validate_frame,
+)
 
 SOURCES_README = "README.md"
 
@@ -49,7 +57,8 @@ _TP_HEADER: tuple[str, ...] = (
 
 # Source column -> cells column, copied verbatim. Columns not listed are either
 # combined (TP finite_*), looked up (CP layers), constant, or derived and dropped:
-# TP min_estimate_to_forward_ratio = estimate_bytes / forward_peak_max_bytes.
+# TP min_estimate_to_forward_ratio = estimate_bytes / forward_peak_max_bytes (held to
+# that definition by schema.TpRatioModel when the file is read).
 CP_COPY: dict[str, str] = {
     "source_sha": "estimator_source_sha",
     "driver_sha256": "driver_sha256",
@@ -252,6 +261,9 @@ def normalize_sources(sources_dir: Path | str) -> list[dict[str, str]]:
             raise GoldenDataError(
                 f"header matches neither the CP nor the TP campaign layout: {header}", file=where
             )
+        if normalize is _normalize_tp:  # its derived ratio column must match its definition
+            text = raw_frame(raws, header, range(1, len(raws) + 1))
+            check(TP_RATIO_SCHEMA, text, text, where)
         rows: list[dict[str, str]] = []
         for i, raw in enumerate(raws, start=1):
             row = normalize(raw, info, i)
@@ -268,8 +280,8 @@ def normalize_sources(sources_dir: Path | str) -> list[dict[str, str]]:
             )
             rows.append({n: row[n] for n in COLUMN_NAMES})
         _disambiguate(rows)
-        for i, row in enumerate(rows, start=1):
-            validate_row(row, where=where, row_no=i)
+        if rows:
+            validate_frame(rows, where=where, schema=ROW_SCHEMA)
         out.extend(rows)
     return out
 

@@ -11,12 +11,16 @@ import dataclasses
 import hashlib
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from cpmem.golden import GOLDEN_EXTRA_HINT
 from cpmem.golden import cli as golden_cli
-from cpmem.golden.cells import MeasuredCell, load_cells
+from cpmem.golden.cells import MeasuredCell, load_cells, load_frame
 from cpmem.golden.files import (
     CELLS_FILE,
     GOLDEN_DIR,
@@ -26,7 +30,7 @@ from cpmem.golden.files import (
 )
 from cpmem.golden.importer import append_rows, import_sources
 from cpmem.golden.manifest import verify, verify_manifest, write_manifest
-from cpmem.golden.schema import COLUMN_NAMES
+from cpmem.golden.schema import COLUMN_NAMES, COLUMNS, CellsModel, schema_bytes
 
 SOURCES = GOLDEN_DIR / "sources"
 CP_FILE = "art_recompute_memory_cp.csv"
@@ -316,11 +320,220 @@ def test_tampered_value_is_rejected_naming_column_and_value(
     assert info.value.column == column and info.value.value == value
 
 
+REFUSED = "tp:final:Qwen3.8-27B:tp4:selective:core_attn:compiled:19221+19222"
+TP_CELL = "tp:final:Qwen3.5-4B:tp2:selective:core_attn+mlp:compiled:64+64"
+CP_CELL = "cp:27b-selective:2048+2048"
+
+
+def row_of(cell_id: str) -> int:
+    return next(i for i, r in enumerate(cells_rows(), start=1) if r["cell_id"] == cell_id)
+
+
+# Every rule of CellsModel corrupted once: (cell, column, new value, what the error says).
+RULES = [
+    pytest.param(CP_CELL, "layers", "64.0", "integer written in plain decimal", id="type-int"),
+    pytest.param(CP_CELL, "compiled", "yes", "True or False", id="type-bool"),
+    pytest.param(CP_CELL, "gdn_layers", "", "must not be empty", id="null-int"),
+    pytest.param(CP_CELL, "device", "", "must not be empty", id="null-str"),
+    pytest.param(CP_CELL, "sequence_parallel", "", "must not be empty", id="null-bool"),
+    pytest.param(CP_CELL, "phase", "finalish", "allowed values", id="closed-set-phase"),
+    pytest.param(CP_CELL, "modules", "mlp", "allowed values", id="closed-set-modules"),
+    pytest.param(CP_CELL, "dtype", "fp16", "allowed values", id="closed-set-dtype"),
+    pytest.param(CP_CELL, "source_commit", "e8128ba", "does not match", id="pattern-sha"),
+    pytest.param(CP_CELL, "cell_id", "cp 27b", "does not match", id="pattern-id"),
+    pytest.param(CP_CELL, "lengths", "2048,2048", "does not match", id="pattern-lengths"),
+    pytest.param(CP_CELL, "tp", "-1", "must be >= 0", id="minimum"),
+    pytest.param(
+        "cp:27b-selective:4096+4096", "cell_id", CP_CELL, "duplicate cell_id (first at row 1)",
+        id="unique-id",
+    ),
+    pytest.param(CP_CELL, "logical_tokens", "4097", "sum of lengths", id="rule-logical-tokens"),
+    pytest.param(
+        "cp:4b-none:256+256", "modules", "core_attn", "empty when mode is none", id="rule-none"
+    ),
+    pytest.param(CP_CELL, "modules", "", "when mode is selective", id="rule-selective"),
+    pytest.param(
+        REFUSED, "retained_max_bytes", "1", "no measured rank-sample", id="rule-refused-peak"
+    ),
+    pytest.param(
+        TP_CELL, "forward_peak_bytes", "999999999999", "maximum of the first and the repeat",
+        id="rule-forward-max",
+    ),
+    pytest.param(
+        TP_CELL, "recorded_covers_forward", "False", "recorded_estimate_bytes >=",
+        id="rule-covers-forward",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cell_id", "column", "value", "reason"), RULES)
+def test_each_rule_refuses_a_corrupted_cell(
+    golden_copy: Path, cell_id: str, column: str, value: str, reason: str
+) -> None:
+    row = row_of(cell_id)
+    replace_in_cell(golden_copy, cell_id, column, value)
+    for loader in (load_frame, load_cells):
+        with pytest.raises(GoldenDataError) as info:
+            loader(golden_copy / CELLS_FILE)
+        err = info.value
+        assert (err.column, err.row, err.value) == (column, row, value)
+        message = str(err)
+        assert reason in message
+        assert f"row {row}" in message and repr(column) in message and repr(value) in message
+    problems = verify(golden_copy)  # the gate's golden check sees the same refusal
+    assert any(reason in p and repr(column) in p for p in problems)
+
+
+def test_every_rule_of_the_model_is_corrupted_by_a_test() -> None:
+    """RULES exercises every cross-column rule and every kind of column check."""
+    schema = CellsModel.to_schema()
+    rules = {str(c.error) for c in schema.checks}
+    reasons = {p.values[3] for p in RULES}
+    assert all(any(r in rule for r in reasons) for rule in rules), rules
+    kinds = {c.name for col in schema.columns.values() for c in col.checks}
+    assert kinds == {"isin", "str_matches", "greater_than_or_equal_to"}
+    assert {c.type for c in COLUMNS} == {"int", "str", "bool"}
+
+
+def test_header_must_follow_the_model(golden_copy: Path) -> None:
+    path = golden_copy / CELLS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    lines[0] = lines[0].replace("layers,gdn_layers", "gdn_layers,layers")
+    path.write_text("".join(lines))
+    with pytest.raises(GoldenDataError, match="differs from the schema's columns"):
+        load_frame(path)
+
+
+def test_load_frame_types_and_nulls() -> None:
+    frame = load_frame()
+    assert list(frame.columns) == list(COLUMN_NAMES)
+    assert list(frame.index) == list(range(1, 77)) and frame.index.name == "row"
+    kinds = {c.name: c.type for c in COLUMNS}
+    for name in frame.columns:
+        dtype = frame[name].dtype
+        expected = {"int": "Int64", "bool": "boolean"}.get(kinds[name])
+        assert (str(dtype) == expected) if expected else pd.api.types.is_string_dtype(dtype)
+    refused = frame[frame["refused_rank_samples"] > 0]
+    assert len(refused) == 2 and refused["forward_peak_bytes"].isna().all()
+    none = frame[frame["mode"] == "none"]
+    assert len(none) > 0 and none["modules"].isna().all()  # '' in the CSV, <NA> here
+    cells = load_cells()
+    assert [c.cell_id for c in cells] == frame["cell_id"].tolist()
+    for c, (_, row) in zip(cells, frame.iterrows(), strict=True):
+        for spec in COLUMNS:
+            got, want = getattr(c, spec.name), row[spec.name]
+            if pd.isna(want):
+                assert got == ("" if spec.type == "str" else None)
+            else:
+                assert type(got) is {"int": int, "bool": bool, "str": str}[spec.type]
+                assert got == want
+
+
+def test_schema_json_is_generated_from_the_model(golden_copy: Path) -> None:
+    assert (GOLDEN_DIR / "schema.json").read_bytes() == schema_bytes()
+    path = golden_copy / "schema.json"
+    path.write_bytes(path.read_bytes().replace(b'"cell_id"', b'"cell_key"'))
+    assert any(p.startswith("schema.json: differs") for p in verify(golden_copy))
+    import_sources(golden_copy / "sources", golden_copy)  # regenerates it
+    assert path.read_bytes() == schema_bytes()
+
+
 def test_peak_on_a_refused_cell_is_rejected(golden_copy: Path) -> None:
     cid = "tp:final:Qwen3.8-27B:tp4:selective:core_attn:compiled:19221+19222"
     replace_in_cell(golden_copy, cid, "forward_peak_bytes", "1")
     with pytest.raises(GoldenDataError, match=r"forward_peak_bytes.*no measured rank-sample"):
         load_cells(golden_copy / CELLS_FILE)
+
+
+def tamper_source(sources: Path, row_no: int, column: str, new: str) -> str:
+    """Rewrite one field of one data row of a copied TP source file; return the old value."""
+    path = sources / TP_FILE
+    with path.open(newline="", encoding="utf-8") as fh:
+        table = list(csv.reader(fh))
+    col = table[0].index(column)
+    old = table[row_no][col]
+    table[row_no][col] = new
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(table)
+    return old
+
+
+@pytest.mark.parametrize(
+    ("column", "new", "source_row"),
+    [
+        ("min_estimate_to_forward_ratio", "1.2633813310934773", None),  # the ratio itself
+        ("forward_peak_max_bytes", "336145409", None),  # a peak the ratio no longer matches
+        ("min_estimate_to_forward_ratio", "1.0", "refused"),  # a ratio without a peak
+    ],
+)
+def test_tampered_source_ratio_is_refused_on_import(
+    golden_copy: Path, tmp_path: Path, column: str, new: str, source_row: str | None
+) -> None:
+    sources = tmp_path / "incoming"
+    shutil.copytree(golden_copy / "sources", sources)
+    raws = raw_rows(TP_FILE)
+    if source_row == "refused":
+        row_no = next(i for i, r in enumerate(raws, 1) if not r["forward_peak_max_bytes"])
+    else:
+        row_no = int(cells_rows()[row_of(TP_CELL) - 1]["source_row"])
+        assert raws[row_no - 1]["min_estimate_to_forward_ratio"] == "1.2633813310934772"
+    tamper_source(sources, row_no, column, new)
+    before = snapshot(golden_copy)
+    with pytest.raises(GoldenDataError) as info:
+        import_sources(sources, golden_copy)
+    err = info.value
+    assert err.file == f"sources/{TP_FILE}" and err.row == row_no
+    assert err.column == "min_estimate_to_forward_ratio"
+    assert "estimate_bytes / forward_peak_max_bytes" in str(err)
+    assert snapshot(golden_copy) == before
+
+
+# ----------------------------------------------------------------------------- the extra
+
+
+def _run_without(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess[str]:
+    blocked = "".join(f"sys.modules[{m!r}] = None; " for m in modules)
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys; {blocked}{code}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("missing", ["pandas", "pandera"])
+@pytest.mark.parametrize(
+    "argv", [["gate"], ["golden", "verify"], ["golden", "export"], ["report"], ["diff"]]
+)
+def test_suite_commands_name_the_extra_when_it_is_missing(
+    missing: str, argv: list[str], tmp_path: Path
+) -> None:
+    code = f"from cpmem.cli import main; sys.exit(main({argv!r}))"
+    proc = _run_without((missing,), code)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and GOLDEN_EXTRA_HINT in lines[0] and missing in lines[0], lines
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_estimator_core_needs_no_pandas() -> None:
+    """model, plan, pricing, admission and api import and price without the extra."""
+    code = (
+        "import cpmem.model, cpmem.plan, cpmem.pricing, cpmem.admission, cpmem.api, cpmem.cli; "
+        "from cpmem.api import estimate; "
+        "print(estimate('qwen3.5-27b', [4096, 4096], shared_prefix=1228, cp=2).estimate_bytes); "
+        "assert not {'pandas', 'pandera'} & {m.split('.')[0] for m in sys.modules if sys.modules[m]}"
+    )
+    proc = _run_without(("pandas", "pandera"), code)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) == 74651231846
+    proc = _run_without(
+        ("pandas", "pandera"),
+        "from cpmem.cli import main; sys.exit(main(['estimate', '--model', 'qwen3.5-4b', "
+        "'--lengths', '2048,2048', '--cp', '2']))",
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -401,7 +614,9 @@ def test_modified_source_value_is_refused_and_nothing_changes(
         i for i, r in enumerate(rows, 1)
         if r["phase"] == "final" and r["model"] == "Qwen/Qwen3.5-4B" and r["lengths"] == "64+64"
     )  # fmt: skip
-    old = rows[row_no - 1]["forward_peak_max_bytes"]
+    # a figure no cross-column rule ties to another (a lone change of the forward peak
+    # breaks the ratio and the max-of-repetitions rules: test_tampered_source_*)
+    old = rows[row_no - 1]["forward_backward_peak_max_bytes"]
     new = str(int(old) + 1)
     lines = path.read_text().splitlines(keepends=True)
     assert lines[row_no].count(f",{old},") == 1
@@ -412,7 +627,7 @@ def test_modified_source_value_is_refused_and_nothing_changes(
         import_sources(sources, golden_copy)
     message = str(info.value)
     cid = "tp:final:Qwen3.5-4B:tp2:selective:core_attn+mlp:compiled:64+64"
-    assert repr(cid) in message and "'forward_peak_bytes'" in message
+    assert repr(cid) in message and "'forward_backward_peak_bytes'" in message
     assert repr(old) in message and repr(new) in message
     assert snapshot(golden_copy) == before
     assert not list(golden_copy.rglob(".*.tmp"))
