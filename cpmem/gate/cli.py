@@ -25,6 +25,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="reference", help="pricing policy (default: reference)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.add_argument(
+        "--tier",
+        choices=("measured", "simulated"),
+        default="measured",
+        help="measured (default): the golden measurements; simulated: the rank simulator's "
+        "grid in golden/simulated/ (cpmem.gate.simulated)",
+    )
+    p.add_argument(
         "--record-controls",
         action="store_true",
         help="re-record golden/controls with the reference policy (prints and writes a diff "
@@ -65,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.tier == "simulated":
+        return _simulated_main(args, golden_dir)
     recorded: dict[str, Any] | None = None
     try:
         if args.record_controls:
@@ -88,6 +97,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(render(report))
+    return 0 if report["passed"] else 1
+
+
+def _simulated_main(args: argparse.Namespace, golden_dir: Path) -> int:
+    """``cpmem gate --tier simulated``: the policy against golden/simulated/."""
+    from cpmem.gate.simulated import render as render_simulated
+    from cpmem.gate.simulated import run_simulated
+
+    if args.record_controls:
+        print("cpmem gate: error: --record-controls is for the measured tier", file=sys.stderr)
+        return 2
+    try:
+        report = run_simulated(args.policy, golden_dir)
+    except CpmemError as exc:
+        print(f"cpmem gate: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else render_simulated(report))
     return 0 if report["passed"] else 1
 
 

@@ -120,9 +120,11 @@ def _load_done(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
     path = out / RANKS
     if path.exists():
         for line in path.read_text().splitlines():
-            if line.strip():
+            try:
                 r = json.loads(line)
-                done[(r["config_id"], r["rank"])] = r
+            except ValueError:  # a line cut short by an interrupted run: simulated again
+                continue
+            done[(r["config_id"], r["rank"])] = r
     return done
 
 
@@ -299,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(jobs)} configurations, {total} ranks to simulate ({len(done)} done)", file=sys.stderr
     )
+    ranks_path = out / RANKS
+    if ranks_path.exists() and not ranks_path.read_bytes().endswith(b"\n"):
+        with ranks_path.open("a") as fh:  # close a line an interrupted run cut short
+            fh.write("\n")
     started = time.monotonic()
     finished = 0
     sim_seconds = 0.0
