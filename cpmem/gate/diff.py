@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from cpmem.errors import CpmemError
 from cpmem.gate.diff_price import (
@@ -99,29 +100,28 @@ def _headroom_groups(
     policy: str,
     key: Callable[[MeasuredCell], str],
 ) -> list[dict[str, Any]]:
-    groups: dict[str, tuple[list[float], list[float]]] = {}
+    rows = []
     for c in cells:
         peak = c.forward_peak_bytes
         b, h = base.get(c.cell_id, {}).get(policy), head.get(c.cell_id, {}).get(policy)
         if c.refused or peak is None or b is None or h is None or b[0] is None or h[0] is None:
             continue
-        hb, hh = groups.setdefault(key(c), ([], []))
-        hb.append(b[0] / peak - 1)
-        hh.append(h[0] / peak - 1)
-    out = []
-    for name in sorted(groups):
-        hb, hh = groups[name]
-        out.append(
-            {
-                "group": name,
-                "cells": len(hb),
-                "min_base": min(hb),
-                "min_head": min(hh),
-                "median_base": statistics.median(hb),
-                "median_head": statistics.median(hh),
-            }
-        )
-    return out
+        rows.append((key(c), b[0] / peak - 1, h[0] / peak - 1))
+    if not rows:
+        return []
+    frame = pd.DataFrame(rows, columns=["group", "base", "head"])
+    stats = frame.groupby("group").agg(
+        cells=("base", "size"),
+        min_base=("base", "min"),
+        min_head=("head", "min"),
+        median_base=("base", "median"),
+        median_head=("head", "median"),
+    )
+    return [
+        {"group": str(name), "cells": int(g["cells"])}
+        | {col: float(g[col]) for col in ("min_base", "min_head", "median_base", "median_head")}
+        for name, g in stats.iterrows()
+    ]
 
 
 def compare(

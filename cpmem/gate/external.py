@@ -25,11 +25,12 @@ import csv
 import importlib
 import json
 import os
-import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from cpmem.errors import InputError
 from cpmem.gate.checks import coverage_summary, golden_check, pct
@@ -232,19 +233,20 @@ def _csv_int(text: str | None, where: str) -> int:
 def _headroom_groups(
     rows: Sequence[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]
 ) -> list[dict[str, Any]]:
-    groups: dict[str, list[float]] = {}
-    for r in rows:
-        if r["estimate_bytes"] is not None:
-            groups.setdefault(key(r), []).append(r["headroom"])
+    priced = [(key(r), r["headroom"]) for r in rows if r["estimate_bytes"] is not None]
+    if not priced:
+        return []
+    frame = pd.DataFrame(priced, columns=["group", "headroom"])
+    stats = frame.groupby("group")["headroom"].agg(["size", "min", "median", "max"])
     return [
         {
-            "group": name,
-            "cells": len(h),
-            "min_headroom": min(h),
-            "median_headroom": statistics.median(h),
-            "max_headroom": max(h),
+            "group": str(name),
+            "cells": int(g["size"]),
+            "min_headroom": float(g["min"]),
+            "median_headroom": float(g["median"]),
+            "max_headroom": float(g["max"]),
         }
-        for name, h in sorted(groups.items())
+        for name, g in stats.iterrows()
     ]
 
 

@@ -15,12 +15,13 @@ matplotlib is imported only when figures are drawn, so cpmem imports without it.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 import cpmem
 from cpmem.api import load_model
@@ -132,11 +133,12 @@ def render_markdown(results: Sequence[CellResult], policies: Sequence[str], gold
         "| policy | measured cells | not covered | min headroom | median | max |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for p in policies:
-        heads = [h for r in results if (h := r.headroom(p)) is not None]
+    heads = pd.DataFrame({p: [r.headroom(p) for r in results] for p in policies}, dtype=float)
+    for p, h in heads.items():  # a policy's headroom over the measured cells (NaN: none)
+        h = h.dropna()
         lines.append(
-            f"| {p} | {len(heads)} | {sum(1 for h in heads if h < 0)} | {_pct(min(heads))} | "
-            f"{_pct(statistics.median(heads))} | {_pct(max(heads))} |"
+            f"| {p} | {h.size} | {(h < 0).sum()} | {_pct(float(h.min()))} | "
+            f"{_pct(float(h.median()))} | {_pct(float(h.max()))} |"
         )
     many = len(policies) > 1
     per_policy = ["priced tokens", "estimate", "headroom"]
