@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cpmem.golden.cells import load_cells
+from cpmem.golden.cells import read_cells_rows
 from cpmem.golden.files import (
     CAMPAIGNS_SUBDIR,
     CELLS_FILE,
@@ -91,15 +92,18 @@ def verify_manifest(golden_dir: Path | str | None = None) -> list[str]:
     return problems
 
 
-def check_sources(golden_dir: Path | str | None = None) -> list[str]:
+def check_sources(
+    golden_dir: Path | str | None = None, rows: Sequence[Mapping[str, str]] | None = None
+) -> list[str]:
     """Problems between cells.csv and the provenance copies (empty list = consistent).
 
     Every row of every source file must appear in cells.csv with identical values.
+    ``rows``: cells.csv's rows already read and validated (read here when None).
     """
     golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
     try:
         expected = normalize_sources(golden_dir / SOURCES_SUBDIR)
-        rows = existing_rows(golden_dir)
+        rows = existing_rows(golden_dir) if rows is None else rows
     except GoldenDataError as exc:
         return [str(exc)]
     by_id = {r["cell_id"]: r for r in rows}
@@ -137,11 +141,12 @@ def verify(golden_dir: Path | str | None = None) -> list[str]:
     """Every check at once: schema, manifest, and agreement with the sources."""
     golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
     problems: list[str] = []
+    rows: list[dict[str, str]] | None = None
     try:
-        load_cells(golden_dir / CELLS_FILE)
+        rows = read_cells_rows(golden_dir / CELLS_FILE)
     except GoldenDataError as exc:
         problems.append(str(exc))
     problems.extend(check_schema_file(golden_dir))
     problems.extend(verify_manifest(golden_dir))
-    problems.extend(p for p in check_sources(golden_dir) if p not in problems)
+    problems.extend(p for p in check_sources(golden_dir, rows) if p not in problems)
     return problems

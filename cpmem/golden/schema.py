@@ -86,10 +86,11 @@ def _flag(df: pd.DataFrame, ok: Mapping[str, pd.Series]) -> pd.DataFrame:
     """A frame-shaped verdict: True everywhere but where ``ok[column]`` is False, so a
     failure names its row and column. Unknown (<NA>) counts as passing: a missing
     value is the nullability check's to report."""
-    out = pd.DataFrame(True, index=df.index, columns=df.columns)
+    out = np.ones(df.shape, dtype=bool)
     for col, verdict in ok.items():
-        out[col] = verdict.astype("boolean").fillna(True).astype(bool)
-    return out
+        passed = verdict.astype("boolean").fillna(True).to_numpy(dtype=bool)
+        out[:, df.columns.get_loc(col)] = passed
+    return pd.DataFrame(out, index=df.index, columns=df.columns)
 
 
 class CellsModel(pa.DataFrameModel):
@@ -430,15 +431,16 @@ def validate_frame(
     column order), naming file, row, column and the value as written.
     """
     names = list(COLUMN_NAMES)
-    for i, row in enumerate(rows):
-        row_no = (list(index)[i] if index is not None else i + 1) if report_row else None
-        missing = [n for n in names if n not in row]
-        if missing:
-            raise GoldenDataError(f"missing columns {missing}", file=where, row=row_no)
-        extra = [k for k in row if k not in names]
-        if extra:
-            raise GoldenDataError(f"unknown columns {extra}", file=where, row=row_no)
     idx = list(index) if index is not None else list(range(1, len(rows) + 1))
+    for row_no, row in zip(idx, rows, strict=True):
+        missing = [n for n in names if n not in row]
+        extra = [k for k in row if k not in names]
+        if missing or extra:
+            raise GoldenDataError(
+                f"missing columns {missing}" if missing else f"unknown columns {extra}",
+                file=where,
+                row=row_no if report_row else None,
+            )
     raw = raw_frame(rows, names, idx)
     check(RAW_SCHEMA, raw, raw, where, report_row)
     typed = _typed(raw)
