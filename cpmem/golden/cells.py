@@ -10,7 +10,8 @@ from typing import Any
 import pandas as pd
 
 from cpmem.golden.files import CELLS_FILE, GoldenDataError, default_golden_dir, read_csv
-from cpmem.golden.schema import COLUMN_NAMES, COLUMNS, PEAK_COLUMNS, validate_frame
+from cpmem.golden.schema import COLUMN_NAMES, COLUMNS, PEAK_COLUMNS
+from cpmem.golden.validation import validate_frame
 
 
 @dataclass(frozen=True)

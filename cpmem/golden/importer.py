@@ -22,8 +22,9 @@ from cpmem.golden.files import (
     atomic_write,
     csv_bytes,
 )
-from cpmem.golden.schema import COLUMN_NAMES, ROW_SCHEMA, schema_bytes, validate_frame
+from cpmem.golden.schema import COLUMN_NAMES, ROW_SCHEMA, schema_bytes
 from cpmem.golden.sources import SOURCES_README, normalize_sources, read_provenance
+from cpmem.golden.validation import validate_frame
 
 
 @dataclass(frozen=True)

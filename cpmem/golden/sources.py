@@ -9,15 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpmem.golden.files import IMPORTED_BY, SOURCES_SUBDIR, GoldenDataError, read_csv
-from cpmem.golden.schema import (
-    BOOLEANS,
-    COLUMN_NAMES,
-    ROW_SCHEMA,
-    TP_RATIO_SCHEMA,
-    check,
-    raw_frame,
-    validate_frame,
-)
+from cpmem.golden.schema import BOOLEANS, COLUMN_NAMES, ROW_SCHEMA, TP_RATIO_SCHEMA
+from cpmem.golden.validation import check, raw_frame, validate_frame
 
 SOURCES_README = "README.md"
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from cpmem.golden.schema import COLUMN_NAMES, validate_row
+from cpmem.golden.schema import COLUMN_NAMES
+from cpmem.golden.validation import validate_row
 
 REPO = Path(__file__).resolve().parents[2]
 # The driver is a package run as a module from the checkout root.
