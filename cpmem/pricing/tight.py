@@ -242,6 +242,28 @@ def local_outputs(inputs: PricingInput) -> int:
     return inputs.outputs // cp if cp > 1 else inputs.outputs
 
 
+def cp_gathered_kv_bytes(inputs: PricingInput) -> int:
+    """K and V of every CP rank, all-gathered inside the core attention (padded to the
+    largest rank's count) and saved by the flash kernel for backward, beyond the local K/V
+    the widths already hold: (CP - 1) x the priced tokens x 2 KV-local per attention
+    layer. Only where no ``core_attn`` checkpoint drops them (no recompute, selective
+    without ``core_attn``); under full recompute one layer holds them at a time.
+    From the rank simulator (oracles/rank_sim/README.md: "Under CP the K/V of every rank
+    are all-gathered ... so core_attn recompute keeps local K/V only"); the simulated
+    grid's dense CP 8 rows without recompute miss by up to 7% without it
+    (docs/simulated-grid.md). Measured only on the 4B CP 2 cells without recompute, where
+    it is 0.6% of the peak."""
+    layout, rc = inputs.plan.layout, inputs.recompute
+    if layout.cp == 1 or not rc.keeps_gradients or rc.mode == "full":
+        return 0
+    if rc.mode == "selective" and "core_attn" in rc.modules:
+        return 0
+    g = inputs.geometry
+    kv_local = g.kv_width // min(layout.tp, g.kv_groups)
+    tokens = priced_tokens(inputs)
+    return g.attention_layers * 2 * kv_local * (layout.cp - 1) * tokens * inputs.dtype_bytes
+
+
 def structural_terms(
     inputs: PricingInput, terms: TightTerms | None = None
 ) -> tuple[dict[str, int], dict[str, int]]:
@@ -271,6 +293,9 @@ def structural_terms(
         "retained_activations": tokens * b * retained_width(geometry, w, inputs) - transient,
         "layer_transient": transient,
     }
+    gathered_kv = cp_gathered_kv_bytes(inputs)
+    if gathered_kv:  # a component only where it applies (CP without core_attn recompute)
+        forward["cp_gathered_kv"] = gathered_kv
     backward = 0
     if terms.backward and inputs.recompute.keeps_gradients:
         local = local_outputs(inputs)
@@ -345,7 +370,9 @@ def price_tight(
         forward_backward_bytes=fb,
         forward_backward_components=fb_components,
         notes=(f"moe_routing={inputs.moe_routing}",) if inputs.geometry.is_moe else (),
-        retained_bytes=forward["retained_activations"] + forward["segment_states"],
+        retained_bytes=forward["retained_activations"]
+        + forward["segment_states"]
+        + forward.get("cp_gathered_kv", 0),
     )
 
 

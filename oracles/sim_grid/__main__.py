@@ -269,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=SIM_DIR, help="default golden/simulated")
     ap.add_argument("--assemble", action="store_true", help="rewrite rows/manifest only")
     ap.add_argument("--every", type=int, default=20, help="reassemble every N finished ranks")
+    ap.add_argument(
+        "--run-record",
+        type=Path,
+        default=None,
+        help="with --assemble: a JSON run record to add to the provenance (a run that was "
+        "stopped before it could write its own)",
+    )
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -287,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         "host_cpus": os.cpu_count(),
     }
     if args.assemble:
-        n = assemble(out, all_jobs, [])
+        runs = [json.loads(args.run_record.read_text())] if args.run_record else []
+        n = assemble(out, all_jobs, runs)
         print(f"{n} rows in {out / ROWS}")
         return 0
     done = _load_done(out)
@@ -308,33 +316,38 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     finished = 0
     sim_seconds = 0.0
-    with ProcessPoolExecutor(max_workers=args.workers) as pool, (out / RANKS).open("a") as fh:
-        queue = iter(pending)
-        running: set[Future[dict[str, Any]]] = set()
-        for job in queue:  # keep the pool a little ahead, not the whole grid queued
-            running.add(pool.submit(simulate_job, job))
-            if len(running) >= 2 * args.workers:
-                break
-        while running:
-            ready, running = wait(running, return_when=FIRST_COMPLETED)
-            for fut in ready:
-                res = fut.result()
-                fh.write(json.dumps(res) + "\n")
-                fh.flush()
-                finished += 1
-                sim_seconds += res["seconds"]
-                nxt = next(queue, None)
-                if nxt is not None:
-                    running.add(pool.submit(simulate_job, nxt))
-            _progress(finished, total, started, f"last {res['config_id']}")
-            if finished % args.every == 0:
-                assemble(out, all_jobs, [])
+    interrupted = False
+    try:
+        with ProcessPoolExecutor(max_workers=args.workers) as pool, (out / RANKS).open("a") as fh:
+            queue = iter(pending)
+            running: set[Future[dict[str, Any]]] = set()
+            for job in queue:  # keep the pool a little ahead, not the whole grid queued
+                running.add(pool.submit(simulate_job, job))
+                if len(running) >= 2 * args.workers:
+                    break
+            while running:
+                ready, running = wait(running, return_when=FIRST_COMPLETED)
+                for fut in ready:
+                    res = fut.result()
+                    fh.write(json.dumps(res) + "\n")
+                    fh.flush()
+                    finished += 1
+                    sim_seconds += res["seconds"]
+                    nxt = next(queue, None)
+                    if nxt is not None:
+                        running.add(pool.submit(simulate_job, nxt))
+                _progress(finished, total, started, f"last {res['config_id']}")
+                if finished % args.every == 0:
+                    assemble(out, all_jobs, [])
+    except KeyboardInterrupt:  # finished ranks are kept; the run resumes from them
+        interrupted = True
     wall = time.monotonic() - started
     run.update(
         {
             "ranks_simulated": finished,
             "wall_seconds": round(wall, 1),
             "ranks_per_minute": round(60 * finished / wall, 2) if wall > 0 else None,
+            "interrupted": interrupted,
         }
     )
     n = assemble(out, all_jobs, [run])

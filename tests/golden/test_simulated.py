@@ -1,0 +1,93 @@
+"""The gate's simulated tier on a fixed subset of the committed grid rows (no simulation:
+the rows are read from golden/simulated/rows.csv and priced; well under a minute).
+
+``tests/golden/data/simulated_subset.json`` names the subset (a few dozen rows across
+models, TP, CP and requests) and pins, per policy and declared target, the rows that
+miss it today (docs/simulated-grid.md says why). A policy change that adds a miss fails
+here; one that removes a miss fails too, until the pin is shrunk
+(``python -m tests.golden.test_simulated --write``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpmem.gate import cli as gate_cli
+from cpmem.gate.simulated import (
+    COLD_SETUP_BYTES,
+    SIM_WORST_UNDER,
+    SIMULATED_TARGETS,
+    load_rows,
+    required,
+    run_simulated,
+    simulated_dir,
+    verify_simulated,
+)
+from cpmem.units import MIB
+
+PIN = Path(__file__).parent / "data" / "simulated_subset.json"
+POLICIES = ("tight", "reference", "global")
+
+
+def _pin() -> dict[str, Any]:
+    return json.loads(PIN.read_text(encoding="utf-8"))
+
+
+def shortfalls(policy: str, ids: list[str]) -> dict[str, list[str]]:
+    report = run_simulated(policy, ids=ids)
+    return {t["target"]: sorted(t["failing"]) for t in report["targets"]["targets"]}
+
+
+def test_simulated_data_is_intact() -> None:
+    assert verify_simulated(simulated_dir()) == []
+
+
+def test_subset_is_spread() -> None:
+    rows = load_rows(simulated_dir(), _pin()["rows"])
+    assert 24 <= len(rows) <= 60
+    assert {r.cp for r in rows} == {1, 2, 4, 8}
+    assert {r.tp for r in rows} >= {1, 2, 4}
+    assert any(r.tp > 1 and r.cp > 1 for r in rows)
+    assert len({r.model for r in rows}) >= 6
+    assert any(r.planner.startswith("explicit") for r in rows)
+
+
+def test_allowance_is_the_documented_one() -> None:
+    assert COLD_SETUP_BYTES == 58 * MIB
+    assert SIM_WORST_UNDER == {"forward": 0.039, "forward_backward": 0.047}
+    assert required(0, "forward") == -(-58 * MIB * 1000 // 961)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_subset_shortfalls_are_the_pinned_ones(policy: str) -> None:
+    pin = _pin()
+    got = shortfalls(policy, pin["rows"])
+    assert set(got) == {t.name for t in SIMULATED_TARGETS.get(policy, ())}
+    assert got == pin["shortfalls"].get(policy, {})
+
+
+def test_cli_tier_simulated(capsys: pytest.CaptureFixture[str]) -> None:
+    code = gate_cli.main(["--tier", "simulated", "--policy", "global", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["tier"] == "simulated" and out["rows"] >= len(_pin()["rows"])
+    assert code == (0 if out["passed"] else 1)
+    assert out["targets"]["declared"] == 0 and out["data"]["passed"]
+
+
+def test_record_controls_is_refused_on_the_simulated_tier() -> None:
+    assert gate_cli.main(["--tier", "simulated", "--record-controls"]) == 2
+
+
+def _write() -> None:
+    pin = _pin()
+    pin["shortfalls"] = {p: shortfalls(p, pin["rows"]) for p in POLICIES}
+    pin["shortfalls"] = {p: s for p, s in pin["shortfalls"].items() if s}
+    PIN.write_text(json.dumps(pin, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    _write()
