@@ -108,7 +108,7 @@ def property(session: nox.Session) -> None:
 def golden(session: nox.Session) -> None:
     """Golden-layer integrity tests, the estimator gate on the reference and tight policies,
     and the tight policy's report."""
-    _run(session, "python", "-m", "pytest", "tests/golden", *session.posargs)
+    _run(session, "python", "-m", "pytest", "tests/golden", "-n", "auto", *session.posargs)
     _run(session, "cpmem", "gate", "--policy", "reference")
     _run(session, "cpmem", "gate", "--policy", "tight")
     # the tight policy's report: targets, cross-validation and per-cell tables; printed,
