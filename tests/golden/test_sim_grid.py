@@ -90,3 +90,23 @@ def test_presets_are_simulated() -> None:
         if src == "preset":
             assert get_model(name).name == name
             assert not load_model(name).is_moe
+
+
+def test_committed_rows_hold_the_grids_plans() -> None:
+    """Every committed row is a grid configuration and records the plan the generator
+    gives it today (the tier prices that plan)."""
+    from cpmem.gate.simulated import load_rows, simulated_dir
+    from oracles.sim_grid.grid import by_id
+
+    grid_by_id = by_id()
+    for row in load_rows(simulated_dir()):
+        job = plan_job(grid_by_id[row.config_id])
+        assert list(row.attention_tokens) == job["attention_tokens"]
+        assert list(row.gdn_tokens) == job["gdn_tokens"]
+        assert (row.packed_tokens, row.logical_tokens, row.grad_segments) == (
+            job["packed_tokens"],
+            job["logical_tokens"],
+            job["grad_segments"],
+        )
+        assert len(row.rank_forward) == row.cp == len(row.rank_forward_backward)
+        assert row.forward_peak == max(row.rank_forward)
