@@ -309,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(jobs)} configurations, {total} ranks to simulate ({len(done)} done)", file=sys.stderr
     )
+    if not pending:  # nothing left: leave the files (and their manifest) as they are
+        print(f"all {len(jobs)} configurations are simulated; nothing to do", file=sys.stderr)
+        return 0
     ranks_path = out / RANKS
     if ranks_path.exists() and not ranks_path.read_bytes().endswith(b"\n"):
         with ranks_path.open("a") as fh:  # close a line an interrupted run cut short
