@@ -102,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _simulated_main(args: argparse.Namespace, golden_dir: Path) -> int:
     """``cpmem gate --tier simulated``: the policy against golden/simulated/."""
-    from cpmem.gate.simulated import render as render_simulated
     from cpmem.gate.simulated import run_simulated
+    from cpmem.gate.simulated_render import render as render_simulated
 
     if args.record_controls:
         print("cpmem gate: error: --record-controls is for the measured tier", file=sys.stderr)

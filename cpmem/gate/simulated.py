@@ -25,198 +25,32 @@ measured cells: this tier reads only ``golden/simulated/``.
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import math
-import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from cpmem.api import load_model
-from cpmem.errors import CpmemError
-from cpmem.golden.files import default_golden_dir
+from cpmem.gate.simulated_render import markdown, summary_line
+from cpmem.gate.simulated_rows import (
+    BUSIEST_TOLERANCE,
+    COLD_SETUP_BYTES,
+    SIM_WORST_UNDER,
+    Figure,
+    Kind,
+    SimRow,
+    central,
+    load_rows,
+    required,
+    row_inputs,
+    simulated_dir,
+    verify_simulated,
+)
 from cpmem.model.geometry import ModelGeometry
-from cpmem.plan.layout import ParallelLayout
-from cpmem.plan.plan import explicit_plan
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
 from cpmem.pricing.reference import cp_discounted
 from cpmem.pricing.registry import price
-from cpmem.units import MIB
-
-SIM_SUBDIR = "simulated"
-ROWS_FILE = "rows.csv"
-MANIFEST_FILE = "MANIFEST.sha256"
-
-COLD_SETUP_BYTES = 58 * MIB
-"""The cold kernel set-up the simulator does not model and its validation adds
-(oracles/rank_sim/README.md; golden/README.md: "about 58 MiB")."""
-SIM_WORST_UNDER: dict[str, float] = {"forward": 0.039, "forward_backward": 0.047}
-"""The simulator's validated worst under-estimate on measured cells of >= 2,048 tokens
-(oracles/rank_sim/README.md "Validation": Qwen3-1.7B TP2, 3.4-3.9% under in forward,
-4.2-4.7% in forward+backward; golden/reports/rank_sim_validation.md: worst ratios 0.961
-and 0.953)."""
-BUSIEST_TOLERANCE = 0.01
-"""The policy's busiest rank may be a rank whose simulated forward peak is within 1% of
-the simulator's busiest."""
-
-Figure = Literal["forward", "forward_backward"]
-Kind = Literal["coverage", "headroom", "busiest"]
-
-
-class SimulatedDataError(CpmemError, ValueError):
-    """golden/simulated/ is missing, or its rows do not match its manifest."""
-
-
-@dataclass(frozen=True)
-class SimRow:
-    """One grid configuration: the plan the simulator was given and its per-rank peaks
-    (bytes above the pre-forward baseline, cold set-up not included)."""
-
-    config_id: str
-    model: str
-    model_source: str
-    tp: int
-    cp: int
-    sequence_parallel: bool
-    mode: str
-    modules: str
-    request: str
-    lengths: tuple[int, ...]
-    shared_prefix: int
-    logical_tokens: int
-    packed_tokens: int
-    grad_segments: int
-    planner: str
-    attention_tokens: tuple[int, ...]
-    gdn_tokens: tuple[int, ...]
-    rank_forward: tuple[int, ...]
-    rank_forward_backward: tuple[int, ...]
-    busiest_rank: int
-    forward_peak: int
-    forward_backward_peak: int
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split("+") if x)
-
-
-def simulated_dir(golden_dir: Path | None = None) -> Path:
-    return (golden_dir if golden_dir is not None else default_golden_dir()) / SIM_SUBDIR
-
-
-def verify_simulated(sim_dir: Path) -> list[str]:
-    """Problems with golden/simulated/MANIFEST.sha256 (empty: every file matches)."""
-    path = sim_dir / MANIFEST_FILE
-    if not path.is_file():
-        return [f"{path}: missing (python -m oracles.sim_grid --assemble writes it)"]
-    problems: list[str] = []
-    listed: set[str] = set()
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        m = re.match(r"^([0-9a-f]{64})  (\S.*)$", line)
-        if not m:
-            problems.append(f"{MANIFEST_FILE}: line {i} malformed: {line!r}")
-            continue
-        listed.add(m[2])
-        target = sim_dir / m[2]
-        if not target.is_file():
-            problems.append(f"{m[2]}: listed but missing")
-        elif hashlib.sha256(target.read_bytes()).hexdigest() != m[1]:
-            problems.append(f"{m[2]}: sha256 does not match the manifest")
-    for required in (ROWS_FILE, "provenance.json"):
-        if required not in listed:
-            problems.append(f"{required}: not in {MANIFEST_FILE}")
-    return problems
-
-
-def load_rows(sim_dir: Path, ids: Iterable[str] | None = None) -> list[SimRow]:
-    """The grid rows (all, or those named by ``ids``, in file order)."""
-    path = sim_dir / ROWS_FILE
-    if not path.is_file():
-        raise SimulatedDataError(f"{path}: missing (generate with python -m oracles.sim_grid)")
-    wanted = set(ids) if ids is not None else None
-    rows: list[SimRow] = []
-    with path.open(newline="", encoding="utf-8") as fh:
-        for r in csv.DictReader(fh):
-            if wanted is not None and r["config_id"] not in wanted:
-                continue
-            rows.append(
-                SimRow(
-                    config_id=r["config_id"],
-                    model=r["model"],
-                    model_source=r["model_source"],
-                    tp=int(r["tp"]),
-                    cp=int(r["cp"]),
-                    sequence_parallel=r["sequence_parallel"] == "True",
-                    mode=r["mode"],
-                    modules=r["modules"],
-                    request=r["request"],
-                    lengths=_ints(r["lengths"]),
-                    shared_prefix=int(r["shared_prefix"]),
-                    logical_tokens=int(r["logical_tokens"]),
-                    packed_tokens=int(r["packed_tokens"]),
-                    grad_segments=int(r["grad_segments"]),
-                    planner=r["planner"],
-                    attention_tokens=_ints(r["attention_tokens"]),
-                    gdn_tokens=_ints(r["gdn_tokens"]),
-                    rank_forward=_ints(r["rank_forward_peak_bytes"]),
-                    rank_forward_backward=_ints(r["rank_forward_backward_peak_bytes"]),
-                    busiest_rank=int(r["busiest_rank"]),
-                    forward_peak=int(r["forward_peak_bytes"]),
-                    forward_backward_peak=int(r["forward_backward_peak_bytes"]),
-                )
-            )
-    if wanted is not None:
-        missing = wanted - {r.config_id for r in rows}
-        if missing:
-            raise SimulatedDataError(f"rows not in {path}: {sorted(missing)[:5]}")
-    return rows
-
-
-def row_inputs(
-    row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None = None
-) -> PricingInput:
-    """The plan the simulator was given, as an explicit plan, and the row's recompute
-    path; a cold step (the allowance assumes the set-up is paid)."""
-    cache = cache if cache is not None else {}
-    geometry = cache.get(row.model_source + row.model)
-    if geometry is None:
-        geometry = (
-            load_model(row.model)
-            if row.model_source == "preset"
-            else load_model(config=sim_dir / row.model_source)
-        )
-        cache[row.model_source + row.model] = geometry
-    layout = ParallelLayout(tp=row.tp, cp=row.cp, sp=row.sequence_parallel)
-    plan = explicit_plan(
-        layout,
-        logical_tokens=row.logical_tokens,
-        packed_tokens=row.packed_tokens,
-        grad_segments=row.grad_segments,
-        rank_tokens=row.attention_tokens,
-        gdn_rank_tokens=row.gdn_tokens,
-    )
-    return PricingInput(
-        geometry=geometry,
-        plan=plan,
-        recompute=Recompute.parse(row.mode, row.modules or None),
-        cold=True,
-    )
-
-
-def central(sim_bytes: int) -> int:
-    """The simulator's figure with the cold set-up it leaves out."""
-    return sim_bytes + COLD_SETUP_BYTES
-
-
-def required(sim_bytes: int, figure: Figure) -> int:
-    """What an estimate must reach to cover a simulated peak: the cold set-up and the
-    simulator's validated worst under-estimate."""
-    return math.ceil(central(sim_bytes) / (1 - SIM_WORST_UNDER[figure]))
 
 
 @dataclass(frozen=True)
@@ -465,125 +299,6 @@ def run_simulated(
     }
     report["summary"] = summary_line(report)
     return report
-
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.1%}"
-
-
-def summary_line(report: Mapping[str, Any]) -> str:
-    parts = [
-        f"simulated tier {'PASSED' if report['passed'] else 'FAILED'} "
-        f"(policy {report['policy']}): {report['rows']} grid rows"
-    ]
-    for figure, c in report["coverage"].items():
-        parts.append(
-            f"{figure} covered {c['covered']}/{c['rows']} (headroom min {pct(c['min_headroom'])},"
-            f" median {pct(c['median_headroom'])}, max {pct(c['max_headroom'])})"
-        )
-    b = report["busiest_rank"]
-    parts.append(f"busiest rank agrees on {b['agreeing']}/{b['rows']} CP rows")
-    tg = report["targets"]
-    if tg["declared"]:
-        parts.append(
-            f"targets {tg['met']}/{tg['declared']} met: "
-            + "; ".join(
-                f"{t['target']} [{t['bound']}] "
-                + ("met" if t["met"] else f"MISSED on {len(t['failing'])}/{t['rows']}")
-                for t in tg["targets"]
-            )
-        )
-    else:
-        parts.append("declares no simulated targets")
-    if not report["data"]["passed"]:
-        parts.append("DATA: " + "; ".join(report["data"]["problems"][:3]))
-    return "; ".join(parts)
-
-
-def render(report: Mapping[str, Any]) -> str:
-    """Plain-text report: summary, targets, failing rows, breakdown tables."""
-    lines = [report["summary"], ""]
-    a = report["allowance"]
-    lines.append(
-        f"allowance: cold set-up {a['cold_setup_bytes'] // MIB} MiB, simulator worst "
-        f"under-estimate forward {a['simulator_worst_under']['forward']:.1%}, "
-        f"forward+backward {a['simulator_worst_under']['forward_backward']:.1%} "
-        "(oracles/rank_sim/README.md); headroom = estimate / (sim + cold) - 1"
-    )
-    for t in report["targets"]["targets"]:
-        status = "PASS" if t["met"] else "FAIL"
-        extra = t.get("problem") or (
-            f"max headroom {pct(t.get('max_headroom'))}, min {pct(t.get('min_headroom'))}"
-            if t["kind"] != "busiest"
-            else f"{t.get('agreeing')}/{t['rows']} agree"
-        )
-        lines.append(f"  [{status}] {t['target']} ({t['figure']}) [{t['bound']}]: {extra}")
-        for cid in t["failing"][:8]:
-            lines.append(f"      - {cid}")
-        if len(t["failing"]) > 8:
-            lines.append(f"      ... and {len(t['failing']) - 8} more")
-    for figure, groups in report["breakdown"].items():
-        for name, rows in groups.items():
-            lines += ["", f"{figure} by {name}:", f"  {name:<24} rows covered  min     median  max"]
-            for r in rows:
-                lines.append(
-                    f"  {r[name]!s:<24} {r['rows']:>4} {r['covered']:>7}  "
-                    f"{pct(r['min_headroom']):>7} {pct(r['median_headroom']):>7} "
-                    f"{pct(r['max_headroom']):>7}"
-                )
-    return "\n".join(lines)
-
-
-def markdown(reports: Sequence[Mapping[str, Any]]) -> str:
-    """The simulated tier of several policies as one Markdown report."""
-    lines = [
-        "# The simulated tier: every policy against the rank simulator's grid",
-        "",
-        "Generated by `python -m cpmem.gate.simulated --write golden/reports/simulated_tier.md`",
-        "from golden/simulated/rows.csv (docs/simulated-grid.md). Simulated rows, not",
-        "measurements. Headroom = estimate / (simulated peak + 58 MiB cold set-up) - 1;",
-        "covered = estimate >= (simulated peak + 58 MiB) / (1 - the simulator's validated worst",
-        "under-estimate: 3.9% forward, 4.7% forward+backward).",
-    ]
-    for rep in reports:
-        lines += ["", f"## {rep['policy']}", "", rep["summary"], ""]
-        if rep["targets"]["declared"]:
-            lines += ["| target | figure | bound | rows | met | worst / agreeing | missed on |"]
-            lines += ["| --- | --- | --- | --: | --- | --- | --: |"]
-            for t in rep["targets"]["targets"]:
-                worst = (
-                    f"{t.get('agreeing')}/{t['rows']} agree"
-                    if t["kind"] == "busiest"
-                    else f"min {pct(t.get('min_headroom'))}, max {pct(t.get('max_headroom'))}"
-                )
-                lines.append(
-                    f"| {t['target']} | {t['figure']} | {t['bound']} | {t['rows']} | "
-                    f"{'yes' if t['met'] else '**no**'} | {t.get('problem') or worst} | "
-                    f"{len(t['failing'])} |"
-                )
-        for figure, groups in rep["breakdown"].items():
-            for name, rows in groups.items():
-                lines += ["", f"{figure} by {name}:", ""]
-                lines += [f"| {name} | rows | covered | min | median | max |"]
-                lines += ["| --- | --: | --: | --: | --: | --: |"]
-                for r in rows:
-                    lines.append(
-                        f"| {r[name]} | {r['rows']} | {r['covered']} | {pct(r['min_headroom'])} | "
-                        f"{pct(r['median_headroom'])} | {pct(r['max_headroom'])} |"
-                    )
-        b = rep["busiest_rank"]
-        if b["disagreeing"]:
-            lines += [
-                "",
-                "Busiest rank disagreements (policy's rank short of the simulator's):",
-                "",
-            ]
-            for d in b["disagreeing"]:
-                lines.append(
-                    f"- {d['config_id']}: policy rank {d['policy_rank']}, simulator rank "
-                    f"{d['simulated_rank']}, {d['short_by']:.1%} below"
-                )
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

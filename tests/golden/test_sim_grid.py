@@ -95,7 +95,7 @@ def test_presets_are_simulated() -> None:
 def test_committed_rows_hold_the_grids_plans() -> None:
     """Every committed row is a grid configuration and records the plan the generator
     gives it today (the tier prices that plan)."""
-    from cpmem.gate.simulated import load_rows, simulated_dir
+    from cpmem.gate.simulated_rows import load_rows, simulated_dir
     from oracles.sim_grid.grid import by_id
 
     grid_by_id = by_id()

@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 
 from cpmem.gate import cli as gate_cli
-from cpmem.gate.simulated import (
+from cpmem.gate.simulated import SIMULATED_TARGETS, run_simulated
+from cpmem.gate.simulated_rows import (
     COLD_SETUP_BYTES,
     SIM_WORST_UNDER,
-    SIMULATED_TARGETS,
     load_rows,
     required,
-    run_simulated,
     simulated_dir,
     verify_simulated,
 )

@@ -1,0 +1,195 @@
+"""The simulated grid's rows (``golden/simulated/``): loading and verifying them, the
+plan each row's simulation was given as pricing inputs, and the allowance an estimate
+must reach over a simulated peak (the cold set-up the simulator leaves out and its
+validated worst under-estimate)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cpmem.api import load_model
+from cpmem.errors import CpmemError
+from cpmem.golden.files import default_golden_dir
+from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import explicit_plan
+from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.recompute import Recompute
+from cpmem.units import MIB
+
+SIM_SUBDIR = "simulated"
+ROWS_FILE = "rows.csv"
+MANIFEST_FILE = "MANIFEST.sha256"
+
+COLD_SETUP_BYTES = 58 * MIB
+"""The cold kernel set-up the simulator does not model and its validation adds
+(oracles/rank_sim/README.md; golden/README.md: "about 58 MiB")."""
+SIM_WORST_UNDER: dict[str, float] = {"forward": 0.039, "forward_backward": 0.047}
+"""The simulator's validated worst under-estimate on measured cells of >= 2,048 tokens
+(oracles/rank_sim/README.md "Validation": Qwen3-1.7B TP2, 3.4-3.9% under in forward,
+4.2-4.7% in forward+backward; golden/reports/rank_sim_validation.md: worst ratios 0.961
+and 0.953)."""
+BUSIEST_TOLERANCE = 0.01
+"""The policy's busiest rank may be a rank whose simulated forward peak is within 1% of
+the simulator's busiest."""
+
+Figure = Literal["forward", "forward_backward"]
+Kind = Literal["coverage", "headroom", "busiest"]
+
+
+class SimulatedDataError(CpmemError, ValueError):
+    """golden/simulated/ is missing, or its rows do not match its manifest."""
+
+
+@dataclass(frozen=True)
+class SimRow:
+    """One grid configuration: the plan the simulator was given and its per-rank peaks
+    (bytes above the pre-forward baseline, cold set-up not included)."""
+
+    config_id: str
+    model: str
+    model_source: str
+    tp: int
+    cp: int
+    sequence_parallel: bool
+    mode: str
+    modules: str
+    request: str
+    lengths: tuple[int, ...]
+    shared_prefix: int
+    logical_tokens: int
+    packed_tokens: int
+    grad_segments: int
+    planner: str
+    attention_tokens: tuple[int, ...]
+    gdn_tokens: tuple[int, ...]
+    rank_forward: tuple[int, ...]
+    rank_forward_backward: tuple[int, ...]
+    busiest_rank: int
+    forward_peak: int
+    forward_backward_peak: int
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("+") if x)
+
+
+def simulated_dir(golden_dir: Path | None = None) -> Path:
+    return (golden_dir if golden_dir is not None else default_golden_dir()) / SIM_SUBDIR
+
+
+def verify_simulated(sim_dir: Path) -> list[str]:
+    """Problems with golden/simulated/MANIFEST.sha256 (empty: every file matches)."""
+    path = sim_dir / MANIFEST_FILE
+    if not path.is_file():
+        return [f"{path}: missing (python -m oracles.sim_grid --assemble writes it)"]
+    problems: list[str] = []
+    listed: set[str] = set()
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        m = re.match(r"^([0-9a-f]{64})  (\S.*)$", line)
+        if not m:
+            problems.append(f"{MANIFEST_FILE}: line {i} malformed: {line!r}")
+            continue
+        listed.add(m[2])
+        target = sim_dir / m[2]
+        if not target.is_file():
+            problems.append(f"{m[2]}: listed but missing")
+        elif hashlib.sha256(target.read_bytes()).hexdigest() != m[1]:
+            problems.append(f"{m[2]}: sha256 does not match the manifest")
+    for required in (ROWS_FILE, "provenance.json"):
+        if required not in listed:
+            problems.append(f"{required}: not in {MANIFEST_FILE}")
+    return problems
+
+
+def load_rows(sim_dir: Path, ids: Iterable[str] | None = None) -> list[SimRow]:
+    """The grid rows (all, or those named by ``ids``, in file order)."""
+    path = sim_dir / ROWS_FILE
+    if not path.is_file():
+        raise SimulatedDataError(f"{path}: missing (generate with python -m oracles.sim_grid)")
+    wanted = set(ids) if ids is not None else None
+    rows: list[SimRow] = []
+    with path.open(newline="", encoding="utf-8") as fh:
+        for r in csv.DictReader(fh):
+            if wanted is not None and r["config_id"] not in wanted:
+                continue
+            rows.append(
+                SimRow(
+                    config_id=r["config_id"],
+                    model=r["model"],
+                    model_source=r["model_source"],
+                    tp=int(r["tp"]),
+                    cp=int(r["cp"]),
+                    sequence_parallel=r["sequence_parallel"] == "True",
+                    mode=r["mode"],
+                    modules=r["modules"],
+                    request=r["request"],
+                    lengths=_ints(r["lengths"]),
+                    shared_prefix=int(r["shared_prefix"]),
+                    logical_tokens=int(r["logical_tokens"]),
+                    packed_tokens=int(r["packed_tokens"]),
+                    grad_segments=int(r["grad_segments"]),
+                    planner=r["planner"],
+                    attention_tokens=_ints(r["attention_tokens"]),
+                    gdn_tokens=_ints(r["gdn_tokens"]),
+                    rank_forward=_ints(r["rank_forward_peak_bytes"]),
+                    rank_forward_backward=_ints(r["rank_forward_backward_peak_bytes"]),
+                    busiest_rank=int(r["busiest_rank"]),
+                    forward_peak=int(r["forward_peak_bytes"]),
+                    forward_backward_peak=int(r["forward_backward_peak_bytes"]),
+                )
+            )
+    if wanted is not None:
+        missing = wanted - {r.config_id for r in rows}
+        if missing:
+            raise SimulatedDataError(f"rows not in {path}: {sorted(missing)[:5]}")
+    return rows
+
+
+def row_inputs(
+    row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None = None
+) -> PricingInput:
+    """The plan the simulator was given, as an explicit plan, and the row's recompute
+    path; a cold step (the allowance assumes the set-up is paid)."""
+    cache = cache if cache is not None else {}
+    geometry = cache.get(row.model_source + row.model)
+    if geometry is None:
+        geometry = (
+            load_model(row.model)
+            if row.model_source == "preset"
+            else load_model(config=sim_dir / row.model_source)
+        )
+        cache[row.model_source + row.model] = geometry
+    layout = ParallelLayout(tp=row.tp, cp=row.cp, sp=row.sequence_parallel)
+    plan = explicit_plan(
+        layout,
+        logical_tokens=row.logical_tokens,
+        packed_tokens=row.packed_tokens,
+        grad_segments=row.grad_segments,
+        rank_tokens=row.attention_tokens,
+        gdn_rank_tokens=row.gdn_tokens,
+    )
+    return PricingInput(
+        geometry=geometry,
+        plan=plan,
+        recompute=Recompute.parse(row.mode, row.modules or None),
+        cold=True,
+    )
+
+
+def central(sim_bytes: int) -> int:
+    """The simulator's figure with the cold set-up it leaves out."""
+    return sim_bytes + COLD_SETUP_BYTES
+
+
+def required(sim_bytes: int, figure: Figure) -> int:
+    """What an estimate must reach to cover a simulated peak: the cold set-up and the
+    simulator's validated worst under-estimate."""
+    return math.ceil(central(sim_bytes) / (1 - SIM_WORST_UNDER[figure]))
