@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if lengths is not None
         else [(n, None) for n in counts["gdn_tokens"]]
     )
+    # each rank's count is padded to TP on its own, so the ranks together may hold more
+    # than the packed row: the extra are padding tokens (1-token roots) at the row's end
+    segs += [(1, None)] * max(0, sum(counts["gdn_tokens"]) - sum(t for t, _ in segs))
     ranks = [args.rank] if args.rank is not None else list(range(args.cp))
     results = []
     for r in ranks:

@@ -163,3 +163,17 @@ def test_tp_by_cp_ranks_follow_their_token_counts() -> None:
     ]
     assert res[0].retained_bytes > res[1].retained_bytes > res[2].retained_bytes
     assert res[0].tokens == 1024 and res[2].tokens == 256
+
+
+def test_lengths_of_a_hybrid_under_tp_by_cp_whose_rank_counts_pad_past_the_row(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each CP rank's count is padded to TP on its own: 3001+2001 at TP2 x CP4 gives
+    ranks that together hold more than the packed row (a failure before: 'segments=1000:
+    != the rank's 1002 GDN tokens'); the extra are padding, and every rank simulates."""
+    argv = ["--model", "qwen3.5-4b", "--lengths", "3001,2001", "--tp", "2", "--cp", "4"]
+    assert main([*argv, "--layers", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    counts = out["layout"]["gdn_tokens"]
+    assert sum(counts) > out["layout"]["packed_tokens"]
+    assert [r["tokens"] for r in out["ranks"]] == counts
