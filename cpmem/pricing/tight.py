@@ -20,7 +20,7 @@ from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.inputs import PricingInput
 from cpmem.pricing.reference import cp_discounted, segment_state_bytes
 from cpmem.pricing.registry import register_policy
-from cpmem.pricing.widths import common_width, moe_width, sp_divisor
+from cpmem.pricing.widths import LayerWidths, common_width, moe_width, sp_divisor
 from cpmem.units import MIB
 
 # --- structural constants (observations, not fitted) -----------------------------
@@ -78,23 +78,12 @@ class TightTerms:
 
 
 @dataclass(frozen=True)
-class TightWidths:
-    """Elements per token kept by one layer of each kind (oracle saved sets)."""
+class TightWidths(LayerWidths):
+    """Elements per token kept by one layer of each kind (oracle saved sets), plus the
+    parts a selective recompute drops: the core attention's and the SwiGLU's."""
 
-    common: int
     attention_core: int
-    attention: int
-    gdn: int
-    mlp: int
     mlp_core: int
-    moe: int
-    layer_input: int
-
-    def mixer(self, kind: str) -> int:
-        return self.attention if kind == "attention" else self.gdn
-
-    def ffn(self, kind: str) -> int:
-        return self.moe if kind == "moe" else self.mlp
 
 
 def swiglu_saved(geometry: ModelGeometry, compiled: bool) -> int:
