@@ -31,11 +31,20 @@ MANIFEST_FILE = "MANIFEST.sha256"
 COLD_SETUP_BYTES = 58 * MIB
 """The cold kernel set-up the simulator does not model and its validation adds
 (oracles/rank_sim/README.md; golden/README.md: "about 58 MiB")."""
-SIM_WORST_UNDER: dict[str, float] = {"forward": 0.039, "forward_backward": 0.047}
-"""The simulator's validated worst under-estimate on measured cells of >= 2,048 tokens
-(oracles/rank_sim/README.md "Validation": Qwen3-1.7B TP2, 3.4-3.9% under in forward,
-4.2-4.7% in forward+backward; golden/reports/rank_sim_validation.md: worst ratios 0.961
-and 0.953)."""
+Family = Literal["hybrid", "attention-only"]
+SIM_WORST_UNDER: dict[Family, dict[str, float]] = {
+    "hybrid": {"forward": 0.012, "forward_backward": 0.016},
+    "attention-only": {"forward": 0.039, "forward_backward": 0.047},
+}
+"""The simulator's validated worst under-estimate on measured cells of >= 2,048 tokens,
+per model family (golden/reports/rank_sim_validation.md; tests/golden/test_simulated.py
+reads the report and holds these to it). Hybrids (Gated DeltaNet + gated attention;
+measured: Qwen3.5-27B, Qwen3.5-4B): worst forward ratio 0.988, forward+backward 0.984
+(4B CP2 ``none`` 4096+4096). Attention-only models (ungated attention; measured:
+Qwen3-1.7B): worst 0.961 and 0.953 (TP2 cells: oracles/rank_sim/README.md "The miss",
+one query-wide tensor per ungated attention layer the simulator does not keep). A grid
+model takes its family's figure: the miss is the ungated attention's, so it must not
+widen the hybrids' allowance, and an unmeasured attention-only model inherits it."""
 BUSIEST_TOLERANCE = 0.01
 """The policy's busiest rank may be a rank whose simulated forward peak is within 1% of
 the simulator's busiest."""
@@ -189,7 +198,12 @@ def central(sim_bytes: int) -> int:
     return sim_bytes + COLD_SETUP_BYTES
 
 
-def required(sim_bytes: int, figure: Figure) -> int:
+def family(geometry: ModelGeometry) -> Family:
+    """The validation family whose worst simulator error a grid row's model inherits."""
+    return "hybrid" if geometry.is_hybrid else "attention-only"
+
+
+def required(sim_bytes: int, figure: Figure, model_family: Family) -> int:
     """What an estimate must reach to cover a simulated peak: the cold set-up and the
-    simulator's validated worst under-estimate."""
-    return math.ceil(central(sim_bytes) / (1 - SIM_WORST_UNDER[figure]))
+    simulator's validated worst under-estimate for the model's family."""
+    return math.ceil(central(sim_bytes) / (1 - SIM_WORST_UNDER[model_family][figure]))

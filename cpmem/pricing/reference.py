@@ -13,6 +13,7 @@ from typing import Literal
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.gathered import gathered_kv_bytes
 from cpmem.pricing.inputs import PricingInput
 from cpmem.pricing.recompute import Recompute
 from cpmem.pricing.registry import register_policy
@@ -21,6 +22,11 @@ from cpmem.units import MIB
 
 COLD_ALLOWANCE = 64 * MIB  # observed cold kernel set-up is about 58 MiB
 SAFETY = 1.10
+CALIBRATED_CP = 2
+"""The largest CP the recorded estimates were calibrated on (golden cells: CP <= 2).
+Its widths hold one remote rank's gathered K/V within their envelope (the measured
+Qwen3.5-4B CP 2 cells without recompute, and every simulated CP 2 row, are covered);
+each CP rank beyond it adds its gathered K/V (``cpmem.pricing.gathered``)."""
 
 
 def segment_state_bytes(geometry: ModelGeometry, tp: int, dtype_bytes: int = 2) -> int:
@@ -113,6 +119,8 @@ def _price(inputs: PricingInput, policy: str, terms: ReferenceTerms) -> Estimate
     outputs = inputs.outputs
     gathered = outputs if layout.cp > 1 else 0
     priced, rank_priced = _priced_tokens(inputs, terms)
+    # gathered K/V are padded to the largest rank's count: the same on every rank
+    gathered_kv = gathered_kv_bytes(inputs, priced, layout.cp - CALIBRATED_CP)
 
     def components_for(tokens: int) -> dict[str, int]:
         retained = tokens * b * features
@@ -121,7 +129,9 @@ def _price(inputs: PricingInput, policy: str, terms: ReferenceTerms) -> Estimate
         static_excess = max(0, static - floor)
         profile_excess = max(0, profile - max(floor, static))
         before_safety = outputs + floor + static_excess + profile_excess + gathered
+        before_safety += gathered_kv
         total = int(before_safety * SAFETY)
+        extra = {"cp_gathered_kv": gathered_kv} if gathered_kv else {}
         return {
             "retained_tokens": retained,
             "segment_states": seg_bytes,
@@ -130,6 +140,7 @@ def _price(inputs: PricingInput, policy: str, terms: ReferenceTerms) -> Estimate
             "gathered_outputs": gathered,
             "static_floor": static_excess,
             "profile_floor": profile_excess,
+            **extra,
             "safety_factor": total - before_safety,
         }
 
@@ -152,7 +163,9 @@ def _price(inputs: PricingInput, policy: str, terms: ReferenceTerms) -> Estimate
         tp=layout.tp,
         cp=layout.cp,
         sp=layout.sp,
-        retained_bytes=components["retained_tokens"] + components["segment_states"],
+        retained_bytes=components["retained_tokens"]
+        + components["segment_states"]
+        + components.get("cp_gathered_kv", 0),
     )
 
 
