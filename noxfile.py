@@ -171,3 +171,41 @@ def simulate_grid(session: nox.Session) -> None:
     for policy in ("tight", "reference", "global"):
         args = ("gate", "--tier", "simulated", "--policy", policy)
         session.run(cpmem, *args, external=True, success_codes=[0, 1])
+
+
+# fla-core's own GDN autograd function in the rank simulator (oracles/rank_sim/fla_kernel.py):
+# an environment of its own, never the shared one, so the default sessions and the
+# committed validation report stay on the stand-in.
+FLA_ENV = ROOT / ".nox" / "simulate-fla"
+FLA_PINS = (TORCH, "megatron-core>=0.16,<0.17", "fla-core==0.6.0", "triton==3.9.0")
+
+
+def _fla_env(session: nox.Session) -> Path:
+    """The fla environment's bin/ directory, built like the shared one (torch first, the
+    CPU wheel) with fla-core and triton pinned; rebuilt when its inputs change."""
+    bindir = FLA_ENV / "bin"
+    marker = FLA_ENV / ".inputs-sha256"
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8") + "\n".join(FLA_PINS)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if not (marker.is_file() and marker.read_text() == digest and (bindir / "python").exists()):
+        session.log(f"building the fla environment {FLA_ENV}")
+        session.run(sys.executable, "-m", "venv", "--clear", str(FLA_ENV), external=True)
+        pip = [str(bindir / "python"), "-m", "pip", "install", "--quiet", "--upgrade"]
+        session.run(*pip, "--disable-pip-version-check", "pip", external=True)
+        session.run(*pip, TORCH, external=True)
+        session.run(*pip, *FLA_PINS, "-e", ".[test]", external=True)
+        marker.write_text(digest)
+    return bindir
+
+
+@nox.session(name="simulate_fla", venv_backend="none")
+def simulate_fla(session: nox.Session) -> None:
+    """The rank simulator with fla-core's own chunked gated delta rule (its triton launches
+    made shape-only): the fla tests, then the validation over every golden cell with
+    ``--gdn-kernel fla`` semantics (printed, never written: the committed report is the
+    default environment's stand-in). Not in the default sessions."""
+    python = str(_fla_env(session) / "python")
+    env = {"RANK_SIM_GDN_KERNEL": "fla"}
+    test = "tests/oracle/test_rank_sim_fla.py"
+    session.run(python, "-m", "pytest", test, "-q", "-rs", *session.posargs, external=True)
+    session.run(python, "-m", "oracles.rank_sim.validate", env=env, external=True)

@@ -18,6 +18,7 @@ from oracles.rank_sim import SIM_VERSION
 from oracles.rank_sim import kernels as K
 from oracles.rank_sim.geometry import SimInputError, SimModel, get_model, load_config
 from oracles.rank_sim.layout import contiguous_layout, row_segments
+from oracles.rank_sim.moe import ROUTINGS, check_routing
 from oracles.rank_sim.recompute import Recompute
 
 GIB = 2**30
@@ -55,7 +56,7 @@ def cpmem_counts(args: argparse.Namespace, lengths: list[int]) -> tuple[dict[str
         geometry = api.load_model(args.model, config=args.config)
         request = planner.Request.shared(lengths, args.shared_prefix)
         layout = planner.ParallelLayout(
-            tp=args.tp, cp=args.cp, sp=args.tp > 1 and not args.no_sp, ep=1
+            tp=args.tp, cp=args.cp, sp=args.tp > 1 and not args.no_sp, ep=args.ep
         )
         plan = planner.plan_request(request, layout, None, geometry)
     except AttributeError:
@@ -90,6 +91,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.layers:
         model = model.truncated(args.layers)
     model.check_tp(args.tp)
+    model.check_ep(args.ep, args.tp * max(args.cp, 1))
+    check_routing(args.routing)
+    moe = {"ep": args.ep, "routing": args.routing} if model.moe else {}
     rc = Recompute.parse(args.recompute, args.modules)
     lengths = _ints("lengths", args.lengths)
     explicit = _ints("rank_tokens", args.rank_tokens)
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             segs, tuple(counts["attention_tokens"]), tuple(counts["gdn_tokens"]), tp=args.tp,
             rank=r, logical_tokens=counts["logical_tokens"], sp=not args.no_sp,
         )  # fmt: skip
-        results.append(simulate_rank(model, layout, rc, compiled=args.compiled).as_dict())
+        results.append(simulate_rank(model, layout, rc, compiled=args.compiled, **moe).as_dict())
     busiest = max(results, key=lambda x: x["forward_backward_peak_bytes"])["rank"]
     return {
         "model": model.name,
@@ -138,6 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tp": args.tp,
             "cp": args.cp,
             "sequence_parallel": args.tp > 1 and not args.no_sp,
+            **moe,
             "source": source,
             **counts,
         },
@@ -166,17 +171,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sp", action="store_true", help="TP without sequence parallel")
     ap.add_argument("--recompute", default="selective", help="none | selective | full | no-grad")
     ap.add_argument(
-        "--modules", default=None, help="selective modules: core_attn, mlp, core_attn+mlp"
+        "--modules", default=None, help="selective modules: core_attn, mlp, moe, joined by +"
     )
     ap.add_argument(
         "--compiled", action="store_true", help="torch.compile'd saved set (fused elementwise)"
     )
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE models)")
+    ap.add_argument(
+        "--routing", default="concentrated", help=f"MoE routing: {' | '.join(ROUTINGS)}"
+    )
     ap.add_argument("--rank", type=int, default=None, help="simulate this CP rank only")
     ap.add_argument("--layers", type=int, default=None, help="first N layers only")
+    ap.add_argument(
+        "--gdn-kernel",
+        default=None,
+        help="GDN kernel: auto (fla-core's own where it imports, else the stand-in; the "
+        f"default, or ${K.GDN_KERNEL_ENV}), fla, stand-in",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     try:
+        if args.gdn_kernel is not None:
+            K.select_gdn_kernel(args.gdn_kernel)
         if args.rank is not None and not 0 <= args.rank < max(args.cp, 1):
             raise SimInputError("rank", args.rank, f"outside 0..{args.cp - 1}")
         out = run(args)

@@ -40,7 +40,11 @@ class SimModel:
     gdn_value_dim: int = 0
     gdn_conv_kernel: int = 0
     vocab: int = 0
-    moe: bool = False
+    moe: bool = False  # every layer's FFN is a mixture of experts (Qwen3.5-MoE: all layers)
+    num_experts: int = 0
+    moe_top_k: int = 0
+    expert_ffn: int = 0
+    shared_expert_ffn: int = 0  # 0: no shared expert
 
     @property
     def layers(self) -> int:
@@ -66,6 +70,23 @@ class SimModel:
             raise SimInputError("tp", tp, "does not divide the GDN key/value heads")
         if self.ffn % tp:
             raise SimInputError("tp", tp, f"does not divide the FFN width {self.ffn}")
+        if self.moe and self.shared_expert_ffn % tp:
+            raise SimInputError(
+                "tp", tp, f"does not divide the shared expert {self.shared_expert_ffn}"
+            )
+
+    def check_ep(self, ep: int, world: int) -> None:
+        """EP must divide the experts and the TP x CP world it is laid over (ETP = 1)."""
+        if ep < 1:
+            raise SimInputError("ep", ep, "must be >= 1")
+        if not self.moe:
+            if ep != 1:
+                raise SimInputError("ep", ep, f"{self.name} has no experts")
+            return
+        if self.num_experts % ep:
+            raise SimInputError("ep", ep, f"does not divide the {self.num_experts} experts")
+        if world % ep:
+            raise SimInputError("ep", ep, f"does not divide the TP x CP world of {world} ranks")
 
 
 def _hybrid(layers: int) -> tuple[str, ...]:
@@ -109,6 +130,30 @@ PRESETS: dict[str, SimModel] = {
         4,
         248320,
     ),
+    # experts: 256 x 512, top-8, shared expert 512 (sigmoid-gated, Qwen3.5-MoE); ``ffn``
+    # is the shared expert's width (the dense field is unused when every layer is MoE)
+    "qwen3.5-35b-a3b": SimModel(
+        "qwen3.5-35b-a3b",
+        2048,
+        512,
+        16,
+        2,
+        256,
+        True,
+        True,
+        _hybrid(40),
+        16,
+        128,
+        32,
+        128,
+        4,
+        248320,
+        moe=True,
+        num_experts=256,
+        moe_top_k=8,
+        expert_ffn=512,
+        shared_expert_ffn=512,
+    ),
     "qwen3-1.7b": SimModel(
         "qwen3-1.7b", 2048, 6144, 16, 8, 128, False, False, ("attention",) * 28, vocab=151936
     ),
@@ -121,14 +166,12 @@ MODEL_IDS: dict[str, str] = {
     "Qwen/Qwen3.5-27B": "qwen3.5-27b",
     "Qwen/Qwen3.5-4B": "qwen3.5-4b",
     "Qwen/Qwen3-1.7B": "qwen3-1.7b",
+    "Qwen/Qwen3.5-35B-A3B": "qwen3.5-35b-a3b",
 }
-MOE_IDS = ("Qwen/Qwen3.5-35B-A3B", "qwen3.5-35b-a3b")
 
 
 def get_model(name: str) -> SimModel:
     key = MODEL_IDS.get(name, name).lower()
-    if name in MOE_IDS or key in MOE_IDS:
-        raise SimInputError("model", name, "MoE models are not simulated (issue 10: optional)")
     if key not in PRESETS:
         raise SimInputError("model", name, f"unknown; known: {', '.join(sorted(PRESETS))}")
     return PRESETS[key]
@@ -144,8 +187,7 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
             raise SimInputError(f"config.{key}", None, "missing")
         return value
 
-    if text.get("num_experts") or text.get("n_routed_experts"):
-        raise SimInputError("config.num_experts", text.get("num_experts"), "MoE not simulated")
+    experts = int(text.get("num_experts") or text.get("n_routed_experts") or 0)
     hidden, layers = int(get("hidden_size")), int(get("num_hidden_layers"))
     heads = int(get("num_attention_heads"))
     kinds: tuple[str, ...]
@@ -158,10 +200,22 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         kinds = ("attention",) * layers
     hybrid = "gdn" in kinds
     family = str(text.get("model_type") or raw.get("model_type") or "")
+    moe: dict[str, Any] = {}
+    if experts:
+        shared = int(text.get("shared_expert_intermediate_size") or 0)
+        moe = {
+            "moe": True,
+            "num_experts": experts,
+            "moe_top_k": int(get("num_experts_per_tok")),
+            "expert_ffn": int(get("moe_intermediate_size")),
+            "shared_expert_ffn": shared,
+        }
+        if moe["moe_top_k"] > experts:
+            raise SimInputError("config.num_experts_per_tok", moe["moe_top_k"], "exceeds experts")
     return SimModel(
         name=str(raw.get("_name_or_path") or name),
         hidden=hidden,
-        ffn=int(get("intermediate_size")),
+        ffn=moe["shared_expert_ffn"] if experts else int(get("intermediate_size")),
         q_heads=heads,
         kv_groups=int(text.get("num_key_value_heads", heads)),
         head_dim=int(text.get("head_dim") or hidden // heads),
@@ -175,6 +229,7 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         gdn_value_dim=int(text.get("linear_value_head_dim", 0)) if hybrid else 0,
         gdn_conv_kernel=int(text.get("linear_conv_kernel_dim", 4)) if hybrid else 0,
         vocab=int(text.get("vocab_size", 0)),
+        **moe,
     )
 
 

@@ -16,7 +16,16 @@ allocates, and saves what it saves for backward:
   w/u/h/v_new plus dv_local and dh; an fp32 A before the triangular solve, which 0.6.0's
   fused intra-chunk path no longer allocates, is kept as a transient: at most
   256 bytes per token and value head). fla 0.6.0 saves l2-normalised copies of q and k
-  where the stand-in saves q and k themselves: the same sizes.
+  where the stand-in saves q and k themselves: the same sizes. Run (``fla_kernel.py``),
+  fla also copies a non-contiguous v (``input_guard``) and saves the copy, where the
+  stand-in saves the layer's view of the conv output (pinning all of it); its forward
+  allocates the l2norm and v copies, its backward ``prepare_wy_repr_bwd``'s dk/dv,
+  ``l2norm_bwd``'s outputs and an fp32 (NK, T, H) dg (NK = dk/32 on CPU), none of which
+  the stand-in has.
+  This stand-in is used where fla-core does not import; where it does, the kernel is
+  fla's own autograd function with its triton launches made shape-only
+  (``fla_kernel.py``). ``select_gdn_kernel`` picks (``RANK_SIM_GDN_KERNEL`` /
+  ``--gdn-kernel``: auto, fla, stand-in); ``GDN_KERNEL`` names the one in use.
 - the fused causal conv + SiLU: saves its input.
 Collectives go through ``torch.distributed`` on the fake process group, so the
 buffers they fill are real allocations of the right size.
@@ -24,15 +33,21 @@ buffers they fill are real allocations of the right size.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from oracles.rank_sim.geometry import SimInputError
+
 CHUNK = 64
 FA_BLOCK = 128
 
-GDN_KERNEL = "stand-in"  # fla-core is not importable on this CPU machine
+GDN_KERNEL_ENV = "RANK_SIM_GDN_KERNEL"
+GDN_KERNEL_CHOICES = ("auto", "fla", "stand-in")
+STAND_IN = "stand-in"
+GDN_KERNEL = STAND_IN  # set by select_gdn_kernel (at import, from the environment)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -64,7 +79,7 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv
 
 
-class GatedDeltaRule(torch.autograd.Function):
+class StandInGatedDeltaRule(torch.autograd.Function):
     """q, k: (n, h, dk); v: (n, h, dv); g: (n, h) fp32; beta: (n, h); h0: (h, dk, dv) fp32.
     Returns (o, final_state)."""
 
@@ -115,6 +130,36 @@ class GatedDeltaRule(torch.autograd.Function):
         db = beta.new_empty(beta.shape)
         del w, u, states, v_new, dv_local, dh, dw
         return dq, dkk, dvv, dg, db, dh0
+
+
+GatedDeltaRule: Any = StandInGatedDeltaRule  # the layers call GatedDeltaRule.apply
+
+
+def select_gdn_kernel(mode: str | None = None) -> str:
+    """Bind ``GatedDeltaRule`` to fla's own autograd function (``fla``), the stand-in
+    (``stand-in``), or fla where it imports (``auto``, the default; mode None reads
+    ``RANK_SIM_GDN_KERNEL``). Returns and sets ``GDN_KERNEL``: "fla-core X.Y.Z" or
+    "stand-in". ``fla`` where fla does not import is a SimInputError naming the flag."""
+    global GatedDeltaRule, GDN_KERNEL
+    if mode is None:
+        mode = os.environ.get(GDN_KERNEL_ENV) or "auto"
+    if mode not in GDN_KERNEL_CHOICES:
+        raise SimInputError("gdn_kernel", mode, f"expected one of {', '.join(GDN_KERNEL_CHOICES)}")
+    if mode == STAND_IN:
+        GatedDeltaRule, GDN_KERNEL = StandInGatedDeltaRule, STAND_IN
+        return GDN_KERNEL
+    from oracles.rank_sim import fla_kernel
+
+    ok, why = fla_kernel.importable()
+    if ok:
+        GatedDeltaRule, GDN_KERNEL = fla_kernel.FlaGatedDeltaRule, fla_kernel.label()
+    elif mode == "fla":
+        raise SimInputError(
+            "gdn_kernel", mode, f"fla-core is not importable ({why}); use --gdn-kernel stand-in"
+        )
+    else:
+        GatedDeltaRule, GDN_KERNEL = StandInGatedDeltaRule, STAND_IN
+    return GDN_KERNEL
 
 
 class CausalConvSiLU(torch.autograd.Function):
@@ -237,3 +282,20 @@ class Relayout(torch.autograd.Function):
 
 def group_size(group: Any) -> int:
     return _group_size(group)
+
+
+class _Refused:
+    """``GatedDeltaRule`` when the environment asked for a kernel that does not import:
+    the first GDN layer raises the one-line reason (no silent fall-back)."""
+
+    def __init__(self, exc: SimInputError) -> None:
+        self.exc = exc
+
+    def apply(self, *args: Any) -> Any:
+        raise self.exc
+
+
+try:
+    select_gdn_kernel()
+except SimInputError as _exc:
+    GatedDeltaRule, GDN_KERNEL = _Refused(_exc), f"unavailable ({_exc})"

@@ -1,6 +1,7 @@
 # mypy: disable-error-code="no-untyped-call,no-any-return"
 """One rank's decoder: megatron-core Column/RowParallelLinear projections (frozen bf16,
 rank-1 LoRA), sequence parallel through megatron's mappings, and the shape-only kernels.
+MoE feed-forward layers live in ``moe.py``.
 
 Layers hold 2-D (tokens, features) activations. Under SP a layer's residual stream holds
 tokens / TP rows; each projection's input is gathered first (the adapter keeps the
@@ -38,6 +39,8 @@ class RankContext:
     cp_group: Any
     set_label: Callable[[str], str] = field(default=lambda label: label)
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    ep: int = 1  # expert parallel (MoE models; expert tensor parallel 1)
+    routing: str = "concentrated"  # MoE routing: balanced | concentrated (oracles/rank_sim/moe.py)
 
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
@@ -325,9 +328,11 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, ctx: RankContext, cfg: Any, kind: str) -> None:
         super().__init__()
+        from oracles.rank_sim.moe import MoE
+
         self.ctx, self.kind = ctx, kind
         self.mixer = Attention(ctx, cfg) if kind == "attention" else GatedDeltaNet(ctx, cfg)
-        self.mlp = MLP(ctx, cfg)
+        self.mlp: nn.Module = MoE(ctx, cfg) if ctx.model.moe else MLP(ctx, cfg)
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.mixer(x))

@@ -1,6 +1,6 @@
-"""Recompute settings as megatron runs them: none; selective ``core_attn`` / ``mlp``
-(megatron's reentrant ``tensor_parallel.checkpoint`` around the core attention / the
-MLP after its norm); full (uniform, one layer per checkpoint); and a no-grad forward."""
+"""Recompute settings as megatron runs them: none; selective ``core_attn`` / ``mlp`` /
+``moe`` (megatron's reentrant ``tensor_parallel.checkpoint`` around the core attention /
+the MLP after its norm / the MoE layer on the pre-MLP norm output); full (uniform, one layer per checkpoint); and a no-grad forward."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from oracles.rank_sim.geometry import SimInputError
 
 MODES = ("none", "selective", "full", "no-grad")
-MODULES = ("core_attn", "mlp")
+MODULES = ("core_attn", "mlp", "moe")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,11 @@ class Recompute:
     @property
     def mlp(self) -> bool:
         return self.mode == "selective" and "mlp" in self.modules
+
+    @property
+    def moe(self) -> bool:
+        """megatron's ``moe`` module: MoELayer.forward under its checkpoint."""
+        return self.mode == "selective" and "moe" in self.modules
 
     @property
     def full(self) -> bool:

@@ -42,7 +42,8 @@ class RankResult:
     components: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
     ops: int = 0
-    gdn_kernel: str = K.GDN_KERNEL
+    gdn_kernel: str = field(default_factory=lambda: K.GDN_KERNEL)  # the kernel in use now
+    expert_rows: int = 0  # rows the rank's local experts receive per MoE layer (MoE models)
 
     @property
     def tokens(self) -> int:
@@ -59,6 +60,7 @@ class RankResult:
             "retained_bytes": self.retained_bytes,
             "components": self.components,
             "gdn_kernel": self.gdn_kernel,
+            **({"expert_rows": self.expert_rows} if self.expert_rows else {}),
             "seconds": round(self.seconds, 2),
         }
 
@@ -106,10 +108,17 @@ def simulate_rank(
     recompute: Recompute,
     *,
     compiled: bool = False,
+    ep: int = 1,
+    routing: str = "concentrated",
 ) -> RankResult:
-    """Forward (+ backward unless no-grad) of one rank; peaks per phase and component."""
+    """Forward (+ backward unless no-grad) of one rank; peaks per phase and component.
+    ``ep`` and ``routing`` apply to MoE models (oracles/rank_sim/moe.py)."""
+    from oracles.rank_sim.moe import check_routing, expert_rows
+
     layout.check(model.gdn_layers > 0)
     model.check_tp(layout.tp)
+    model.check_ep(ep, layout.tp * layout.cp)
+    check_routing(routing)
     started = time.perf_counter()
     cp_group = init_groups(layout.tp, layout.cp, layout.rank, layout.tp_rank)
     tracker: LiveBytesTracker
@@ -120,7 +129,9 @@ def simulate_rank(
 
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            ctx = RankContext(model, layout, recompute, compiled, cp_group, set_label)
+            ctx = RankContext(
+                model, layout, recompute, compiled, cp_group, set_label, ep=ep, routing=routing
+            )
             layers = build_layers(ctx)
             tracker = LiveBytesTracker(list(layers.parameters()))
             first = _count(layout, model.kinds[0])
@@ -131,6 +142,9 @@ def simulate_rank(
         release_groups()
     result.seconds = time.perf_counter() - started
     result.ops = tracker.ops
+    if model.moe:
+        rows = {expert_rows(model, ctx.local(_count(layout, k)), ep, routing) for k in model.kinds}
+        result.expert_rows = max(rows)
     return result
 
 

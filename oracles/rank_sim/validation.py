@@ -1,6 +1,6 @@
 """Validation against every golden cell the simulator can express, and its report.
 
-For each measured dense or hybrid cell (MoE and refused cells are listed as skipped)
+For each measured cell (dense, hybrid and MoE; refused cells are listed as skipped)
 the recorded layout is read from ``golden/cells.csv``: the packed row is the prefix
 tree the cell records (shared prefix stored once when ``packed_tokens`` says it was,
 padding as 1-token roots), CP ranks own contiguous runs of it with the busiest rank
@@ -50,12 +50,15 @@ class Cell:
     retained: int | None
     forward_peak: int
     forward_backward_peak: int
+    ep: int = 1
+    routing: str = "concentrated"  # MoE cells: the recorded concentrated_routing
 
     @property
     def key(self) -> tuple[object, ...]:
         """Cells that differ only in estimator phase ran the same step."""
         return (self.model_id, self.tp, self.cp, self.sp, self.compiled, self.mode,
-                self.modules, self.lengths, self.shared_prefix, self.packed, self.retained)  # fmt: skip
+                self.modules, self.lengths, self.shared_prefix, self.packed, self.retained,
+                self.ep, self.routing)  # fmt: skip
 
 
 def read_cells(path: Path = CELLS) -> tuple[list[Cell], list[tuple[str, str]]]:
@@ -67,7 +70,7 @@ def read_cells(path: Path = CELLS) -> tuple[list[Cell], list[tuple[str, str]]]:
                 skipped.append((row["cell_id"], "refused: no measured peak"))
                 continue
             if row["model"] not in MODEL_IDS:
-                skipped.append((row["cell_id"], "MoE: not simulated"))
+                skipped.append((row["cell_id"], f"unknown model {row['model']}"))
                 continue
             cells.append(
                 Cell(
@@ -86,6 +89,8 @@ def read_cells(path: Path = CELLS) -> tuple[list[Cell], list[tuple[str, str]]]:
                     int(row["retained_tokens"]) if row["retained_tokens"] else None,
                     int(row["forward_peak_bytes"]),
                     int(row["forward_backward_peak_bytes"]),
+                    int(row["ep"] or 1),
+                    "balanced" if row["concentrated_routing"] == "False" else "concentrated",
                 )
             )
     return cells, skipped
@@ -116,7 +121,9 @@ def cell_model(cell: Cell, layers: int | None = None) -> SimModel:
 
 def simulate_cell(cell: Cell, layers: int | None = None) -> RankResult:
     rc = Recompute.parse(cell.mode, cell.modules or None)
-    return simulate_rank(cell_model(cell, layers), cell_layout(cell), rc, compiled=cell.compiled)
+    model = cell_model(cell, layers)
+    moe = {"ep": cell.ep, "routing": cell.routing} if model.moe else {}
+    return simulate_rank(model, cell_layout(cell), rc, compiled=cell.compiled, **moe)
 
 
 def inputs_digest() -> str:
@@ -168,6 +175,8 @@ def report(
             else ("yes" if abs(fr - 1) <= FWD_TARGET and abs(br - 1) <= FB_TARGET else "**no**")
         )
         mode = cell.mode + (f":{cell.modules}" if cell.modules else "")
+        if r.expert_rows:  # MoE rows only: the dense rows' text is unchanged
+            mode += f" (ep{cell.ep}, {cell.routing})"
         lines.append(
             f"| {cell.cell_id} | {cell.tp} | {cell.cp} | {mode} | {cell.compiled} | {r.tokens} | "
             f"{cell.forward_peak / GIB:.3f} | {(r.forward_peak_bytes + COLD_BYTES) / GIB:.3f} | {_fmt(fr)} | "
@@ -178,10 +187,18 @@ def report(
     lines += ["| group | cells | fwd median | fwd worst | fb median | fb worst | in target |"]
     lines += ["| --- | --: | --: | --: | --: | --: | --: |"]
     big = [(c, r) for c, r in rows if c.logical >= TARGET_TOKENS]
-    groups: dict[str, list[tuple[Cell, RankResult]]] = {"all": big}
+    # "all" and the mode groups are the dense/hybrid cells; MoE cells group by routing
+    groups: dict[str, list[tuple[Cell, RankResult]]] = {
+        "all": [(c, r) for c, r in big if not r.expert_rows]
+    }
     for c, r in big:
         groups.setdefault(f"model {c.model_id}", []).append((c, r))
-        groups.setdefault(f"mode {c.mode}{':' + c.modules if c.modules else ''}", []).append((c, r))
+        name = f"{c.mode}{':' + c.modules if c.modules else ''}"
+        if r.expert_rows:
+            groups.setdefault(f"MoE {name} {c.routing}", []).append((c, r))
+        else:
+            groups.setdefault(f"mode {name}", []).append((c, r))
+    groups = {k: v for k, v in groups.items() if v}
     for name, members in groups.items():
         frs = [_ratio(r.forward_peak_bytes, c.forward_peak) for c, r in members]
         brs = [_ratio(r.forward_backward_peak_bytes, c.forward_backward_peak) for c, r in members]

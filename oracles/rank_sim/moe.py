@@ -1,0 +1,289 @@
+# mypy: disable-error-code="no-untyped-call,no-any-return"
+"""One rank of a megatron-core 0.16 MoE block (``MoELayer`` with the ``alltoall``
+dispatcher, expert tensor parallel 1), written from torch ops and shape-only autograd
+functions that mirror the installed megatron source's saved set.
+
+megatron's own ``MoELayer`` is not run: its dispatcher reads the routing's counts back
+to the host (``tokens_per_expert.tolist()``, the all-to-all split sizes) and sizes
+buffers from them, which fake tensors cannot answer, and the routing is an input here
+(``balanced`` / ``concentrated``), not the outcome of random router weights. Each step
+below names the megatron function it restates (megatron/core/transformer/moe/):
+
+- ``TopKRouter.gating`` -> ``RouterGatingLinearFunction``: fp32 logits (Qwen3.5-MoE
+  routes in fp32), the function saves its bf16 input; the router weight is a bare
+  parameter, not a Column/RowParallelLinear, so it carries no LoRA. ``topk_routing_with_
+  score_function`` (softmax after top-k, which renormalises the top-k as Qwen3.5-MoE's
+  ``norm_topk_prob`` does): top-k values and indices, the fp32 top-k softmax (saves its
+  output), dense fp32 probs and the bool routing map (tokens x experts). No auxiliary
+  load-balancing loss (a fine-tune's coefficient is not recorded).
+- ``MoEAlltoAllTokenDispatcher``: ``permute`` (unfused: the transposed routing map, the
+  sorted token indices, ``index_select`` of the local tokens to tokens x top-k rows, the
+  probs' ``masked_select``), the EP all-to-all of rows and probs, ``sort_chunks_by_idxs``
+  by local expert (split + cat: a fresh copy). The all-to-all output stays referenced by
+  ``MoELayer.forward``'s frame (``dispatched_input``) until the layer returns.
+- Experts: the local experts as one grouped op over all received rows (the sum of the
+  per-expert saved sets of ``SequentialMLP``'s expert MLPs): frozen fc1/fc2 (megatron's
+  ``LinearWithFrozenWeight``: no saved input) plus a rank-1 LoRA per expert linear (saves
+  its input and the rank-1 activation); the probs-weighted SwiGLU is megatron's unfused
+  GLU path in eager mode and one fused kernel under ``--compiled`` (``MoE.activation``).
+- Combine: un-sort by expert (copy), the reverse all-to-all, ``unpermute`` (``scatter_add``
+  into a zeroed tokens x hidden buffer; saves only the indices).
+- ``SharedExpertMLP``: a dense SwiGLU MLP sharded by TP (SP gather in front of the
+  column-parallel fc1, reduce-scatter after fc2; rank-1 LoRA on both), and the Qwen3.5
+  sigmoid gate ``output * sigmoid(linear(x, gate_weight))`` (the product saves the
+  expert output and the gate score); added to the routed output.
+- Selective recompute ``moe``: megatron's reentrant ``tensor_parallel.checkpoint`` around
+  ``MoELayer.forward`` on the pre-MLP norm output (``moe_layer_recompute``).
+
+Routing decides how many rows the simulated rank's experts receive (:func:`expert_rows`).
+Every rank of the EP group is taken to route as many tokens as the simulated rank (TP x EP
+under SP: the EP ranks are the TP ranks of one sequence).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oracles.rank_sim.geometry import SimInputError, SimModel
+
+BF16 = torch.bfloat16
+F32 = torch.float32
+ROUTINGS = ("balanced", "concentrated")
+
+
+def check_routing(routing: str) -> str:
+    if routing not in ROUTINGS:
+        raise SimInputError("routing", routing, f"one of {', '.join(ROUTINGS)}")
+    return routing
+
+
+def expert_rows(model: SimModel, local_tokens: int, ep: int, routing: str) -> int:
+    """Rows the simulated rank's local experts receive in one MoE layer.
+
+    The EP group routes ``local_tokens * ep`` tokens, ``top_k`` copies each.
+    ``balanced``: every expert gets tokens x top-k / experts (rounded up); the rank holds
+    experts / EP of them. ``concentrated`` (the measured cells' ``concentrated_routing``
+    and cpmem's safe assumption): every routed copy of the group lands on this rank's
+    experts (at most one copy per token and local expert)."""
+    check_routing(routing)
+    copies = local_tokens * ep * model.moe_top_k
+    local_experts = model.num_experts // ep
+    if routing == "balanced":
+        return -(-copies // model.num_experts) * local_experts
+    return local_tokens * ep * min(model.moe_top_k, local_experts)
+
+
+def _frozen(*shape: int, dtype: torch.dtype = BF16) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class RouterGating(torch.autograd.Function):
+    """megatron's ``RouterGatingLinearFunction``: logits in the router dtype; saves the
+    input and weight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return x.new_empty((x.shape[0], weight.shape[0]), dtype=F32)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, _w = ctx.saved_tensors
+        return x.new_empty(x.shape), None
+
+
+class Rows(torch.autograd.Function):
+    """A data-dependent row movement with no saved activation: ``index_select`` /
+    ``masked_select`` by precomputed indices, the EP all-to-all, ``sort_chunks_by_idxs``
+    (split + cat). A fresh buffer of ``rows`` rows; backward a fresh buffer of the input's
+    shape. The indices live in the caller (they are saved by ``unpermute``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, rows: int) -> torch.Tensor:
+        ctx.shape = x.shape
+        return x.new_empty((rows, *x.shape[1:]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad.new_empty(ctx.shape), None
+
+
+class MaskedSelect(torch.autograd.Function):
+    """``probs.T.contiguous().masked_select(routing_map.T)`` (megatron ``permute``): saves
+    the mask for backward."""
+
+    @staticmethod
+    def forward(ctx: Any, probs_t: torch.Tensor, mask_t: torch.Tensor, rows: int) -> torch.Tensor:
+        ctx.save_for_backward(mask_t)
+        ctx.shape = probs_t.shape
+        return probs_t.new_empty((rows,))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad.new_empty(ctx.shape), None, None
+
+
+class Unpermute(torch.autograd.Function):
+    """megatron ``unpermute`` (unfused, probs already applied by the experts): a zeroed
+    (tokens, hidden) buffer ``scatter_add_``-ed from the rows; saves the indices only."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, indices: torch.Tensor, tokens: int) -> torch.Tensor:
+        ctx.save_for_backward(indices)
+        ctx.rows = rows.shape
+        return rows.new_empty((tokens, rows.shape[1]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad.new_empty(ctx.rows), None, None
+
+
+class GroupedLoRALinear(torch.autograd.Function):
+    """Every local expert's frozen linear plus its rank-1 adapter over that expert's rows,
+    ``linear(x_e, W_e) + linear(linear(x_e, A_e), B_e)``: the frozen part saves no input
+    (``LinearWithFrozenWeight``); the adapter saves the rows (views of one buffer) and the
+    rank-1 activation. Per expert the frozen and adapter outputs are summed at once, so
+    only the summed rows outlive the op. Backward allocates the input gradient, the rank-1
+    gradient and the adapter gradients."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+    ) -> torch.Tensor:
+        mid = x.new_empty((x.shape[0], 1))
+        ctx.save_for_backward(x, mid, a, b)
+        return x.new_empty((x.shape[0], weight.shape[1]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, mid, a, b = ctx.saved_tensors
+        dmid = mid.new_empty(mid.shape)
+        da, db = a.new_empty(a.shape), b.new_empty(b.shape)
+        dx = x.new_empty(x.shape)
+        del dmid
+        return dx, None, da, db
+
+
+class WeightedSwiGLU(torch.autograd.Function):
+    """megatron ``weighted_bias_swiglu_impl``: silu(h0) * h1 * prob per row; saves the
+    gate-up input and the fp32 probs."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h, probs)
+        return h.new_empty((h.shape[0], h.shape[1] // 2))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        h, probs = ctx.saved_tensors
+        return h.new_empty(h.shape), probs.new_empty(probs.shape)
+
+
+class MoE(nn.Module):
+    """Pre-norm MoE sub-layer of one rank: norm, ``MoELayer`` (router, dispatch, local
+    experts, combine, gated shared expert), residual add."""
+
+    def __init__(self, ctx: Any, cfg: Any) -> None:
+        super().__init__()
+        from oracles.rank_sim.layers import LoRAColumn, LoRARow
+
+        m, t = ctx.model, ctx.layout.tp
+        self.ctx = ctx
+        self.ep = ctx.ep
+        self.local_experts = m.num_experts // self.ep
+        self.norm_w = _frozen(m.hidden)
+        self.router_w = _frozen(m.num_experts, m.hidden)
+        fe, h, el = m.expert_ffn, m.hidden, self.local_experts
+        # weights laid out (in, out) per expert; sizes only matter
+        self.fc1_w = _frozen(el * h, 2 * fe)
+        self.fc2_w = _frozen(el * fe, h)
+        self.fc1_a = nn.Parameter(torch.empty(el, h, dtype=BF16))
+        self.fc1_b = nn.Parameter(torch.empty(el, 2 * fe, dtype=BF16))
+        self.fc2_a = nn.Parameter(torch.empty(el, fe, dtype=BF16))
+        self.fc2_b = nn.Parameter(torch.empty(el, h, dtype=BF16))
+        self.shared = m.shared_expert_ffn > 0
+        if self.shared:
+            self.sh_fc1 = LoRAColumn(h, 2 * m.shared_expert_ffn // t, cfg, t)
+            self.sh_fc2 = LoRARow(m.shared_expert_ffn // t, h, cfg, ctx.layout)
+            self.sh_gate_w = _frozen(1, h)
+
+    def rows(self, local_tokens: int) -> int:
+        return expert_rows(self.ctx.model, local_tokens, self.ep, self.ctx.routing)
+
+    def shared_expert(self, hn: torch.Tensor) -> torch.Tensor:
+        from oracles.rank_sim import kernels as K
+        from oracles.rank_sim.layers import gather_sp
+
+        full = gather_sp(hn, self.ctx.layout)
+        out = self.sh_fc2(K.FusedSwiGLU.apply(self.sh_fc1(full)))
+        gate = torch.sigmoid(F.linear(hn, self.sh_gate_w))
+        return out * gate
+
+    def activation(self, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """The experts' SwiGLU scaled by each row's routing prob (``MLP.forward`` with
+        ``per_token_scale``). Eager: megatron's unfused GLU, ``silu(x0) * (x1 + offset)``,
+        then ``* probs`` in fp32 and back to bf16 (silu saves the gate half, i.e. the fc1
+        output; the GLU product saves silu(x0) and x1 + offset; the scaling saves the GLU
+        output and the fp32 probs). Compiled: one fused kernel (``weighted_bias_swiglu``'s
+        saved set: the fc1 output and the probs), as inductor fuses the unfused GLU."""
+        if self.ctx.compiled:
+            return WeightedSwiGLU.apply(h, probs)
+        x0, x1 = torch.chunk(h, 2, dim=-1)
+        glu = F.silu(x0) * (x1 + 0.0)
+        return (glu * probs).to(h.dtype)
+
+    def layer(self, hn: torch.Tensor) -> torch.Tensor:
+        """``MoELayer.forward``'s custom_forward on the (local) pre-MLP norm output."""
+        m = self.ctx.model
+        n, k = hn.shape[0], m.moe_top_k
+        shared = self.shared_expert(hn) if self.shared else None
+        # route
+        logits = RouterGating.apply(hn, self.router_w)
+        scores, top = torch.topk(logits, k=k, dim=1)
+        probs_k = torch.softmax(scores, dim=-1, dtype=F32)
+        probs = torch.zeros_like(logits).scatter(1, top, probs_k)
+        routing_map = torch.zeros_like(logits).int().scatter(1, top, 1).bool()
+        del logits, scores, probs_k
+        # dispatch_preprocess: permute (unfused)
+        map_t = routing_map.T.contiguous()
+        indices = top.new_empty((n * k,))  # token ids, sorted by expert (masked_select)
+        permuted = Rows.apply(hn, n * k)  # index_select
+        permuted_probs = MaskedSelect.apply(probs.T.contiguous(), map_t, n * k)
+        del routing_map, top
+        # token_dispatch: EP all-to-all
+        rows = self.rows(n)
+        dispatched = Rows.apply(permuted, rows)
+        dispatched_probs = Rows.apply(permuted_probs, rows)
+        del permuted, permuted_probs
+        # dispatch_postprocess: sort by local expert
+        if self.local_experts > 1:
+            x, p = Rows.apply(dispatched, rows), Rows.apply(dispatched_probs, rows)
+        else:
+            x, p = dispatched, dispatched_probs
+        # experts (grouped): fc1 + LoRA, probs-weighted SwiGLU, fc2 + LoRA
+        fc1 = GroupedLoRALinear.apply(x, self.fc1_w, self.fc1_a, self.fc1_b)
+        act = self.activation(fc1, p[:, None])
+        del fc1
+        out = GroupedLoRALinear.apply(act, self.fc2_w, self.fc2_a, self.fc2_b)
+        del act, x, p
+        # combine: un-sort, reverse all-to-all, unpermute
+        if self.local_experts > 1:
+            out = Rows.apply(out, rows)
+        out = Rows.apply(out, n * k)
+        out = Unpermute.apply(out, indices, n)
+        del dispatched, dispatched_probs  # MoELayer.forward's frame lets them go here
+        return out + shared if shared is not None else out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from oracles.rank_sim.layers import rmsnorm
+
+        ctx = self.ctx
+        with ctx.label("moe"):
+            hn = rmsnorm(x, self.norm_w)
+            if ctx.recompute.moe or ctx.recompute.mlp:
+                return x + ctx.recompute.checkpoint(self.layer, hn)
+            return x + self.layer(hn)
