@@ -22,11 +22,19 @@ def keeps_gathered_kv(inputs: PricingInput) -> bool:
     return not (rc.mode == "selective" and "core_attn" in rc.modules)
 
 
-def gathered_kv_bytes(inputs: PricingInput, tokens: int, remote_ranks: int) -> int:
-    """K and V of ``remote_ranks`` other CP ranks of ``tokens`` tokens each, in every
-    attention layer, at the rank's TP share of the KV heads (0 where none are kept)."""
-    if remote_ranks <= 0 or not keeps_gathered_kv(inputs):
+def gathered_kv_width(inputs: PricingInput, remote_ranks: int) -> int:
+    """Elements per token of ``remote_ranks`` other CP ranks' K and V that one attention
+    layer's core holds, at the rank's TP share of the KV heads: ``remote x 2 x KV_local``."""
+    if remote_ranks <= 0:
         return 0
     g, tp = inputs.geometry, inputs.plan.layout.tp
-    kv_local = g.kv_width // min(tp, g.kv_groups)
-    return g.attention_layers * 2 * kv_local * remote_ranks * tokens * inputs.dtype_bytes
+    return remote_ranks * 2 * (g.kv_width // min(tp, g.kv_groups))
+
+
+def gathered_kv_bytes(inputs: PricingInput, tokens: int, remote_ranks: int) -> int:
+    """K and V of ``remote_ranks`` other CP ranks of ``tokens`` tokens each, kept in every
+    attention layer until backward (0 where ``keeps_gathered_kv`` is false)."""
+    if not keeps_gathered_kv(inputs):
+        return 0
+    width = gathered_kv_width(inputs, remote_ranks)
+    return inputs.geometry.attention_layers * width * tokens * inputs.dtype_bytes

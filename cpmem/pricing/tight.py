@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width
 from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.reference import cp_discounted, segment_state_bytes
+from cpmem.pricing.reference import segment_state_bytes
 from cpmem.pricing.registry import register_policy
 from cpmem.pricing.widths import LayerWidths, common_width, moe_width, sp_divisor
 from cpmem.units import MIB
@@ -42,6 +43,76 @@ while an autotuned kernel is timed) during the first backward of a CP run of a h
 model, whose GDN kernels autotune there: the 4B CP2 64+64 cell's backward rises 279.5 MiB
 above its forward peak where its retained set and loss explain about 24 MiB. Inferred
 from that one cell and the buffer's size, not read off a trace; priced when cold."""
+LORA_SUM_COPIES = 3
+"""Where a LoRA'd projection forms its output, three output-wide tensors are live: the
+frozen base output, the rank-1 adapter's delta ``B(Ax)`` (output-wide) and their sum. A
+pass without gradients (every layer under full recompute, a no-grad forward) saves
+nothing, so that moment is its peak; on the SwiGLU's gate‖up projection it is
+``3 x 2F/t`` (``mlp_nograd_width``). Rank simulator (oracles/rank_sim/layers.py
+``LoRAColumn``), 8,192 tokens at TP1: the full-recompute forward peak is the layer
+inputs plus ``2H + 6F`` (Qwen3.5-4B: 142,848 elements per token = 33H + rope + 57,856),
+where tight had priced the widest layer's saved set. The same term is the forward peak
+minus the retained set under selective ``mlp`` (``H + 6F``: 38,912 on Qwen3-1.7B, 57,856
+on Qwen3.5-4B), where tight still prices the checkpointed MLP's saved set ``H + cF``:
+pricing ``6F`` there lifts the measured 4B TP2 64+64 ``core_attn+mlp`` cell (compiled,
+cold) to 20.5% forward headroom under the refitted margin, over its 20% short-cell
+target (docs/tight.md "Known limits")."""
+GATE_SIGMOID_Q = 2
+"""Q-multiples of the output gate's sigmoid, which gated attention keeps in fp32:
+megatron-core's ``_apply_output_gate`` computes ``(out * sigmoid(gate.float())).to(bf16)``
+and keeps the fp32 sigmoid for the product's backward (``2Q``; the saved-tensor oracle's
+bf16 gate kept ``Q``). With the QKV+gate projection (``2Q + 2KV``), the roped q and k,
+the kernel output and the bf16 gated output (``Q`` each) the layer keeps ``7Q + 3KV``.
+Rank simulator, Qwen3.5-4B TP1, 8,192 tokens: 41,004 elements per token per attention
+layer = ``2H + 7Q + 3KV`` + the query's per-group copy ``Q`` + the fp32 softmax
+statistics. The simulator with this set matches the measured 27B TP4/TP8 cells (one
+query group per rank: no copy) within 1%. The copy is not priced: on the measured 4B
+(TP1 CP2, TP2: more than one group per rank) the simulator is 1.1-2.3% over the
+``core_attn`` peaks (golden/reports/rank_sim_validation.md)."""
+EAGER_NONE_GATED = 2
+"""Q-multiples eager gated attention keeps without a ``core_attn`` checkpoint (the query
+before the qk-norm and before the rope, which a compiled run fuses away). Measured: the
+4B CP2 cells without recompute exceed the ``core_attn`` cells of the same shape by
+8,259 (4,096+4,096) and 8,274 (2,048+2,048) elements per token per attention layer beyond
+the gathered K/V, ``2Q`` = 8,192 (it was priced ``2(Q + KV)`` = 10,240). The 27B
+compiled cells without recompute match ``core_attn``. Not priced on ungated attention:
+no ungated cell without recompute was measured, and the rank simulator's ungated
+attention keeps the same set with and without the checkpoint (Qwen3-1.7B TP1: 15,444
+elements per token per layer either way, less the softmax statistics)."""
+UNGATED_RUNTIME_Q = 1
+"""Q-multiples the measured runtime keeps per ungated attention layer beyond the rank
+simulator's structure (oracles/rank_sim/README.md "The miss": Qwen3-1.7B TP2 cells,
+eager and compiled, 1,160 elements per token per layer above the simulator where
+``Q/t`` = 1,024; the CP2 cell 2.8% under). Which tensor it is was not found; it is
+priced on ungated attention only (the gated 27B/4B match the simulator within 1%)."""
+MLP_BACKWARD_COPIES = 3
+"""F-multiples the MLP's backward holds on top of its saved set: the down projection's
+input gradient formed as the frozen base's gradient plus the LoRA's, summed
+(``3 x F/t``, as ``LORA_SUM_COPIES``). The rank simulator under full recompute
+(Qwen3.5-4B TP1, 8,192 tokens): the forward+backward peak minus the layer inputs and
+the recomputed layer's saved sets is 27,657 elements per token = ``3F`` + 9."""
+FLASH_BACKWARD_DQ_Q = 3
+"""Q-multiples of a flash attention backward's query gradient: dq (bf16) and its fp32
+accumulator (oracles/rank_sim/kernels.py ``FlashAttention.backward``, "FlashAttention-2's
+contract"). With the head-expanded dk/dv over the CP-gathered tokens it is what the
+simulator's full-recompute rows at CP 8 peak on (Qwen3.5-4B TP1 CP8, 16,384 tokens per
+rank: 2.3% under the simulated forward+backward peak without it)."""
+GDN_CHUNK = 64
+"""Tokens per chunk of the chunked gated delta rule (fla-core; the oracle's A is per
+chunk): one ``dk x dv`` state per chunk and value head."""
+GDN_FORWARD_WORKSPACE_V = 3
+"""Value-width tensors the chunked gated delta rule's forward allocates beside its
+chunk states and frees before returning (``w``, ``u``, ``v_new``; fla-core 0.6.0
+``chunk_gated_delta_rule_fwd`` as the rank simulator lays it out). Live in a no-grad
+pass too."""
+GDN_BACKWARD_WORKSPACE_V = 9
+"""Value-width tensors the chunked gated delta rule's backward holds at once besides its
+saved set, with two chunk-state tensors (recomputed states and their gradient): ``w``,
+``u``, ``v_new``, ``dv_local``, ``dv``, ``dq``, ``dk``, ``dw`` and the incoming ``do``
+(fla-core 0.6.0 ``chunk_gated_delta_rule_bwd`` as the rank simulator lays it out).
+Qwen3-Next-style (dense FFN) under full recompute at TP1: the simulator's
+forward+backward peak is the GDN layer's backward, 61,800 elements per token of
+backward buffers on top of what remains of its saved set."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +129,10 @@ class Margin:
 
 # --- the fitted margin (docs/tight.md; the gate checks fit_margin reproduces it) ----
 MARGIN = Margin(
-    forward_factor=1.04,
-    forward_allowance=10 * MIB,
-    backward_allowance=1 * MIB,
-    cold_backward_allowance=93 * MIB,
+    forward_factor=1.045,
+    forward_allowance=4 * MIB,
+    backward_allowance=0,
+    cold_backward_allowance=88 * MIB,
 )
 
 
@@ -84,6 +155,8 @@ class TightWidths(LayerWidths):
 
     attention_core: int
     mlp_core: int
+    tp: int
+    """The TP degree the widths are sharded by (workspaces added to them follow it)."""
 
 
 def swiglu_saved(geometry: ModelGeometry, compiled: bool) -> int:
@@ -108,21 +181,7 @@ def tight_widths(
         tp, sp = 1, False
     comp = inputs.compiled if compiled is None else compiled
     common = common_width(geometry, tp, sp)
-    q, kv = geometry.q_width, geometry.kv_width
-    # gated flash attention: q, k, v, output and the output gate, the head merge a view
-    # of the kernel output -> 6Q + 3KV (oracle). Ungated: the oracle's CPU flash kernel
-    # keeps 3Q + 3KV, but the measured ungated runtime keeps two more Q-wide copies
-    # (eager and compiled alike: the 1.7B compiled/eager gap is exactly the SwiGLU's
-    # 2F/t), so ungated attention keeps the reference's 5Q + 3KV.
-    g = 6 if geometry.attention_output_gate else 5
-    core = (g * q + 3 * kv) // tp
-    if not comp and inputs.recompute.mode == "none":
-        # eager attention outside a core_attn checkpoint also keeps q and k before the
-        # qk-norm and before the rope (two more (Q + KV) copies); compiled runs fuse
-        # them away and a core_attn checkpoint drops them.
-        core += 2 * (q + kv) // tp
-    if geometry.kv_groups < tp:  # replicated-QKV LoRA path
-        core += ((2 if geometry.attention_output_gate else 1) * q + 2 * kv) * (tp - 1) // tp
+    core = attention_core_width(geometry, tp, not comp and inputs.recompute.mode == "none")
     k, v = geometry.gdn_key_width, geometry.gdn_value_width
     gdn = 0
     if geometry.is_hybrid:
@@ -138,55 +197,172 @@ def tight_widths(
         mlp_core=mlp_core,
         moe=moe,
         layer_input=geometry.hidden // sp_divisor(tp, sp),
+        tp=tp,
     )
 
 
-def retained_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
-    """Elements per token kept over all layers at the end of forward."""
+def attention_core_width(geometry: ModelGeometry, tp: int, eager_none: bool) -> int:
+    """Elements per token one attention layer keeps beyond the common norm/LoRA input.
+
+    Gated (megatron-core 0.16's ``SelfAttention`` as the rank simulator runs it): the
+    QKV+gate projection output (``2Q + 2KV``; K and V are views of it), the roped q and k,
+    the kernel output, and the output gate's fp32 sigmoid and gated output
+    (``GATE_SIGMOID_Q``) -> ``7Q + 3KV``. Ungated: the oracle's CPU flash kernel keeps
+    ``3Q + 3KV``, the measured runtime two more Q-wide copies (eager and compiled alike:
+    the 1.7B compiled/eager gap is exactly the SwiGLU's ``2F/t``) -> ``5Q + 3KV``, one
+    Q (``UNGATED_RUNTIME_Q``) beyond the rank simulator's ``4Q + 3KV``. The simulator
+    also copies the query across a rank's query groups (``Q/t`` where a rank holds more
+    than one group); tight does not price it (see ``GATE_SIGMOID_Q``). Eager gated
+    attention outside a ``core_attn`` checkpoint also keeps ``EAGER_NONE_GATED``. With
+    fewer KV groups than TP ranks the replicated-QKV LoRA path adds the rest of the
+    full-width projection."""
+    q, kv = geometry.q_width, geometry.kv_width
+    gated = geometry.attention_output_gate
+    g = 5 + GATE_SIGMOID_Q if gated else 4 + UNGATED_RUNTIME_Q
+    core = (g * q + 3 * kv) // tp
+    if gated and eager_none:
+        core += EAGER_NONE_GATED * q // tp
+    if geometry.kv_groups < tp:  # replicated-QKV LoRA path
+        core += ((2 if gated else 1) * q + 2 * kv) * (tp - 1) // tp
+    return core
+
+
+def _layers(geometry: ModelGeometry) -> list[tuple[str, str]]:
+    return list(zip(geometry.mixers, geometry.mlps, strict=True))
+
+
+def mlp_nograd_width(geometry: ModelGeometry, w: TightWidths, tp: int) -> int:
+    """One dense MLP's peak in a pass without gradients (a selective ``mlp``
+    checkpoint's forward, full recompute, no-grad): its norm/LoRA input and residual
+    (``common``) and the gate‖up projection formed as base + LoRA delta + sum
+    (``LORA_SUM_COPIES x 2F/t``), or the SwiGLU's own set where wider."""
+    c = max(LORA_SUM_COPIES * 2, swiglu_saved(geometry, compiled=False))
+    return w.common + c * geometry.ffn // tp
+
+
+def attention_nograd_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
+    """One attention mixer's peak without gradients: its norm/LoRA input and residual
+    (``common``) and the QKV projection formed as base + LoRA delta + sum
+    (``LORA_SUM_COPIES``); with fewer KV groups than TP ranks megatron all-gathers the
+    projection to full width (the gather buffer and its concatenation, two full-width
+    copies); under CP the gathered K/V. Rank simulator, Qwen3.5-4B TP8 (KV groups 4),
+    full recompute, 22,320 tokens: the forward peak holds 24,320 elements per token in the
+    last attention layer, where tight's saved set with gradients is 15,616."""
+    q, kv, tp = geometry.q_width, geometry.kv_width, w.tp
+    projection = (2 if geometry.attention_output_gate else 1) * q + 2 * kv
+    width = w.common + LORA_SUM_COPIES * projection // tp
+    if geometry.kv_groups < tp:
+        width += 2 * projection
+    return width + gathered_kv_width(inputs, inputs.plan.layout.cp - 1)
+
+
+def gdn_nograd_width(geometry: ModelGeometry, w: TightWidths, tp: int) -> int:
+    """One GDN mixer's peak without gradients, bounded by its saved set plus the chunked
+    kernel's forward workspace (``GDN_FORWARD_WORKSPACE_V`` value-width tensors and one
+    ``dk x dv`` state per chunk and value head)."""
+    return w.gdn + _gdn_workspace(geometry, GDN_FORWARD_WORKSPACE_V, 1) // tp
+
+
+def _gdn_workspace(geometry: ModelGeometry, value_tensors: int, state_tensors: int) -> int:
+    states = geometry.gdn_value_heads * geometry.gdn_key_dim * geometry.gdn_value_dim
+    return value_tensors * geometry.gdn_value_width + state_tensors * states // GDN_CHUNK
+
+
+def kept_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
+    """Elements per token kept over all layers at the end of forward (what backward
+    finds): every layer's saved set, less what a selective recompute drops; under full
+    recompute the layer inputs its checkpoints keep; without gradients the current
+    layer's input only."""
     rc = inputs.recompute
-    per_layer = [w.mixer(m) + w.ffn(f) for m, f in zip(geometry.mixers, geometry.mlps, strict=True)]
     if rc.mode == "full":
-        return geometry.layers * w.layer_input + max(per_layer)
+        return geometry.layers * w.layer_input
     if rc.mode == "no-grad":
-        return max(per_layer)
-    total = sum(per_layer)
+        return w.layer_input
+    total = sum(w.mixer(m) + w.ffn(f) for m, f in _layers(geometry))
     if rc.mode == "selective":
         dense = sum(1 for kind in geometry.mlps if kind == "dense")
         if "mlp" in rc.modules and dense:
-            total -= (dense - 1) * (w.mlp - w.layer_input)
+            total -= dense * (w.mlp - w.layer_input)
         if "moe" in rc.modules and geometry.moe_layers:
-            total -= (geometry.moe_layers - 1) * (w.moe - w.common)
+            total -= geometry.moe_layers * (w.moe - w.common)
     return total
 
 
+def retained_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
+    """Elements per token at the forward peak: the kept set plus one layer's transient."""
+    return kept_width(geometry, w, inputs) + forward_transient_width(geometry, w, inputs)
+
+
 def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
-    """Elements per token of ``retained_width`` that only one layer holds while it runs:
-    the working set a selective mlp/moe recompute drops after each layer, the widest
-    layer's saved set under full recompute and no-grad. Freed before backward starts."""
+    """Elements per token only one layer holds while it runs, on top of the kept set:
+    a selective mlp checkpoint's no-grad working set (``mlp_nograd_width`` beyond the
+    output it keeps) or the moe's saved set; under full recompute and no-grad the widest
+    no-grad pass of a sub-layer (the MLP's, a GDN mixer's, an attention layer's saved
+    set with the gathered K/V under CP as its envelope). Freed before backward starts."""
     rc = inputs.recompute
+    tp = w.tp
     if rc.mode in ("full", "no-grad"):
-        return max(
-            w.mixer(m) + w.ffn(f) for m, f in zip(geometry.mixers, geometry.mlps, strict=True)
-        )
+        candidates = [w.moe] if geometry.moe_layers else []
+        if "attention" in geometry.mixers:
+            candidates.append(attention_nograd_width(geometry, w, inputs))
+        if "dense" in geometry.mlps:
+            candidates.append(mlp_nograd_width(geometry, w, tp))
+        if geometry.is_hybrid:
+            candidates.append(gdn_nograd_width(geometry, w, tp))
+        return max(candidates)
     width = 0
     if rc.mode == "selective":
         if "mlp" in rc.modules and "dense" in geometry.mlps:
+            # the checkpointed MLP's saved set, not its no-grad peak (mlp_nograd_width):
+            # see LORA_SUM_COPIES
             width += w.mlp - w.layer_input
         if "moe" in rc.modules and geometry.moe_layers:
             width += w.moe - w.common
     return width
 
 
+def full_backward_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
+    """Elements per token the backward of one layer holds under full recompute on top of
+    the layer inputs: the layer recomputed with gradients (its whole saved set, the
+    gathered K/V of an attention layer under CP) plus the MLP's backward
+    (``MLP_BACKWARD_COPIES x F/t``); in a GDN layer, once the MLP is done, the mixer's
+    saved set and its kernel's backward workspace. The widest layer of the model."""
+    tp = w.tp
+    widest = 0
+    for m, f in _layers(geometry):
+        mixer = w.mixer(m) + (
+            gathered_kv_width(inputs, inputs.plan.layout.cp - 1) if m == "attention" else 0
+        )
+        ffn_backward = MLP_BACKWARD_COPIES * geometry.ffn // tp if f == "dense" else 0
+        widest = max(widest, mixer + w.ffn(f) + ffn_backward)
+        if m == "gdn":
+            widest = max(
+                widest, w.gdn + _gdn_workspace(geometry, GDN_BACKWARD_WORKSPACE_V, 2) // tp
+            )
+        else:
+            widest = max(widest, mixer + flash_backward_width(inputs, tp))
+    return widest
+
+
+def flash_backward_width(inputs: PricingInput, tp: int) -> int:
+    """Elements per token a flash attention backward allocates (FlashAttention-2's
+    contract as the rank simulator lays it out): dq, its fp32 accumulator
+    (``FLASH_BACKWARD_DQ_Q``) and dk, dv expanded to the query heads for every token the
+    kernel saw, i.e. every CP rank's under CP (``2 x CP x Q/t``)."""
+    q = inputs.geometry.q_width
+    return (FLASH_BACKWARD_DQ_Q + 2 * inputs.plan.layout.cp) * q // tp
+
+
 def last_layer_recompute_width(
     geometry: ModelGeometry, w: TightWidths, inputs: PricingInput
 ) -> int:
     """Elements per token the first layer backward visits (the model's last) recomputes
-    on top of the retained set: its checkpointed modules, or the whole layer under
-    full recompute."""
+    on top of the retained set: its checkpointed modules, or under full recompute the
+    widest layer's recompute and backward (``full_backward_width``)."""
     rc = inputs.recompute
     mixer, ffn = geometry.mixers[-1], geometry.mlps[-1]
     if rc.mode == "full":
-        return w.mixer(mixer) + w.ffn(ffn)
+        return full_backward_width(geometry, w, inputs)
     width = 0
     if rc.mode == "selective":
         if "core_attn" in rc.modules and mixer == "attention":
@@ -198,10 +374,19 @@ def last_layer_recompute_width(
     return width
 
 
+def busiest_priced(inputs: PricingInput) -> bool:
+    """Whether the busiest CP rank's tokens are priced: under CP for dense and hybrid
+    models in every recompute mode. Each rank keeps only its own tokens' activations; a
+    full-recompute checkpoint keeps its own tokens' layer inputs and one layer's working
+    set at its own count, and a no-grad forward likewise (the rank simulator's layout).
+    MoE under CP keeps the packed count (unmeasured, the reference's rule)."""
+    return inputs.plan.layout.cp > 1 and not inputs.geometry.is_moe
+
+
 def priced_tokens(inputs: PricingInput) -> int:
-    """R: the busiest CP rank's model tokens (dense CP, gradients, partial recompute),
-    else the packed count (the reference's rule)."""
-    if cp_discounted(inputs):
+    """R: the busiest CP rank's model tokens where ``busiest_priced``, else the packed
+    count."""
+    if busiest_priced(inputs):
         return inputs.plan.busiest_tokens
     return inputs.plan.packed_tokens
 
@@ -219,7 +404,7 @@ def rank_segments(inputs: PricingInput) -> int:
         return 0
     segments = inputs.plan.grad_segments
     whole_segments = inputs.plan.planner in ("gdn-segments", "explicit")
-    if cp_discounted(inputs) and segments and whole_segments:
+    if busiest_priced(inputs) and segments and whole_segments:
         return max(1, segments - (inputs.plan.layout.cp - 1))
     return segments
 
@@ -232,25 +417,14 @@ def local_outputs(inputs: PricingInput) -> int:
 
 
 def cp_gathered_kv_bytes(inputs: PricingInput) -> int:
-    """K and V of every CP rank, all-gathered inside the core attention (padded to the
-    largest rank's count) and saved by the flash kernel for backward, beyond the local K/V
-    the widths already hold: (CP - 1) x the priced tokens x 2 KV-local per attention
-    layer. Only where no ``core_attn`` checkpoint drops them (no recompute, selective
-    without ``core_attn``); under full recompute one layer holds them at a time.
-    From the rank simulator (oracles/rank_sim/README.md: "Under CP the K/V of every rank
-    are all-gathered ... so core_attn recompute keeps local K/V only"); the simulated
-    grid's dense CP 8 rows without recompute miss by up to 7% without it
-    (docs/simulated-grid.md). Measured only on the 4B CP 2 cells without recompute, where
-    it is 0.6% of the peak."""
-    layout, rc = inputs.plan.layout, inputs.recompute
-    if layout.cp == 1 or not rc.keeps_gradients or rc.mode == "full":
-        return 0
-    if rc.mode == "selective" and "core_attn" in rc.modules:
-        return 0
-    g = inputs.geometry
-    kv_local = g.kv_width // min(layout.tp, g.kv_groups)
-    tokens = priced_tokens(inputs)
-    return g.attention_layers * 2 * kv_local * (layout.cp - 1) * tokens * inputs.dtype_bytes
+    """K and V of every other CP rank, all-gathered inside the core attention (padded to
+    the largest rank's count, priced at the priced tokens) and saved by the flash kernel
+    for backward, beyond the local K/V the widths already hold (``cpmem.pricing.gathered``:
+    only where no ``core_attn`` checkpoint drops them; under full recompute one layer
+    holds them at a time, priced in that layer's width). The simulated grid's dense CP 8
+    rows without recompute miss by up to 7% without it (docs/simulated-grid.md). Measured
+    only on the 4B CP 2 cells without recompute, where it is 0.6% of the peak."""
+    return gathered_kv_bytes(inputs, priced_tokens(inputs), inputs.plan.layout.cp - 1)
 
 
 def structural_terms(
@@ -271,15 +445,23 @@ def structural_terms(
     w = tight_widths(geometry, inputs, terms=terms)
     tokens = priced_tokens(inputs)
     segments = rank_segments(inputs) if terms.segment_states else 0
-    seg = segments * geometry.gdn_layers * segment_state_bytes(geometry, plan.layout.tp, b)
+    one_layer_passes = inputs.recompute.mode in ("full", "no-grad")
+    # under full recompute a layer's segment states live only while it (re)runs
+    state_layers = min(1, geometry.gdn_layers) if one_layer_passes else geometry.gdn_layers
+    seg = segments * state_layers * segment_state_bytes(geometry, plan.layout.tp, b)
     outputs = inputs.outputs
+    gathered_outputs = outputs if plan.layout.cp > 1 else 0
     transient = tokens * b * forward_transient_width(geometry, w, inputs)
+    if one_layer_passes:
+        # the outputs are formed after the last layer's pass: the forward peak is the
+        # larger of the two on top of the layer inputs, not their sum
+        transient = max(0, transient - outputs - gathered_outputs)
     forward = {
         "cold_setup": COLD_SETUP if inputs.cold and terms.cold_setup else 0,
         "segment_states": seg,
         "outputs": outputs,
-        "gathered_outputs": outputs if plan.layout.cp > 1 else 0,
-        "retained_activations": tokens * b * retained_width(geometry, w, inputs) - transient,
+        "gathered_outputs": gathered_outputs,
+        "retained_activations": tokens * b * kept_width(geometry, w, inputs),
         "layer_transient": transient,
     }
     gathered_kv = cp_gathered_kv_bytes(inputs)
@@ -343,7 +525,7 @@ def price_tight(
     return Estimate(
         policy="tight",
         estimate_bytes=estimate,
-        busiest_rank=plan.busiest_rank if cp_discounted(inputs) else 0,
+        busiest_rank=plan.busiest_rank if busiest_priced(inputs) else 0,
         busiest_tokens=tokens,
         per_rank_bytes=tuple(estimate for _ in range(layout.cp)),
         components=components,

@@ -43,6 +43,7 @@ from cpmem.pricing.recompute import Recompute  # noqa: E402
 from cpmem.pricing.tight import (  # noqa: E402
     TightWidths,
     forward_transient_width,
+    full_backward_width,
     retained_width,
     tight_widths,
 )
@@ -102,11 +103,18 @@ TERMS: dict[str, Term] = {
         "ungated attention: the oracle's CPU flash kernel keeps 3Q + 3KV, the measured "
         "runtime two more Q-wide copies (eager and compiled); tight prices 5Q + 3KV",
     ),
-    "eager_none_qk": Term(
-        lambda g: 2 * (_q(g) + _kv(g)),
-        "eager attention with recompute none keeps q and k before the qk-norm and before "
-        "the rope (measured runtime, golden 27B compiled vs eager none); the oracle's "
-        "fused-norm layer keeps neither",
+    "gate_sigmoid_fp32": Term(
+        lambda g: _q(g),
+        "gated attention: megatron-core's _apply_output_gate keeps sigmoid(gate.float()) in "
+        "fp32 (2Q) where the oracle's bf16 gate keeps Q (the rank simulator's attention, "
+        "which matches the measured 27B cells); tight prices 7Q + 3KV",
+    ),
+    "eager_none_q": Term(
+        lambda g: 2 * _q(g),
+        "eager gated attention with recompute none keeps two more Q-wide tensors (the "
+        "query before the qk-norm and before the rope): measured, the 4B CP2 none cells "
+        "exceed the core_attn cells by 2Q/t per attention layer beyond the gathered K/V; "
+        "the oracle's fused-norm layer keeps neither",
     ),
 }
 
@@ -130,38 +138,55 @@ class Row:
 SEL, COMPILED = "selective(core_attn) eager", "selective(core_attn) compiled"
 NONE, NONE_COMPILED = "none eager", "none compiled"
 ROWS: tuple[Row, ...] = (
-    Row("qwen3.5-27b", "gated attention", SEL, "torch-sdpa", ()),
-    Row("qwen3.5-27b", "gated attention", COMPILED, "torch-sdpa", ()),
-    Row("qwen3.5-27b", "gated attention", NONE, "torch-sdpa", ("eager_none_qk",)),
-    Row("qwen3.5-27b", "gated attention", NONE_COMPILED, "torch-sdpa", ()),
+    Row("qwen3.5-27b", "gated attention", SEL, "torch-sdpa", ("gate_sigmoid_fp32",)),
+    Row("qwen3.5-27b", "gated attention", COMPILED, "torch-sdpa", ("gate_sigmoid_fp32",)),
+    Row(
+        "qwen3.5-27b", "gated attention", NONE, "torch-sdpa", ("gate_sigmoid_fp32", "eager_none_q")
+    ),
+    Row("qwen3.5-27b", "gated attention", NONE_COMPILED, "torch-sdpa", ("gate_sigmoid_fp32",)),
     Row("qwen3.5-27b", "gdn", SEL, "torch-fused-kernel/repeat-qk", ()),
     Row("qwen3.5-27b", "fused swiglu", SEL, "torch-fused", ()),
-    Row("qwen3.5-4b", "gated attention", SEL, "torch-sdpa", ()),
-    Row("qwen3.5-4b", "gated attention", COMPILED, "torch-sdpa", ()),
-    Row("qwen3.5-4b", "gated attention", NONE, "torch-sdpa", ("eager_none_qk",)),
-    Row("qwen3.5-4b", "gated attention", NONE_COMPILED, "torch-sdpa", ()),
+    Row("qwen3.5-4b", "gated attention", SEL, "torch-sdpa", ("gate_sigmoid_fp32",)),
+    Row("qwen3.5-4b", "gated attention", COMPILED, "torch-sdpa", ("gate_sigmoid_fp32",)),
+    Row("qwen3.5-4b", "gated attention", NONE, "torch-sdpa", ("gate_sigmoid_fp32", "eager_none_q")),
+    Row("qwen3.5-4b", "gated attention", NONE_COMPILED, "torch-sdpa", ("gate_sigmoid_fp32",)),
     Row("qwen3.5-4b", "gdn", SEL, "torch-fused-kernel/repeat-qk", ()),
     Row("qwen3.5-4b", "fused swiglu", SEL, "torch-fused", ()),
-    Row("qwen3.5-35b-a3b", "gated attention", SEL, "torch-sdpa", ("rope_tables",)),
-    Row("qwen3.5-35b-a3b", "gated attention", COMPILED, "torch-sdpa", ("rope_tables",)),
+    Row(
+        "qwen3.5-35b-a3b",
+        "gated attention",
+        SEL,
+        "torch-sdpa",
+        ("rope_tables", "gate_sigmoid_fp32"),
+    ),
+    Row(
+        "qwen3.5-35b-a3b",
+        "gated attention",
+        COMPILED,
+        "torch-sdpa",
+        ("rope_tables", "gate_sigmoid_fp32"),
+    ),
     Row(
         "qwen3.5-35b-a3b",
         "gated attention",
         NONE,
         "torch-sdpa",
-        ("rope_tables", "eager_none_qk"),
+        ("rope_tables", "gate_sigmoid_fp32", "eager_none_q"),
     ),
-    Row("qwen3.5-35b-a3b", "gated attention", NONE_COMPILED, "torch-sdpa", ("rope_tables",)),
+    Row(
+        "qwen3.5-35b-a3b",
+        "gated attention",
+        NONE_COMPILED,
+        "torch-sdpa",
+        ("rope_tables", "gate_sigmoid_fp32"),
+    ),
     Row("qwen3.5-35b-a3b", "gdn", SEL, "torch-fused-kernel/repeat-qk", ()),
     Row("qwen3-1.7b", "ungated attention", SEL, "torch-sdpa", ("runtime_q_copies",)),
     Row("qwen3-1.7b", "ungated attention", COMPILED, "torch-sdpa", ("runtime_q_copies",)),
-    Row(
-        "qwen3-1.7b",
-        "ungated attention",
-        NONE,
-        "torch-sdpa",
-        ("runtime_q_copies", "eager_none_qk"),
-    ),
+    # eager ungated attention without recompute: no eager_none_q (measured on gated
+    # attention only; the rank simulator's ungated attention keeps the same set with and
+    # without the core_attn checkpoint)
+    Row("qwen3-1.7b", "ungated attention", NONE, "torch-sdpa", ("runtime_q_copies",)),
     Row("qwen3-1.7b", "ungated attention", NONE_COMPILED, "torch-sdpa", ("runtime_q_copies",)),
     # eager: megatron's GLU (2H + 5F); compiled: torch.compile keeps the fused set (2H + 3F)
     Row("qwen3-1.7b", "unfused swiglu", SEL, "megatron-glu+fused-norm", ()),
@@ -399,8 +424,10 @@ def _moe_part(model: str, w: TightWidths) -> int:
 @pytest.mark.parametrize("model", sorted(PRESETS))
 def test_full_recompute_keeps_layer_inputs_and_recomputes_one_layer(model: str) -> None:
     """Forward under full recompute keeps each layer's input (the oracle measures L x H,
-    the residual stream's storages); tight's retained width is that plus one layer's
-    saved set (the widest; backward recomputes one layer at a time)."""
+    the residual stream's storages): tight's kept width. On top, forward holds one
+    layer's no-grad pass (tests/unit/pricing/test_tight_simulator.py holds it against the
+    rank simulator); backward recomputes one layer at a time and re-saves its whole saved
+    set, which tight's backward width holds with the backward's own buffers on top."""
     g = PRESETS[model]
     inputs = _inputs(g, "full eager")
     w = tight_widths(g, inputs)
@@ -415,13 +442,13 @@ def test_full_recompute_keeps_layer_inputs_and_recomputes_one_layer(model: str) 
     one_layer = max(_layer_set(model, mx, f) for mx, f in set(zip(g.mixers, g.mlps, strict=True)))
     moe = _moe_part(model, w)
     retained, transient = retained_width(g, w, inputs), forward_transient_width(g, w, inputs)
+    backward = full_backward_width(g, w, inputs)
     print(
         f"\n[full] {model:16} oracle kept {kept:>9.0f} (L={g.layers})  one layer {one_layer:>7}"
-        f"{f' + moe {moe} (unmeasured)' if moe else ''}  tight {retained}"
+        f"{f' + moe {moe} (unmeasured)' if moe else ''}  tight {retained}, backward {backward}"
     )
     assert retained - transient == kept
-    assert transient - moe == one_layer
-    assert retained == kept + one_layer + moe
+    assert backward - moe >= one_layer
 
 
 def test_megatron_full_recompute_keeps_the_layer_input_and_the_shared_rope_table() -> None:
@@ -522,21 +549,30 @@ def test_no_grad_peak_tracker_agrees_real_and_fake() -> None:
 
 @pytest.mark.parametrize("model", sorted(PRESETS))
 def test_no_grad_keeps_nothing_and_tight_prices_one_layer(model: str) -> None:
-    """A no-grad forward saves nothing (oracle: 0 bytes); tight's no-grad width is all
-    transient: one layer's saved set with gradients, the widest, as the oracle measures
-    it. That is an envelope of the measured no-grad transient (peak live storages of a
-    no-grad forward of one layer of each kind; MoE layers run without their FFN, so for
-    the MoE model tight's unmeasured MoE width is part of the cover). Not per sub-layer:
-    a GDN mixer's or SwiGLU's no-grad peak exceeds its own saved set (the LoRA'd
-    projections' out-of-place base + delta + sum); only mixer + FFN covers it."""
+    """A no-grad forward saves nothing (oracle: 0 bytes); tight's no-grad width is the
+    running layer's input plus the widest no-grad pass of a sub-layer: a dense MLP's
+    norm/LoRA input and its gate‖up projection formed as base + LoRA delta + sum
+    (``2H + 6F`` at TP1), a GDN mixer's saved set plus its kernel's forward workspace.
+    Against the oracle's peak of live storages (a no-grad forward of one layer of each
+    kind; MoE layers run without their FFN): the 27B's peak is its MLP's and equals
+    tight's exactly; the 1.7B's is below (its unfused GLU peaks lower than the three-copy
+    sum); the 4B's and 35B's are their GDN mixers', where the oracle's CPU kernel keeps
+    fp32 temporaries (the l2-normed repeated k, per-chunk 64 x 64 matrices) that fla's
+    kernel, as the rank simulator lays it out, does not: tight is 1.7% and 3.3% below
+    there, and covers the simulator's GDN no-grad peak (test_tight_simulator.py)."""
     g = PRESETS[model]
     inputs = _inputs(g, "no-grad eager")
     w = tight_widths(g, inputs)
     saved, peak = _no_grad_run(st.GEOMETRIES[model], model, fake=True)
     assert saved == 0
-    one_layer = max(_layer_set(model, mx, f) for mx, f in set(zip(g.mixers, g.mlps, strict=True)))
     retained = retained_width(g, w, inputs)
     print(f"\n[no-grad] {model:16} oracle peak {peak / 2 / SEQ:>9.0f}  tight {retained}")
-    assert forward_transient_width(g, w, inputs) == retained
-    assert retained - _moe_part(model, w) == one_layer
-    assert retained >= peak / 2 / SEQ
+    # the layer's input stays live while it runs (the caller still holds it)
+    assert forward_transient_width(g, w, inputs) == retained - w.layer_input
+    oracle_peak = peak / 2 / SEQ
+    if model == "qwen3.5-27b":
+        assert retained == oracle_peak
+    elif g.is_hybrid:
+        assert 0.96 * oracle_peak <= retained < oracle_peak
+    else:
+        assert retained >= oracle_peak
