@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from oracles.rank_sim import SIM_VERSION
-from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, grid
+from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, grid, moe_grid
 from oracles.sim_grid.worker import rank_signature, simulate_job
 
 RANKS = "ranks.jsonl"
@@ -41,14 +41,15 @@ PROVENANCE = "provenance.json"
 MANIFEST = "MANIFEST.sha256"
 
 COLUMNS = (
-    "config_id", "model", "model_source", "layers", "gdn_layers", "tp", "cp", "ep",
+    "config_id", "model", "model_source", "layers", "gdn_layers", "tp", "cp", "ep", "routing",
     "sequence_parallel", "compiled", "mode", "modules", "request", "lengths", "shared_prefix",
     "logical_tokens", "packed_tokens", "retained_tokens", "grad_segments", "planner",
     "attention_tokens", "gdn_tokens", "rank_forward_peak_bytes",
     "rank_forward_backward_peak_bytes", "busiest_rank", "forward_peak_bytes",
     "forward_backward_peak_bytes", "simulated_ranks", "sim_seconds", "simulator",
 )  # fmt: skip
-"""``rows.csv``: golden/cells.csv's layout columns (model .. grad_segments), the plan the
+"""``rows.csv``: golden/cells.csv's layout columns (model .. grad_segments; ``routing``
+is the MoE routing the simulator was given, empty for other models), the plan the
 simulator was given (planner, per-CP-rank attention / GDN tokens, '+'-joined), and the
 simulator's per-rank peaks ('+'-joined, rank order) with the busiest rank's (by forward
 peak). Peaks are incremental bytes above the pre-forward baseline without the cold
@@ -68,7 +69,7 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
     from cpmem.plan.request import Request
 
     geometry = api.load_model(config=c.config_path) if c.config_path else api.load_model(c.model)
-    layout = ParallelLayout(tp=c.tp, cp=c.cp, sp=c.tp > 1)
+    layout = ParallelLayout(tp=c.tp, cp=c.cp, sp=c.tp > 1, ep=c.ep)
     request = Request.shared(list(c.request.lengths), c.request.shared_prefix)
     mult = c.tp if layout.sp_active else 1
     if c.request.skew and c.cp > 1:
@@ -96,6 +97,9 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
         "cp": c.cp,
         "mode": c.mode,
         "modules": c.modules,
+        "ep": c.ep,
+        "routing": c.routing,
+        "request": c.request.name,
         "lengths": list(c.request.lengths),
         "shared_prefix": c.request.shared_prefix,
         "logical_tokens": request.logical_tokens,
@@ -166,12 +170,13 @@ def _row(job: dict[str, Any], done: dict[tuple[str, int], dict[str, Any]]) -> di
         "gdn_layers": job["gdn_layers"],
         "tp": job["tp"],
         "cp": job["cp"],
-        "ep": 1,
+        "ep": job.get("ep", 1),
+        "routing": job.get("routing", ""),
         "sequence_parallel": job["tp"] > 1,
         "compiled": False,
         "mode": mode,
         "modules": modules,
-        "request": job["config_id"].split(":")[3],
+        "request": job.get("request") or job["config_id"].split(":")[3],
         "lengths": "+".join(map(str, job["lengths"])),
         "shared_prefix": job["shared_prefix"],
         "logical_tokens": job["logical_tokens"],
@@ -279,13 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    configs = grid()
+    everything = grid() + moe_grid()
+    configs = list(everything)
     if args.only:
         configs = [c for c in configs if re.search(args.only, c.config_id)]
     if args.limit is not None:
         configs = configs[: args.limit]
     jobs = [plan_job(c) for c in configs]
-    all_jobs = jobs if not (args.only or args.limit) else [plan_job(c) for c in grid()]
+    all_jobs = jobs if not (args.only or args.limit) else [plan_job(c) for c in everything]
     run = {
         "command": " ".join(["python -m oracles.sim_grid", *(argv or sys.argv[1:])]),
         "git_sha": _git_sha(),

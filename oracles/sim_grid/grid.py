@@ -28,9 +28,8 @@ MODELS: dict[str, str] = {
     "qwen3-32b-style": "configs/qwen3-32b-style.json",
     "qwen3-next-style-dense": "configs/qwen3-next-style-dense.json",
 }
-"""The four cpmem presets less the MoE one (qwen3.5-35b-a3b: the simulator does not
-simulate MoE layers, oracles/rank_sim/README.md), Qwen3.5-9B and three configs never
-measured."""
+"""The four cpmem presets less the MoE one (qwen3.5-35b-a3b: its configurations are
+``moe_grid()``, below), Qwen3.5-9B and three configs never measured."""
 
 LAYOUTS: tuple[tuple[int, int], ...] = (
     (1, 1), (2, 1), (4, 1), (8, 1),
@@ -94,14 +93,16 @@ class GridConfig:
     mode: str
     modules: str
     order: int  # generation order (slot-major)
+    ep: int = 1  # expert parallel (MoE configurations only)
+    routing: str = ""  # MoE routing: balanced | concentrated ("" for dense models)
 
     @property
     def model_source(self) -> str:
-        return MODELS[self.model]
+        return MODELS.get(self.model, "preset")  # the MoE models are presets
 
     @property
     def config_path(self) -> Path | None:
-        src = MODELS[self.model]
+        src = self.model_source
         return None if src == "preset" else SIM_DIR / src
 
 
@@ -136,4 +137,45 @@ def grid() -> list[GridConfig]:
 
 
 def by_id() -> dict[str, GridConfig]:
-    return {c.config_id: c for c in grid()}
+    return {c.config_id: c for c in grid() + moe_grid()}
+
+
+# MoE configurations (issue 11), kept out of ``grid()``: the dense grid's axes and
+# committed rows stay as they are. The 35B-A3B preset at the measured TP4 x EP4 layout
+# (ETP 1, SP), CP1 and CP2, 4k-32k tokens, no recompute / selective core_attn /
+# selective core_attn+moe, concentrated routing (cpmem's safe assumption and the eager
+# measured cells'), plus balanced routing on selective core_attn.
+MOE_MODELS: tuple[str, ...] = ("qwen3.5-35b-a3b",)
+MOE_LAYOUTS: tuple[tuple[int, int, int], ...] = ((4, 1, 4), (4, 2, 4))
+"""(TP, CP, EP): EP divides the TP x CP world (expert tensor parallel 1)."""
+MOE_REQUESTS: tuple[RequestSpec, ...] = (
+    RequestSpec("single-4k", (4 * K,)),
+    RequestSpec("single-8k", (8 * K,)),
+    RequestSpec("pair-16k", (16 * K, 16 * K)),
+    RequestSpec("single-32k", (32 * K,)),
+)
+MOE_RECOMPUTE: tuple[tuple[str, str, str], ...] = (
+    ("none", "", "concentrated"),
+    ("selective", "core_attn", "concentrated"),
+    ("selective", "core_attn", "balanced"),
+    ("selective", "core_attn+moe", "concentrated"),
+)
+"""(mode, modules, routing)."""
+
+
+def moe_grid() -> list[GridConfig]:
+    """The MoE configurations, ids ``model:tpT:cpC:epE:routing:request:recompute``; their
+    generation order continues after ``grid()``."""
+    start = len(grid())
+    out: list[GridConfig] = []
+    for model in MOE_MODELS:
+        for tp, cp, ep in MOE_LAYOUTS:
+            for req in MOE_REQUESTS:
+                for mode, modules, routing in MOE_RECOMPUTE:
+                    rc = mode + (f":{modules}" if modules else "")
+                    cid = f"{model}:tp{tp}:cp{cp}:ep{ep}:{routing}:{req.name}:{rc}"
+                    out.append(
+                        GridConfig(cid, model, tp, cp, req, mode, modules, start + len(out),
+                                   ep, routing)
+                    )  # fmt: skip
+    return out

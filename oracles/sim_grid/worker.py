@@ -47,7 +47,8 @@ def simulate_job(job: dict[str, Any]) -> dict[str, Any]:
 
     rank = job["rank"]
     rc = Recompute.parse(job["mode"], job["modules"] or None)
-    res = simulate_rank(job_model(job), job_layout(job, rank), rc)
+    moe = {"ep": job["ep"], "routing": job["routing"]} if job.get("routing") else {}
+    res = simulate_rank(job_model(job), job_layout(job, rank), rc, **moe)
     return {
         "config_id": job["config_id"],
         "rank": rank,
