@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from cpmem.api import load_model
 from cpmem.errors import CpmemError
@@ -20,7 +20,7 @@ from cpmem.golden.files import default_golden_dir
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import explicit_plan
-from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.inputs import MoeRouting, PricingInput
 from cpmem.pricing.recompute import Recompute
 from cpmem.units import MIB
 
@@ -31,8 +31,9 @@ MANIFEST_FILE = "MANIFEST.sha256"
 COLD_SETUP_BYTES = 58 * MIB
 """The cold kernel set-up the simulator does not model and its validation adds
 (oracles/rank_sim/README.md; golden/README.md: "about 58 MiB")."""
-Family = Literal["hybrid", "attention-only"]
+Family = Literal["moe", "hybrid", "attention-only"]
 SIM_WORST_UNDER: dict[Family, dict[str, float]] = {
+    "moe": {"forward": 0.103, "forward_backward": 0.105},
     "hybrid": {"forward": 0.012, "forward_backward": 0.016},
     "attention-only": {"forward": 0.039, "forward_backward": 0.047},
 }
@@ -44,7 +45,9 @@ measured: Qwen3.5-27B, Qwen3.5-4B): worst forward ratio 0.988, forward+backward 
 Qwen3-1.7B): worst 0.961 and 0.953 (TP2 cells: oracles/rank_sim/README.md "The miss",
 one query-wide tensor per ungated attention layer the simulator does not keep). A grid
 model takes its family's figure: the miss is the ungated attention's, so it must not
-widen the hybrids' allowance, and an unmeasured attention-only model inherits it."""
+widen the hybrids' allowance, and an unmeasured attention-only model inherits it. MoE
+hybrids (measured: Qwen3.5-35B-A3B, TP4 EP4): worst 0.897 and 0.895 (the compiled
+balanced-routing ``core_attn`` 1500+1500 cell; oracles/rank_sim/README.md "MoE")."""
 BUSIEST_TOLERANCE = 0.01
 """The policy's busiest rank may be a rank whose simulated forward peak is within 1% of
 the simulator's busiest."""
@@ -67,6 +70,8 @@ class SimRow:
     model_source: str
     tp: int
     cp: int
+    ep: int
+    routing: str
     sequence_parallel: bool
     mode: str
     modules: str
@@ -136,6 +141,8 @@ def load_rows(sim_dir: Path, ids: Iterable[str] | None = None) -> list[SimRow]:
                     model_source=r["model_source"],
                     tp=int(r["tp"]),
                     cp=int(r["cp"]),
+                    ep=int(r["ep"]),
+                    routing=r["routing"],
                     sequence_parallel=r["sequence_parallel"] == "True",
                     mode=r["mode"],
                     modules=r["modules"],
@@ -176,7 +183,7 @@ def row_inputs(
             else load_model(config=sim_dir / row.model_source)
         )
         cache[row.model_source + row.model] = geometry
-    layout = ParallelLayout(tp=row.tp, cp=row.cp, sp=row.sequence_parallel)
+    layout = ParallelLayout(tp=row.tp, cp=row.cp, sp=row.sequence_parallel, ep=row.ep)
     plan = explicit_plan(
         layout,
         logical_tokens=row.logical_tokens,
@@ -190,6 +197,7 @@ def row_inputs(
         plan=plan,
         recompute=Recompute.parse(row.mode, row.modules or None),
         cold=True,
+        moe_routing=cast(MoeRouting, row.routing or "concentrated"),
     )
 
 
@@ -200,6 +208,8 @@ def central(sim_bytes: int) -> int:
 
 def family(geometry: ModelGeometry) -> Family:
     """The validation family whose worst simulator error a grid row's model inherits."""
+    if geometry.is_moe:
+        return "moe"
     return "hybrid" if geometry.is_hybrid else "attention-only"
 
 
