@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width
-from cpmem.pricing.inputs import PricingInput
+from cpmem.pricing.inputs import MoeRouting, PricingInput
 from cpmem.pricing.reference import segment_state_bytes
 from cpmem.pricing.registry import register_policy
-from cpmem.pricing.widths import LayerWidths, common_width, moe_width, sp_divisor
+from cpmem.pricing.widths import LayerWidths, common_width, moe_rows_per_token, sp_divisor
 from cpmem.units import MIB
 
 # --- structural constants (observations, not fitted) -----------------------------
@@ -114,6 +114,64 @@ Qwen3-Next-style (dense FFN) under full recompute at TP1: the simulator's
 forward+backward peak is the GDN layer's backward, 61,800 elements per token of
 backward buffers on top of what remains of its saved set."""
 
+MOE_ROW_EAGER_F = 6
+"""F_e-multiples one routed expert row keeps in eager mode beside its H-wide input
+(megatron-core 0.16's unfused probs-weighted GLU, ``bias_activation_fusion`` off, as the
+rank simulator restates it in oracles/rank_sim/moe.py ``MoE.activation``): the fc1
+output (``2F_e``, which ``silu`` saves), ``silu(x0)`` and ``x1 + 0`` (the GLU product's
+inputs), the GLU output (saved by the fp32 probs scaling) and the scaled bf16 output
+(fc2's LoRA input): ``H + 6·F_e`` per row. Simulator, Qwen3.5-35B-A3B TP4 EP4
+``core_attn``, 4,096 and 8,192 tokens: concentrated minus balanced is 5,124 elements per
+six rows per token and layer (``H + 6·F_e + MOE_ROW_SMALL``). It validates on the measured
+eager concentrated ``core_attn`` cells within 0.974-1.007 (oracles/rank_sim/README.md,
+"MoE"); the reference's ``2H + c·F_e`` keeps a second H-wide copy megatron's code does
+not (7-8% over those cells in the simulator)."""
+MOE_ROW_COMPILED_F = 3
+"""F_e-multiples one routed expert row keeps under torch.compile: the fused
+``weighted_bias_swiglu`` saved set, the fc1 output (``2F_e``), and the activation output
+fc2's LoRA saves (``F_e``): ``H + 3·F_e`` (the simulator's ``--compiled``; 3,588 elements
+per row with ``MOE_ROW_SMALL``)."""
+MOE_COMPILED_ROW_FP32_F = 2
+"""F_e-multiples (bf16 elements) the measured compiled MoE runs keep per expert row
+beyond the fused set: one fp32 ``F_e`` tensor. oracles/rank_sim/README.md "MoE",
+"Balanced (compiled) cells": against the measured ``core_attn+moe`` cells of the same
+routing the simulator's compiled ``core_attn`` cells are short by about 2 KB per expert
+row (0.5-0.7 GiB at every size), i.e. ``2·F_e`` bf16 elements at F_e = 512. Which tensor
+it is (an inductor fp32 intermediate, or uneven natural routing) was not resolved; it is
+priced on compiled runs only, where it was measured."""
+MOE_ROW_SMALL = 4
+"""bf16-equivalent elements per expert row besides the H and F_e-wide tensors: the row's
+fp32 routing prob (2; saved by the probs scaling) and the two rank-1 LoRA activations
+(fc1's and fc2's adapters, 1 each). Simulator (above): 5,124 = H + 6·F_e + 4."""
+MOE_ROUTER_PER_TOPK = 10
+"""bf16-equivalent elements per local token and routed slot the router and ``permute``
+keep (megatron ``topk_routing_with_score_function`` and the unfused ``permute``, as the
+simulator restates them): the fp32 top-k softmax output (2), the int64 top-k indices (4,
+saved by ``topk`` and the probs ``scatter``) and the int64 sorted token indices
+(``unpermute`` saves them, 4). With the transposed bool routing map (``masked_select``
+saves it: ``E`` bytes, ``E/2`` elements) per local token."""
+
+MOE_DISPATCH_ROW_H = 3
+"""H-multiples per expert row an MoE layer holds at its forward peak beyond its saved set
+(megatron's ``MoELayer.forward`` as oracles/rank_sim/moe.py restates it): during the
+combine the experts' fc2 output, its un-sorted copy (``sort_chunks_by_idxs``) and the
+dispatched all-to-all output, which ``MoELayer.forward``'s frame keeps until the layer
+returns; with the dispatched fp32 probs (2 elements per row). Per local token the dense
+fp32 probs (``2E``) and one H-wide buffer (the shared expert's output). Simulator,
+Qwen3.5-35B-A3B TP4 EP4 SP ``core_attn``, 8,192 tokens: forward peak minus the saved
+sets is 49,808 elements per token concentrated (8 rows) and 12,932 balanced (2 rows),
+eager and compiled alike = ``rows·(3H + 2) + (H + 2E)/s``."""
+
+FINAL_HIDDEN_STATES = 1
+"""Layer-input-wide tensors live beside the outputs under full recompute: the last
+layer's output, which no checkpoint keeps but which the output gather reads (the
+checkpoints keep the L layer inputs, the embedding output the first of them). Rank
+simulator, ``qwen3-1.7b:tp2:cp8:single-32k:full`` busiest rank (7,680 tokens): forward
+peak = embedding 15.7 MB + rope + 440.4 MB (28 layers' outputs, the last one included)
++ the gathered and unpacked outputs; L x layer input = 440.4 MB, so one layer input
+(15.7 MB) more than tight priced. Priced in ``structural_terms`` as the floor of the
+full-recompute transient."""
+
 
 @dataclass(frozen=True)
 class Margin:
@@ -187,7 +245,7 @@ def tight_widths(
     if geometry.is_hybrid:
         gdn = common + (4 * k + 7 * v + GDN_SMALL_PER_HEAD * geometry.gdn_value_heads) // tp
     mlp_core = swiglu_saved(geometry, comp) * geometry.ffn // tp
-    moe = moe_width(geometry, tp, sp, layout.ep, inputs.moe_routing)
+    moe = moe_tight_width(geometry, tp, sp, layout.ep, inputs.moe_routing, comp)
     return TightWidths(
         common=common,
         attention_core=core,
@@ -199,6 +257,48 @@ def tight_widths(
         layer_input=geometry.hidden // sp_divisor(tp, sp),
         tp=tp,
     )
+
+
+def moe_tight_width(
+    geometry: ModelGeometry,
+    tp: int,
+    sp: bool,
+    ep: int,
+    routing: MoeRouting,
+    compiled: bool,
+) -> int:
+    """Elements per (global) token one MoE layer keeps: megatron-core 0.16's ``MoELayer``
+    with the ``alltoall`` dispatcher as the rank simulator restates it
+    (oracles/rank_sim/moe.py; oracles/rank_sim/README.md "MoE").
+
+    - the common norm/LoRA input (``common_width``: the local norm output, the shared
+      expert's SP-gathered input and the layer's output);
+    - per routed row (``moe_rows_per_token``, the routing the caller states) its
+      ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
+      ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
+      ``MOE_ROW_SMALL``;
+    - the router per local token: ``MOE_ROUTER_PER_TOPK·top_k + E/2``;
+    - the shared expert: its SwiGLU's saved set (``c·F_s/t``) and the gated product's
+      saved expert output (``H`` per local token).
+
+    The reference's ``moe_width`` keeps ``2H + c·F_e`` per row (a second H-wide copy the
+    simulator's megatron code has not): tight's own, the reference is unchanged.
+    Simulator, Qwen3.5-35B-A3B TP4 EP4 SP, eager: 45,001.2 elements per token and layer
+    concentrated, 14,257.2 balanced (this: 45,012 and 14,268)."""
+    if not geometry.is_moe:
+        return 0
+    s = sp_divisor(tp, sp)
+    h, fe = geometry.hidden, geometry.expert_ffn
+    f = MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F if compiled else MOE_ROW_EAGER_F
+    if geometry.activation_clamp is not None:
+        f += 2
+    rows = moe_rows_per_token(geometry, ep, routing)
+    routed = rows * (h + f * fe + MOE_ROW_SMALL)
+    router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
+    shared = 0
+    if geometry.shared_expert_ffn:
+        shared = swiglu_saved(geometry, compiled) * geometry.shared_expert_ffn // tp + h // s
+    return common_width(geometry, tp, sp) + routed + router + shared
 
 
 def attention_core_width(geometry: ModelGeometry, tp: int, eager_none: bool) -> int:
@@ -295,10 +395,12 @@ def retained_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput
 
 def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
     """Elements per token only one layer holds while it runs, on top of the kept set:
-    a selective mlp checkpoint's no-grad working set (``mlp_nograd_width`` beyond the
-    output it keeps) or the moe's saved set; under full recompute and no-grad the widest
-    no-grad pass of a sub-layer (the MLP's, a GDN mixer's, an attention layer's saved
-    set with the gathered K/V under CP as its envelope). Freed before backward starts."""
+    an MoE layer's dispatch and combine buffers (``moe_dispatch_width``) where no ``moe``
+    checkpoint drops its saved set; a selective mlp checkpoint's no-grad working set
+    (``mlp_nograd_width`` beyond the output it keeps) or the moe's saved set; under full
+    recompute and no-grad the widest no-grad pass of a sub-layer (the MLP's, a GDN
+    mixer's, an attention layer's saved set with the gathered K/V under CP as its
+    envelope). Freed before backward starts."""
     rc = inputs.recompute
     tp = w.tp
     if rc.mode in ("full", "no-grad"):
@@ -311,6 +413,8 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: Pri
             candidates.append(gdn_nograd_width(geometry, w, tp))
         return max(candidates)
     width = 0
+    if geometry.moe_layers and not (rc.mode == "selective" and "moe" in rc.modules):
+        width += moe_dispatch_width(geometry, w, inputs)
     if rc.mode == "selective":
         if "mlp" in rc.modules and "dense" in geometry.mlps:
             # the checkpointed MLP's saved set, not its no-grad peak (mlp_nograd_width):
@@ -319,6 +423,20 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: Pri
         if "moe" in rc.modules and geometry.moe_layers:
             width += w.moe - w.common
     return width
+
+
+def moe_dispatch_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
+    """Elements per token the last MoE layer holds at its forward peak beyond its saved
+    set (``MOE_DISPATCH_ROW_H``): ``rows·(3H + 2) + (H + 2E)/s``. Priced where the MoE
+    layers keep their saved sets (no ``moe`` checkpoint); a checkpointed MoE's forward is
+    priced by its saved set (``forward_transient_width``)."""
+    layout = inputs.plan.layout
+    tp, sp = w.tp, layout.sp and w.tp > 1
+    rows = moe_rows_per_token(geometry, layout.ep, inputs.moe_routing)
+    h = geometry.hidden
+    return rows * (MOE_DISPATCH_ROW_H * h + 2) + (h + 2 * geometry.num_experts) // sp_divisor(
+        tp, sp
+    )
 
 
 def full_backward_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
@@ -375,12 +493,17 @@ def last_layer_recompute_width(
 
 
 def busiest_priced(inputs: PricingInput) -> bool:
-    """Whether the busiest CP rank's tokens are priced: under CP for dense and hybrid
-    models in every recompute mode. Each rank keeps only its own tokens' activations; a
+    """Whether the busiest CP rank's tokens are priced: under CP, in every recompute mode
+    and for every model family. Each rank keeps only its own tokens' activations; a
     full-recompute checkpoint keeps its own tokens' layer inputs and one layer's working
     set at its own count, and a no-grad forward likewise (the rank simulator's layout).
-    MoE under CP keeps the packed count (unmeasured, the reference's rule)."""
-    return inputs.plan.layout.cp > 1 and not inputs.geometry.is_moe
+    MoE too: each CP rank dispatches only its own tokens, and the rank simulator takes
+    every rank of the EP group to route as many tokens as the simulated (busiest) rank
+    (oracles/rank_sim/moe.py ``expert_rows``; at EP = TP the EP group is the TP ranks of
+    one CP rank), so the experts' rows follow the busiest rank's count. Until the
+    simulated grid's MoE rows MoE kept the packed count (the reference's rule): +109% to
+    +131% over the simulator at CP 2. No MoE cell under CP was measured."""
+    return inputs.plan.layout.cp > 1
 
 
 def priced_tokens(inputs: PricingInput) -> int:
@@ -427,6 +550,41 @@ def cp_gathered_kv_bytes(inputs: PricingInput) -> int:
     return gathered_kv_bytes(inputs, priced_tokens(inputs), inputs.plan.layout.cp - 1)
 
 
+def gathered_outputs_bytes(inputs: PricingInput, tokens: int) -> int:
+    """The returned hidden states gathered over CP: every rank's rows padded to the
+    largest rank's count in transit (one ``CP x R`` buffer, R the priced busiest count),
+    live beside the unpacked logical copy (``outputs``). Rank simulator
+    (oracles/rank_sim/runner.py, ``GatherTokens`` in kernels.py): the gather buffer is
+    ``CP x max(counts)`` rows; ``qwen3-1.7b:tp2:cp8:pair-16k:full`` holds 8 x 5,632
+    tokens (176 MiB) plus the 128 MiB unpacked copy at its forward peak. Until the
+    simulated grid's full-recompute rows tight priced the logical count twice (up to
+    3.4% under the simulator at CP 4/8). Scaled from ``outputs`` per logical token, so a
+    caller's ``output_bytes`` carries over; never below the logical count (a request's
+    shared prefix is repeated by the unpacking, not by the gather). 0 without CP."""
+    cp = inputs.plan.layout.cp
+    if cp <= 1:
+        return 0
+    outputs, logical = inputs.outputs, max(1, inputs.plan.logical_tokens)
+    return max(outputs, -(-outputs * cp * tokens // logical))
+
+
+ROPE_TABLES = 2
+"""head_dim-wide bf16 tables the step's rotary embedding keeps per rank token: cos and
+sin, allocated once per step and live through backward (recompute reads them). Rank
+simulator (oracles/rank_sim/runner.py, label ``rope``: two ``(tokens, head_dim)`` bf16
+tables; megatron's unfused ``_apply_rotary_pos_emb_bshd`` saves only the tables): 512
+elements per token on Qwen3.5-35B-A3B (head_dim 256), whatever the TP degree."""
+
+
+def rope_table_bytes(inputs: PricingInput, tokens: int) -> int:
+    """The rope cos/sin tables (``ROPE_TABLES``) at the priced tokens, for a model with
+    attention layers (GDN layers take no rope)."""
+    g = inputs.geometry
+    if "attention" not in g.mixers:
+        return 0
+    return ROPE_TABLES * g.head_dim * tokens * inputs.dtype_bytes
+
+
 def structural_terms(
     inputs: PricingInput, terms: TightTerms | None = None
 ) -> tuple[dict[str, int], dict[str, int]]:
@@ -450,12 +608,18 @@ def structural_terms(
     state_layers = min(1, geometry.gdn_layers) if one_layer_passes else geometry.gdn_layers
     seg = segments * state_layers * segment_state_bytes(geometry, plan.layout.tp, b)
     outputs = inputs.outputs
-    gathered_outputs = outputs if plan.layout.cp > 1 else 0
+    gathered_outputs = gathered_outputs_bytes(inputs, tokens)
     transient = tokens * b * forward_transient_width(geometry, w, inputs)
     if one_layer_passes:
         # the outputs are formed after the last layer's pass: the forward peak is the
-        # larger of the two on top of the layer inputs, not their sum
-        transient = max(0, transient - outputs - gathered_outputs)
+        # larger of the two on top of the layer inputs, not their sum; under full
+        # recompute the last layer's output is live beside them (FINAL_HIDDEN_STATES)
+        final = (
+            FINAL_HIDDEN_STATES * tokens * b * w.layer_input
+            if inputs.recompute.mode == "full"
+            else 0
+        )
+        transient = max(final, transient - outputs - gathered_outputs)
     forward = {
         "cold_setup": COLD_SETUP if inputs.cold and terms.cold_setup else 0,
         "segment_states": seg,
@@ -464,6 +628,9 @@ def structural_terms(
         "retained_activations": tokens * b * kept_width(geometry, w, inputs),
         "layer_transient": transient,
     }
+    rope = rope_table_bytes(inputs, tokens)
+    if rope:  # a component only where the model has attention layers
+        forward["rope_tables"] = rope
     gathered_kv = cp_gathered_kv_bytes(inputs)
     if gathered_kv:  # a component only where it applies (CP without core_attn recompute)
         forward["cp_gathered_kv"] = gathered_kv
@@ -543,7 +710,8 @@ def price_tight(
         notes=(f"moe_routing={inputs.moe_routing}",) if inputs.geometry.is_moe else (),
         retained_bytes=forward["retained_activations"]
         + forward["segment_states"]
-        + forward.get("cp_gathered_kv", 0),
+        + forward.get("cp_gathered_kv", 0)
+        + forward.get("rope_tables", 0),
     )
 
 

@@ -41,6 +41,7 @@ from cpmem.plan.plan import explicit_plan  # noqa: E402
 from cpmem.pricing.inputs import PricingInput  # noqa: E402
 from cpmem.pricing.recompute import Recompute  # noqa: E402
 from cpmem.pricing.tight import (  # noqa: E402
+    ROPE_TABLES,
     TightWidths,
     forward_transient_width,
     full_backward_width,
@@ -95,8 +96,9 @@ TERMS: dict[str, Term] = {
         lambda g: -2 * g.head_dim,
         "the oracle's attention layer saves bf16 cos and sin tables (seq x head_dim each), "
         "a small term by the oracle's own definition; it reaches the bulk only where "
-        "head_dim == hidden/8 (the cutoff is strict: 35B), and tight prices it in no "
-        "model (the margin carries it)",
+        "head_dim == hidden/8 (the cutoff is strict: 35B). tight prices the tables once "
+        "per step, not per layer: the model-level `rope_tables` component (2·head_dim per "
+        "token, the rank simulator's), never in a layer's width",
     ),
     "runtime_q_copies": Term(
         lambda g: 2 * _q(g),
@@ -325,6 +327,8 @@ def test_rope_tables_are_the_35b_attention_gap() -> None:
         in_bulk = sum(r.nbytes for r in rope if r.nbytes >= m.small_width * 2 * SEQ)
         expected = 2 * geo.head_dim if geo.head_dim >= geo.hidden // st.SMALL_FRACTION else 0
         assert in_bulk / 2 / SEQ == expected, model
+        # the same two tables are tight's model-level rope_tables component per token
+        assert sum(r.nbytes for r in rope) / 2 / SEQ == ROPE_TABLES * geo.head_dim, model
     assert -TERMS["rope_tables"].width(PRESETS["qwen3.5-35b-a3b"]) == 512
 
 
@@ -455,7 +459,7 @@ def test_megatron_full_recompute_keeps_the_layer_input_and_the_shared_rope_table
     """megatron's own full recompute (1.7B, local spec, fused norms): the checkpoint keeps
     the layer input (tight's layer_input) and the fp32 rope table megatron computes once
     per forward and every layer shares (2 x head_dim bf16 elements per token, one storage
-    for the model: tight leaves it to the margin)."""
+    for the model: the size of tight's model-level ``rope_tables`` component)."""
     pytest.importorskip("megatron.core")
     model = "qwen3-1.7b"
     g = PRESETS[model]
@@ -463,7 +467,7 @@ def test_megatron_full_recompute_keeps_the_layer_input_and_the_shared_rope_table
     by_width = sorted((r.nbytes // 2 // SEQ, str(r.dtype)) for r in m.records.values())
     assert by_width == [(2 * g.head_dim, "torch.float32"), (g.hidden, "torch.bfloat16")]
     w = tight_widths(g, _inputs(g, "full eager"))
-    assert m.width() == w.layer_input + 2 * g.head_dim
+    assert m.width() == w.layer_input + ROPE_TABLES * g.head_dim
 
 
 @pytest.mark.parametrize("model", sorted(PRESETS))
