@@ -40,8 +40,8 @@ from cpmem.plan.layout import ParallelLayout  # noqa: E402
 from cpmem.plan.plan import explicit_plan  # noqa: E402
 from cpmem.pricing.inputs import PricingInput  # noqa: E402
 from cpmem.pricing.recompute import Recompute  # noqa: E402
-from cpmem.pricing.tight import (  # noqa: E402
-    ROPE_TABLES,
+from cpmem.pricing.tight import ROPE_TABLES  # noqa: E402
+from cpmem.pricing.tight_widths import (  # noqa: E402
     TightWidths,
     forward_transient_width,
     full_backward_width,

@@ -19,7 +19,8 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import explicit_plan
 from cpmem.pricing.inputs import PricingInput
 from cpmem.pricing.recompute import Recompute
-from cpmem.pricing.tight import price_tight, priced_tokens, structural_terms, tight_widths
+from cpmem.pricing.tight import price_tight, priced_tokens, structural_terms
+from cpmem.pricing.tight_widths import tight_widths
 
 CONFIGS = Path(__file__).resolve().parents[3] / "golden" / "simulated" / "configs"
 TOKENS = 8192
