@@ -19,8 +19,12 @@ below names the megatron function it restates (megatron/core/transformer/moe/):
 - ``MoEAlltoAllTokenDispatcher``: ``permute`` (unfused: the transposed routing map, the
   sorted token indices, ``index_select`` of the local tokens to tokens x top-k rows, the
   probs' ``masked_select``), the EP all-to-all of rows and probs, ``sort_chunks_by_idxs``
-  by local expert (split + cat: a fresh copy). The all-to-all output stays referenced by
-  ``MoELayer.forward``'s frame (``dispatched_input``) until the layer returns.
+  by local expert (split + cat: a fresh copy). ``MoELayer.forward``'s ``custom_forward``
+  keeps the permuted tokens (``hidden_states``) and the all-to-all output
+  (``dispatched_input``) until it returns; ``routed_experts_compute`` keeps the sorted
+  rows and probs through ``combine_preprocess``'s un-sort. ``dispatch_preprocess`` stores
+  ``self.probs``, ``self.routing_map`` and ``self.reversed_local_input_permutation_mapping``
+  on the dispatcher, never cleared: each layer holds them after its forward.
 - Experts: the local experts as one grouped op over all received rows (the sum of the
   per-expert saved sets of ``SequentialMLP``'s expert MLPs): frozen fc1/fc2 (megatron's
   ``LinearWithFrozenWeight``: no saved input) plus a rank-1 LoRA per expert linear (saves
@@ -206,6 +210,7 @@ class MoE(nn.Module):
         self.fc2_a = nn.Parameter(torch.empty(el, fe, dtype=BF16))
         self.fc2_b = nn.Parameter(torch.empty(el, h, dtype=BF16))
         self.shared = m.shared_expert_ffn > 0
+        self.dispatcher_state: tuple[torch.Tensor, ...] = ()
         if self.shared:
             self.sh_fc1 = LoRAColumn(h, 2 * m.shared_expert_ffn // t, cfg, t)
             self.sh_fc2 = LoRARow(m.shared_expert_ffn // t, h, cfg, ctx.layout)
@@ -253,13 +258,23 @@ class MoE(nn.Module):
         indices = top.new_empty((n * k,))  # token ids, sorted by expert (masked_select)
         permuted = Rows.apply(hn, n * k)  # index_select
         permuted_probs = MaskedSelect.apply(probs.T.contiguous(), map_t, n * k)
+        # MoEAlltoAllTokenDispatcher.dispatch_preprocess keeps ``self.probs``,
+        # ``self.routing_map`` and ``self.reversed_local_input_permutation_mapping`` on the
+        # dispatcher; nothing clears them, so they live until this layer's next forward
+        # (its recompute in backward replaces them)
+        self.dispatcher_state = (probs, routing_map, indices)
         del routing_map, top
         # token_dispatch: EP all-to-all
         rows = self.rows(n)
         dispatched = Rows.apply(permuted, rows)
         dispatched_probs = Rows.apply(permuted_probs, rows)
-        del permuted, permuted_probs
-        # dispatch_postprocess: sort by local expert
+        # custom_forward's ``hidden_states`` still names the permuted tokens (preprocess's
+        # result): they live until MoELayer.forward returns; the permuted probs do not
+        # (``probs`` is rebound to the dispatched probs)
+        del permuted_probs
+        # routed_experts_compute: dispatch_postprocess sorts by local expert; its
+        # ``dispatched_input`` and ``permuted_probs`` live until it returns, i.e. through
+        # the experts and combine_preprocess's un-sort
         if self.local_experts > 1:
             x, p = Rows.apply(dispatched, rows), Rows.apply(dispatched_probs, rows)
         else:
@@ -269,14 +284,17 @@ class MoE(nn.Module):
         act = self.activation(fc1, p[:, None])
         del fc1
         out = GroupedLoRALinear.apply(act, self.fc2_w, self.fc2_a, self.fc2_b)
-        del act, x, p
-        # combine: un-sort, reverse all-to-all, unpermute
+        del act
+        # combine_preprocess: un-sort; then routed_experts_compute returns
         if self.local_experts > 1:
             out = Rows.apply(out, rows)
+        del x, p
+        # combine: reverse all-to-all, unpermute (combine_postprocess), shared expert add
         out = Rows.apply(out, n * k)
         out = Unpermute.apply(out, indices, n)
-        del dispatched, dispatched_probs  # MoELayer.forward's frame lets them go here
-        return out + shared if shared is not None else out
+        out = out + shared if shared is not None else out
+        del dispatched, dispatched_probs, permuted  # MoELayer.forward's frame ends here
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from oracles.rank_sim.layers import rmsnorm

@@ -86,6 +86,43 @@ def test_moe_recompute_keeps_no_expert_rows() -> None:
     assert conc.forward_backward_peak_bytes > bal.forward_backward_peak_bytes
 
 
+def _sim(model: SimModel, modules: str, routing: str = "concentrated") -> object:
+    rc = Recompute.parse("selective", modules)
+    return simulate_rank(model, _layout(), rc, ep=EP, routing=routing)
+
+
+@pytest.mark.parametrize("modules", ["core_attn", "core_attn+moe"])
+def test_dispatcher_state_is_kept_per_layer(modules: str) -> None:
+    """megatron-core 0.16 ``MoEAlltoAllTokenDispatcher.dispatch_preprocess`` stores
+    ``self.probs`` (fp32, tokens x experts), ``self.routing_map`` (bool, tokens x experts)
+    and ``self.reversed_local_input_permutation_mapping`` (int64, tokens x top-k) on the
+    dispatcher, and nothing clears them: every MoE layer keeps them after its forward,
+    also under ``moe`` recompute. Without recompute ``permute``'s ``masked_select`` also
+    saves the transposed routing map (bool) and ``index_select`` the same indices."""
+    local = TOKENS // TP
+    base = _sim(SMALL, modules)
+    more_experts = _sim(replace(SMALL, num_experts=2 * E), modules)
+    more_k = _sim(replace(SMALL, moe_top_k=2 * TOP_K), modules)
+    per_expert = 4 + 1 + (0 if "moe" in modules else 1)  # probs, map (+ transposed map)
+    assert more_experts.retained_bytes - base.retained_bytes == LAYERS * local * E * per_expert
+    if "moe" in modules:  # the indices: the only top-k-wide tensor left after the forward
+        assert more_k.retained_bytes - base.retained_bytes == LAYERS * local * TOP_K * 8
+
+
+def test_moe_forward_frames_keep_the_routed_rows() -> None:
+    """The forward peak of a recomputed MoE layer (no-grad forward, nothing saved) is at
+    ``combine_preprocess``'s un-sort: ``MoELayer.forward``'s frame still holds the
+    all-to-all output and its probs, ``routed_experts_compute``'s frame the sorted rows,
+    their probs and the experts' output, and the un-sorted copy is being written. Per
+    extra routed row: four H-wide bf16 rows and two fp32 probs."""
+    narrow = replace(SMALL, expert_ffn=8, shared_expert_ffn=8)  # the un-sort is the peak
+    conc = _sim(narrow, "core_attn+moe", "concentrated")
+    bal = _sim(narrow, "core_attn+moe", "balanced")
+    extra = conc.expert_rows - bal.expert_rows
+    assert extra == 1024
+    assert conc.forward_peak_bytes - bal.forward_peak_bytes == extra * (4 * H * 2 + 2 * 4)
+
+
 def test_bad_moe_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--model", "qwen3.5-35b-a3b", "--rank-tokens", "1024", "--tp", "4", "--layers", "1"]
     for extra, field in (
