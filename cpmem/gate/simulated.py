@@ -151,7 +151,7 @@ hybrid row (forward and forward+backward) with at most 8% forward headroom on th
 >= 2,048 tokens; ``reference`` covers every dense (non-MoE) row on which it discounts CP
 (CP > 1, selective or no recompute). A policy not listed declares none. MoE rows are
 priced and reported (coverage, headroom, busiest rank) but no target selects them: the
-simulator's MoE layer is validated only to 10.3% (``SIM_WORST_UNDER["moe"]``; 3 of the
+simulator's MoE layer is validated only to 9.4% (``SIM_WORST_UNDER["moe"]``; 4 of the
 12 measured MoE cells within its targets, oracles/rank_sim/README.md), so a verdict
 against it would judge the simulator, not the policy."""
 
