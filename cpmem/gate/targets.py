@@ -66,25 +66,25 @@ def _every_cell(_: PricingInput) -> bool:
     return True
 
 
-# Bounds: the issue-13 aims where the policy meets them (dense/hybrid >= 2,048 tokens
-# forward+backward <= 8%); elsewhere the tightest bound it meets, with the aim and the
-# gap stated in docs/tight.md ("Targets and aims").
+# Bounds: the tightest the policy meets (issue 13's third round: 5.5%, 7.5%, 19%, 35%;
+# the forward ones also steer the margin fit, ``target_of``), beside issue 13's aims, the
+# gap stated in docs/tight.md ("Declared targets and the gate").
 TIGHT_TARGETS: tuple[Target, ...] = (
     Target("every cell, forward", _every_cell, "forward", min_coverage=1.0),
     Target("every cell, forward+backward", _every_cell, "forward_backward", min_coverage=1.0),
-    Target("dense/hybrid >= 2,048 tokens, forward", _dense_long, "forward", max_headroom=0.06),
+    Target("dense/hybrid >= 2,048 tokens, forward", _dense_long, "forward", max_headroom=0.055),
     Target(
         "dense/hybrid >= 2,048 tokens, forward+backward",
         _dense_long,
         "forward_backward",
-        max_headroom=0.08,
+        max_headroom=0.075,
     ),
-    Target("dense/hybrid < 2,048 tokens, forward", _dense_short, "forward", max_headroom=0.20),
+    Target("dense/hybrid < 2,048 tokens, forward", _dense_short, "forward", max_headroom=0.19),
     Target(
         "dense/hybrid < 2,048 tokens, forward+backward",
         _dense_short,
         "forward_backward",
-        max_headroom=0.40,
+        max_headroom=0.35,
     ),
     Target("MoE concentrated, forward", _moe_routed("concentrated"), "forward", min_coverage=1.0),
     Target("MoE balanced, forward", _moe_routed("balanced"), "forward", max_headroom=0.25),

@@ -161,7 +161,7 @@ def render_report(samples: Sequence[Sample]) -> tuple[str, bool]:
                 _gib(r.estimate),
                 _gib(r.forward_peak),
                 f"{r.headroom:+.1%}",
-                "-" if math.isinf(target_of(s.inputs)) else f"{target_of(s.inputs) - 1:+.0%}",
+                "-" if math.isinf(target_of(s.inputs)) else f"{target_of(s.inputs) - 1:+.1%}",
                 _gib(r.fb_estimate),
                 _gib(r.fb_peak),
                 f"{r.fb_headroom:+.1%}",

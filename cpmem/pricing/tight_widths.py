@@ -29,10 +29,10 @@ nothing, so that moment is its peak; on the SwiGLU's gate‖up projection it is
 inputs plus ``2H + 6F`` (Qwen3.5-4B: 142,848 elements per token = 33H + rope + 57,856),
 where tight had priced the widest layer's saved set. The same term is the forward peak
 minus the retained set under selective ``mlp`` (``H + 6F``: 38,912 on Qwen3-1.7B, 57,856
-on Qwen3.5-4B), where tight still prices the checkpointed MLP's saved set ``H + cF``:
-pricing ``6F`` there lifts the measured 4B TP2 64+64 ``core_attn+mlp`` cell (compiled,
-cold) to 20.5% forward headroom under the refitted margin, over its 20% short-cell
-target (docs/tight.md "Known limits")."""
+on Qwen3.5-4B), which tight prices as that checkpoint's transient since issue 13's third
+round (``forward_transient_width``; it priced the saved set ``H + cF`` while the
+reference's ``2n`` segment states kept the 4B TP2 64+64 ``core_attn+mlp`` cell at 20.5%
+with ``6F``, over its then 20% short-cell bound; docs/tight.md "Known limits")."""
 
 
 GATE_SIGMOID_Q = 2
@@ -378,9 +378,10 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: Pri
         width += moe_dispatch_width(geometry, w, inputs)
     if rc.mode == "selective":
         if "mlp" in rc.modules and "dense" in geometry.mlps:
-            # the checkpointed MLP's saved set, not its no-grad peak (mlp_nograd_width):
-            # see LORA_SUM_COPIES
-            width += w.mlp - w.layer_input
+            # the checkpointed MLP's forward runs without gradients: its peak is the
+            # LoRA'd gate-up projection as base + delta + sum (mlp_nograd_width,
+            # LORA_SUM_COPIES) beside the residual input the checkpoint keeps
+            width += mlp_nograd_width(geometry, w, tp) - w.layer_input
         if "moe" in rc.modules and geometry.moe_layers:
             width += w.moe - w.common
     return width

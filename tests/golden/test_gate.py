@@ -456,10 +456,10 @@ def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
 TIGHT_BOUNDS = {
     "every cell, forward": "coverage >= 100%",
     "every cell, forward+backward": "coverage >= 100%",
-    "dense/hybrid >= 2,048 tokens, forward": "max headroom <= +6.0%",
-    "dense/hybrid >= 2,048 tokens, forward+backward": "max headroom <= +8.0%",
-    "dense/hybrid < 2,048 tokens, forward": "max headroom <= +20.0%",
-    "dense/hybrid < 2,048 tokens, forward+backward": "max headroom <= +40.0%",
+    "dense/hybrid >= 2,048 tokens, forward": "max headroom <= +5.5%",
+    "dense/hybrid >= 2,048 tokens, forward+backward": "max headroom <= +7.5%",
+    "dense/hybrid < 2,048 tokens, forward": "max headroom <= +19.0%",
+    "dense/hybrid < 2,048 tokens, forward+backward": "max headroom <= +35.0%",
     "MoE concentrated, forward": "coverage >= 100%",
     "MoE balanced, forward": "max headroom <= +25.0%",
 }

@@ -254,5 +254,6 @@ def test_segment_discount_only_for_layouts_that_place_whole_segments() -> None:
     whole = estimate("qwen3.5-27b", [4096, 4096], planner="gdn-segments", **pair)
     zigzag = estimate("qwen3.5-27b", [4096, 4096], planner="balanced", **pair)
     per_segment = 48 * 6_414_336  # GDN layers x segment state bytes (pricing.md, 27B TP1)
-    assert whole.components["segment_states"] == (3 - 1) * per_segment
-    assert zigzag.components["segment_states"] == 3 * per_segment
+    one_state = per_segment // 2  # tight keeps 2n - 1 states for n segments (tight.py)
+    assert whole.components["segment_states"] == (2 * (3 - 1) - 1) * one_state
+    assert zigzag.components["segment_states"] == (2 * 3 - 1) * one_state

@@ -241,3 +241,17 @@ def test_gathered_outputs_are_padded_to_the_largest_rank() -> None:
     simulated_peak = 845_938_688
     body = sum(v for k, v in fwd.items() if k not in ("cold_setup", "segment_states"))
     assert simulated_peak <= body <= 1.01 * simulated_peak
+
+
+def test_selective_mlp_transient_is_the_simulators_no_grad_pass() -> None:
+    """A selective ``mlp`` checkpoint's forward runs without gradients: the simulator's
+    ``mlp`` component rises from its retained 1,300,234,240 bytes to 2,248,146,944 at the
+    forward peak (Qwen3.5-4B, TP1, 8,192 tokens, ``core_attn+mlp``): 57,856 elements per
+    token, ``H + 6F`` (the gate-up projection as base + LoRA delta + sum beside the
+    checkpoint's residual input). tight prices exactly that as the layer transient (it
+    priced the checkpointed MLP's saved set, ``H + 3F``, until issue 13's third round)."""
+    g = _model("qwen3.5-4b")
+    fwd, _ = structural_terms(_inputs(g, "selective", "core_attn+mlp"))
+    sim_rise = (2_248_146_944 - 1_300_234_240) / TOKENS / 2
+    assert sim_rise == 57_856
+    assert fwd["layer_transient"] / TOKENS / 2 == sim_rise
