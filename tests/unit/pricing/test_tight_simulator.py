@@ -16,7 +16,7 @@ import pytest
 from cpmem.api import load_model
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
-from cpmem.plan.plan import explicit_plan
+from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.pricing.inputs import PricingInput
 from cpmem.pricing.recompute import Recompute
 from cpmem.pricing.tight import price_tight, priced_tokens, structural_terms
@@ -34,8 +34,13 @@ def _model(name: str) -> ModelGeometry:
 def _inputs(
     g: ModelGeometry, mode: str, modules: str | None = None, ranks: tuple[int, ...] = (TOKENS,)
 ) -> PricingInput:
-    layout = ParallelLayout(tp=1, cp=len(ranks), sp=False)
-    plan = explicit_plan(
+    plan = _plan(ParallelLayout(tp=1, cp=len(ranks), sp=False), ranks)
+    return PricingInput(geometry=g, plan=plan, recompute=Recompute.parse(mode, modules), cold=False)
+
+
+def _plan(layout: ParallelLayout, ranks: tuple[int, ...]) -> Plan:
+    """One segment, the given per-CP-rank token counts, attention and GDN alike."""
+    return explicit_plan(
         layout,
         logical_tokens=sum(ranks),
         packed_tokens=sum(ranks),
@@ -43,7 +48,6 @@ def _inputs(
         rank_tokens=ranks,
         gdn_rank_tokens=ranks,
     )
-    return PricingInput(geometry=g, plan=plan, recompute=Recompute.parse(mode, modules), cold=False)
 
 
 def _per_token(terms: dict[str, int]) -> float:
@@ -136,15 +140,7 @@ MOE_SIM = [
 def _moe_inputs(
     routing: str, compiled: bool, ranks: tuple[int, ...] = (TOKENS,), modules: str = "core_attn"
 ) -> PricingInput:
-    layout = ParallelLayout(tp=4, cp=len(ranks), sp=True, ep=4)
-    plan = explicit_plan(
-        layout,
-        logical_tokens=sum(ranks),
-        packed_tokens=sum(ranks),
-        grad_segments=1,
-        rank_tokens=ranks,
-        gdn_rank_tokens=ranks,
-    )
+    plan = _plan(ParallelLayout(tp=4, cp=len(ranks), sp=True, ep=4), ranks)
     return PricingInput(
         geometry=_model("qwen3.5-35b-a3b"),
         plan=plan,
