@@ -33,6 +33,21 @@ def pct(x: float) -> str:
     return f"{x * 100:.1f}%"
 
 
+def forward_backward_row(c: MeasuredCell, fb: int | None) -> dict[str, Any] | None:
+    """A cell's forward+backward coverage row, where both the estimate and the measured
+    peak exist."""
+    fb_peak = c.forward_backward_peak_bytes
+    if fb is None or fb_peak is None:
+        return None
+    return {
+        "cell_id": c.cell_id,
+        "forward_backward_bytes": fb,
+        "forward_backward_peak_bytes": fb_peak,
+        "headroom": fb / fb_peak - 1,
+        "covered": fb >= fb_peak,
+    }
+
+
 def coverage(
     cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput], est: Estimator
 ) -> dict[str, Any]:
@@ -55,17 +70,9 @@ def coverage(
                 "covered": e >= c.forward_peak_bytes,
             }
         )
-        fb, fb_peak = priced.forward_backward_bytes, c.forward_backward_peak_bytes
-        if fb is not None and fb_peak is not None:  # the policy prices backward
-            fb_rows.append(
-                {
-                    "cell_id": c.cell_id,
-                    "forward_backward_bytes": fb,
-                    "forward_backward_peak_bytes": fb_peak,
-                    "headroom": fb / fb_peak - 1,
-                    "covered": fb >= fb_peak,
-                }
-            )
+        row = forward_backward_row(c, priced.forward_backward_bytes)
+        if row is not None:  # the policy prices backward
+            fb_rows.append(row)
     failing = [r["cell_id"] for r in rows if not r["covered"]]
     failing += [f"{r['cell_id']} (forward+backward)" for r in fb_rows if not r["covered"]]
     return {"passed": not failing, **coverage_summary(rows, fb_rows, failing)}

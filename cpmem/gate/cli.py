@@ -14,7 +14,7 @@ from cpmem.gate.controls import controls_dir, record_controls
 from cpmem.gate.external_cli import gate_main as gate_external_main
 from cpmem.gate.render import render
 from cpmem.gate.run import run_gate
-from cpmem.golden.files import default_golden_dir
+from cpmem.golden.files import add_golden_argument, default_golden_dir
 from cpmem.pricing.registry import policy_names
 
 
@@ -37,12 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         help="re-record golden/controls with the reference policy (prints and writes a diff "
         "report to golden/controls/last_diff.md), then run the gate",
     )
-    p.add_argument(
-        "--golden",
-        type=Path,
-        default=None,
-        help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
-    )
+    add_golden_argument(p)
     ext = p.add_argument_group(
         "an estimator that is not a cpmem policy (docs/external-estimators.md)"
     )

@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from cpmem.errors import InputError
-from cpmem.gate.checks import coverage_summary, golden_check, pct
+from cpmem.gate.checks import coverage_summary, forward_backward_row, golden_check, pct
 from cpmem.gate.samples import cell_inputs, is_measured
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
@@ -291,18 +291,10 @@ def gate_external(
         )
         if not covered:
             failing.append(c.cell_id + (f" ({reason})" if reason else ""))
-        fb, fb_peak = (None if got is None else got[1]), c.forward_backward_peak_bytes
-        if fb is not None and fb_peak is not None:
-            fb_rows.append(
-                {
-                    "cell_id": c.cell_id,
-                    "forward_backward_bytes": fb,
-                    "forward_backward_peak_bytes": fb_peak,
-                    "headroom": fb / fb_peak - 1,
-                    "covered": fb >= fb_peak,
-                }
-            )
-            if fb < fb_peak:
+        fb_row = forward_backward_row(c, None if got is None else got[1])
+        if fb_row is not None:
+            fb_rows.append(fb_row)
+            if not fb_row["covered"]:
                 failing.append(f"{c.cell_id} (forward+backward)")
     coverage: dict[str, Any] = {
         "passed": not failing and bool(rows),

@@ -21,6 +21,7 @@ from cpmem.gate.external import (
     price_with,
     read_estimates_csv,
 )
+from cpmem.golden.files import add_golden_argument
 
 __all__ = ["export_main", "gate_main", "render_external"]
 
@@ -107,12 +108,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         "line), the input of an external estimator (docs/external-estimators.md).",
     )
     p.add_argument("--out", type=Path, default=None, help="write to FILE (default: stdout)")
-    p.add_argument(
-        "--golden",
-        type=Path,
-        default=None,
-        help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
-    )
+    add_golden_argument(p)
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         descs = descriptions(args.golden)

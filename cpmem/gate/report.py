@@ -29,7 +29,7 @@ from cpmem.errors import CpmemError
 from cpmem.gate.progress import Progress, wanted
 from cpmem.gate.samples import cell_inputs
 from cpmem.golden.cells import MeasuredCell, load_cells
-from cpmem.golden.files import CELLS_FILE, default_golden_dir
+from cpmem.golden.files import CELLS_FILE, add_golden_argument, default_golden_dir
 from cpmem.pricing.registry import policy_names, price
 from cpmem.units import GIB
 
@@ -337,12 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="pricing policy; repeat to compare several (default: reference)",
     )
     p.add_argument("--out", type=Path, default=Path("report"), help="output directory")
-    p.add_argument(
-        "--golden",
-        type=Path,
-        default=None,
-        help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
-    )
+    add_golden_argument(p)
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     policies: list[str] = list(dict.fromkeys(args.policy or ["reference"]))
     unknown = [x for x in policies if x not in policy_names()]

@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 from cpmem.golden.cells import load_cells
-from cpmem.golden.files import CELLS_FILE, SOURCES_SUBDIR, GoldenDataError, default_golden_dir
+from cpmem.golden.files import (
+    CELLS_FILE,
+    SOURCES_SUBDIR,
+    GoldenDataError,
+    add_golden_argument,
+    default_golden_dir,
+)
 from cpmem.golden.importer import import_sources
 from cpmem.golden.manifest import data_files, verify, verify_manifest, write_manifest
 
@@ -30,12 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     p_verify = sub.add_parser("verify", help="check schema, manifest and agreement with sources")
     p_manifest = sub.add_parser("manifest", help="regenerate golden/MANIFEST.sha256")
     for p in (p_import, p_verify, p_manifest):
-        p.add_argument(
-            "--golden",
-            type=Path,
-            default=None,
-            help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
-        )
+        add_golden_argument(p)
     return parser
 
 

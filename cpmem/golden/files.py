@@ -3,6 +3,7 @@ read (ragged rows refused) and written (temp file + rename: all or nothing)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import os
@@ -25,6 +26,18 @@ def default_golden_dir() -> Path:
 
 
 GOLDEN_DIR: Path = default_golden_dir()
+
+
+def add_golden_argument(parser: argparse.ArgumentParser) -> None:
+    """``--golden DIR``, the same for every command that reads the golden directory."""
+    parser.add_argument(
+        "--golden",
+        type=Path,
+        default=None,
+        help="golden directory (default: $CPMEM_GOLDEN_DIR or the repo's golden/)",
+    )
+
+
 CELLS_FILE = "cells.csv"
 SCHEMA_FILE = "schema.json"
 MANIFEST_FILE = "MANIFEST.sha256"
