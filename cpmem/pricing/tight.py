@@ -36,11 +36,15 @@ COLD_SETUP = 64 * MIB
 the repeat forward peak of the same cell is 64.0 MiB on 12 of the 16 first-in-process
 golden cells (53.7-62.0 MiB on the others). Priced when ``inputs.cold``."""
 LOSS_BACKWARD_OUTPUTS = 6
-"""The mean-square loss's backward, in multiples of the rank's bf16 outputs: the
+"""The mean-square loss's backward, in multiples of the returned bf16 outputs: the
 forward+backward peak minus the bytes retained after forward is 6.00 x outputs on every
 golden cell of >= 2,048 tokens that records both and whose backward transient is
 smaller (12 bytes per output element: the fp32 upcast, its fp32 gradient and the bf16
-gradient handed to the last layer)."""
+gradient handed to the last layer). Under CP the loss runs over the returned outputs,
+gathered and unpacked to the logical tokens (``outputs``), on every rank: the rank
+simulator's CP rows back it through all of them (``qwen3-1.7b:tp4:cp4:pair-16k:none``,
+rank 0: four bf16 copies of the 32,768 logical outputs); the measured CP 2 cells peak in
+forward and cannot tell. tight priced the rank's share until issue 11's last round."""
 CP_HYBRID_BACKWARD_AUTOTUNE = 256 * MIB
 """Triton's benchmark buffer (``get_empty_cache_for_benchmark``: 256 MiB, allocated
 while an autotuned kernel is timed) during the first backward of a CP run of a hybrid
@@ -164,8 +168,8 @@ def tight_segment_state_bytes(geometry: ModelGeometry, segments: int, tp: int, b
 
 
 def local_outputs(inputs: PricingInput) -> int:
-    """The rank's share of the returned hidden states (under CP each rank's loss sees
-    its own tokens; the gathered copy is a forward term)."""
+    """The rank's share of the returned hidden states: the gradient the last layer's
+    backward receives (the gather's backward hands each rank its own tokens')."""
     cp = inputs.plan.layout.cp
     return inputs.outputs // cp if cp > 1 else inputs.outputs
 
@@ -269,7 +273,7 @@ def structural_terms(
     if terms.backward and inputs.recompute.keeps_gradients:
         local = local_outputs(inputs)
         recompute = tokens * b * last_layer_recompute_width(geometry, w, inputs)
-        backward = max(LOSS_BACKWARD_OUTPUTS * local, local + recompute)
+        backward = max(LOSS_BACKWARD_OUTPUTS * outputs, local + recompute)
         if cold_autotune(inputs, terms):
             # timed inside a GDN layer's backward: the loss's buffers are gone by then
             backward = max(backward, local + CP_HYBRID_BACKWARD_AUTOTUNE)

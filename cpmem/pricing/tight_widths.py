@@ -436,19 +436,34 @@ def flash_backward_width(inputs: PricingInput, tp: int) -> int:
 def last_layer_recompute_width(
     geometry: ModelGeometry, w: TightWidths, inputs: PricingInput
 ) -> int:
-    """Elements per token the first layer backward visits (the model's last) recomputes
-    on top of the retained set: its checkpointed modules, or under full recompute the
-    widest layer's recompute and backward (``full_backward_width``)."""
+    """Elements per token the first layer backward visits (the model's last) holds on
+    top of the retained set and the incoming gradient, or under full recompute the
+    widest layer's recompute and backward (``full_backward_width``). Its FFN's backward
+    runs first and frees what it recomputed before the mixer's starts, so the larger of
+    the two phases: a dense MLP's backward buffers (``MLP_BACKWARD_COPIES x F/t``) with,
+    under an ``mlp`` checkpoint, the MLP's recomputed set beyond its kept input; an
+    attention mixer's flash backward (``flash_backward_width``: dq, its fp32 accumulator,
+    dk/dv expanded over every CP rank's tokens) with, under ``core_attn``, the recomputed
+    core. Rank simulator, Qwen3.5-4B TP1 ``core_attn+mlp`` (8,192 tokens): 60,419
+    elements per token of backward buffers = ``2H + 6F`` + 3; the dense CP 8 grid rows
+    without recompute peak in the flash backward. Until issue 11's last round the
+    checkpointed modules' recomputes were summed and neither workspace was priced (12
+    grid rows short in forward+backward)."""
     rc = inputs.recompute
     mixer, ffn = geometry.mixers[-1], geometry.mlps[-1]
     if rc.mode == "full":
         return full_backward_width(geometry, w, inputs)
-    width = 0
-    if rc.mode == "selective":
-        if "core_attn" in rc.modules and mixer == "attention":
-            width += w.attention_core
-        if "mlp" in rc.modules and ffn == "dense":
-            width += w.mlp_core
-        if "moe" in rc.modules and ffn == "moe":
-            width += w.moe - w.common
-    return width
+    selective = rc.modules if rc.mode == "selective" else ()
+    ffn_phase = 0  # the FFN's backward runs first and frees its recompute
+    if ffn == "dense":
+        ffn_phase = MLP_BACKWARD_COPIES * geometry.ffn // w.tp
+        if "mlp" in selective:
+            ffn_phase += w.mlp - w.layer_input
+    if "moe" in selective and ffn == "moe":
+        ffn_phase = w.moe - w.common
+    mixer_phase = 0
+    if mixer == "attention":
+        mixer_phase = flash_backward_width(inputs, w.tp)
+        if "core_attn" in selective:
+            mixer_phase += w.attention_core
+    return max(ffn_phase, mixer_phase)

@@ -19,7 +19,12 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.pricing.inputs import PricingInput
 from cpmem.pricing.recompute import Recompute
-from cpmem.pricing.tight import price_tight, priced_tokens, structural_terms
+from cpmem.pricing.tight import (
+    LOSS_BACKWARD_OUTPUTS,
+    price_tight,
+    priced_tokens,
+    structural_terms,
+)
 from cpmem.pricing.tight_widths import tight_widths
 
 CONFIGS = Path(__file__).resolve().parents[3] / "golden" / "simulated" / "configs"
@@ -251,3 +256,46 @@ def test_selective_mlp_transient_is_the_simulators_no_grad_pass() -> None:
     sim_rise = (2_248_146_944 - 1_300_234_240) / TOKENS / 2
     assert sim_rise == 57_856
     assert fwd["layer_transient"] / TOKENS / 2 == sim_rise
+
+
+def test_loss_backward_runs_over_the_returned_outputs_under_cp() -> None:
+    """``python -m oracles.rank_sim --model qwen3-1.7b --lengths 16384,16384 --tp 4 --cp 4
+    --rank 0 --recompute none``: rank 0 (9,728 tokens) backs the loss through the gathered
+    and unpacked outputs; its `backward` component at the forward+backward peak is
+    536,871,424 bytes, four bf16 copies of the 32,768 logical outputs (134,217,728 each),
+    not of its own 9,728. tight prices the measured driver's fp32 loss
+    (``LOSS_BACKWARD_OUTPUTS`` x the returned outputs), which covers it; it priced the
+    rank's share (201 MiB), 0.1% under the grid's bar on this row."""
+    g = _model("qwen3-1.7b")
+    ranks = (9728, 6656, 9728, 6656)
+    plan = explicit_plan(
+        ParallelLayout(tp=4, cp=4, sp=True),
+        logical_tokens=32_768,
+        packed_tokens=32_768,
+        grad_segments=2,
+        rank_tokens=ranks,
+        gdn_rank_tokens=ranks,
+    )
+    inputs = PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("none"), cold=False)
+    _, fb = structural_terms(inputs)
+    outputs = 32_768 * g.hidden * 2
+    assert inputs.outputs == outputs
+    assert fb["backward_transient"] == LOSS_BACKWARD_OUTPUTS * outputs
+    assert fb["backward_transient"] >= 536_871_424
+
+
+def test_last_layer_backward_runs_its_ffn_then_its_mixer() -> None:
+    """``python -m oracles.rank_sim --model qwen3.5-4b --rank-tokens 8192 --recompute
+    selective --modules core_attn+mlp --layers 4``: the `backward` component at the
+    forward+backward peak is 989,905,408 bytes, 60,419 elements per token: the last MLP's
+    recomputed set beyond its kept input (``H + 3F``), its backward buffers (``3F``) and
+    the incoming gradient (``H``) = ``2H + 6F`` = 60,416, plus 3 small. The attention
+    mixer's recompute and flash backward come after the MLP's are freed, so tight prices
+    the larger of the two phases, not their sum (it summed the modules' recomputes and
+    left out the backward buffers)."""
+    g = _model("qwen3.5-4b")
+    _, fb = structural_terms(_inputs(g, "selective", "core_attn+mlp"))
+    sim = 989_905_408 / TOKENS / 2
+    assert sim == pytest.approx(60_419, abs=0.5)
+    assert 2 * g.hidden + 6 * g.ffn == 60_416
+    assert abs(fb["backward_transient"] / TOKENS / 2 - sim) <= 16
