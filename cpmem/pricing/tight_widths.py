@@ -294,33 +294,47 @@ def _layers(geometry: ModelGeometry) -> list[tuple[str, str]]:
 
 def mlp_nograd_width(geometry: ModelGeometry, w: TightWidths, tp: int) -> int:
     """One dense MLP's peak in a pass without gradients (a selective ``mlp``
-    checkpoint's forward, full recompute, no-grad): its norm/LoRA input and residual
-    (``common``) and the gate‖up projection formed as base + LoRA delta + sum
-    (``LORA_SUM_COPIES x 2F/t``), or the SwiGLU's own set where wider."""
+    checkpoint's forward, full recompute, no-grad) beside its residual input (which a
+    selective checkpoint keeps; under full recompute it is mid-layer, live beside the
+    kept layer inputs): its norm output and SP-gathered LoRA input (``common`` less the layer input) and the
+    gate‖up projection formed as base + LoRA delta + sum (``LORA_SUM_COPIES x 2F/t``), or
+    the SwiGLU's own set where wider. Rank simulator, Qwen3.5-4B ``core_attn+mlp``,
+    8,192 tokens, the ``mlp`` component's rise at the forward peak: 57,856 elements per
+    token at TP1 (``H + 6F``), 31,488 at TP2 (``H + H/2 + 6F/2``)."""
     c = max(LORA_SUM_COPIES * 2, swiglu_saved(geometry, compiled=False))
-    return w.common + c * geometry.ffn // tp
+    return w.common - w.layer_input + c * geometry.ffn // tp
 
 
 def attention_nograd_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
-    """One attention mixer's peak without gradients: its norm/LoRA input and residual
-    (``common``) and the QKV projection formed as base + LoRA delta + sum
-    (``LORA_SUM_COPIES``); with fewer KV groups than TP ranks megatron all-gathers the
-    projection to full width (the gather buffer and its concatenation, two full-width
-    copies); under CP the gathered K/V. Rank simulator, Qwen3.5-4B TP8 (KV groups 4),
-    full recompute, 22,320 tokens: the forward peak holds 24,320 elements per token in the
-    last attention layer, where tight's saved set with gradients is 15,616."""
+    """One attention mixer's peak without gradients, beside the kept layer inputs: its
+    SP-gathered (or, at TP 1, plain) norm output ``H``, the local norm output being freed
+    once gathered and nothing being saved; then the larger of two moments: the QKV
+    projection formed as base + LoRA delta + sum (``LORA_SUM_COPIES x projection/t``),
+    and, with fewer KV groups than TP ranks, megatron's all-gather of the projection to
+    full width (the gather buffer and its concatenation, two full-width copies, beside
+    the local projection). Under CP the gathered K/V on top. Rank simulator, full
+    recompute, 8,192 tokens, the attention layer's forward peak per token (a test holds
+    them): Qwen3.5-4B TP8 24,320 = ``H + proj/t + 2 proj``; Qwen3.5-27B TP8 35,584;
+    Qwen3-Next-style TP4 22,784. Until issue 11's last round tight priced the layer's
+    ``common`` (the local norm output and its residual input too) and three LoRA copies
+    at the gather: +5,632 on the last."""
     q, kv, tp = geometry.q_width, geometry.kv_width, w.tp
     projection = (2 if geometry.attention_output_gate else 1) * q + 2 * kv
-    width = w.common + LORA_SUM_COPIES * projection // tp
+    moment = LORA_SUM_COPIES * projection // tp
     if geometry.kv_groups < tp:
-        width += 2 * projection
-    return width + gathered_kv_width(inputs, inputs.plan.layout.cp - 1)
+        moment = max(moment, projection // tp + 2 * projection)
+    gathered = gathered_kv_width(inputs, inputs.plan.layout.cp - 1)
+    return geometry.hidden + moment + gathered
 
 
 def gdn_nograd_width(geometry: ModelGeometry, w: TightWidths, tp: int) -> int:
     """One GDN mixer's peak without gradients, bounded by its saved set plus the chunked
     kernel's forward workspace (``GDN_FORWARD_WORKSPACE_V`` value-width tensors and one
-    ``dk x dv`` state per chunk and value head)."""
+    ``dk x dv`` state per chunk and value head). An envelope: the rank simulator's
+    fla-shaped kernel peaks below it (Qwen3-Next-style full recompute, 8,192 tokens, TP1:
+    57,824 elements per token where this is 63,552; TP2: 29,936 and 33,824), the
+    saved-tensor oracle's CPU kernel, with its fp32 temporaries, above it
+    (tests/oracle/test_tight_widths.py)."""
     return w.gdn + _gdn_workspace(geometry, GDN_FORWARD_WORKSPACE_V, 1) // tp
 
 
@@ -369,7 +383,8 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: Pri
         if "attention" in geometry.mixers:
             candidates.append(attention_nograd_width(geometry, w, inputs))
         if "dense" in geometry.mlps:
-            candidates.append(mlp_nograd_width(geometry, w, tp))
+            # the MLP's residual input is mid-layer: no checkpoint keeps it
+            candidates.append(mlp_nograd_width(geometry, w, tp) + w.layer_input)
         if geometry.is_hybrid:
             candidates.append(gdn_nograd_width(geometry, w, tp))
         return max(candidates)
@@ -381,7 +396,7 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, inputs: Pri
             # the checkpointed MLP's forward runs without gradients: its peak is the
             # LoRA'd gate-up projection as base + delta + sum (mlp_nograd_width,
             # LORA_SUM_COPIES) beside the residual input the checkpoint keeps
-            width += mlp_nograd_width(geometry, w, tp) - w.layer_input
+            width += mlp_nograd_width(geometry, w, tp)
         if "moe" in rc.modules and geometry.moe_layers:
             width += w.moe - w.common
     return width

@@ -299,3 +299,28 @@ def test_last_layer_backward_runs_its_ffn_then_its_mixer() -> None:
     assert sim == pytest.approx(60_419, abs=0.5)
     assert 2 * g.hidden + 6 * g.ffn == 60_416
     assert abs(fb["backward_transient"] / TOKENS / 2 - sim) <= 16
+
+
+# python -m oracles.rank_sim --model M --rank-tokens 8192 --tp T --recompute full --json:
+# the `attention` component at the forward peak / 8,192 / 2 (the last attention layer's
+# no-grad pass; fewer KV groups than TP ranks, so megatron all-gathers the projection)
+ATTENTION_NO_GRAD = [
+    ("qwen3.5-4b", 8, 24_320),
+    ("qwen3.5-27b", 8, 35_584),
+    ("qwen3-next-style-dense", 4, 22_784),
+]
+
+
+@pytest.mark.parametrize(("model", "tp", "sim"), ATTENTION_NO_GRAD)
+def test_attention_no_grad_pass_is_the_simulators(model: str, tp: int, sim: int) -> None:
+    """The gathered norm output ``H``, then the larger of the LoRA'd projection's three
+    copies and the all-gather's two full-width copies beside the local projection:
+    exactly the simulator's peak. tight priced the layer's ``common`` and three copies at
+    the gather (+3,200 to +5,632 per token)."""
+    from cpmem.pricing.tight_widths import attention_nograd_width
+
+    g = _model(model)
+    plan = _plan(ParallelLayout(tp=tp, cp=1, sp=True), (TOKENS,))
+    inputs = PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("full"), cold=False)
+    assert g.kv_groups < tp
+    assert attention_nograd_width(g, tight_widths(g, inputs), inputs) == sim
