@@ -69,6 +69,18 @@ eager and compiled, 1,160 elements per token per layer above the simulator where
 priced on ungated attention only (the gated 27B/4B match the simulator within 1%)."""
 
 
+UNGATED_GROUP_COPY_Q = 1
+"""Q-multiples of the query's per-group copy on ungated attention where the rank holds
+more than one query group: megatron-core 0.16's ``get_query_key_value_tensors`` splits
+the per-group QKV projection and reshapes the query to heads, which copies when the
+groups interleave (one group per rank: a view). The rank simulator keeps it
+(Qwen3-32B-style, 4,096 tokens, ``core_attn``: ``3Q + 3KV`` + this at TP1, ``3Q + 3KV``
+at TP8, one group per rank); every measured ungated cell (Qwen3-1.7B TP2 and CP2: 4 and
+8 groups per rank) holds it and ``UNGATED_RUNTIME_Q`` besides. Not priced on gated
+attention: the measured 4B cells with more than one group per rank hold less than the
+simulator's copy (``GATE_SIGMOID_Q``)."""
+
+
 MLP_BACKWARD_COPIES = 3
 """F-multiples the MLP's backward holds on top of its saved set: the down projection's
 input gradient formed as the frozen base's gradient plus the LoRA's, summed
@@ -268,18 +280,24 @@ def attention_core_width(geometry: ModelGeometry, tp: int, eager_none: bool) -> 
     Gated (megatron-core 0.16's ``SelfAttention`` as the rank simulator runs it): the
     QKV+gate projection output (``2Q + 2KV``; K and V are views of it), the roped q and k,
     the kernel output, and the output gate's fp32 sigmoid and gated output
-    (``GATE_SIGMOID_Q``) -> ``7Q + 3KV``. Ungated: the oracle's CPU flash kernel keeps
-    ``3Q + 3KV``, the measured runtime two more Q-wide copies (eager and compiled alike:
-    the 1.7B compiled/eager gap is exactly the SwiGLU's ``2F/t``) -> ``5Q + 3KV``, one
-    Q (``UNGATED_RUNTIME_Q``) beyond the rank simulator's ``4Q + 3KV``. The simulator
-    also copies the query across a rank's query groups (``Q/t`` where a rank holds more
-    than one group); tight does not price it (see ``GATE_SIGMOID_Q``). Eager gated
+    (``GATE_SIGMOID_Q``) -> ``7Q + 3KV``; the simulator also copies the query across a
+    rank's query groups, which tight does not price on gated attention (see
+    ``GATE_SIGMOID_Q``). Ungated: the oracle's CPU flash kernel keeps ``3Q + 3KV``, the
+    measured runtime two more Q-wide copies (eager and compiled alike: the 1.7B
+    compiled/eager gap is exactly the SwiGLU's ``2F/t``) where the rank holds more than
+    one query group -> ``5Q + 3KV``: the per-group query copy the simulator keeps too
+    (``UNGATED_GROUP_COPY_Q``; a view with one group per rank) and one Q beyond it
+    (``UNGATED_RUNTIME_Q``). Eager gated
     attention outside a ``core_attn`` checkpoint also keeps ``EAGER_NONE_GATED``. With
     fewer KV groups than TP ranks the replicated-QKV LoRA path adds the rest of the
     full-width projection."""
     q, kv = geometry.q_width, geometry.kv_width
     gated = geometry.attention_output_gate
-    g = 5 + GATE_SIGMOID_Q if gated else 4 + UNGATED_RUNTIME_Q
+    if gated:
+        g = 5 + GATE_SIGMOID_Q
+    else:
+        groups_per_rank = geometry.kv_groups // tp if geometry.kv_groups >= tp else 1
+        g = 3 + UNGATED_RUNTIME_Q + (UNGATED_GROUP_COPY_Q if groups_per_rank > 1 else 0)
     core = (g * q + 3 * kv) // tp
     if gated and eager_none:
         core += EAGER_NONE_GATED * q // tp

@@ -324,3 +324,23 @@ def test_attention_no_grad_pass_is_the_simulators(model: str, tp: int, sim: int)
     inputs = PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("full"), cold=False)
     assert g.kv_groups < tp
     assert attention_nograd_width(g, tight_widths(g, inputs), inputs) == sim
+
+
+def test_ungated_query_copy_only_where_a_rank_holds_several_groups() -> None:
+    """Qwen3-32B-style (8 KV groups) at TP8, ``core_attn``, 4,096 tokens: the simulator's
+    attention keeps 80,899,072 bytes per layer (its `attention` component with 4 layers
+    less with 2, halved), 9,875.4 elements per token = ``common + (3Q + 3KV)/t`` + the
+    softmax statistics: one query group per rank, so the query's reshape is a view and
+    no per-group copy. tight prices that plus the measured runtime's ``Q/t``; at TP1
+    (8 groups per rank) the copy as well (it priced the copy at every TP)."""
+    g = _model("qwen3-32b-style")
+    plan = _plan(ParallelLayout(tp=8, cp=1, sp=True), (4096,))
+    inputs = PricingInput(
+        geometry=g, plan=plan, recompute=Recompute.parse("selective", "core_attn"), cold=False
+    )
+    sim = 80_899_072 / 4096 / 2
+    q_t = g.q_width // 8
+    w = tight_widths(g, inputs)
+    assert -32 <= w.attention - (sim + q_t) <= 0
+    tp1 = tight_widths(g, _inputs(g, "selective", "core_attn"))
+    assert tp1.attention_core == (5 * g.q_width + 3 * g.kv_width)
