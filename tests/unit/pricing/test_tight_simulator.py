@@ -267,15 +267,8 @@ def test_loss_backward_runs_over_the_returned_outputs_under_cp() -> None:
     (``LOSS_BACKWARD_OUTPUTS`` x the returned outputs), which covers it; it priced the
     rank's share (201 MiB), 0.1% under the grid's bar on this row."""
     g = _model("qwen3-1.7b")
-    ranks = (9728, 6656, 9728, 6656)
-    plan = explicit_plan(
-        ParallelLayout(tp=4, cp=4, sp=True),
-        logical_tokens=32_768,
-        packed_tokens=32_768,
-        grad_segments=2,
-        rank_tokens=ranks,
-        gdn_rank_tokens=ranks,
-    )
+    # the two sequences' segments matter only to GDN layers: one segment will do here
+    plan = _plan(ParallelLayout(tp=4, cp=4, sp=True), (9728, 6656, 9728, 6656))
     inputs = PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("none"), cold=False)
     _, fb = structural_terms(inputs)
     outputs = 32_768 * g.hidden * 2
