@@ -32,27 +32,10 @@ export PYTHONUNBUFFERED=1
 exec > >(tee -a "$LOG") 2>&1
 
 echo "== h200_check $(date -u +%Y-%m-%dT%H:%M:%SZ) budget ${BUDGET_S}s"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  echo "installing carried wheels from .whl/"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-# cpmem is pure Python: import it from the checkout instead of installing it.
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-"$PY" - <<'PY'
-import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda)
-assert torch.cuda.is_available(), "no CUDA device visible"
-print("device", torch.cuda.get_device_name(0))
-PY
-HAVE_MEGATRON=0
-"$PY" -c "import megatron.core" 2>/dev/null && HAVE_MEGATRON=1
-HAVE_FLA=0
-"$PY" -c "from fla.ops.gated_delta_rule import chunk_gated_delta_rule" 2>/dev/null && HAVE_FLA=1
-echo "megatron-core: $HAVE_MEGATRON  flash-linear-attention: $HAVE_FLA"
-[[ -n "${CPMEM_SOURCE_COMMIT:-}" ]] || echo "warning: CPMEM_SOURCE_COMMIT unset and no .git: rows get no source_commit"
+source "$(dirname "$0")/device_env.sh"
+install_carried_wheels
+require_cuda
+detect_packages
 
 CELLS_DIR="$(mktemp -d /tmp/native-cells.XXXX)"
 FAILED=0

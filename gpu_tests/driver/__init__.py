@@ -24,6 +24,10 @@ prices. Rows follow the golden schema (``golden/schema.json``, rows.py); the dri
 never writes to ``golden/`` (``cpmem.golden.importer.append_rows`` does). On CPU no
 memory figure is meaningful: peaks are left empty and the row is marked ``device=cpu``.
 
+``history.py`` (``python -m gpu_tests.driver.history SNAPSHOT``) analyses the snapshots
+``--memory-history`` records: which tensors are live at the forward peak. It is not
+imported here, so that running it as a module does not import it twice.
+
 The names below are the driver's importable interface (tests use them); each lives in
 the module named beside it.
 """

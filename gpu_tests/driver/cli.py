@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", default="1234", help="random seed of weights and inputs")
     p.add_argument("--source-commit", default=None, help="git revision if .git is absent")
     p.add_argument("--out", default=None, help="directory for rows.csv and summary.json")
+    p.add_argument(
+        "--memory-history",
+        default=None,
+        metavar="FILE",
+        help="CUDA: record one extra, unmeasured step of rank 0 as a memory-history snapshot"
+        " (a bare file name goes into --out; analyse with python -m gpu_tests.driver.history)",
+    )
     p.add_argument("--timeout", default="900", help="seconds before worker ranks are killed")
     return p
 

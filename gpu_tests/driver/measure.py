@@ -14,6 +14,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from cpmem.errors import InputError
@@ -28,6 +29,8 @@ from .spec import CellSpec, cell_geometry, cell_plan
 from .torchlib import load_torch
 
 REPETITIONS = 2
+# Trace entries kept by --memory-history (a ring buffer: the oldest are overwritten).
+HISTORY_MAX_ENTRIES = 2_000_000
 
 
 @dataclass
@@ -52,28 +55,50 @@ class RankSample:
     gdn_fallback_saved_bytes: int | None = None
     gdn_fallback_total_saved_bytes: int | None = None
     gdn_fla_equivalent_saved_bytes: int | None = None
+    # The caching allocator's own figures beside the block-size ones above: the bytes
+    # callers asked for (``requested_bytes``: before the allocator rounds a request up
+    # to its block) at the forward peak and after forward, over the same baseline. The
+    # difference is allocator rounding, a fixed cost per live tensor the estimator does
+    # not price (the 27B short cells' unexplained 35-130 MiB, docs/tight.md).
+    forward_peak_requested_bytes: int | None = None
+    retained_requested_bytes: int | None = None
 
 
 def measure_step(
-    forward: Callable[[], Any], adapters: Sequence[Any], device: Any, rank: int, rep: int
+    forward: Callable[[], Any],
+    adapters: Sequence[Any],
+    device: Any,
+    rank: int,
+    rep: int,
+    after_forward: Callable[[], None] | None = None,
 ) -> RankSample:
-    """One forward + MSE-on-hidden backward; CUDA peaks relative to the pre-forward baseline."""
+    """One forward + MSE-on-hidden backward; CUDA peaks relative to the pre-forward baseline.
+
+    ``after_forward`` runs once the forward figures are taken (the history marker).
+    """
     torch = load_torch()
     for p in adapters:
         p.grad = None
     gc.collect()
     cuda = device.type == "cuda"
-    base = avail = fwd = kept = fwbw = None
+    base = avail = fwd = kept = fwbw = base_requested = None
     if cuda:
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
+        base_requested = _requested(torch, device, "current")
         avail = torch.cuda.mem_get_info(device)[0]
         torch.cuda.reset_peak_memory_stats(device)
     hidden = forward()
+    fwd_requested = kept_requested = None
     if cuda:
         torch.cuda.synchronize(device)
         fwd = torch.cuda.max_memory_allocated(device) - base
         kept = torch.cuda.memory_allocated(device) - base
+        if base_requested is not None:
+            fwd_requested = _requested(torch, device, "peak") - base_requested
+            kept_requested = _requested(torch, device, "current") - base_requested
+    if after_forward is not None:
+        after_forward()
     loss = hidden.float().pow(2).mean()
     loss.backward()
     if cuda:
@@ -96,9 +121,68 @@ def measure_step(
         adapter_grads_present=len(present),
         adapter_grads_finite=all(bool(torch.isfinite(gr).all()) for gr in present),
         adapter_grads_nonzero=sum(1 for gr in present if bool(gr.abs().sum() > 0)),
+        forward_peak_requested_bytes=fwd_requested,
+        retained_requested_bytes=kept_requested,
     )
     del hidden, loss
     return sample
+
+
+def _requested(torch: Any, device: Any, which: str) -> int | None:
+    """The allocator's ``requested_bytes`` (current or peak), None where this torch's
+    ``memory_stats`` has no such figure."""
+    value = torch.cuda.memory_stats(device).get(f"requested_bytes.all.{which}")
+    return None if value is None else int(value)
+
+
+def cpmem_forward_end(device: Any) -> None:
+    """Allocate (and free) one element: its frame marks the forward's end in a history.
+
+    The name is history.FORWARD_END_MARKER; the analyser splits forward from backward
+    at the first allocation made here.
+    """
+    load_torch().empty(1, device=device)
+
+
+def record_history_step(
+    forward: Callable[[], Any], adapters: Sequence[Any], device: Any, rank: int, path: str
+) -> list[str]:
+    """One extra, unmeasured step after the measured ones; rank 0 records its history.
+
+    Why an extra step: the measured repetitions stay exactly as without the flag.
+    Every rank runs it (their collectives must match); only rank 0 records, with python
+    stacks only (C++ stacks can take minutes to symbolise at dump time). Its own peaks go
+    into the note: the history's forward peak should equal its forward figure. A failed
+    dump is a note, not a failed cell. Returns the notes for the summary.
+    """
+    torch = load_torch()
+    if device.type != "cuda":
+        return [f"memory history not recorded: no CUDA device ({path})"]
+    record = rank == 0
+    if record:
+        torch.cuda.memory._record_memory_history(
+            "all", context="all", stacks="python", max_entries=HISTORY_MAX_ENTRIES
+        )
+    try:
+        s = measure_step(
+            forward, adapters, device, rank, REPETITIONS, lambda: cpmem_forward_end(device)
+        )
+        if not record:
+            return []
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(path)
+        except (OSError, RuntimeError) as exc:
+            return [f"memory history of rank 0 could not be written to {path}: {exc}"]
+    finally:
+        if record:
+            torch.cuda.memory._record_memory_history(None)
+    return [
+        f"memory history: rank 0's extra, unmeasured step (repetition {REPETITIONS}, after "
+        f"the {REPETITIONS} measured ones; forward peak {s.forward_peak_bytes} B, "
+        f"forward+backward {s.forward_backward_peak_bytes} B) recorded to {path}; "
+        "analyse with python -m gpu_tests.driver.history"
+    ]
 
 
 def _pick_device(spec: CellSpec, local_rank: int) -> Any:
@@ -212,6 +296,8 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
             s.gdn_fla_equivalent_saved_bytes = fla
             s.gdn_fallback_saved_bytes = total - fla
         samples.append(asdict(s))
+    if spec.memory_history is not None:
+        notes.extend(record_history_step(forward, adapters, device, rank, spec.memory_history))
     result = {
         "rank": rank,
         "device": device.type,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from cpmem.api import estimate as cpmem_estimate
@@ -46,6 +47,8 @@ class CellSpec:
     device: str = "auto"
     seed: int = 1234
     source_commit: str | None = None
+    # Absolute path of a CUDA memory-history snapshot to record (measure.py), or None.
+    memory_history: str | None = None
 
     @property
     def world(self) -> int:
@@ -104,6 +107,9 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
     commit = args.source_commit
     if commit is not None and not is_hex(commit, 40):
         raise InputError("source_commit", commit, "must be a 40-hex git revision")
+    history = getattr(args, "memory_history", None)
+    if history is not None:
+        history = history_path(history, getattr(args, "out", None))
     spec = CellSpec(
         model=args.model,
         config=args.config,
@@ -119,8 +125,27 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
         device=args.device,
         seed=seed,
         source_commit=commit,
+        memory_history=history,
     )
     return validate_spec(spec)
+
+
+def history_path(text: str, out: str | None) -> str:
+    """Where ``--memory-history`` writes: a bare file name goes into ``--out`` (if given).
+
+    Any other path is taken relative to the working directory. The result is absolute,
+    so that worker ranks started elsewhere write to the same place.
+    """
+    name = str(text).strip()
+    path = Path(name)
+    if out is not None and len(path.parts) == 1:
+        path = Path(out) / path
+    if not name or name.endswith(("/", "\\")) or path.is_dir():
+        raise InputError("memory_history", text, "must be a file path, not a directory")
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise InputError("memory_history", text, f"{parent} is not a directory")
+    return str(path.resolve())
 
 
 def validate_spec(spec: CellSpec) -> CellSpec:
