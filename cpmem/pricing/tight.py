@@ -25,7 +25,7 @@ from cpmem.pricing.registry import register_policy
 from cpmem.pricing.tight_widths import (
     forward_transient_width,
     kept_width,
-    last_layer_recompute_width,
+    last_layer_backward_width,
     tight_widths,
 )
 from cpmem.units import MIB
@@ -272,8 +272,8 @@ def structural_terms(
     backward = 0
     if terms.backward and inputs.recompute.keeps_gradients:
         local = local_outputs(inputs)
-        recompute = tokens * b * last_layer_recompute_width(geometry, w, inputs)
-        backward = max(LOSS_BACKWARD_OUTPUTS * outputs, local + recompute)
+        last_layer = tokens * b * last_layer_backward_width(geometry, w, inputs)
+        backward = max(LOSS_BACKWARD_OUTPUTS * outputs, local + last_layer)
         if cold_autotune(inputs, terms):
             # timed inside a GDN layer's backward: the loss's buffers are gone by then
             backward = max(backward, local + CP_HYBRID_BACKWARD_AUTOTUNE)

@@ -314,9 +314,9 @@ def mlp_nograd_width(geometry: ModelGeometry, w: TightWidths, tp: int) -> int:
     """One dense MLP's peak in a pass without gradients (a selective ``mlp``
     checkpoint's forward, full recompute, no-grad) beside its residual input (which a
     selective checkpoint keeps; under full recompute it is mid-layer, live beside the
-    kept layer inputs): its norm output and SP-gathered LoRA input (``common`` less the layer input) and the
-    gate‖up projection formed as base + LoRA delta + sum (``LORA_SUM_COPIES x 2F/t``), or
-    the SwiGLU's own set where wider. Rank simulator, Qwen3.5-4B ``core_attn+mlp``,
+    kept layer inputs): its norm output and SP-gathered LoRA input (``common`` less the
+    layer input) and the gate‖up projection formed as base + LoRA delta + sum
+    (``LORA_SUM_COPIES x 2F/t``), or the SwiGLU's own set where wider. Rank simulator, Qwen3.5-4B ``core_attn+mlp``,
     8,192 tokens, the ``mlp`` component's rise at the forward peak: 57,856 elements per
     token at TP1 (``H + 6F``), 31,488 at TP2 (``H + H/2 + 6F/2``)."""
     c = max(LORA_SUM_COPIES * 2, swiglu_saved(geometry, compiled=False))
@@ -466,9 +466,7 @@ def flash_backward_width(inputs: PricingInput, tp: int) -> int:
     return (FLASH_BACKWARD_DQ_Q + 2 * inputs.plan.layout.cp) * q // tp
 
 
-def last_layer_recompute_width(
-    geometry: ModelGeometry, w: TightWidths, inputs: PricingInput
-) -> int:
+def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, inputs: PricingInput) -> int:
     """Elements per token the first layer backward visits (the model's last) holds on
     top of the retained set and the incoming gradient, or under full recompute the
     widest layer's recompute and backward (``full_backward_width``). Its FFN's backward
