@@ -95,12 +95,26 @@ class Priced:
         sims = self.row.rank_forward
         return sims[self.policy_busiest] >= (1 - BUSIEST_TOLERANCE) * max(sims)
 
+    @property
+    def uncovered_ranks(self) -> list[int]:
+        """CP ranks whose own forward figure is below their simulated peak (with the
+        family's allowance): a policy that repeats the busiest figure covers every rank
+        its busiest covers; one that prices ranks apart must cover each."""
+        fam = family(self.inputs.geometry)
+        per = self.estimate.per_rank_bytes
+        return [
+            r
+            for r, sim in enumerate(self.row.rank_forward)
+            if per[r] < required(sim, "forward", fam)
+        ]
+
 
 @dataclass(frozen=True)
 class SimTarget:
     """A bound a policy declares on the grid rows ``selects`` picks: every selected row
-    covered (``coverage``), headroom at most ``bound`` (``headroom``), or the policy's
-    busiest rank agreeing with the simulator's (``busiest``)."""
+    covered (``coverage``), headroom at most ``bound`` (``headroom``), the policy's
+    busiest rank agreeing with the simulator's (``busiest``), or every CP rank's own
+    forward figure covering that rank's simulated peak (``ranks``)."""
 
     name: str
     selects: Callable[[PricingInput], bool]
@@ -115,6 +129,8 @@ class SimTarget:
             return f"max headroom <= {self.bound:+.1%}"
         if self.kind == "busiest":
             return f"busiest rank within {BUSIEST_TOLERANCE:.0%}"
+        if self.kind == "ranks":
+            return "every rank covered"
         return "coverage 100%"
 
 
@@ -130,6 +146,10 @@ def _cp(inputs: PricingInput) -> bool:
     return inputs.plan.layout.cp > 1
 
 
+def _cp_non_moe(inputs: PricingInput) -> bool:
+    return _cp(inputs) and _non_moe(inputs)
+
+
 SIMULATED_TARGETS: dict[str, tuple[SimTarget, ...]] = {
     "tight": (
         SimTarget("every dense/hybrid row, forward", _non_moe, "coverage", "forward"),
@@ -140,6 +160,7 @@ SIMULATED_TARGETS: dict[str, tuple[SimTarget, ...]] = {
             "dense/hybrid >= 2,048 tokens, forward", _non_moe_long, "headroom", "forward", 0.08
         ),
         SimTarget("CP > 1 rows, busiest rank", _cp, "busiest"),
+        SimTarget("CP > 1 dense/hybrid rows, every rank", _cp_non_moe, "ranks"),
     ),
     "reference": (
         SimTarget("dense/hybrid rows the runtime discounts CP on", cp_discounted, "coverage"),
@@ -170,6 +191,17 @@ def measure(target: SimTarget, priced: Sequence[Priced]) -> dict[str, Any]:
     if target.kind == "busiest":
         failing = [p.row.config_id for p in sel if not p.busiest_agrees]
         return {**out, "met": not failing, "agreeing": len(sel) - len(failing), "failing": failing}
+    if target.kind == "ranks":
+        failing = [p.row.config_id for p in sel if p.uncovered_ranks]
+        samples = sum(len(p.row.rank_forward) for p in sel)
+        short = sum(len(p.uncovered_ranks) for p in sel)
+        return {
+            **out,
+            "met": not failing,
+            "rank_samples": samples,
+            "ranks_covered": samples - short,
+            "failing": failing,
+        }
     if any(p.got(target.figure) is None for p in sel):
         return {**out, "met": False, "failing": [], "problem": "the policy does not price it"}
     heads = [(p.headroom(target.figure) or 0.0, p.row.config_id, p) for p in sel]
@@ -282,6 +314,8 @@ def run_simulated(
         "rows": len(cp_rows),
         "agreeing": sum(1 for p in cp_rows if p.busiest_agrees),
         "per_rank_priced": any(len(set(p.estimate.per_rank_bytes)) > 1 for p in cp_rows),
+        "rank_samples": sum(len(p.row.rank_forward) for p in cp_rows),
+        "ranks_covered": sum(len(p.row.rank_forward) - len(p.uncovered_ranks) for p in cp_rows),
         "disagreeing": [
             {
                 "config_id": p.row.config_id,

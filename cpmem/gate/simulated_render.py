@@ -23,7 +23,10 @@ def summary_line(report: Mapping[str, Any]) -> str:
             f" median {pct(c['median_headroom'])}, max {pct(c['max_headroom'])})"
         )
     b = report["busiest_rank"]
-    parts.append(f"busiest rank agrees on {b['agreeing']}/{b['rows']} CP rows")
+    parts.append(
+        f"busiest rank agrees on {b['agreeing']}/{b['rows']} CP rows, "
+        f"{b['ranks_covered']}/{b['rank_samples']} CP rank-samples covered by their own figure"
+    )
     tg = report["targets"]
     if tg["declared"]:
         parts.append(
@@ -41,6 +44,15 @@ def summary_line(report: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _target_figure(t: Mapping[str, Any]) -> str:
+    """One target's figure: agreement, rank-samples covered, or the headroom range."""
+    if t["kind"] == "busiest":
+        return f"{t.get('agreeing')}/{t['rows']} agree"
+    if t["kind"] == "ranks":
+        return f"{t.get('ranks_covered')}/{t.get('rank_samples')} rank-samples covered"
+    return f"min {pct(t.get('min_headroom'))}, max {pct(t.get('max_headroom'))}"
+
+
 def render(report: Mapping[str, Any]) -> str:
     """Plain-text report: summary, targets, failing rows, breakdown tables."""
     lines = [report["summary"], ""]
@@ -56,11 +68,7 @@ def render(report: Mapping[str, Any]) -> str:
     )
     for t in report["targets"]["targets"]:
         status = "PASS" if t["met"] else "FAIL"
-        extra = t.get("problem") or (
-            f"max headroom {pct(t.get('max_headroom'))}, min {pct(t.get('min_headroom'))}"
-            if t["kind"] != "busiest"
-            else f"{t.get('agreeing')}/{t['rows']} agree"
-        )
+        extra = t.get("problem") or _target_figure(t)
         lines.append(f"  [{status}] {t['target']} ({t['figure']}) [{t['bound']}]: {extra}")
         for cid in t["failing"][:8]:
             lines.append(f"      - {cid}")
@@ -100,11 +108,7 @@ def markdown(reports: Sequence[Mapping[str, Any]]) -> str:
             lines += ["| target | figure | bound | rows | met | worst / agreeing | missed on |"]
             lines += ["| --- | --- | --- | --: | --- | --- | --: |"]
             for t in rep["targets"]["targets"]:
-                worst = (
-                    f"{t.get('agreeing')}/{t['rows']} agree"
-                    if t["kind"] == "busiest"
-                    else f"min {pct(t.get('min_headroom'))}, max {pct(t.get('max_headroom'))}"
-                )
+                worst = _target_figure(t)
                 lines.append(
                     f"| {t['target']} | {t['figure']} | {t['bound']} | {t['rows']} | "
                     f"{'yes' if t['met'] else '**no**'} | {t.get('problem') or worst} | "

@@ -53,7 +53,7 @@ BUSIEST_TOLERANCE = 0.01
 the simulator's busiest."""
 
 Figure = Literal["forward", "forward_backward"]
-Kind = Literal["coverage", "headroom", "busiest"]
+Kind = Literal["coverage", "headroom", "busiest", "ranks"]
 
 
 class SimulatedDataError(CpmemError, ValueError):

@@ -125,15 +125,20 @@ def rank_segments(inputs: PricingInput) -> int:
     A layout that places whole prefix-tree segments (the ``gdn-segments`` planner, and
     explicit plans, taken to come from such a runtime as the measured one) leaves at
     least one segment on each other CP rank: the busiest holds at most
-    segments - (CP - 1), and at least one. Planners that cut every sequence across all
-    ranks (``balanced``, ``attention-work``) leave every segment's state on every rank.
+    segments - (CP - 1), and at least one. With fewer segments than CP ranks no layout
+    can place them whole: segments are cut, and a rank's run can hold a piece of every
+    one of them (the simulator's ``qwen3.5-27b:tp2:cp8:pack4-uneven`` puts pieces of two
+    on its busiest rank and on its last; this bound gave one). Planners that cut every
+    sequence across all ranks (``balanced``, ``attention-work``) leave every segment's
+    state on every rank.
     """
     if not inputs.recompute.keeps_gradients:
         return 0
     segments = inputs.plan.grad_segments
-    whole_segments = inputs.plan.planner in ("gdn-segments", "explicit")
+    cp = inputs.plan.layout.cp
+    whole_segments = inputs.plan.planner in ("gdn-segments", "explicit") and segments >= cp
     if busiest_priced(inputs) and segments and whole_segments:
-        return max(1, segments - (inputs.plan.layout.cp - 1))
+        return max(1, segments - (cp - 1))
     return segments
 
 
@@ -174,15 +179,21 @@ def local_outputs(inputs: PricingInput) -> int:
     return inputs.outputs // cp if cp > 1 else inputs.outputs
 
 
-def cp_gathered_kv_bytes(inputs: PricingInput) -> int:
+def cp_gathered_kv_bytes(inputs: PricingInput, tokens: int | None = None) -> int:
     """K and V of every other CP rank, all-gathered inside the core attention (padded to
     the largest rank's count, priced at the priced tokens) and saved by the flash kernel
     for backward, beyond the local K/V the widths already hold (``cpmem.pricing.gathered``:
     only where no ``core_attn`` checkpoint drops them; under full recompute one layer
     holds them at a time, priced in that layer's width). The simulated grid's dense CP 8
     rows without recompute miss by up to 7% without it (docs/simulated-grid.md). Measured
-    only on the 4B CP 2 cells without recompute, where it is 0.6% of the peak."""
-    return gathered_kv_bytes(inputs, priced_tokens(inputs), inputs.plan.layout.cp - 1)
+    only on the 4B CP 2 cells without recompute, where it is 0.6% of the peak. For a
+    rank of ``tokens`` below the largest, its own slot of the padded buffer too (the
+    widths hold only its ``tokens``): the simulator's small ranks of the skewed CP 4/8
+    rows without recompute were 2-3% under without it."""
+    busiest = priced_tokens(inputs)
+    own_padding = 0 if tokens is None else max(0, busiest - tokens)
+    remote = gathered_kv_bytes(inputs, busiest, inputs.plan.layout.cp - 1)
+    return remote + gathered_kv_bytes(inputs, own_padding, 1)
 
 
 def gathered_outputs_bytes(inputs: PricingInput, tokens: int) -> int:
@@ -221,13 +232,16 @@ def rope_table_bytes(inputs: PricingInput, tokens: int) -> int:
 
 
 def structural_terms(
-    inputs: PricingInput, terms: TightTerms | None = None
+    inputs: PricingInput, terms: TightTerms | None = None, tokens: int | None = None
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """The unmargined forward components and forward+backward components.
+    """The unmargined forward components and forward+backward components of the rank
+    holding ``tokens`` model tokens (default: the priced, busiest rank's).
 
     forward = retained set + one layer's transient; forward+backward = retained set +
     the larger of that transient and the backward's first moment (the loss's backward,
-    or the last layer's recompute on top of the incoming gradient).
+    or the last layer's backward on top of the incoming gradient). What every rank pads
+    to the largest rank's count (the gathered outputs and K/V) is priced at the busiest
+    rank's count whichever rank is asked for.
     """
     terms = terms or TightTerms()
     geometry = inputs.geometry
@@ -236,14 +250,15 @@ def structural_terms(
     plan = inputs.plan
     b = inputs.dtype_bytes
     w = tight_widths(geometry, inputs, tp1=terms.tp1_widths)
-    tokens = priced_tokens(inputs)
+    busiest = priced_tokens(inputs)
+    tokens = busiest if tokens is None else tokens
     segments = rank_segments(inputs) if terms.segment_states else 0
     one_layer_passes = inputs.recompute.mode in ("full", "no-grad")
     # under full recompute a layer's segment states live only while it (re)runs
     state_layers = min(1, geometry.gdn_layers) if one_layer_passes else geometry.gdn_layers
     seg = state_layers * tight_segment_state_bytes(geometry, segments, plan.layout.tp, b)
     outputs = inputs.outputs
-    gathered_outputs = gathered_outputs_bytes(inputs, tokens)
+    gathered_outputs = gathered_outputs_bytes(inputs, busiest)
     transient = tokens * b * forward_transient_width(geometry, w, inputs)
     if one_layer_passes:
         # the outputs are formed after the last layer's pass: the forward peak is the
@@ -266,7 +281,7 @@ def structural_terms(
     rope = rope_table_bytes(inputs, tokens)
     if rope:  # a component only where the model has attention layers
         forward["rope_tables"] = rope
-    gathered_kv = cp_gathered_kv_bytes(inputs)
+    gathered_kv = cp_gathered_kv_bytes(inputs, tokens)
     if gathered_kv:  # a component only where it applies (CP without core_attn recompute)
         forward["cp_gathered_kv"] = gathered_kv
     backward = 0
@@ -304,6 +319,26 @@ def _with_margin(base: dict[str, int], factor: float, allowance: int) -> dict[st
     return out
 
 
+def rank_forward_bytes(
+    inputs: PricingInput, margin: Margin = MARGIN, terms: TightTerms | None = None
+) -> tuple[int, ...]:
+    """Each CP rank's forward estimate at its own model tokens (``Plan.rank_tokens``):
+    what it keeps and its one-layer transient follow its own count, what every rank
+    pads to the largest count does not. Under CP the ranks own uneven shares, and a
+    caller placing work across ranks wants each rank's figure, not the busiest's
+    repeated. The busiest rank's is the estimate (the priced count)."""
+    if not busiest_priced(inputs):
+        return (_margined_forward(inputs, margin, terms, None),) * inputs.plan.layout.cp
+    return tuple(_margined_forward(inputs, margin, terms, n) for n in inputs.plan.rank_tokens)
+
+
+def _margined_forward(
+    inputs: PricingInput, margin: Margin, terms: TightTerms | None, tokens: int | None
+) -> int:
+    forward, _ = structural_terms(inputs, terms, tokens)
+    return sum(_with_margin(forward, margin.forward_factor, margin.forward_allowance).values())
+
+
 def price_tight(
     inputs: PricingInput, margin: Margin = MARGIN, terms: TightTerms | None = None
 ) -> Estimate:
@@ -329,7 +364,7 @@ def price_tight(
         estimate_bytes=estimate,
         busiest_rank=plan.busiest_rank if busiest_priced(inputs) else 0,
         busiest_tokens=tokens,
-        per_rank_bytes=tuple(estimate for _ in range(layout.cp)),
+        per_rank_bytes=rank_forward_bytes(inputs, margin, terms),
         components=components,
         packed_tokens=plan.packed_tokens,
         logical_tokens=plan.logical_tokens,

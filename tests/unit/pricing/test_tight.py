@@ -257,3 +257,18 @@ def test_segment_discount_only_for_layouts_that_place_whole_segments() -> None:
     one_state = per_segment // 2  # tight keeps 2n - 1 states for n segments (tight.py)
     assert whole.components["segment_states"] == (2 * (3 - 1) - 1) * one_state
     assert zigzag.components["segment_states"] == (2 * 3 - 1) * one_state
+
+
+def test_no_segment_discount_when_segments_must_be_cut() -> None:
+    """With fewer segments than CP ranks no layout places them whole: a rank's run can
+    hold a piece of each (the simulator's ``qwen3.5-27b:tp2:cp8:pack4-uneven`` puts
+    pieces of two on its busiest rank, where ``segments - (CP - 1)`` gave one)."""
+    from cpmem.api import estimate
+
+    lengths = [12288, 2048, 6656, 1324]
+    cut = estimate("qwen3.5-27b", lengths, cp=8, tp=2, planner="gdn-segments", policy="tight")
+    whole = estimate("qwen3.5-27b", lengths, cp=2, tp=2, planner="gdn-segments", policy="tight")
+    per_segment = 48 * 6_414_336 // 2  # TP2 halves the 27B's per-segment state bytes
+    one_state = per_segment // 2
+    assert cut.components["segment_states"] == (2 * 4 - 1) * one_state
+    assert whole.components["segment_states"] == (2 * (4 - 1) - 1) * one_state

@@ -337,3 +337,24 @@ def test_ungated_query_copy_only_where_a_rank_holds_several_groups() -> None:
     assert -32 <= w.attention - (sim + q_t) <= 0
     tp1 = tight_widths(g, _inputs(g, "selective", "core_attn"))
     assert tp1.attention_core == (5 * g.q_width + 3 * g.kv_width)
+
+
+def test_each_cp_rank_is_priced_at_its_own_tokens() -> None:
+    """``python -m oracles.rank_sim --model qwen3-1.7b --lengths 16384,16384 --tp 4 --cp 4
+    --recompute none``: ranks of 9,728 and 6,656 tokens peak at 10,342,590,976 and
+    7,521,551,872 bytes in forward. tight's per-rank figures follow each rank's count (it
+    repeated the busiest's for every rank): the busiest's is the estimate, the smaller
+    rank's covers its own peak, with the attention-only allowance, and stays below the
+    busiest's; the smaller rank keeps its own slot of the K/V buffer padded to the
+    largest rank."""
+    g = _model("qwen3-1.7b")
+    plan = _plan(ParallelLayout(tp=4, cp=4, sp=True), (9728, 6656, 9728, 6656))
+    est = price_tight(
+        PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("none"), cold=False)
+    )
+    sims = (10_342_590_976, 7_521_551_872, 10_342_590_976, 7_521_551_872)
+    assert est.per_rank_bytes[0] == est.per_rank_bytes[2] == est.estimate_bytes
+    assert est.per_rank_bytes[1] == est.per_rank_bytes[3] < est.estimate_bytes
+    for got, sim in zip(est.per_rank_bytes, sims, strict=True):
+        assert got >= sim * 1.039  # the attention-only allowance (SIM_WORST_UNDER)
+        assert got <= sim * 1.12
