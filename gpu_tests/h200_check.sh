@@ -62,19 +62,15 @@ else
 fi
 run_cell q3-1.7b-L8-torch --model qwen3-1.7b --layers 8 --lengths 4096 --engine torch
 
-"$PY" - "$CELLS_DIR" "$OUT/rows.csv" <<'PY'
-import csv, json, sys
+"$PY" -c 'import sys
 from pathlib import Path
-cells, out = Path(sys.argv[1]), Path(sys.argv[2])
-rows = []
-for f in sorted(cells.glob("*/rows.csv")):
-    with f.open(newline="") as fh:
-        rows.extend(csv.DictReader(fh))
-if rows:
-    with out.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
+from gpu_tests.driver.rows import merge_cell_rows
+print(f"wrote {sys.argv[2]} ({merge_cell_rows(Path(sys.argv[1]), Path(sys.argv[2]))} rows)")' \
+  "$CELLS_DIR" "$OUT/rows.csv"
+"$PY" - "$CELLS_DIR" <<'PY'
+import json, sys
+from pathlib import Path
+cells = Path(sys.argv[1])
 gib = 2**30
 # fwd-x: forward peak less the GDN fallback's extra saved bytes (= fwd without fallback)
 print(f"{'cell':70s} {'fwd GiB':>8s} {'fwd-x GiB':>9s} {'f+b GiB':>8s} {'est GiB':>8s} {'peak/est':>8s} finite")
@@ -90,7 +86,6 @@ for f in sorted(cells.glob("*/summary.json")):
     print(f"{s['row']['cell_id'][:70]:70s} {fwd} {fwx} {fbs} {e / gib:8.3f} {ratio} {a['finite']}")
     for n in s["notes"]:
         print(f"    note: {n}")
-print(f"wrote {out} ({len(rows)} rows)")
 PY
 echo "== done; failed=$FAILED"
 exit "$FAILED"

@@ -138,19 +138,15 @@ if [[ "$Q3_ENGINE" == megatron ]]; then
     --recompute selective --modules core_attn
 fi
 
-"$PY" - "$CELLS_DIR" "$OUT/rows.csv" <<'PY'
-import csv, json, sys
+"$PY" -c 'import sys
 from pathlib import Path
-cells, out = Path(sys.argv[1]), Path(sys.argv[2])
-rows = []
-for f in sorted(cells.glob("*/rows.csv")):
-    with f.open(newline="") as fh:
-        rows.extend(csv.DictReader(fh))
-if rows:
-    with out.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
+from gpu_tests.driver.rows import merge_cell_rows
+print(f"wrote {sys.argv[2]} ({merge_cell_rows(Path(sys.argv[1]), Path(sys.argv[2]))} rows)")' \
+  "$CELLS_DIR" "$OUT/rows.csv"
+"$PY" - "$CELLS_DIR" <<'PY'
+import json, sys
+from pathlib import Path
+cells = Path(sys.argv[1])
 mib = 2**20
 # fwd: the driver's measured forward peak; hist-fwd: the history's forward peak (the
 # extra step, same quantity); end: live at the forward's end; top: its largest group
@@ -174,7 +170,6 @@ for d in sorted(p for p in cells.iterdir() if p.is_dir()):
           f" {fmt(est)} {fmt(fp['live_bytes'] if fp else None)} {fmt(fe['live_bytes'] if fe else None)}  {what}")
     for n in (s["notes"] if s else []):
         print(f"    note: {n}")
-print(f"wrote {out} ({len(rows)} rows)")
 PY
 
 # what comes back: at most 8 files of at most 16 MiB each

@@ -184,3 +184,16 @@ def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
         writer = csv.DictWriter(fh, fieldnames=list(GOLDEN_COLUMNS), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
+
+
+def merge_cell_rows(cells_dir: Path, out: Path) -> int:
+    """The device scripts' one rows.csv: every ``<cell>/rows.csv`` under ``cells_dir``
+    (one driver run each) in cell-name order; nothing written when there are none.
+    Returns the number of rows."""
+    rows: list[dict[str, str]] = []
+    for f in sorted(cells_dir.glob("*/rows.csv")):
+        with f.open(newline="", encoding="utf-8") as fh:
+            rows.extend(csv.DictReader(fh))
+    if rows:
+        write_rows(out, rows)
+    return len(rows)

@@ -353,3 +353,28 @@ def test_cpu_end_to_end_torch_cp2_hybrid(tmp_path: Path) -> None:
     assert summary["aggregate"]["gdn_fallback_saved_bytes"] == max(
         s["gdn_fallback_saved_bytes"] for r in summary["ranks"] for s in r["samples"]
     )
+
+
+def test_device_scripts_merge_their_cells_rows(tmp_path: Path) -> None:
+    """h200_check.sh and trace_check.sh write one rows.csv: every cell's rows in
+    cell-name order; none written where no cell wrote any."""
+    from gpu_tests.driver.rows import GOLDEN_COLUMNS, merge_cell_rows, write_rows
+
+    def row(cell_id: str) -> dict[str, str]:
+        return {c: (cell_id if c == "cell_id" else "") for c in GOLDEN_COLUMNS}
+
+    write_rows(tmp_path / "b-cell" / "rows.csv", [row("b")])
+    write_rows(tmp_path / "a-cell" / "rows.csv", [row("a1"), row("a2")])
+    out = tmp_path / "out" / "rows.csv"
+    assert merge_cell_rows(tmp_path, out) == 3
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == ",".join(GOLDEN_COLUMNS)
+    assert [line.split(",")[GOLDEN_COLUMNS.index("cell_id")] for line in lines[1:]] == [
+        "a1",
+        "a2",
+        "b",
+    ]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert merge_cell_rows(empty, tmp_path / "none.csv") == 0
+    assert not (tmp_path / "none.csv").exists()
