@@ -1,7 +1,7 @@
 """The chunk planner: CP ranks laid out as the runtime the CP cells were measured on.
 
-Source: ``/work/shared/design/runtime-layout.md`` (read from that runtime's public
-planner; what it marks *inferred* is inferred here too). ``oracles/ownership.py``
+Source: the measured runtime's public planner, as docs/layout.md ("The chunk planner")
+states it; what it marks *inferred* is inferred here too. ``oracles/ownership.py``
 re-derives the same rule token by token.
 
 Read in code (runtime-layout.md, "Attention layout", "GDN layout"):

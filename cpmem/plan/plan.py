@@ -15,7 +15,10 @@ class ForwardGroup:
 
     ``attention_tokens[r]`` / ``gdn_tokens[r]`` are the tokens rank r holds in
     attention and in GDN layers (they differ when the runtime cuts the packed row
-    differently for the two); padding included.
+    differently for the two); padding included. ``rank_segments[r]`` bounds the
+    gradient-enabled segments whose recurrent (GDN) state rank r holds: the layout's
+    planner knows whether it places whole segments (``segment_bounds``); empty means
+    every segment on every rank.
     """
 
     logical_tokens: int
@@ -24,6 +27,7 @@ class ForwardGroup:
     gdn_tokens: tuple[int, ...]
     grad_segments: int
     real_tokens: int
+    rank_segments: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         require_positive_int("logical_tokens", self.logical_tokens)
@@ -33,9 +37,23 @@ class ForwardGroup:
             raise InputError(
                 "gdn_tokens", self.gdn_tokens, "needs one count per rank, like attention_tokens"
             )
-        for name in ("attention_tokens", "gdn_tokens"):
+        if not self.rank_segments:
+            every = (self.grad_segments,) * len(self.attention_tokens)
+            object.__setattr__(self, "rank_segments", every)
+        if len(self.rank_segments) != len(self.attention_tokens):
+            raise InputError(
+                "rank_segments",
+                self.rank_segments,
+                "needs one count per rank, like attention_tokens",
+            )
+        for name in ("attention_tokens", "gdn_tokens", "rank_segments"):
             for r, n in enumerate(getattr(self, name)):
                 require_nonnegative_int(f"{name}[{r}]", n)
+        for r, n in enumerate(self.rank_segments):
+            if n > self.grad_segments:
+                raise InputError(
+                    f"rank_segments[{r}]", n, f"exceeds grad_segments ({self.grad_segments})"
+                )
 
     def model_tokens(self, tp: int) -> tuple[int, ...]:
         """Per rank: the larger of its attention and GDN counts, rounded up to TP."""
@@ -83,6 +101,12 @@ class Plan:
         return tuple(sum(col) for col in zip(*per_group, strict=True))
 
     @property
+    def rank_segments(self) -> tuple[int, ...]:
+        """Gradient-enabled segments whose state each rank may hold, summed over groups."""
+        per_group = [g.rank_segments for g in self.groups]
+        return tuple(sum(col) for col in zip(*per_group, strict=True))
+
+    @property
     def busiest_rank(self) -> int:
         ranks = self.rank_tokens
         return ranks.index(max(ranks))
@@ -97,10 +121,21 @@ class Plan:
         """Tokens the planner added on top of the real (shared) tokens."""
         return sum(sum(g.model_tokens(self.layout.tp)) - g.real_tokens for g in self.groups)
 
-    @property
-    def average_tokens(self) -> int:
-        """ceil(packed / CP): the optimistic even-split bound used for pruning."""
-        return -(-self.packed_tokens // self.layout.cp)
+
+def segment_bounds(segments: int, cp: int, whole: bool) -> tuple[int, ...]:
+    """Per CP rank, the most gradient-enabled segments whose state it can hold.
+
+    A layout that places whole prefix-tree segments (``whole``) and has at least one
+    segment per rank leaves one or more on every other rank: no rank holds more than
+    ``segments - (CP - 1)``, and each holds at least one. With fewer segments than ranks
+    segments must be cut, and a rank's run can hold a piece of every one (the rank
+    simulator's ``qwen3.5-27b:tp2:cp8:pack4-uneven`` has pieces of two on its busiest
+    rank and on its last). A layout that cuts every sequence over all ranks leaves every
+    segment's state on every rank.
+    """
+    if whole and segments >= cp > 1:
+        return (max(1, segments - (cp - 1)),) * cp
+    return (segments,) * cp
 
 
 def explicit_plan(
@@ -112,11 +147,14 @@ def explicit_plan(
     rank_tokens: Sequence[int] | None = None,
     busiest_tokens: int | None = None,
     gdn_rank_tokens: Sequence[int] | None = None,
+    rank_segments: Sequence[int] | None = None,
 ) -> Plan:
     """A plan a runtime already knows: its global counts and per-rank model tokens.
 
     Give ``rank_tokens`` (one per CP rank) or only ``busiest_tokens``; in the
-    latter case the other ranks share the remaining tokens evenly.
+    latter case the other ranks share the remaining tokens evenly. ``rank_segments``
+    (default: ``segment_bounds`` of a runtime that places whole segments, as the
+    measured one does) bounds the segments whose state each rank holds.
     """
     require_positive_int("logical_tokens", logical_tokens)
     require_positive_int("packed_tokens", packed_tokens)
@@ -161,6 +199,8 @@ def explicit_plan(
             f"add up to {sum(ranks)}, fewer than packed_tokens ({packed_tokens})",
         )
     gdn = tuple(gdn_rank_tokens) if gdn_rank_tokens is not None else ranks
+    if rank_segments is None:
+        rank_segments = segment_bounds(grad_segments, cp, whole=True)
     group = ForwardGroup(
         logical_tokens=logical_tokens,
         packed_tokens=packed_tokens,
@@ -168,6 +208,7 @@ def explicit_plan(
         gdn_tokens=gdn,
         grad_segments=grad_segments,
         real_tokens=min(packed_tokens, sum(ranks)),
+        rank_segments=tuple(rank_segments),
     )
     return Plan(layout=layout, planner="explicit", groups=(group,))
 

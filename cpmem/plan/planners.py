@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Literal
 
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.chunked import chunk_costs, chunked_loads
 from cpmem.plan.layout import ParallelLayout, round_up
-from cpmem.plan.plan import ForwardGroup, Plan
+from cpmem.plan.plan import ForwardGroup, Plan, segment_bounds
 from cpmem.plan.request import Request, Segment
 
 PlannerName = Literal["balanced", "attention-work", "gdn-segments", "chunked"]
@@ -55,6 +56,10 @@ EXECUTABLE: dict[str, str] = {
     "chunked": "the measured runtime's chunk planner (one contiguous range per rank)",
     "balanced": "Megatron's zigzag (2*CP slabs, rank r takes r and 2*CP-1-r)",
 }
+
+
+# Planners that place whole prefix-tree segments on a rank (``segment_bounds``).
+WHOLE_SEGMENT_PLANNERS = frozenset({"gdn-segments"})
 
 
 def default_planner(geometry: ModelGeometry) -> PlannerName:
@@ -101,6 +106,9 @@ def plan_request(
         gdn_tokens=tuple(gdn),
         grad_segments=request.grad_segments,
         real_tokens=request.real_tokens,
+        rank_segments=segment_bounds(
+            request.grad_segments, layout.cp, whole=planner in WHOLE_SEGMENT_PLANNERS
+        ),
     )
     return Plan(layout=layout, planner=planner, groups=(group,))
 
@@ -141,12 +149,14 @@ def check_ranks(plan: Plan, real_tokens: int) -> list[str]:
 
 def _worst(request: Request, layout: ParallelLayout, geometry: ModelGeometry | None) -> Plan:
     """The plan with the most tokens on its busiest rank over every planner (ties: the
-    first in ``PLANNERS``), named ``worst:<planner>``."""
+    first in ``PLANNERS``), named ``worst:<planner>``; every segment's state on every
+    rank, the worst placement of segments too."""
     if geometry is None:
         raise InputError("planner", WORST, "the worst-case planner needs the model geometry")
     plans = [plan_request(request, layout, name, geometry) for name in PLANNERS]
     worst = max(plans, key=lambda p: p.busiest_tokens)  # max keeps the first of ties
-    return Plan(layout=worst.layout, planner=f"{WORST}:{worst.planner}", groups=worst.groups)
+    groups = tuple(replace(g, rank_segments=(g.grad_segments,) * layout.cp) for g in worst.groups)
+    return Plan(layout=worst.layout, planner=f"{WORST}:{worst.planner}", groups=groups)
 
 
 def _balanced(request: Request, layout: ParallelLayout) -> list[int]:

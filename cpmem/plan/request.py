@@ -102,6 +102,21 @@ class Request:
         """Two sequences sharing ``shared_prefix`` tokens."""
         return cls.shared([first, second], shared_prefix)
 
-    def concat(self, other: Request) -> Request:
-        """Both requests in one forward."""
-        return Request(self.trees + other.trees)
+    @classmethod
+    def combined(cls, requests: Sequence[Request]) -> Request:
+        """Every request's sequences in one forward."""
+        return cls(tuple(t for r in requests for t in r.trees))
+
+    @classmethod
+    def as_packed(
+        cls, lengths: Sequence[int], shared_prefix: int, packed_tokens: int, tp: int
+    ) -> Request:
+        """The request a runtime packed into ``packed_tokens``: the shared prefix stored
+        once where the shared row, padded to TP, is exactly ``packed_tokens``, otherwise
+        the sequences unshared (sharing is the runtime's decision, docs/layout.md: the
+        measured 2,048 pairs record a 614-token prefix and 4,096 packed tokens)."""
+        if shared_prefix and len(lengths) > 1:
+            shared = cls.shared(lengths, shared_prefix)
+            if -(-shared.real_tokens // tp) * tp == packed_tokens:
+                return shared
+        return cls.independent(lengths)

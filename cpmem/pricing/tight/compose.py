@@ -1,0 +1,281 @@
+"""``tight``'s step: the layer kinds' widths composed over the model's layers and the
+step's phases (what the forward keeps, what one layer holds at a time, the backward's
+first moment), then the step's fixed terms, as unmargined components.
+
+Each layer kind's physics is its own module (``attention``, ``gdn``, ``mlp``, ``moe``);
+this module decides which of them a phase reads for the step's recompute setting.
+``Structure`` names the two functions the composition calls that the gate's power
+study replaces (``cpmem.gate``), so the policy itself holds no mutant switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.components import Component
+from cpmem.pricing.tight import attention, gdn, mlp, moe
+from cpmem.pricing.tight.calibrated import (
+    COLD_SETUP,
+    CP_HYBRID_BACKWARD_AUTOTUNE,
+    LOSS_BACKWARD_OUTPUTS,
+    Margin,
+)
+from cpmem.pricing.tight.widths import TightWidths
+from cpmem.pricing.widths import common_width, sp_divisor
+from cpmem.step.recompute import Module
+from cpmem.step.step import Step
+
+FINAL_HIDDEN_STATES = 1
+"""Layer-input-wide tensors live beside the outputs under full recompute: the last
+layer's output, which no checkpoint keeps but which the output gather reads (the
+checkpoints keep the L layer inputs, the embedding output the first of them). Rank
+simulator, ``qwen3-1.7b:tp2:cp8:single-32k:full`` busiest rank (7,680 tokens): forward
+peak = embedding 15.7 MB + rope + 440.4 MB (28 layers' outputs, the last one included)
++ the gathered and unpacked outputs; L x layer input = 440.4 MB, so one layer input
+(15.7 MB) beyond the checkpoints."""
+
+
+def tight_widths(
+    geometry: ModelGeometry, step: Step, tp: int | None = None, sp: bool | None = None
+) -> TightWidths:
+    """One model's tight widths at the plan's TP/SP (or at ``tp``/``sp``), for the
+    step's execution mode and recompute path."""
+    layout = step.plan.layout
+    tp = layout.tp if tp is None else tp
+    sp = layout.sp if sp is None else sp
+    common = common_width(geometry, tp, sp)
+    core = attention.core_width(geometry, tp, not step.compiled and step.recompute.keeps_everything)
+    mlp_core = mlp.core_width(geometry, tp, step.compiled)
+    return TightWidths(
+        common=common,
+        attention_core=core,
+        attention=common + core,
+        gdn=gdn.saved_width(geometry, common, tp),
+        mlp=common + mlp_core if "dense" in geometry.mlps else 0,
+        mlp_core=mlp_core,
+        moe=moe.saved_width(geometry, tp, sp, layout.ep, step.moe_routing, step.compiled),
+        layer_input=geometry.hidden // sp_divisor(tp, sp),
+        tp=tp,
+    )
+
+
+def _layers(geometry: ModelGeometry) -> list[tuple[str, str]]:
+    return list(zip(geometry.mixers, geometry.mlps, strict=True))
+
+
+def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token kept over all layers at the end of forward (what backward
+    finds): every layer's saved set, less what a selective recompute drops; under full
+    recompute the layer inputs its checkpoints keep; without gradients the current
+    layer's input only."""
+    rc = step.recompute
+    if rc.full:
+        return geometry.layers * w.layer_input
+    if not rc.keeps_gradients:
+        return w.layer_input
+    total = sum(w.mixer(m) + w.ffn(f) for m, f in _layers(geometry))
+    dense = sum(1 for kind in geometry.mlps if kind == "dense")
+    if rc.checkpoints(Module.MLP) and dense:
+        total -= dense * (w.mlp - w.layer_input)
+    if rc.checkpoints(Module.MOE) and geometry.moe_layers:
+        total -= geometry.moe_layers * moe.checkpointed_width(w)
+    return total
+
+
+def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token only one layer holds while it runs, on top of the kept set:
+    an MoE layer's dispatch and combine buffers where no ``moe`` checkpoint drops its
+    saved set; a checkpointed MLP's no-grad working set, a checkpointed MoE's saved set;
+    under full recompute and no-grad the widest no-grad pass of a sub-layer. Freed
+    before backward starts."""
+    rc = step.recompute
+    if rc.one_layer_at_a_time:
+        candidates = [w.moe] if geometry.moe_layers else []
+        if "attention" in geometry.mixers:
+            candidates.append(attention.nograd_width(geometry, w, step))
+        if "dense" in geometry.mlps:
+            # the MLP's residual input is mid-layer: no checkpoint keeps it
+            candidates.append(mlp.nograd_width(geometry, w) + w.layer_input)
+        if geometry.is_hybrid:
+            candidates.append(gdn.nograd_width(geometry, w))
+        return max(candidates)
+    width = 0
+    if geometry.moe_layers and not rc.checkpoints(Module.MOE):
+        width += moe.dispatch_width(geometry, w, step)
+    if rc.checkpoints(Module.MLP) and "dense" in geometry.mlps:
+        # the checkpointed MLP's forward runs without gradients, beside the residual
+        # input the checkpoint keeps
+        width += mlp.nograd_width(geometry, w)
+    if rc.checkpoints(Module.MOE) and geometry.moe_layers:
+        width += moe.checkpointed_width(w)
+    return width
+
+
+def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token the backward of one layer holds under full recompute on top of
+    the layer inputs: the layer recomputed with gradients (its whole saved set, the
+    gathered K/V of an attention layer under CP) plus the MLP's backward buffers; in a
+    GDN layer, once the MLP is done, the mixer's backward; in an attention layer the
+    flash backward beside its recomputed mixer. The widest layer of the model."""
+    widest = 0
+    for m, f in _layers(geometry):
+        mixer = attention.recompute_width(step, w) if m == "attention" else w.mixer(m)
+        ffn_backward = mlp.backward_buffers(geometry, w) if f == "dense" else 0
+        widest = max(widest, mixer + w.ffn(f) + ffn_backward)
+        if m == "gdn":
+            widest = max(widest, gdn.backward_width(geometry, w))
+        else:
+            widest = max(widest, mixer + attention.flash_backward_width(step, w.tp))
+    return widest
+
+
+def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token the first layer backward visits (the model's last) holds on
+    top of the retained set and the incoming gradient, or under full recompute the
+    widest layer's recompute and backward (``full_backward_width``). Its FFN's backward
+    runs first and frees what it recomputed before the mixer's starts, so the larger of
+    the two phases (``mlp.backward_phase`` or a checkpointed MoE's recompute;
+    ``attention.backward_phase``). Rank simulator, Qwen3.5-4B TP1 ``core_attn+mlp``
+    (8,192 tokens): 60,419 elements per token of backward buffers = ``2H + 6F`` + 3; the
+    dense CP 8 grid rows without recompute peak in the flash backward."""
+    if step.recompute.full:
+        return full_backward_width(geometry, w, step)
+    mixer, ffn = geometry.mixers[-1], geometry.mlps[-1]
+    ffn_phase = 0
+    if ffn == "dense":
+        ffn_phase = mlp.backward_phase(geometry, w, step)
+    if ffn == "moe" and step.recompute.checkpoints(Module.MOE):
+        ffn_phase = moe.checkpointed_width(w)
+    mixer_phase = attention.backward_phase(step, w) if mixer == "attention" else 0
+    return max(ffn_phase, mixer_phase)
+
+
+def priced_tokens(step: Step) -> int:
+    """R: the busiest CP rank's model tokens under CP (each rank keeps only its own
+    tokens' activations, in every recompute mode and model family: a full-recompute
+    checkpoint keeps its own tokens' layer inputs, an MoE rank dispatches its own tokens),
+    the packed count without CP."""
+    if step.plan.layout.cp > 1:
+        return step.plan.busiest_tokens
+    return step.plan.packed_tokens
+
+
+def local_outputs(step: Step) -> int:
+    """The rank's share of the returned outputs: the gradient the last layer's backward
+    receives (the gather's backward hands each rank its own tokens')."""
+    cp = step.plan.layout.cp
+    return step.outputs // cp if cp > 1 else step.outputs
+
+
+def gathered_outputs_bytes(step: Step, tokens: int) -> int:
+    """The returned outputs gathered over CP: every rank's rows padded to the largest
+    rank's count in transit (one ``CP x R`` buffer, R the priced busiest count), live
+    beside the unpacked logical copy (``outputs``). Rank simulator
+    (oracles/rank_sim/runner.py, ``GatherTokens`` in kernels.py): the gather buffer is
+    ``CP x max(counts)`` rows; ``qwen3-1.7b:tp2:cp8:pair-16k:full`` holds 8 x 5,632 tokens
+    (176 MiB) plus the 128 MiB unpacked copy at its forward peak. Scaled from ``outputs``
+    per logical token, so a caller's ``output_bytes`` carries over; never below the
+    logical count (a request's shared prefix is repeated by the unpacking, not by the
+    gather). 0 without CP."""
+    cp = step.plan.layout.cp
+    if cp <= 1:
+        return 0
+    outputs, logical = step.outputs, max(1, step.plan.logical_tokens)
+    return max(outputs, -(-outputs * cp * tokens // logical))
+
+
+def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
+    """Bytes of the backward's first moment on top of the retained set: the loss's
+    backward over the returned outputs, or the last layer's backward on top of the
+    incoming gradient; in the first backward of a CP run of a hybrid model, the GDN
+    kernels' autotuning buffer (timed inside a GDN layer's backward, when the loss's
+    buffers are gone). 0 without gradients."""
+    if not step.recompute.keeps_gradients:
+        return 0
+    local = local_outputs(step)
+    last_layer = tokens * step.dtype_bytes * last_layer_backward_width(step.geometry, w, step)
+    moment = max(LOSS_BACKWARD_OUTPUTS * step.outputs, local + last_layer)
+    if step.cold and step.plan.layout.cp > 1 and step.geometry.is_hybrid:
+        moment = max(moment, local + CP_HYBRID_BACKWARD_AUTOTUNE)
+    return moment
+
+
+def cold_setup_bytes(step: Step) -> int:
+    """The first forward's kernel set-up where the step is cold."""
+    return COLD_SETUP if step.cold else 0
+
+
+def cold_backward_terms(step: Step, margin: Margin) -> dict[str, int]:
+    """What the first backward of a process adds (nothing for a warm step): the margin's
+    fitted cold-backward allowance."""
+    if not step.cold:
+        return {}
+    return {Component.COLD_BACKWARD_SETUP: margin.cold_backward_allowance}
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The functions the policy composes that the gate's power study may replace: the
+    layer widths (a model and step to ``TightWidths``), the backward's first moment
+    (bytes), the first forward's cold set-up (bytes) and the first backward's (components,
+    from the margin). The defaults are the policy."""
+
+    widths: Callable[[ModelGeometry, Step], TightWidths] = tight_widths
+    backward: Callable[[Step, TightWidths, int], int] = backward_moment
+    cold: Callable[[Step], int] = cold_setup_bytes
+    cold_backward: Callable[[Step, Margin], dict[str, int]] = cold_backward_terms
+
+
+POLICY = Structure()
+
+
+def structural_terms(
+    step: Step, structure: Structure = POLICY, tokens: int | None = None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The unmargined forward components and forward+backward components of the rank
+    holding ``tokens`` model tokens (default: the priced, busiest rank's).
+
+    forward = retained set + one layer's transient; forward+backward = retained set +
+    the larger of that transient and the backward's first moment. What every rank pads
+    to the largest rank's count (the gathered outputs and K/V) is priced at the busiest
+    rank's count whichever rank is asked for.
+    """
+    geometry, plan = step.geometry, step.plan
+    b = step.dtype_bytes
+    w = structure.widths(geometry, step)
+    busiest = priced_tokens(step)
+    tokens = busiest if tokens is None else tokens
+    one_layer = step.recompute.one_layer_at_a_time
+    # under full recompute a layer's segment states live only while it (re)runs
+    state_layers = min(1, geometry.gdn_layers) if one_layer else geometry.gdn_layers
+    segments = gdn.rank_segments(step)
+    seg = state_layers * gdn.segment_states_bytes(geometry, segments, plan.layout.tp, b)
+    outputs = step.outputs
+    gathered_outputs = gathered_outputs_bytes(step, busiest)
+    transient = tokens * b * forward_transient_width(geometry, w, step)
+    if one_layer:
+        # the outputs are formed after the last layer's pass: the forward peak is the
+        # larger of the two on top of the layer inputs, not their sum; under full
+        # recompute the last layer's output is live beside them (FINAL_HIDDEN_STATES)
+        final = FINAL_HIDDEN_STATES * tokens * b * w.layer_input if step.recompute.full else 0
+        transient = max(final, transient - outputs - gathered_outputs)
+    forward: dict[str, int] = {
+        Component.COLD_SETUP: structure.cold(step),
+        Component.SEGMENT_STATES: seg,
+        Component.OUTPUTS: outputs,
+        Component.GATHERED_OUTPUTS: gathered_outputs,
+        Component.RETAINED_ACTIVATIONS: tokens * b * kept_width(geometry, w, step),
+        Component.LAYER_TRANSIENT: transient,
+    }
+    rope = attention.rope_table_bytes(step, tokens)
+    if rope:  # a component only where the model has attention layers
+        forward[Component.ROPE_TABLES] = rope
+    gathered_kv = attention.cp_gathered_kv_bytes(step, busiest, tokens)
+    if gathered_kv:  # a component only where it applies (CP without core_attn recompute)
+        forward[Component.CP_GATHERED_KV] = gathered_kv
+    backward = structure.backward(step, w, tokens)
+    forward_backward = {k: v for k, v in forward.items() if k != Component.LAYER_TRANSIENT}
+    forward_backward[Component.BACKWARD_TRANSIENT] = max(transient, backward)
+    return forward, forward_backward

@@ -1,0 +1,84 @@
+"""The ``tight`` policy: the composed structure (``compose``) with its fitted margin
+(``calibrated.MARGIN``), the forward figure per CP rank, and the Estimate."""
+
+from __future__ import annotations
+
+import math
+
+from cpmem.pricing.components import Component
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.registry import register_policy
+from cpmem.pricing.tight.calibrated import MARGIN, Margin
+from cpmem.pricing.tight.compose import POLICY, Structure, priced_tokens, structural_terms
+from cpmem.step.step import Step
+
+
+def with_margin(base: dict[str, int], factor: float, allowance: int) -> dict[str, int]:
+    """``base`` with the margin's factor (rounded up to the byte) and allowance added."""
+    subtotal = sum(base.values())
+    out = dict(base)
+    out[Component.MARGIN_FACTOR] = math.ceil(subtotal * factor) - subtotal
+    out[Component.MARGIN_ALLOWANCE] = allowance
+    return out
+
+
+def rank_forward_bytes(
+    step: Step, margin: Margin = MARGIN, structure: Structure = POLICY
+) -> tuple[int, ...]:
+    """Each CP rank's forward estimate at its own model tokens (``Plan.rank_tokens``):
+    what it keeps and its one-layer transient follow its own count, what every rank
+    pads to the largest count does not. The busiest rank's is the estimate."""
+    cp = step.plan.layout.cp
+    if cp == 1:
+        return (_margined_forward(step, margin, structure, None),)
+    return tuple(_margined_forward(step, margin, structure, n) for n in step.plan.rank_tokens)
+
+
+def _margined_forward(step: Step, margin: Margin, structure: Structure, tokens: int | None) -> int:
+    forward, _ = structural_terms(step, structure, tokens)
+    return sum(with_margin(forward, margin.forward_factor, margin.forward_allowance).values())
+
+
+def price_tight(step: Step, margin: Margin = MARGIN, structure: Structure = POLICY) -> Estimate:
+    """The forward (admission) and forward+backward estimates of ``step``."""
+    forward, forward_backward = structural_terms(step, structure)
+    components = with_margin(forward, margin.forward_factor, margin.forward_allowance)
+    if step.recompute.keeps_gradients:
+        fb_components = with_margin(
+            forward_backward, margin.forward_factor, margin.backward_allowance
+        )
+        fb_components.update(structure.cold_backward(step, margin))
+    else:  # a no-grad forward has no backward: its whole step is its forward
+        fb_components = dict(components)
+    plan, layout = step.plan, step.plan.layout
+    estimate = sum(components.values())
+    fb = sum(fb_components.values())
+    if fb < estimate:  # the forward peak is part of the forward+backward peak
+        fb_components[Component.FORWARD_PEAK_EXCESS] = estimate - fb
+        fb = estimate
+    return Estimate(
+        policy="tight",
+        estimate_bytes=estimate,
+        busiest_rank=plan.busiest_rank if layout.cp > 1 else 0,
+        busiest_tokens=priced_tokens(step),
+        per_rank_bytes=rank_forward_bytes(step, margin, structure),
+        components=components,
+        packed_tokens=plan.packed_tokens,
+        logical_tokens=plan.logical_tokens,
+        grad_segments=plan.grad_segments if step.recompute.keeps_gradients else 0,
+        model=step.geometry.name,
+        recompute=step.recompute.label,
+        planner=plan.planner,
+        tp=layout.tp,
+        cp=layout.cp,
+        sp=layout.sp,
+        forward_backward_bytes=fb,
+        forward_backward_components=fb_components,
+        notes=(f"moe_routing={step.moe_routing}",) if step.geometry.is_moe else (),
+    )
+
+
+@register_policy("tight")
+def tight_policy(step: Step) -> Estimate:
+    """Structural forward (admission) and forward+backward peaks with a small margin."""
+    return price_tight(step)

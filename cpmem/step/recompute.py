@@ -1,0 +1,118 @@
+"""Recompute settings: what backward rebuilds instead of keeping, as a typed value.
+
+Pricing asks a ``Recompute`` what it does (``keeps_gradients``, ``checkpoints(MLP)``,
+``one_layer_at_a_time``...) and never compares its mode as text; text appears only where
+a setting is parsed (the CLI, golden CSV rows) or shown (``label``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cpmem.errors import InputError
+
+
+class Mode(StrEnum):
+    """``selective`` recomputes the named modules; ``none`` keeps everything; ``full``
+    keeps each layer's input and recomputes the layer; ``no-grad`` runs forward only."""
+
+    SELECTIVE = "selective"
+    NONE = "none"
+    FULL = "full"
+    NO_GRAD = "no-grad"
+
+
+class Module(StrEnum):
+    """The sub-layers a selective recompute can checkpoint."""
+
+    CORE_ATTN = "core_attn"
+    MLP = "mlp"
+    MOE = "moe"
+
+
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
+MODULES: tuple[str, ...] = tuple(m.value for m in Module)
+
+
+def _mode(value: str) -> Mode:
+    try:
+        return Mode(value)
+    except ValueError:
+        raise InputError("recompute", value, f"must be one of {list(MODES)}") from None
+
+
+def _module(value: str) -> Module:
+    try:
+        return Module(value)
+    except ValueError:
+        raise InputError(
+            "modules", value, f"unknown recompute module; use {list(MODULES)}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """One recompute setting: a mode and, for ``selective``, the checkpointed modules."""
+
+    mode: Mode = Mode.SELECTIVE
+    modules: tuple[Module, ...] = (Module.CORE_ATTN,)
+
+    def __post_init__(self) -> None:
+        mode = _mode(self.mode)
+        # only a selective recompute names modules; the others take none
+        modules = tuple(_module(m) for m in self.modules) if mode is Mode.SELECTIVE else ()
+        if mode is Mode.SELECTIVE and not modules:
+            raise InputError("modules", "", "selective recompute needs at least one module")
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "modules", modules)
+
+    @classmethod
+    def parse(cls, mode: str, modules: str | Iterable[str] | None = None) -> Recompute:
+        """From CLI/CSV text: ``modules`` as ``core_attn+mlp`` or ``core_attn,mlp``; modules
+        given with a mode other than ``selective`` are ignored, as the constructor does."""
+        if isinstance(modules, str):
+            names = tuple(m.strip() for m in modules.replace(",", "+").split("+") if m.strip())
+        elif modules is None:
+            names = (Module.CORE_ATTN,) if mode == Mode.SELECTIVE else ()
+        else:
+            names = tuple(modules)
+        checked = _mode(mode)
+        if checked is not Mode.SELECTIVE:
+            names = ()
+        return cls(mode=checked, modules=tuple(_module(m) for m in names))
+
+    @property
+    def keeps_gradients(self) -> bool:
+        """Whether backward follows (everything but ``no-grad``)."""
+        return self.mode is not Mode.NO_GRAD
+
+    @property
+    def keeps_everything(self) -> bool:
+        """``none``: every layer keeps its whole saved set."""
+        return self.mode is Mode.NONE
+
+    @property
+    def full(self) -> bool:
+        """``full``: each layer keeps its input and is recomputed whole in backward."""
+        return self.mode is Mode.FULL
+
+    @property
+    def one_layer_at_a_time(self) -> bool:
+        """Whether the forward runs every layer without saving its set (``full`` keeps only
+        the layer inputs, ``no-grad`` nothing): one layer's working set is live at a time."""
+        return self.mode in (Mode.FULL, Mode.NO_GRAD)
+
+    @property
+    def keeps_saved_sets(self) -> bool:
+        """Whether layers keep their saved sets until backward (``selective``, ``none``)."""
+        return self.mode in (Mode.SELECTIVE, Mode.NONE)
+
+    def checkpoints(self, module: Module) -> bool:
+        """Whether a selective recompute checkpoints ``module`` (drops its saved set)."""
+        return self.mode is Mode.SELECTIVE and module in self.modules
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode}({'+'.join(self.modules)})" if self.modules else str(self.mode)
