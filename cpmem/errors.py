@@ -35,19 +35,6 @@ class PlanningError(CpmemError):
         super().__init__(message)
 
 
-class RefusedError(CpmemError):
-    """A request cannot run within the budget, even split."""
-
-    def __init__(self, predicted_bytes: int, limit_bytes: int, suggestion: str) -> None:
-        self.predicted_bytes = predicted_bytes
-        self.limit_bytes = limit_bytes
-        self.suggestion = suggestion
-        super().__init__(
-            f"refused: predicted peak {predicted_bytes / 2**30:.3f} GiB exceeds the usable "
-            f"limit {limit_bytes / 2**30:.3f} GiB; {suggestion}"
-        )
-
-
 def require_positive_int(field: str, value: Any) -> int:
     """Return ``value`` as an int if it is a positive integer, else raise InputError."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -10,5 +10,7 @@ def gib(n_bytes: int | float) -> float:
     return n_bytes / GIB
 
 
-def fmt_gib(n_bytes: int | float, digits: int = 3) -> str:
-    return f"{n_bytes / GIB:.{digits}f} GiB"
+def fmt_gib(n_bytes: int | float | None, digits: int = 3) -> str:
+    """Bytes as GiB text, ``digits`` decimals (``"12.345"``), ``"-"`` when missing; the
+    one byte formatter of the human outputs (those that print the unit append it)."""
+    return "-" if n_bytes is None else f"{n_bytes / GIB:.{digits}f}"

@@ -2,31 +2,36 @@
 
 Every rank computes its own required and available bytes; the group agrees on
 (MAX required, MIN available) through a Communicator, so every rank takes the
-same decision, and a planning failure anywhere raises everywhere.
+same decision, and a planning failure anywhere raises everywhere. Every variant
+admission considers (the cost-optimal layout, the executable memory-minimal ones,
+the split parts, the suggestions) is derived from the one ``Step`` that ``estimate``
+prices (``cpmem.step``): admission never prices a different request.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from functools import partial
+from typing import Literal, Unpack
 
 from cpmem.admission.comm import Communicator, LocalCommunicator, agree_on_bytes, collective_plan
-from cpmem.errors import InputError, RefusedError
+from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
-from cpmem.plan.layout import ParallelLayout
-from cpmem.plan.plan import Plan
-from cpmem.plan.planners import EXECUTABLE, plan_request
+from cpmem.plan.planners import EXECUTABLE
 from cpmem.plan.request import Request, Segment
+from cpmem.pricing.components import retained_bytes
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.inputs import MoeRouting, PricingInput
-from cpmem.pricing.recompute import Recompute
 from cpmem.pricing.registry import price
+from cpmem.step.describe import StepArguments, describe_step
+from cpmem.step.recompute import Mode, Module, Recompute
+from cpmem.step.step import Step
 
 RESERVE_FRACTION = 0.03
 Action = Literal["fit", "split", "refuse"]
 Figure = Literal["forward", "forward_backward"]
+FIGURES: tuple[Figure, ...] = ("forward", "forward_backward")
 MAX_SPLIT = 64
 
 
@@ -56,26 +61,17 @@ def check_bytes(name: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class Pricer:
-    """How to price a plan: the model, recompute setting and policy, fixed per decision."""
+    """How a decision prices a step: the policy and the figure it admits on."""
 
-    geometry: ModelGeometry
-    recompute: Recompute = Recompute()
     policy: str = "reference"
-    compiled: bool = False
-    moe_routing: MoeRouting = "concentrated"
     figure: Figure = "forward"
 
-    def estimate(self, plan: Plan) -> Estimate:
-        return price(
-            PricingInput(
-                geometry=self.geometry,
-                plan=plan,
-                recompute=self.recompute,
-                compiled=self.compiled,
-                moe_routing=self.moe_routing,
-            ),
-            self.policy,
-        )
+    def __post_init__(self) -> None:
+        if self.figure not in FIGURES:
+            raise InputError("figure", self.figure, f"must be one of {list(FIGURES)}")
+
+    def estimate(self, step: Step) -> Estimate:
+        return price(step, self.policy)
 
     def required(self, est: Estimate) -> int:
         """The admission figure: forward peak, or forward+backward where asked and priced."""
@@ -128,9 +124,10 @@ class Decision:
 
 
 def split_cost(pricer: Pricer, parts: Sequence[Estimate]) -> int:
-    """Sub-forwards keep every part's retained bytes until backward, but only one
-    part's workspace (outputs, cold allowance, floors, margin) is live at a time."""
-    retained = [p.estimate_bytes if p.retained_bytes is None else p.retained_bytes for p in parts]
+    """Sub-forwards keep every part's retained bytes until backward
+    (``cpmem.pricing.components.RETAINED``), but only one part's workspace (outputs,
+    cold set-up, floors, margin) is live at a time."""
+    retained = [retained_bytes(p) for p in parts]
     workspace = [pricer.required(p) - r for p, r in zip(parts, retained, strict=True)]
     return sum(retained) + max(workspace)
 
@@ -169,43 +166,64 @@ def split_request(request: Request, parts: int) -> list[Request] | None:
 
 
 def admit(
-    geometry: ModelGeometry,
-    request: Request,
-    layout: ParallelLayout,
+    model: str | ModelGeometry | None = None,
+    lengths: Sequence[int] | None = None,
+    *,
+    budget_bytes: float,
+    policy: str = "reference",
+    figure: Figure = "forward",
+    comm: Communicator | None = None,
+    **options: Unpack[StepArguments],
+) -> Decision:
+    """Admit the step ``cpmem.api.estimate`` prices for the same arguments (``options``
+    are ``describe_step``'s) against ``budget_bytes`` of this rank.
+
+    The step is described inside the first collective, so a bad input on one rank raises
+    on every rank instead of leaving the others waiting.
+    """
+    comm = comm or LocalCommunicator()
+
+    def described() -> Step:
+        check_bytes("budget_bytes", budget_bytes)
+        return describe_step(model, lengths, **options)
+
+    step = collective_plan(comm, described)
+    return admit_step(step, budget_bytes, policy=policy, figure=figure, comm=comm)
+
+
+def admit_step(
+    step: Step,
     budget_bytes: float,
     *,
-    recompute: Recompute | None = None,
     policy: str = "reference",
-    planner: str | None = None,
-    comm: Communicator | None = None,
     figure: Figure = "forward",
-    compiled: bool = False,
-    moe_routing: MoeRouting = "concentrated",
+    comm: Communicator | None = None,
 ) -> Decision:
     """Fit (cost-optimal plan, then memory-minimal plan), split (2, 4, 8, ...), or refuse.
 
-    The cost-optimal plan is ``planner``'s (default: the model's default planner). The
-    memory-minimal alternatives are layouts a runtime executes (``EXECUTABLE``: the
-    measured runtime's chunks, Megatron's zigzag), never a rule only cpmem applies;
-    ``Decision.planners`` names the planner behind each variant.
-
-    Every input check runs inside the first collective, so a bad input on one rank
-    raises on every rank instead of leaving the others waiting.
+    The cost-optimal plan is ``step``'s own (its settings' planner; default: the model's
+    default planner). The memory-minimal alternatives are layouts a runtime executes
+    (``EXECUTABLE``: the measured runtime's chunks, Megatron's zigzag), never a rule only
+    cpmem applies; ``Decision.planners`` names the planner behind each variant. A step
+    with an explicit plan (no request) is fit or refused as it stands.
     """
     comm = comm or LocalCommunicator()
-    pricer = Pricer(geometry, recompute or Recompute(), policy, compiled, moe_routing, figure)
+    pricer = Pricer(policy, figure)
+    if step.request is None:
+        return _admit_fixed(step, budget_bytes, pricer, comm)
 
     def candidates() -> list[tuple[str, int, Estimate]]:
         check_bytes("budget_bytes", budget_bytes)
-        geometry.check_tp(layout.tp)
-        cost_optimal = pricer.estimate(plan_request(request, layout, planner, geometry))
+        cost_optimal = pricer.estimate(step)
         out = [("cost-optimal", pricer.required(cost_optimal), cost_optimal)]
-        if layout.cp > 1:
+        if step.plan.layout.cp > 1:
             for name in EXECUTABLE:
                 if name == cost_optimal.planner:
                     continue  # already priced as the cost-optimal layout
-                est = pricer.estimate(plan_request(request, layout, name, geometry))
-                out.append((f"memory-minimal:{name}", pricer.required(est), est))
+                alternative = _variant(partial(step.replanned, name))
+                if alternative is not None:
+                    est = pricer.estimate(alternative)
+                    out.append((f"memory-minimal:{name}", pricer.required(est), est))
         return out
 
     found = collective_plan(comm, candidates)
@@ -221,15 +239,19 @@ def admit(
 
     parts = 2
     while parts <= MAX_SPLIT:
-        pieces = split_request(request, parts)
+        pieces = split_request(step.request, parts)
         if pieces is None:
             break
-        chosen = pieces
 
-        def price_parts(ps: list[Request] = chosen) -> list[Estimate]:
-            return [pricer.estimate(plan_request(p, layout, planner, geometry)) for p in ps]
+        def price_parts(ps: list[Request] = pieces) -> list[Estimate] | None:
+            steps = [_variant(partial(step.for_request, p)) for p in ps]
+            if any(s is None for s in steps):
+                return None  # a part estimate would refuse (a CP rank left empty)
+            return [pricer.estimate(s) for s in steps if s is not None]
 
         ests = collective_plan(comm, price_parts)
+        if ests is None:
+            break
         required, available = agree_on_bytes(comm, split_cost(pricer, ests), available)
         considered.append((f"split-{parts}", required))
         planners += ((f"split-{parts}", ests[0].planner),)
@@ -256,9 +278,19 @@ def admit(
         least[0],
         least[2],
         tuple(considered),
-        suggestion=suggest(geometry, request, layout, available, pricer, planner),
+        suggestion=suggest(step, available, pricer),
         planners=planners,
     )
+
+
+def _variant(build: Callable[[], Step]) -> Step | None:
+    """A variant of the step, or None where ``describe_step`` refuses it (e.g. a layout
+    or a split part that leaves a CP rank empty): what estimate would not price,
+    admission does not consider."""
+    try:
+        return build()
+    except InputError:
+        return None
 
 
 def _first_fit(
@@ -279,58 +311,39 @@ def _first_fit(
     return best if best[1] <= available else None
 
 
-def suggest(
-    geometry: ModelGeometry,
-    request: Request,
-    layout: ParallelLayout,
-    available: int,
-    pricer: Pricer,
-    planner: str | None,
-) -> str:
+SUGGESTED_RECOMPUTE = (
+    Recompute(Mode.SELECTIVE, (Module.CORE_ATTN, Module.MLP)),
+    Recompute(Mode.FULL, ()),
+)
+
+
+def suggest(step: Step, available: int, pricer: Pricer) -> str:
     """A concrete way out: the first of more CP, more recompute, shorter sequences that fits."""
-    tries: list[tuple[str, ParallelLayout, Pricer]] = [
-        (f"run with cp={cp}", replace(layout, cp=cp), pricer)
+    layout = step.settings.layout
+    tries: list[tuple[str, Callable[[], Step]]] = [
+        (f"run with cp={cp}", partial(step.with_settings, layout=replace(layout, cp=cp)))
         for cp in (layout.cp * 2, layout.cp * 4)
     ]
-    for rc in (Recompute("selective", ("core_attn", "mlp")), Recompute("full", ())):
-        tries.append((f"use recompute {rc.label}", layout, replace(pricer, recompute=rc)))
-    for label, lay, alt in tries:
+    for rc in SUGGESTED_RECOMPUTE:
+        tries.append((f"use recompute {rc.label}", partial(step.with_settings, recompute=rc)))
+    for label, build in tries:
         try:
-            need = alt.required(alt.estimate(plan_request(request, lay, planner, geometry)))
+            need = pricer.required(pricer.estimate(build()))
         except InputError:
             continue
         if need <= available:
             return f"{label} (predicted {need / 2**30:.3f} GiB)"
-    longest = max(request.sequence_lengths)
+    assert step.request is not None
+    longest = max(step.request.sequence_lengths)
     return f"shorten the sequences (longest is {longest} tokens) or add devices"
 
 
-def refuse_error(decision: Decision) -> RefusedError:
-    """The error a caller raises for a refusal: predicted peak, limit and suggestion."""
-    return RefusedError(
-        decision.required_bytes, decision.available_bytes, decision.suggestion or ""
-    )
-
-
-def admit_plan(
-    geometry: ModelGeometry,
-    plan: Plan,
-    budget_bytes: float,
-    *,
-    recompute: Recompute | None = None,
-    policy: str = "reference",
-    comm: Communicator | None = None,
-    figure: Figure = "forward",
-    compiled: bool = False,
-    moe_routing: MoeRouting = "concentrated",
-) -> Decision:
+def _admit_fixed(step: Step, budget_bytes: float, pricer: Pricer, comm: Communicator) -> Decision:
     """Admit a plan the runtime already fixed (no alternatives, no split): fit or refuse."""
-    comm = comm or LocalCommunicator()
-    pricer = Pricer(geometry, recompute or Recompute(), policy, compiled, moe_routing, figure)
 
     def priced() -> Estimate:
         check_bytes("budget_bytes", budget_bytes)
-        return pricer.estimate(plan)
+        return pricer.estimate(step)
 
     est = collective_plan(comm, priced)
     required, available = agree_on_bytes(comm, pricer.required(est), int(budget_bytes))

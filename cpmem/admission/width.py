@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Unpack
 
-from cpmem.admission.admission import Pricer, check_bytes
+from cpmem.admission.admission import Figure, Pricer, check_bytes
 from cpmem.admission.comm import Communicator, LocalCommunicator, collective_plan
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
-from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.layout import round_up
 from cpmem.plan.plan import explicit_plan
-from cpmem.plan.planners import plan_request
 from cpmem.plan.request import Request
-from cpmem.pricing.recompute import Recompute
+from cpmem.step.describe import SettingsArguments, describe_settings
+from cpmem.step.step import Step, StepSettings
 
 
 @dataclass(frozen=True)
@@ -32,23 +32,24 @@ class WidthSelection:
 
 
 def select_width(
-    geometry: ModelGeometry,
+    model: str | ModelGeometry | None,
     queue: Sequence[Request],
-    layout: ParallelLayout,
     budget_bytes: float,
     *,
-    recompute: Recompute | None = None,
     policy: str = "reference",
-    planner: str | None = None,
+    figure: Figure = "forward",
     probe: Literal["exact", "count"] = "exact",
     comm: Communicator | None = None,
+    **settings: Unpack[SettingsArguments],
 ) -> WidthSelection:
     """Largest prefix of ``queue`` whose one forward fits: doubling, then binary search.
+    ``settings`` are ``describe_settings``'s keywords (layout, recompute, execution flags,
+    profiles, planner): each prefix is the step ``estimate`` prices for them.
 
-    Under CP the exact plan is built and priced; ceil(packed / CP) serves only as an
-    optimistic bound that prunes widths that cannot fit. ``probe="count"`` prices
-    the token count split evenly over CP instead (cheap, no plan built, and optimistic
-    under CP: for comparison).
+    Under CP the exact plan is built and priced; the packed tokens split evenly over
+    CP serve only as an optimistic bound that prunes widths that cannot fit.
+    ``probe="count"`` prices that even split instead (cheap, no plan built, and
+    optimistic under CP: for comparison).
 
     The search assumes cost grows with width. The greedy reference planners can
     break that by a little (one more token may move a segment to another rank), so
@@ -56,13 +57,14 @@ def select_width(
     """
     comm = comm or LocalCommunicator()
 
-    def validate() -> None:
+    def validate() -> StepSettings:
         check_bytes("budget_bytes", budget_bytes)
         if not queue:
             raise InputError("queue", [], "needs at least one request")
+        return describe_settings(model, **settings)
 
-    collective_plan(comm, validate)
-    pricer = Pricer(geometry, recompute or Recompute(), policy)
+    described = collective_plan(comm, validate)
+    pricer = Pricer(policy, figure)
     available = comm.min_int(int(budget_bytes))
     stats = {"exact": 0, "pruned": 0}
     cache: dict[int, int | None] = {}
@@ -71,30 +73,17 @@ def select_width(
         """Required bytes of the first n requests, or None if pruned as not fitting."""
         if n in cache:
             return cache[n]
-        combined = Request(tuple(t for r in queue[:n] for t in r.trees))
+        combined = Request.combined(queue[:n])
+        even = pricer.required(pricer.estimate(_even_split(described, combined)))
         result: int | None
-        if probe == "count" or layout.cp == 1:
-            plan = explicit_plan(
-                layout,
-                logical_tokens=combined.logical_tokens,
-                packed_tokens=-(-combined.real_tokens // layout.tp) * layout.tp,
-                grad_segments=combined.grad_segments,
-            )
-            result = pricer.required(pricer.estimate(plan))
+        if probe == "count" or described.layout.cp == 1:
+            result = even
+        elif even > available:
+            stats["pruned"] += 1
+            result = None
         else:
-            bound = explicit_plan(
-                layout,
-                logical_tokens=combined.logical_tokens,
-                packed_tokens=-(-combined.real_tokens // layout.tp) * layout.tp,
-                grad_segments=combined.grad_segments,
-            )
-            if pricer.required(pricer.estimate(bound)) > available:
-                stats["pruned"] += 1
-                result = None
-            else:
-                stats["exact"] += 1
-                plan = plan_request(combined, layout, planner, geometry)
-                result = pricer.required(pricer.estimate(plan))
+            stats["exact"] += 1
+            result = pricer.required(pricer.estimate(described.step(combined)))
         if result is not None:
             result = comm.max_int(result)
         cache[n] = result
@@ -127,3 +116,15 @@ def select_width(
         else:
             hi = mid
     return WidthSelection(lo, cost(lo) or 0, stats["exact"], stats["pruned"])
+
+
+def _even_split(settings: StepSettings, request: Request) -> Step:
+    """The request's packed tokens (padded to TP) split evenly over the CP ranks."""
+    tp = settings.layout.tp
+    plan = explicit_plan(
+        settings.layout,
+        logical_tokens=request.logical_tokens,
+        packed_tokens=round_up(request.real_tokens, tp),
+        grad_segments=request.grad_segments,
+    )
+    return settings.step_for_plan(plan)

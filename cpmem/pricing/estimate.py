@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cpmem.pricing.components import check_names, retained_bytes
 from cpmem.units import gib
 
 
@@ -35,25 +36,30 @@ class Estimate:
     forward_backward_bytes: int | None = None
     forward_backward_components: dict[str, int] | None = None
     notes: tuple[str, ...] = field(default=())
-    retained_bytes: int | None = None
-    """What the forward keeps until backward (activations, segment states): the part
-    of a sub-forward that stays live while the next one runs when admission splits a
-    request. None: the policy does not say, and all of it is taken as kept."""
 
     def __post_init__(self) -> None:
+        # plain names (``Component`` values) for JSON, CSV and comparisons alike
+        object.__setattr__(self, "components", {str(k): v for k, v in self.components.items()})
+        if self.forward_backward_components is not None:
+            fb = {str(k): v for k, v in self.forward_backward_components.items()}
+            object.__setattr__(self, "forward_backward_components", fb)
         total = sum(self.components.values())
         if total != self.estimate_bytes:
             raise AssertionError(
                 f"components add up to {total}, not estimate_bytes {self.estimate_bytes}"
             )
+        check_names(self.components, self.policy)
+        check_names(self.forward_backward_components or {}, self.policy)
 
     @property
     def estimate_gib(self) -> float:
         return gib(self.estimate_bytes)
 
     @property
-    def admission_bytes(self) -> int:
-        return self.estimate_bytes
+    def retained_bytes(self) -> int:
+        """What the forward keeps until backward (``components.RETAINED``): the part of
+        a sub-forward that stays live while the next runs when admission splits a request."""
+        return retained_bytes(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON shape other tools read (names documented in docs/cli.md)."""

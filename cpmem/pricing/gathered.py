@@ -11,18 +11,19 @@ simulated grid's dense CP 4/8 rows without recompute need it (docs/simulated-gri
 
 from __future__ import annotations
 
-from cpmem.pricing.inputs import PricingInput
+from cpmem.step.recompute import Module
+from cpmem.step.step import Step
 
 
-def keeps_gathered_kv(inputs: PricingInput) -> bool:
+def keeps_gathered_kv(inputs: Step) -> bool:
     """Whether the step keeps the gathered K/V of the other CP ranks until backward."""
     layout, rc = inputs.plan.layout, inputs.recompute
-    if layout.cp == 1 or not rc.keeps_gradients or rc.mode == "full":
+    if layout.cp == 1 or not rc.keeps_saved_sets:
         return False
-    return not (rc.mode == "selective" and "core_attn" in rc.modules)
+    return not rc.checkpoints(Module.CORE_ATTN)
 
 
-def gathered_kv_width(inputs: PricingInput, remote_ranks: int) -> int:
+def gathered_kv_width(inputs: Step, remote_ranks: int) -> int:
     """Elements per token of ``remote_ranks`` other CP ranks' K and V that one attention
     layer's core holds, at the rank's TP share of the KV heads: ``remote x 2 x KV_local``."""
     if remote_ranks <= 0:
@@ -31,7 +32,7 @@ def gathered_kv_width(inputs: PricingInput, remote_ranks: int) -> int:
     return remote_ranks * 2 * (g.kv_width // min(tp, g.kv_groups))
 
 
-def gathered_kv_bytes(inputs: PricingInput, tokens: int, remote_ranks: int) -> int:
+def gathered_kv_bytes(inputs: Step, tokens: int, remote_ranks: int) -> int:
     """K and V of ``remote_ranks`` other CP ranks of ``tokens`` tokens each, kept in every
     attention layer until backward (0 where ``keeps_gathered_kv`` is false)."""
     if not keeps_gathered_kv(inputs):

@@ -8,19 +8,19 @@ full recompute, no-grad and MoE (docs/pricing.md, "Beyond the published terms").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.cold import COLD_SETUP
+from cpmem.pricing.components import Component
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.gathered import gathered_kv_bytes
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
 from cpmem.pricing.registry import register_policy
 from cpmem.pricing.widths import LayerWidths, layer_widths
-from cpmem.units import MIB
+from cpmem.step.recompute import Module, Recompute
+from cpmem.step.step import Step
 
-COLD_ALLOWANCE = 64 * MIB  # observed cold kernel set-up is about 58 MiB
 SAFETY = 1.10
 CALIBRATED_CP = 2
 """The largest CP the recorded estimates were calibrated on (golden cells: CP <= 2).
@@ -47,108 +47,109 @@ def feature_width(geometry: ModelGeometry, widths: LayerWidths, recompute: Recom
     """Elements retained per token over all layers, for one recompute setting."""
     layers = list(zip(geometry.mixers, geometry.mlps, strict=True))
     per_layer = [widths.mixer(mix) + widths.ffn(ffn) for mix, ffn in layers]
-    if recompute.mode == "full":
+    if recompute.full:
         # each layer keeps its input; backward recomputes one layer at a time
         return geometry.layers * widths.layer_input + max(per_layer)
-    if recompute.mode == "no-grad":
+    if not recompute.keeps_gradients:
         # nothing is kept; one layer's forward transients are live at a time
         return max(per_layer)
     features = sum(per_layer)
-    if recompute.mode == "selective":
+    if recompute.checkpoints(Module.MLP) and "dense" in geometry.mlps:
         dense = sum(1 for k in geometry.mlps if k == "dense")
-        moe = geometry.moe_layers
-        if "mlp" in recompute.modules and dense:
-            features -= (dense - 1) * (widths.mlp - widths.layer_input)
-        if "moe" in recompute.modules and moe:
-            # the router/dispatch input stays (common width); one layer recomputes
-            features -= (moe - 1) * (widths.moe - widths.common)
+        features -= (dense - 1) * (widths.mlp - widths.layer_input)
+    if recompute.checkpoints(Module.MOE) and geometry.moe_layers:
+        # the router/dispatch input stays (common width); one layer recomputes
+        features -= (geometry.moe_layers - 1) * (widths.moe - widths.common)
     return features
 
 
-def cp_discounted(inputs: PricingInput) -> bool:
+def cp_discounted(step: Step) -> bool:
     """Busiest-rank pricing applies to dense CP with gradients and partial recompute."""
-    return (
-        inputs.plan.layout.cp > 1
-        and inputs.recompute.mode in ("selective", "none")
-        and not inputs.geometry.is_moe
-    )
+    return step.plan.layout.cp > 1 and step.recompute.keeps_saved_sets and not step.geometry.is_moe
+
+
+def busiest_tokens(step: Step) -> tuple[int, list[int]]:
+    """R for the admission figure and each rank's own R: the busiest CP rank's model
+    tokens (TP padding included) where ``cp_discounted``, else the packed count."""
+    plan = step.plan
+    if not cp_discounted(step):
+        return plan.packed_tokens, [plan.packed_tokens] * plan.layout.cp
+    return plan.busiest_tokens, list(plan.rank_tokens)
+
+
+def packed_tokens(step: Step) -> tuple[int, list[int]]:
+    """Every rank charged the packed count (the estimator before busiest-rank pricing)."""
+    plan = step.plan
+    return plan.packed_tokens, [plan.packed_tokens] * plan.layout.cp
+
+
+def all_segment_states(step: Step) -> int:
+    """Bytes of every gradient-enabled segment's states in every GDN layer."""
+    segments = step.plan.grad_segments if step.recompute.keeps_gradients else 0
+    per = segment_state_bytes(step.geometry, step.plan.layout.tp, step.dtype_bytes)
+    return segments * step.geometry.gdn_layers * per
 
 
 @dataclass(frozen=True)
-class ReferenceTerms:
-    """Switches of the reference formula. The defaults are the published model; the
-    other settings are the recorded earlier estimators and the gate's mutants."""
+class ReferenceStructure:
+    """The pieces of the reference formula that differ between the published model
+    (the defaults), ``global`` (``packed_tokens``) and the estimators the golden layer
+    recorded before it, which the gate reproduces (``cpmem.gate``): the tokens each rank
+    is charged, its segment states, its cold allowance."""
 
-    cp_tokens: Literal["busiest", "packed", "average"] = "busiest"
-    segment_states: bool = True
-    cold_allowance: bool = True
-    tp_padding: bool = True
-    fused_swiglu: bool | None = None  # None: the model's own setting
-
-
-def _priced_tokens(inputs: PricingInput, terms: ReferenceTerms) -> tuple[int, list[int]]:
-    """R for the admission figure, and each rank's own R."""
-    plan = inputs.plan
-    cp = plan.layout.cp
-    pad = plan.layout.tp if terms.tp_padding else 1
-    packed = plan.packed_tokens if terms.tp_padding else sum(g.real_tokens for g in plan.groups)
-    if not cp_discounted(inputs) or terms.cp_tokens == "packed":
-        return packed, [packed] * cp
-    if terms.cp_tokens == "average":
-        avg = -(-packed // cp)
-        return avg, [avg] * cp
-    per_group = [g.model_tokens(pad) for g in plan.groups]
-    ranks = [sum(col) for col in zip(*per_group, strict=True)]
-    return sum(max(row) for row in per_group), ranks
+    tokens: Callable[[Step], tuple[int, list[int]]] = busiest_tokens
+    segment_states: Callable[[Step], int] = all_segment_states
+    cold_allowance: int = COLD_SETUP
 
 
-def _price(inputs: PricingInput, policy: str, terms: ReferenceTerms) -> Estimate:
-    geometry, plan, rc = inputs.geometry, inputs.plan, inputs.recompute
-    if terms.fused_swiglu is not None:
-        geometry = geometry.with_fused_swiglu(terms.fused_swiglu)
+REFERENCE = ReferenceStructure()
+GLOBAL = ReferenceStructure(tokens=packed_tokens)
+
+
+def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Estimate:
+    """The reference formula with ``structure``'s pieces, named ``name``."""
+    geometry, plan, rc = step.geometry, step.plan, step.recompute
     layout = plan.layout
-    b = inputs.dtype_bytes
+    b = step.dtype_bytes
     widths = layer_widths(geometry, layout.tp, layout.sp, layout.ep, "concentrated")
     features = feature_width(geometry, widths, rc)
     segments = plan.grad_segments if rc.keeps_gradients else 0
-    seg_bytes = segments * geometry.gdn_layers * segment_state_bytes(geometry, layout.tp, b)
-    if not terms.segment_states:
-        seg_bytes = 0
-    cold = COLD_ALLOWANCE if terms.cold_allowance else 0
+    seg_bytes = structure.segment_states(step)
+    cold = structure.cold_allowance
     static = plan.packed_tokens * geometry.hidden * b * static_floor_layers(geometry)
-    outputs = inputs.outputs
+    outputs = step.outputs
     gathered = outputs if layout.cp > 1 else 0
-    priced, rank_priced = _priced_tokens(inputs, terms)
+    priced, rank_priced = structure.tokens(step)
     # gathered K/V are padded to the largest rank's count: the same on every rank
-    gathered_kv = gathered_kv_bytes(inputs, priced, layout.cp - CALIBRATED_CP)
+    gathered_kv = gathered_kv_bytes(step, priced, layout.cp - CALIBRATED_CP)
 
     def components_for(tokens: int) -> dict[str, int]:
         retained = tokens * b * features
         floor = cold + seg_bytes + retained
-        profile = inputs.profiles.floor(inputs.signature, tokens) if inputs.profiles else 0
+        profile = step.profiles.floor(step.signature, tokens) if step.profiles else 0
         static_excess = max(0, static - floor)
         profile_excess = max(0, profile - max(floor, static))
         before_safety = outputs + floor + static_excess + profile_excess + gathered
         before_safety += gathered_kv
         total = int(before_safety * SAFETY)
-        extra = {"cp_gathered_kv": gathered_kv} if gathered_kv else {}
+        extra: dict[str, int] = {Component.CP_GATHERED_KV: gathered_kv} if gathered_kv else {}
         return {
-            "retained_tokens": retained,
-            "segment_states": seg_bytes,
-            "cold_allowance": cold,
-            "outputs": outputs,
-            "gathered_outputs": gathered,
-            "static_floor": static_excess,
-            "profile_floor": profile_excess,
+            Component.RETAINED_ACTIVATIONS: retained,
+            Component.SEGMENT_STATES: seg_bytes,
+            Component.COLD_SETUP: cold,
+            Component.OUTPUTS: outputs,
+            Component.GATHERED_OUTPUTS: gathered,
+            Component.STATIC_FLOOR: static_excess,
+            Component.PROFILE_FLOOR: profile_excess,
             **extra,
-            "safety_factor": total - before_safety,
+            Component.MARGIN_FACTOR: total - before_safety,
         }
 
     components = components_for(priced)
     per_rank = tuple(sum(components_for(n).values()) for n in rank_priced)
     busiest_rank = max(range(len(per_rank)), key=lambda r: (per_rank[r], -r))
     return Estimate(
-        policy=policy,
+        policy=name,
         estimate_bytes=sum(components.values()),
         busiest_rank=busiest_rank,
         busiest_tokens=priced,
@@ -163,24 +164,16 @@ def _price(inputs: PricingInput, policy: str, terms: ReferenceTerms) -> Estimate
         tp=layout.tp,
         cp=layout.cp,
         sp=layout.sp,
-        retained_bytes=components["retained_tokens"]
-        + components["segment_states"]
-        + components.get("cp_gathered_kv", 0),
     )
 
 
 @register_policy("reference")
-def reference_policy(inputs: PricingInput) -> Estimate:
+def reference_policy(step: Step) -> Estimate:
     """The published model: busiest-rank tokens for dense CP selective/none."""
-    return _price(inputs, "reference", ReferenceTerms())
+    return price_reference(step, REFERENCE, "reference")
 
 
 @register_policy("global")
-def global_policy(inputs: PricingInput) -> Estimate:
+def global_policy(step: Step) -> Estimate:
     """The pre-CP-aware estimator: every rank charged the packed token count."""
-    return _price(inputs, "global", ReferenceTerms(cp_tokens="packed"))
-
-
-def price_reference(inputs: PricingInput, terms: ReferenceTerms, name: str) -> Estimate:
-    """The reference formula with some terms switched (earlier estimators, mutants)."""
-    return _price(inputs, name, terms)
+    return price_reference(step, GLOBAL, "global")

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from cpmem.errors import InputError
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.inputs import PricingInput
+from cpmem.step.step import Step
 
-Policy = Callable[[PricingInput], Estimate]
+Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}
 
 
@@ -24,7 +24,7 @@ def register_policy(name: str) -> Callable[[Policy], Policy]:
     return wrap
 
 
-def price(inputs: PricingInput, policy: str = "reference") -> Estimate:
+def price(inputs: Step, policy: str = "reference") -> Estimate:
     """Price ``inputs`` with the named policy."""
     try:
         fn = POLICIES[policy]

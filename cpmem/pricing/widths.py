@@ -9,11 +9,9 @@ sequence parallelism is on (and TP > 1), else 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from cpmem.model.geometry import ModelGeometry
-
-MoeRouting = Literal["concentrated", "balanced"]
+from cpmem.step.step import MoeRouting
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""The one vocabulary of estimate components, shared by every policy.
+
+A policy's ``Estimate.components`` (and ``forward_backward_components``) are named from
+``Component``; a policy uses the names for the terms it prices and need not use all of
+them. Admission reads the vocabulary, never a policy's own names: what a forward keeps
+until backward (``RETAINED``) is what a request split into sub-forwards keeps once per
+part, the rest being workspace live for one part at a time (``split_cost``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Protocol
+
+
+class Component(StrEnum):
+    """Where an estimate's bytes go."""
+
+    RETAINED_ACTIVATIONS = "retained_activations"
+    """Activations every layer keeps for backward (per token, over all layers)."""
+    SEGMENT_STATES = "segment_states"
+    """Recurrent GDN states kept per gradient-enabled segment: they do not shrink with CP."""
+    CP_GATHERED_KV = "cp_gathered_kv"
+    """Other CP ranks' K and V, all-gathered and saved by the attention kernel."""
+    ROPE_TABLES = "rope_tables"
+    """The rotary embedding's cos/sin tables, live through backward."""
+    OUTPUTS = "outputs"
+    """The returned outputs (by default the hidden states of the logical tokens)."""
+    GATHERED_OUTPUTS = "gathered_outputs"
+    """The outputs gathered over CP before they are unpacked."""
+    LAYER_TRANSIENT = "layer_transient"
+    """What one layer holds while it runs, on top of what is kept."""
+    BACKWARD_TRANSIENT = "backward_transient"
+    """The larger of the forward's transient and the backward's first moment."""
+    COLD_SETUP = "cold_setup"
+    """Kernel set-up of the first forward of a process."""
+    COLD_BACKWARD_SETUP = "cold_backward_setup"
+    """Kernel set-up of the first backward of a process."""
+    STATIC_FLOOR = "static_floor"
+    """The reference's legacy floor, where it exceeds the activations."""
+    PROFILE_FLOOR = "profile_floor"
+    """A learned profile's floor, where it exceeds everything else."""
+    MARGIN_FACTOR = "margin_factor"
+    """A policy's multiplicative margin on its sum."""
+    MARGIN_ALLOWANCE = "margin_allowance"
+    """A policy's fixed allowance."""
+    FORWARD_PEAK_EXCESS = "forward_peak_excess"
+    """Where the forward peak exceeds the backward's: the step's peak is the forward's."""
+
+
+NAMES: frozenset[str] = frozenset(c.value for c in Component)
+
+RETAINED: frozenset[Component] = frozenset(
+    {
+        Component.RETAINED_ACTIVATIONS,
+        Component.SEGMENT_STATES,
+        Component.CP_GATHERED_KV,
+        Component.ROPE_TABLES,
+    }
+)
+"""What a forward keeps until its backward: kept once per part of a split request."""
+
+
+class HasComponents(Protocol):
+    @property
+    def components(self) -> Mapping[str, int]: ...
+
+
+def retained_bytes(estimate: HasComponents) -> int:
+    """The bytes of an estimate's forward that stay live until its backward."""
+    return sum(b for name, b in estimate.components.items() if name in RETAINED)
+
+
+def check_names(components: Mapping[str, int], policy: str) -> None:
+    """Every component is named from the vocabulary (a policy's own name would be
+    invisible to admission)."""
+    unknown = sorted(set(components) - NAMES)
+    if unknown:
+        raise AssertionError(f"policy {policy!r} names components outside Component: {unknown}")

@@ -1,0 +1,206 @@
+"""``describe_step``: the one way from user-level arguments to a ``Step``.
+
+The API (``cpmem.api.estimate``), the CLI (through the API), admission, width
+selection, the gate's conversions of golden cells and simulated rows, the external
+estimators' export and the tests all build what they price here, so an option given
+anywhere reaches pricing the same way, with the same checks and warnings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypedDict, Unpack
+
+from cpmem.errors import InputError
+from cpmem.model.geometry import ModelGeometry
+from cpmem.model.load import load_model
+from cpmem.plan.layout import ParallelLayout, round_up
+from cpmem.plan.plan import Plan, explicit_plan
+from cpmem.plan.request import Request
+from cpmem.step.profiles import ProfileStore
+from cpmem.step.recompute import Recompute
+from cpmem.step.step import MoeRouting, Step, StepSettings
+
+
+class SettingsArguments(TypedDict, total=False):
+    """``describe_settings``'s keywords, for callers that pass them through."""
+
+    config: str | Path | dict[str, Any] | None
+    fused_swiglu: bool | None
+    tp: int
+    cp: int
+    sp: bool | None
+    ep: int
+    recompute: str | Recompute
+    modules: str | Sequence[str] | None
+    planner: str | None
+    compiled: bool
+    moe_routing: MoeRouting
+    cold: bool
+    profiles: ProfileStore | str | Path | None
+    output_bytes: int | None
+    allow_long: bool
+
+
+class StepArguments(SettingsArguments, total=False):
+    """``describe_step``'s keywords: the settings and what the step holds."""
+
+    shared_prefix: int
+    request: Request | None
+    plan: Plan | None
+    logical_tokens: int | None
+    packed_tokens: int | None
+    rank_tokens: Sequence[int] | None
+    busiest_tokens: int | None
+    segments: int | None
+    gdn_rank_tokens: Sequence[int] | None
+
+
+def describe_settings(
+    model: str | ModelGeometry | None = None,
+    *,
+    config: str | Path | dict[str, Any] | None = None,
+    fused_swiglu: bool | None = None,
+    tp: int = 1,
+    cp: int = 1,
+    sp: bool | None = None,
+    ep: int = 1,
+    recompute: str | Recompute = "selective",
+    modules: str | Sequence[str] | None = None,
+    planner: str | None = None,
+    compiled: bool = False,
+    moe_routing: MoeRouting = "concentrated",
+    cold: bool = True,
+    profiles: ProfileStore | str | Path | None = None,
+    output_bytes: int | None = None,
+    allow_long: bool = False,
+) -> StepSettings:
+    """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
+    geometry), the layout (SP defaults to on when TP > 1, as Megatron runs it), the
+    recompute setting, the execution flags, learned ``profiles`` (a store or the path of
+    its JSON file) and the planner (None: the model's default)."""
+    geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
+    layout = ParallelLayout(tp=tp, cp=cp, sp=(tp > 1) if sp is None else sp, ep=ep)
+    rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
+    store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
+    return StepSettings(
+        geometry=geometry,
+        layout=layout,
+        recompute=rc,
+        compiled=compiled,
+        moe_routing=moe_routing,
+        cold=cold,
+        profiles=store,
+        planner=planner,
+        output_bytes=output_bytes,
+        allow_long=allow_long,
+    )
+
+
+def describe_step(
+    model: str | ModelGeometry | None = None,
+    lengths: Sequence[int] | None = None,
+    *,
+    shared_prefix: int = 0,
+    request: Request | None = None,
+    plan: Plan | None = None,
+    logical_tokens: int | None = None,
+    packed_tokens: int | None = None,
+    rank_tokens: Sequence[int] | None = None,
+    busiest_tokens: int | None = None,
+    segments: int | None = None,
+    gdn_rank_tokens: Sequence[int] | None = None,
+    **settings: Unpack[SettingsArguments],
+) -> Step:
+    """One step, from exactly one of:
+
+    - ``lengths`` (+ ``shared_prefix``) or a ``request``: planned by the settings'
+      planner, refused when a sequence is longer than the model's positions (unless
+      ``allow_long``) or a CP rank is left empty;
+    - the counts of a plan the runtime fixed: ``logical_tokens``, ``packed_tokens`` and
+      ``segments``, with ``rank_tokens`` (one per CP rank) or ``busiest_tokens`` (the
+      other ranks share the rest evenly), and ``gdn_rank_tokens`` where GDN layers are cut
+      differently; with ``lengths`` too (a recorded cell), ``packed_tokens`` says whether
+      the shared prefix was stored once and ``segments`` defaults to that request's;
+    - a ready ``plan``.
+
+    ``settings`` are ``describe_settings``'s keywords (model layout, recompute, execution
+    flags, profiles, planner, outputs).
+    """
+    s = describe_settings(model, **settings)
+    counts = {
+        "logical_tokens": logical_tokens,
+        "packed_tokens": packed_tokens,
+        "rank_tokens": rank_tokens,
+        "busiest_tokens": busiest_tokens,
+        "gdn_rank_tokens": gdn_rank_tokens,
+    }
+    explicit = any(v is not None for v in counts.values())
+    sources = [
+        n for n, v in (("lengths", lengths), ("request", request), ("plan", plan)) if v is not None
+    ]
+    if explicit:
+        sources.append("plan counts")
+    if len(sources) > 1 and sources != ["lengths", "plan counts"]:
+        raise InputError(
+            "request", "+".join(sources), "give lengths, a request, a plan or a plan's counts"
+        )
+    if plan is not None:
+        return s.step_for_plan(plan)
+    if explicit:
+        return _explicit_step(s, lengths, shared_prefix, segments, counts)
+    if request is None:
+        if lengths is None:
+            raise InputError("lengths", None, "give lengths, a request or a plan")
+        request = Request.shared(list(lengths), shared_prefix)
+    return s.step(request)
+
+
+def _explicit_step(
+    s: StepSettings,
+    lengths: Sequence[int] | None,
+    shared_prefix: int,
+    segments: int | None,
+    counts: dict[str, Any],
+) -> Step:
+    """A plan from a runtime's counts; with the sequence ``lengths`` behind them, the
+    request as the runtime packed it fills in the real tokens and segments."""
+    packed = counts["packed_tokens"]
+    if packed is None:
+        raise InputError("packed_tokens", None, "required for an explicit plan")
+    packed_as = None
+    if lengths is not None:
+        packed_as = Request.as_packed(list(lengths), shared_prefix, packed, s.layout.tp)
+        logical = counts["logical_tokens"]
+        if logical is not None and logical != packed_as.logical_tokens:
+            raise InputError(
+                "logical_tokens", logical, f"differs from sum(lengths) = {packed_as.logical_tokens}"
+            )
+        counts["logical_tokens"] = packed_as.logical_tokens
+        if segments is None:
+            segments = packed_as.grad_segments
+    if counts["logical_tokens"] is None:
+        raise InputError("logical_tokens", None, "required for an explicit plan")
+    if segments is None:
+        raise InputError("segments", None, "required for an explicit plan")
+    rank_tokens = counts["rank_tokens"]
+    if rank_tokens is not None and len(rank_tokens) != s.layout.cp:
+        raise InputError(
+            "rank_tokens", list(rank_tokens), f"gives {len(rank_tokens)} ranks; cp is {s.layout.cp}"
+        )
+    one_rank = s.layout.cp == 1 and counts["busiest_tokens"] is None
+    if rank_tokens is None and one_rank and packed_as is not None:
+        # the one rank holds the real tokens the runtime padded to TP
+        real = packed_as.real_tokens
+        rank_tokens = [real if round_up(real, s.layout.tp) == packed else packed]
+    plan = explicit_plan(
+        s.layout,
+        logical_tokens=counts["logical_tokens"],
+        packed_tokens=packed,
+        grad_segments=segments,
+        rank_tokens=rank_tokens,
+        busiest_tokens=counts["busiest_tokens"],
+        gdn_rank_tokens=counts["gdn_rank_tokens"],
+    )
+    return Step(s, plan, None, ())

@@ -1,0 +1,167 @@
+"""The step a policy prices: how it runs (``StepSettings``) and what it holds (``Step``).
+
+``StepSettings`` is everything but the tokens: the model, the parallel layout, the
+recompute setting, the execution flags (compiled, MoE routing, cold), learned profiles,
+the planner asked for and the returned outputs' size. A ``Step`` is one forward under
+those settings: its plan (who owns which tokens) and, where it was planned from one,
+its request, with the warnings its checks raised. Every variant a caller prices
+(admission's alternative layouts and split parts, width selection's prefixes of a
+queue, a suggestion's other CP or recompute) is derived from a step or its settings
+here, so each is planned and checked the one way ``describe_step`` plans and checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from cpmem.errors import InputError
+from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import Plan
+from cpmem.plan.planners import check_ranks, plan_request
+from cpmem.plan.request import Request
+from cpmem.step.profiles import ProfileSignature, ProfileStore
+from cpmem.step.recompute import Recompute
+
+MoeRouting = Literal["concentrated", "balanced"]
+MOE_ROUTINGS: tuple[MoeRouting, ...] = ("concentrated", "balanced")
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How a step runs, whatever its tokens.
+
+    ``planner`` None: the model's default planner. ``output_bytes`` None: the hidden
+    states the calibration harness returns (logical tokens x hidden x dtype bytes).
+    ``cold``: the step is the first of its process (kernel set-up not yet paid), the
+    safe default for admission, since a planner rarely knows. ``allow_long`` prices
+    sequences longer than the model's ``max_position_embeddings`` with a warning.
+    """
+
+    geometry: ModelGeometry
+    layout: ParallelLayout = ParallelLayout()
+    recompute: Recompute = Recompute()
+    compiled: bool = False
+    moe_routing: MoeRouting = "concentrated"
+    cold: bool = True
+    profiles: ProfileStore | None = None
+    planner: str | None = None
+    output_bytes: int | None = None
+    allow_long: bool = False
+    dtype_bytes: int = BF16_BYTES
+
+    def __post_init__(self) -> None:
+        self.geometry.check_tp(self.layout.tp)
+        if self.moe_routing not in MOE_ROUTINGS:
+            raise InputError(
+                "moe_routing", self.moe_routing, f"must be one of {list(MOE_ROUTINGS)}"
+            )
+        if self.output_bytes is not None and (
+            isinstance(self.output_bytes, bool)
+            or not isinstance(self.output_bytes, int)
+            or self.output_bytes < 0
+        ):
+            raise InputError("output_bytes", self.output_bytes, "must be an integer >= 0")
+
+    def step(self, request: Request, planner: str | None = None) -> Step:
+        """``request`` planned under these settings (``planner`` overrides the settings'
+        planner), with the checks every planned step gets: sequences within the model's
+        positions (or a warning under ``allow_long``) and no CP rank left empty (a warning
+        where a rank holds less than one attention block)."""
+        warnings = self.geometry.check_lengths(request.sequence_lengths, self.allow_long)
+        chosen = self.planner if planner is None else planner
+        plan = plan_request(request, self.layout, chosen, self.geometry)
+        warnings += check_ranks(plan, request.real_tokens)
+        return Step(self, plan, request, tuple(warnings))
+
+    def step_for_plan(self, plan: Plan) -> Step:
+        """A plan the runtime already fixed (an explicit plan), under these settings."""
+        if plan.layout != self.layout:
+            raise InputError(
+                "plan", plan.layout, f"was laid out for another layout than {self.layout}"
+            )
+        return Step(self, plan, None, ())
+
+    def replace(self, **changes: Any) -> StepSettings:
+        """These settings with some changed (checked again)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One forward under ``settings``: its plan and, when planned from one, its request.
+
+    Everything a policy may read. ``request`` is None for a plan the runtime fixed
+    (admission then considers no other layout and no split)."""
+
+    settings: StepSettings
+    plan: Plan
+    request: Request | None = None
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def geometry(self) -> ModelGeometry:
+        return self.settings.geometry
+
+    @property
+    def recompute(self) -> Recompute:
+        return self.settings.recompute
+
+    @property
+    def compiled(self) -> bool:
+        return self.settings.compiled
+
+    @property
+    def moe_routing(self) -> MoeRouting:
+        return self.settings.moe_routing
+
+    @property
+    def cold(self) -> bool:
+        return self.settings.cold
+
+    @property
+    def profiles(self) -> ProfileStore | None:
+        return self.settings.profiles
+
+    @property
+    def dtype_bytes(self) -> int:
+        return self.settings.dtype_bytes
+
+    @property
+    def outputs(self) -> int:
+        """Bytes of the outputs the forward returns (the hidden states by default)."""
+        if self.settings.output_bytes is not None:
+            return self.settings.output_bytes
+        return self.plan.logical_tokens * self.geometry.hidden * self.dtype_bytes
+
+    @property
+    def signature(self) -> ProfileSignature:
+        """The key of this step's learned profile."""
+        layout = self.plan.layout
+        return ProfileSignature(
+            model=self.geometry.name,
+            tp=layout.tp,
+            cp=layout.cp,
+            mode=str(self.recompute.mode),
+            modules="+".join(self.recompute.modules),
+            compiled=self.compiled,
+        )
+
+    def replanned(self, planner: str) -> Step:
+        """The same request laid out by ``planner`` (admission's alternative layouts)."""
+        return self.settings.step(self._request("replanned"), planner)
+
+    def for_request(self, request: Request) -> Step:
+        """Another request under the same settings (split parts, queue prefixes)."""
+        return self.settings.step(request)
+
+    def with_settings(self, **changes: Any) -> Step:
+        """The same request planned under changed settings (another CP, recompute...)."""
+        return self.settings.replace(**changes).step(self._request("with_settings"))
+
+    def _request(self, what: str) -> Request:
+        if self.request is None:
+            raise InputError("request", None, f"{what}: the step has an explicit plan, no request")
+        return self.request
