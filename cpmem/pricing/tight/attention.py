@@ -1,0 +1,147 @@
+"""An attention layer in ``tight``: its saved set, its peak without gradients, its
+backward, and what it holds under CP (the gathered K/V) and for rotary embedding.
+
+megatron-core 0.16's ``SelfAttention`` as the rank simulator runs it (oracles/rank_sim/),
+with the measured runtime's extra query-wide tensors (``calibrated``)."""
+
+from __future__ import annotations
+
+from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width
+from cpmem.pricing.tight.calibrated import EAGER_NONE_GATED, UNGATED_RUNTIME_Q
+from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
+from cpmem.step.recompute import Module
+from cpmem.step.step import Step
+
+GATE_SIGMOID_Q = 2
+"""Q-multiples of the output gate's sigmoid, which gated attention keeps in fp32:
+megatron-core's ``_apply_output_gate`` computes ``(out * sigmoid(gate.float())).to(bf16)``
+and keeps the fp32 sigmoid for the product's backward (``2Q``; the saved-tensor oracle's
+bf16 gate kept ``Q``). With the QKV+gate projection (``2Q + 2KV``), the roped q and k,
+the kernel output and the bf16 gated output (``Q`` each) the layer keeps ``7Q + 3KV``.
+Rank simulator, Qwen3.5-4B TP1, 8,192 tokens: 41,004 elements per token per attention
+layer = ``2H + 7Q + 3KV`` + the query's per-group copy ``Q`` + the fp32 softmax
+statistics. The simulator with this set matches the measured 27B TP4/TP8 cells (one
+query group per rank: no copy) within 1%. The copy is not priced on gated attention: on
+the measured 4B (TP1 CP2, TP2: more than one group per rank) the simulator is 1.1-2.3%
+over the ``core_attn`` peaks (golden/reports/rank_sim_validation.md)."""
+
+UNGATED_GROUP_COPY_Q = 1
+"""Q-multiples of the query's per-group copy on ungated attention where the rank holds
+more than one query group: megatron-core 0.16's ``get_query_key_value_tensors`` splits
+the per-group QKV projection and reshapes the query to heads, which copies when the
+groups interleave (one group per rank: a view). The rank simulator keeps it
+(Qwen3-32B-style, 4,096 tokens, ``core_attn``: ``3Q + 3KV`` + this at TP1, ``3Q + 3KV``
+at TP8, one group per rank); every measured ungated cell (Qwen3-1.7B TP2 and CP2: 4 and
+8 groups per rank) holds it and ``UNGATED_RUNTIME_Q`` besides. Not priced on gated
+attention (``GATE_SIGMOID_Q``)."""
+
+FLASH_BACKWARD_DQ_Q = 3
+"""Q-multiples of a flash attention backward's query gradient: dq (bf16) and its fp32
+accumulator (oracles/rank_sim/kernels.py ``FlashAttention.backward``, "FlashAttention-2's
+contract"). With the head-expanded dk/dv over the CP-gathered tokens it is what the
+simulator's full-recompute rows at CP 8 peak on (Qwen3.5-4B TP1 CP8, 16,384 tokens per
+rank: 2.3% under the simulated forward+backward peak without it)."""
+
+ROPE_TABLES = 2
+"""head_dim-wide bf16 tables the step's rotary embedding keeps per rank token: cos and
+sin, allocated once per step and live through backward (recompute reads them). Rank
+simulator (oracles/rank_sim/runner.py, label ``rope``: two ``(tokens, head_dim)`` bf16
+tables; megatron's unfused ``_apply_rotary_pos_emb_bshd`` saves only the tables): 512
+elements per token on Qwen3.5-35B-A3B (head_dim 256), whatever the TP degree."""
+
+
+def core_width(geometry: ModelGeometry, tp: int, eager_none: bool) -> int:
+    """Elements per token one attention layer keeps beyond the common norm/LoRA input.
+
+    Gated: the QKV+gate projection output (``2Q + 2KV``; K and V are views of it), the
+    roped q and k, the kernel output, and the output gate's fp32 sigmoid and gated output
+    (``GATE_SIGMOID_Q``) -> ``7Q + 3KV``. Ungated: the oracle's CPU flash kernel keeps
+    ``3Q + 3KV``, the measured runtime one more Q (``UNGATED_RUNTIME_Q``) and, where the
+    rank holds more than one query group, the per-group query copy
+    (``UNGATED_GROUP_COPY_Q``). Eager gated attention outside a ``core_attn`` checkpoint
+    also keeps ``EAGER_NONE_GATED`` (``eager_none``). With fewer KV groups than TP ranks
+    the replicated-QKV LoRA path adds the rest of the full-width projection."""
+    q, kv = geometry.q_width, geometry.kv_width
+    gated = geometry.attention_output_gate
+    if gated:
+        g = 5 + GATE_SIGMOID_Q
+    else:
+        groups_per_rank = geometry.kv_groups // tp if geometry.kv_groups >= tp else 1
+        g = 3 + UNGATED_RUNTIME_Q + (UNGATED_GROUP_COPY_Q if groups_per_rank > 1 else 0)
+    core = (g * q + 3 * kv) // tp
+    if gated and eager_none:
+        core += EAGER_NONE_GATED * q // tp
+    if geometry.kv_groups < tp:  # replicated-QKV LoRA path
+        core += ((2 if gated else 1) * q + 2 * kv) * (tp - 1) // tp
+    return core
+
+
+def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """One attention mixer's peak without gradients, beside the kept layer inputs: its
+    SP-gathered (or, at TP 1, plain) norm output ``H``, the local norm output being freed
+    once gathered and nothing being saved; then the larger of two moments: the QKV
+    projection formed as base + LoRA delta + sum (``LORA_SUM_COPIES x projection/t``),
+    and, with fewer KV groups than TP ranks, megatron's all-gather of the projection to
+    full width (the gather buffer and its concatenation, two full-width copies, beside
+    the local projection). Under CP the gathered K/V on top. Rank simulator, full
+    recompute, 8,192 tokens, the attention layer's forward peak per token (a test holds
+    them): Qwen3.5-4B TP8 24,320 = ``H + proj/t + 2 proj``; Qwen3.5-27B TP8 35,584;
+    Qwen3-Next-style TP4 22,784."""
+    q, kv, tp = geometry.q_width, geometry.kv_width, w.tp
+    projection = (2 if geometry.attention_output_gate else 1) * q + 2 * kv
+    moment = LORA_SUM_COPIES * projection // tp
+    if geometry.kv_groups < tp:
+        moment = max(moment, projection // tp + 2 * projection)
+    gathered = gathered_kv_width(step, step.plan.layout.cp - 1)
+    return geometry.hidden + moment + gathered
+
+
+def flash_backward_width(step: Step, tp: int) -> int:
+    """Elements per token a flash attention backward allocates (FlashAttention-2's
+    contract as the rank simulator lays it out): dq, its fp32 accumulator
+    (``FLASH_BACKWARD_DQ_Q``) and dk, dv expanded to the query heads for every token the
+    kernel saw, i.e. every CP rank's under CP (``2 x CP x Q/t``)."""
+    q = step.geometry.q_width
+    return (FLASH_BACKWARD_DQ_Q + 2 * step.plan.layout.cp) * q // tp
+
+
+def backward_phase(step: Step, w: TightWidths) -> int:
+    """Elements per token the attention mixer's backward holds on top of the retained set
+    and the incoming gradient: the flash backward, with the recomputed core under a
+    ``core_attn`` checkpoint."""
+    phase = flash_backward_width(step, w.tp)
+    if step.recompute.checkpoints(Module.CORE_ATTN):
+        phase += w.attention_core
+    return phase
+
+
+def recompute_width(step: Step, w: TightWidths) -> int:
+    """Under full recompute, the attention mixer recomputed with gradients: its saved set
+    and, under CP, the gathered K/V of the other ranks."""
+    return w.attention + gathered_kv_width(step, step.plan.layout.cp - 1)
+
+
+def cp_gathered_kv_bytes(step: Step, busiest: int, tokens: int | None = None) -> int:
+    """K and V of every other CP rank, all-gathered inside the core attention (padded to
+    the largest rank's count ``busiest``) and saved by the flash kernel for backward,
+    beyond the local K/V the widths already hold (``cpmem.pricing.gathered``: only where
+    no ``core_attn`` checkpoint drops them; under full recompute one layer holds them at
+    a time, priced in that layer's width). The simulated grid's dense CP 8 rows without
+    recompute miss by up to 7% without it (docs/simulated-grid.md). Measured only on the
+    4B CP 2 cells without recompute, where it is 0.6% of the peak. For a rank of
+    ``tokens`` below the largest, its own slot of the padded buffer too (the widths hold
+    only its ``tokens``): the simulator's small ranks of the skewed CP 4/8 rows without
+    recompute are 2-3% under without it."""
+    own_padding = 0 if tokens is None else max(0, busiest - tokens)
+    remote = gathered_kv_bytes(step, busiest, step.plan.layout.cp - 1)
+    return remote + gathered_kv_bytes(step, own_padding, 1)
+
+
+def rope_table_bytes(step: Step, tokens: int) -> int:
+    """The rope cos/sin tables (``ROPE_TABLES``) at ``tokens``, for a model with attention
+    layers (GDN layers take no rope)."""
+    g = step.geometry
+    if "attention" not in g.mixers:
+        return 0
+    return ROPE_TABLES * g.head_dim * tokens * step.dtype_bytes

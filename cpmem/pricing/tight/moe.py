@@ -1,0 +1,116 @@
+"""An MoE layer in ``tight``: megatron-core 0.16's ``MoELayer`` with the ``alltoall``
+dispatcher, as the rank simulator restates it (oracles/rank_sim/moe.py;
+oracles/rank_sim/README.md "MoE"): its saved set per routed row and per token, and what
+its forward holds beyond it while it dispatches and combines."""
+
+from __future__ import annotations
+
+from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
+from cpmem.pricing.tight.mlp import swiglu_saved
+from cpmem.pricing.tight.widths import TightWidths
+from cpmem.pricing.widths import common_width, moe_rows_per_token, sp_divisor
+from cpmem.step.step import MoeRouting, Step
+
+MOE_ROW_EAGER_F = 6
+"""F_e-multiples one routed expert row keeps in eager mode beside its H-wide input
+(megatron-core 0.16's unfused probs-weighted GLU, ``bias_activation_fusion`` off, as the
+rank simulator restates it in oracles/rank_sim/moe.py ``MoE.activation``): the fc1
+output (``2F_e``, which ``silu`` saves), ``silu(x0)`` and ``x1 + 0`` (the GLU product's
+inputs), the GLU output (saved by the fp32 probs scaling) and the scaled bf16 output
+(fc2's LoRA input): ``H + 6·F_e`` per row. Simulator, Qwen3.5-35B-A3B TP4 EP4
+``core_attn``, 4,096 and 8,192 tokens: concentrated minus balanced is 5,124 elements per
+six rows per token and layer (``H + 6·F_e + MOE_ROW_SMALL``). It validates on the measured
+eager concentrated ``core_attn`` cells within 0.974-1.007 (oracles/rank_sim/README.md,
+"MoE"); the reference's ``2H + c·F_e`` keeps a second H-wide copy megatron's code does
+not (7-8% over those cells in the simulator)."""
+
+MOE_ROW_COMPILED_F = 3
+"""F_e-multiples one routed expert row keeps under torch.compile: the fused
+``weighted_bias_swiglu`` saved set, the fc1 output (``2F_e``), and the activation output
+fc2's LoRA saves (``F_e``): ``H + 3·F_e`` (the simulator's ``--compiled``; 3,588 elements
+per row with ``MOE_ROW_SMALL``)."""
+
+MOE_ROW_SMALL = 4
+"""bf16-equivalent elements per expert row besides the H and F_e-wide tensors: the row's
+fp32 routing prob (2; saved by the probs scaling) and the two rank-1 LoRA activations
+(fc1's and fc2's adapters, 1 each). Simulator (above): 5,124 = H + 6·F_e + 4."""
+
+MOE_ROUTER_PER_TOPK = 10
+"""bf16-equivalent elements per local token and routed slot the router and ``permute``
+keep (megatron ``topk_routing_with_score_function`` and the unfused ``permute``, as the
+simulator restates them): the fp32 top-k softmax output (2), the int64 top-k indices (4,
+saved by ``topk`` and the probs ``scatter``) and the int64 sorted token indices
+(``unpermute`` saves them, 4). With the transposed bool routing map (``masked_select``
+saves it: ``E`` bytes, ``E/2`` elements) per local token."""
+
+MOE_DISPATCH_ROW_H = 3
+"""H-multiples per expert row an MoE layer holds at its forward peak beyond its saved set
+(megatron's ``MoELayer.forward`` as oracles/rank_sim/moe.py restates it): during the
+combine the experts' fc2 output, its un-sorted copy (``sort_chunks_by_idxs``) and the
+dispatched all-to-all output, which ``MoELayer.forward``'s frame keeps until the layer
+returns; with the dispatched fp32 probs (2 elements per row). Per local token the dense
+fp32 probs (``2E``) and one H-wide buffer (the shared expert's output). Simulator,
+Qwen3.5-35B-A3B TP4 EP4 SP ``core_attn``, 8,192 tokens: forward peak minus the saved
+sets is 49,808 elements per token concentrated (8 rows) and 12,932 balanced (2 rows),
+eager and compiled alike = ``rows·(3H + 2) + (H + 2E)/s``."""
+
+
+def saved_width(
+    geometry: ModelGeometry,
+    tp: int,
+    sp: bool,
+    ep: int,
+    routing: MoeRouting,
+    compiled: bool,
+) -> int:
+    """Elements per (global) token one MoE layer keeps:
+
+    - the common norm/LoRA input (``common_width``: the local norm output, the shared
+      expert's SP-gathered input and the layer's output);
+    - per routed row (``moe_rows_per_token``, the routing the caller states) its
+      ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
+      ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
+      ``MOE_ROW_SMALL``;
+    - the router per local token: ``MOE_ROUTER_PER_TOPK·top_k + E/2``;
+    - the shared expert: its SwiGLU's saved set (``c·F_s/t``) and the gated product's
+      saved expert output (``H`` per local token).
+
+    The reference's ``moe_width`` keeps ``2H + c·F_e`` per row (a second H-wide copy the
+    simulator's megatron code has not).
+    Simulator, Qwen3.5-35B-A3B TP4 EP4 SP, eager: 45,001.2 elements per token and layer
+    concentrated, 14,257.2 balanced (this: 45,012 and 14,268)."""
+    if not geometry.is_moe:
+        return 0
+    s = sp_divisor(tp, sp)
+    h, fe = geometry.hidden, geometry.expert_ffn
+    f = MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F if compiled else MOE_ROW_EAGER_F
+    if geometry.activation_clamp is not None:
+        f += 2
+    rows = moe_rows_per_token(geometry, ep, routing)
+    routed = rows * (h + f * fe + MOE_ROW_SMALL)
+    router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
+    shared = 0
+    if geometry.shared_expert_ffn:
+        shared = swiglu_saved(geometry, compiled) * geometry.shared_expert_ffn // tp + h // s
+    return common_width(geometry, tp, sp) + routed + router + shared
+
+
+def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token the last MoE layer holds at its forward peak beyond its saved
+    set (``MOE_DISPATCH_ROW_H``): ``rows·(3H + 2) + (H + 2E)/s``. Priced where the MoE
+    layers keep their saved sets (no ``moe`` checkpoint); a checkpointed MoE's forward is
+    priced by its saved set (``checkpointed_width``)."""
+    layout = step.plan.layout
+    tp, sp = w.tp, layout.sp and w.tp > 1
+    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing)
+    h = geometry.hidden
+    return rows * (MOE_DISPATCH_ROW_H * h + 2) + (h + 2 * geometry.num_experts) // sp_divisor(
+        tp, sp
+    )
+
+
+def checkpointed_width(w: TightWidths) -> int:
+    """What a ``moe`` checkpoint drops and its recompute (or its no-grad forward) holds
+    again: the layer's saved set beyond the common norm/LoRA input."""
+    return w.moe - w.common

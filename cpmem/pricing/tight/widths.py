@@ -1,0 +1,31 @@
+"""What every layer kind's module of ``tight`` reads: the widths of one model at one
+layout, and the LoRA'd projection's forming moment they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpmem.pricing.widths import LayerWidths
+
+LORA_SUM_COPIES = 3
+"""Where a LoRA'd projection forms its output, three output-wide tensors are live: the
+frozen base output, the rank-1 adapter's delta ``B(Ax)`` (output-wide) and their sum. A
+pass without gradients (every layer under full recompute, a no-grad forward, a
+checkpointed module's forward) saves nothing, so that moment is its peak: on the SwiGLU's
+gate‖up projection ``3 x 2F/t`` (``mlp.nograd_width``), on attention's QKV projection
+``3 x projection/t`` (``attention.nograd_width``). Rank simulator
+(oracles/rank_sim/layers.py ``LoRAColumn``), 8,192 tokens at TP1: the full-recompute
+forward peak is the layer inputs plus ``2H + 6F`` (Qwen3.5-4B: 142,848 elements per token
+= 33H + rope + 57,856); under selective ``mlp`` the forward peak minus the retained set is
+``H + 6F`` (38,912 on Qwen3-1.7B, 57,856 on Qwen3.5-4B)."""
+
+
+@dataclass(frozen=True)
+class TightWidths(LayerWidths):
+    """Elements per token kept by one layer of each kind (oracle saved sets), plus the
+    parts a selective recompute drops: the core attention's and the SwiGLU's."""
+
+    attention_core: int
+    mlp_core: int
+    tp: int
+    """The TP degree the widths are sharded by (workspaces added to them follow it)."""
