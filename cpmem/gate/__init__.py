@@ -1,7 +1,9 @@
-"""The estimator gate: golden cells to priced inputs, checks, targets, power studies,
-controls, fitting and reports.
+"""The estimator gate: a policy (or an external estimator) checked against the measured
+tier (golden cells: coverage, conformance to recorded estimates, refusals, controls,
+power, targets, the request path) and the simulated tier (the rank simulator's grid).
 
-May import everything above it (model, plan, pricing, admission, golden).
+May import everything of the estimator, ``golden``, ``samples``, ``calibration`` and
+``reports``.
 """
 
 # The gate reads golden/ as DataFrames: without the golden extra (pandas, pandera) this

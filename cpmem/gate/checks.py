@@ -7,30 +7,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cpmem.admission.admission import admit_plan
+from cpmem.admission.admission import admit_step
 from cpmem.gate.claims import Claim
-from cpmem.gate.controls import (
-    CONTROL_POLICIES,
+from cpmem.gate.controls import CONTROL_POLICIES, compute_controls
+from cpmem.gate.controls_diff import compare_controls
+from cpmem.gate.controls_file import (
     CONTROLS_FILE,
     ControlsError,
-    compute_controls,
     controls_bytes,
     controls_dir,
     load_controls,
     load_meta,
     policy_rows,
 )
-from cpmem.gate.controls_diff import compare_controls
 from cpmem.gate.estimator import Estimator
-from cpmem.gate.samples import is_measured
-from cpmem.gate.targets import Target, TargetCell, measure_target
 from cpmem.golden.cells import MeasuredCell
 from cpmem.golden.manifest import verify
-from cpmem.pricing.inputs import PricingInput
-
-
-def pct(x: float) -> str:
-    return f"{x * 100:.1f}%"
+from cpmem.samples.cells import is_measured
+from cpmem.samples.targets import Target, TargetCell, measure_target
+from cpmem.step.step import Step
 
 
 def forward_backward_row(c: MeasuredCell, fb: int | None) -> dict[str, Any] | None:
@@ -49,7 +44,7 @@ def forward_backward_row(c: MeasuredCell, fb: int | None) -> dict[str, Any] | No
 
 
 def coverage(
-    cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput], est: Estimator
+    cells: Sequence[MeasuredCell], steps: Mapping[str, Step], est: Estimator
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     fb_rows: list[dict[str, Any]] = []
@@ -57,7 +52,7 @@ def coverage(
         if not is_measured(c):
             continue
         assert c.forward_peak_bytes is not None
-        priced = est.price(inputs[c.cell_id])
+        priced = est.price(steps[c.cell_id])
         e = priced.estimate_bytes
         rows.append(
             {
@@ -111,7 +106,7 @@ def coverage_summary(
 
 def targets_check(
     cells: Sequence[MeasuredCell],
-    inputs: Mapping[str, PricingInput],
+    steps: Mapping[str, Step],
     est: Estimator,
     targets: Sequence[Target],
 ) -> dict[str, Any]:
@@ -119,8 +114,8 @@ def targets_check(
     measured = [
         TargetCell(
             c.cell_id,
-            inputs[c.cell_id],
-            est.price(inputs[c.cell_id]),
+            steps[c.cell_id],
+            est.price(steps[c.cell_id]),
             c.forward_peak_bytes,
             c.forward_backward_peak_bytes,
         )
@@ -142,7 +137,7 @@ def targets_check(
 
 def conformance(
     cells: Sequence[MeasuredCell],
-    inputs: Mapping[str, PricingInput],
+    steps: Mapping[str, Step],
     est: Estimator,
     claims: Sequence[Claim],
 ) -> dict[str, Any]:
@@ -156,7 +151,7 @@ def conformance(
             if recorded is None or not claim.selects(c):
                 continue
             checked += 1
-            got = est.price(inputs[c.cell_id], claim.variant).estimate_bytes
+            got = est.price(steps[c.cell_id], claim.variant).estimate_bytes
             if got == recorded:
                 matched += 1
             else:
@@ -200,7 +195,7 @@ def controls_check(golden_dir: Path, policy: str) -> dict[str, Any]:
         recorded = load_controls(golden_dir)
     except ControlsError as exc:
         return {**base, "passed": not required, "error": str(exc), "failing": [], "total": 0}
-    fresh = compute_controls([policy])
+    fresh = compute_controls(golden_dir, [policy])
     held = policy_rows(recorded, policy if required else "reference")
     diff = compare_controls(held, fresh, ignore=() if required else ("policy",))
     identical = required and controls_bytes(held) == controls_bytes(fresh)
@@ -219,22 +214,13 @@ def controls_check(golden_dir: Path, policy: str) -> dict[str, Any]:
 
 
 def refusals(
-    cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput], policy: str
+    cells: Sequence[MeasuredCell], steps: Mapping[str, Step], policy: str
 ) -> dict[str, Any]:
     rows = []
     for c in cells:
         if c.available_bytes is None:
             continue
-        inp = inputs[c.cell_id]
-        decision = admit_plan(
-            inp.geometry,
-            inp.plan,
-            c.available_bytes,
-            recompute=inp.recompute,
-            policy=policy,
-            compiled=inp.compiled,
-            moe_routing=inp.moe_routing,
-        )
+        decision = admit_step(steps[c.cell_id], c.available_bytes, policy=policy)
         expected = "refuse" if c.refused else "fit"
         rows.append(
             {

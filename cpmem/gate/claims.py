@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
-from cpmem.api import load_model
+from cpmem.calibration.variant import without_segment_states
 from cpmem.golden.cells import MeasuredCell
+from cpmem.model.load import load_model
+from cpmem.pricing.reference import ReferenceStructure
 
 RecordedColumn = Literal["recorded_estimate_bytes", "recorded_old_estimate_bytes"]
 
@@ -20,14 +22,14 @@ def _is_moe(cell: MeasuredCell) -> bool:
 class Claim:
     """A set of recorded estimates a policy reproduces to the byte.
 
-    ``variant`` switches reference terms for rows an earlier estimator recorded.
+    ``variant`` changes the reference structure for rows an earlier estimator recorded.
     """
 
     name: str
     description: str
     selects: Callable[[MeasuredCell], bool]
     column: RecordedColumn = "recorded_estimate_bytes"
-    variant: Mapping[str, Any] = field(default_factory=dict)
+    variant: Callable[[ReferenceStructure], ReferenceStructure] | None = None
 
 
 _CP_FINAL = Claim(
@@ -44,7 +46,7 @@ _BEFORE_SEGMENT_STATES = Claim(
     "before-segment-states",
     "TP file, before_segment_states rows, priced without segment states",
     lambda c: c.phase == "before_segment_states",
-    variant={"segment_states": False},
+    variant=without_segment_states,
 )
 _CP_OLD = Claim(
     "cp-old",

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import CpmemError
-from cpmem.gate.controls import controls_dir, record_controls
+from cpmem.gate.controls_file import controls_dir, record_controls
 from cpmem.gate.external_cli import gate_main as gate_external_main
-from cpmem.gate.render import render
 from cpmem.gate.run import run_gate
 from cpmem.golden.files import add_golden_argument, default_golden_dir
 from cpmem.pricing.registry import policy_names
+from cpmem.reports.gate_render import render
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _simulated_main(args: argparse.Namespace, golden_dir: Path) -> int:
     """``cpmem gate --tier simulated``: the policy against golden/simulated/."""
     from cpmem.gate.simulated import run_simulated
-    from cpmem.gate.simulated_render import render as render_simulated
+    from cpmem.reports.simulated_render import render as render_simulated
 
     if args.record_controls:
         print("cpmem gate: error: --record-controls is for the measured tier", file=sys.stderr)

@@ -1,14 +1,14 @@
-"""Control estimates: a generated grid of requests whose estimates are pinned.
+"""Recorded estimates: the one snapshot of what every built-in policy prices.
 
-Controls are recorded outputs of the estimator, baselines and not measurements. The
-golden cells only cover what was measured; an estimator change can also move paths
-nobody measured (full recompute, no-grad, MoE, other TP sizes, lengths, request
-shapes). ``golden/controls/controls.csv`` records every built-in policy's current
-estimate (and forward+backward figure where the policy prices it), to the byte, for
-a fixed grid of such requests, so the gate notices when a change moves one.
-Re-recording is an explicit act (``cpmem gate --record-controls``): it always writes
-a diff report (every changed control, old, new, ratio) to stdout and to
-``golden/controls/last_diff.md``.
+Controls are recorded outputs of the estimator, baselines and not measurements.
+``golden/controls/controls.csv`` records, to the byte, every built-in policy's estimate,
+forward+backward figure, busiest rank and components for three kinds of step: a fixed
+grid of requests (``shape`` pair / pair-shared / independent: the paths nobody measured,
+full recompute, no-grad, MoE, other TP sizes, lengths, request shapes), every golden cell
+as it was recorded (``shape`` ``cell``) and every simulated grid row (``shape`` ``row``),
+so the gate notices when a change moves one. Re-recording is an explicit act (``cpmem gate
+--record-controls``, ``cpmem.gate.controls_file``): it always writes a diff report (every
+changed control, old, new, ratio) to stdout and to ``golden/controls/last_diff.md``.
 
 The grid is deterministic (no randomness): a product of the four preset models,
 TP 1/2/4/8 (where the heads allow), CP 1 and 2 (at TP <= 2), lengths 64..32k, three
@@ -18,46 +18,33 @@ variants for the MoE model).
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
 import json
-import os
-import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import cpmem
 from cpmem.api import estimate
-from cpmem.errors import CpmemError, InputError
-from cpmem.gate.controls_diff import ControlDiff, compare_controls
-from cpmem.golden.files import CONTROLS_SUBDIR
-from cpmem.golden.manifest import verify_manifest, write_manifest
+from cpmem.errors import InputError
+from cpmem.golden.cells import load_cells
+from cpmem.golden.files import CELLS_FILE
+from cpmem.model.geometry import ModelGeometry
 from cpmem.model.presets import PRESETS
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.inputs import MoeRouting
+from cpmem.pricing.registry import price
+from cpmem.samples.cells import cell_step
+from cpmem.samples.rows import load_rows, row_step, simulated_dir
+from cpmem.step.step import MoeRouting, Step
 
 __all__ = [
-    "CONTROLS_FILE",
     "CONTROL_COLUMNS",
     "CONTROL_POLICIES",
-    "DIFF_FILE",
-    "META_FILE",
     "ControlRequest",
-    "ControlsError",
+    "RecordedStep",
     "compute_controls",
     "control_grid",
-    "controls_bytes",
-    "load_controls",
-    "record_controls",
+    "recorded_steps",
 ]
 
-CONTROLS_FILE = "controls.csv"
-META_FILE = "controls.meta.json"
-DIFF_FILE = "last_diff.md"
 CONTROL_POLICIES = ("reference", "global", "tight")  # every built-in policy
 
 TPS = (1, 2, 4, 8)
@@ -86,11 +73,10 @@ CONTROL_COLUMNS = (
     "estimate_bytes",
     "per_rank_bytes",
     "forward_backward_bytes",
+    "busiest_rank",
+    "components",
+    "forward_backward_components",
 )
-
-
-class ControlsError(CpmemError, ValueError):
-    """Controls are missing, malformed, or may not be written as asked."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +104,18 @@ class ControlRequest:
         return (
             f"ctl:{self.model}:tp{self.tp}:cp{self.cp}:ep{self.ep}:{self.mode}:"
             f"{self.modules or '-'}:{self.moe_routing}:{self.shape}:{lengths}/{self.shared_prefix}"
+        )
+
+    def columns(self) -> dict[str, str]:
+        """The control's settings and request, as the CSV's leading columns."""
+        return _columns(
+            self.control_id,
+            self.model,
+            (self.tp, self.cp, self.sp, self.ep),
+            (self.mode, self.modules, self.moe_routing),
+            self.shape,
+            self.lengths,
+            self.shared_prefix,
         )
 
     def price(self, policy: str = "reference") -> Estimate:
@@ -189,20 +187,78 @@ def control_grid() -> list[ControlRequest]:
     return out
 
 
-def _row(req: ControlRequest, est: Estimate, policy: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class RecordedStep:
+    """A golden cell or a simulated grid row, recorded as its step is priced."""
+
+    control_id: str
+    shape: str
+    step: Step
+    lengths: tuple[int, ...]
+    shared_prefix: int
+
+    def price(self, policy: str = "reference") -> Estimate:
+        return price(self.step, policy)
+
+    def columns(self) -> dict[str, str]:
+        """The recorded step's settings and request, as the CSV's leading columns."""
+        step, layout = self.step, self.step.plan.layout
+        return _columns(
+            self.control_id,
+            step.geometry.name,
+            (layout.tp, layout.cp, layout.sp, layout.ep),
+            (str(step.recompute.mode), "+".join(step.recompute.modules), step.moe_routing),
+            self.shape,
+            self.lengths,
+            self.shared_prefix,
+        )
+
+
+def recorded_steps(golden_dir: Path) -> list[RecordedStep]:
+    """Every golden cell (``cell:<id>``) and simulated grid row (``row:<id>``), in file
+    order: the steps the gate and the simulated tier price."""
+    out = [
+        RecordedStep(f"cell:{c.cell_id}", "cell", cell_step(c), c.lengths_list, c.shared_prefix)
+        for c in load_cells(golden_dir / CELLS_FILE)
+    ]
+    sim_dir = simulated_dir(golden_dir)
+    cache: dict[str, ModelGeometry] = {}
+    for r in load_rows(sim_dir):
+        step = row_step(r, sim_dir, cache)
+        out.append(RecordedStep(f"row:{r.config_id}", "row", step, r.lengths, r.shared_prefix))
+    return out
+
+
+def _columns(
+    control_id: str,
+    model: str,
+    layout: tuple[int, int, bool, int],
+    recompute: tuple[str, str, str],
+    shape: str,
+    lengths: tuple[int, ...],
+    shared_prefix: int,
+) -> dict[str, str]:
+    tp, cp, sp, ep = layout
+    mode, modules, routing = recompute
     return {
-        "control_id": req.control_id,
-        "model": req.model,
-        "tp": str(req.tp),
-        "cp": str(req.cp),
-        "sp": str(req.sp),
-        "ep": str(req.ep),
-        "mode": req.mode,
-        "modules": req.modules,
-        "moe_routing": req.moe_routing,
-        "shape": req.shape,
-        "lengths": "+".join(str(n) for n in req.lengths),
-        "shared_prefix": str(req.shared_prefix),
+        "control_id": control_id,
+        "model": model,
+        "tp": str(tp),
+        "cp": str(cp),
+        "sp": str(sp),
+        "ep": str(ep),
+        "mode": mode,
+        "modules": modules,
+        "moe_routing": routing,
+        "shape": shape,
+        "lengths": "+".join(str(n) for n in lengths),
+        "shared_prefix": str(shared_prefix),
+    }
+
+
+def _row(req: ControlRequest | RecordedStep, est: Estimate, policy: str) -> dict[str, str]:
+    return {
+        **req.columns(),
         "logical_tokens": str(est.logical_tokens),
         "packed_tokens": str(est.packed_tokens),
         "priced_tokens": str(est.busiest_tokens),
@@ -211,144 +267,21 @@ def _row(req: ControlRequest, est: Estimate, policy: str) -> dict[str, str]:
         "estimate_bytes": str(est.estimate_bytes),
         "per_rank_bytes": "+".join(str(b) for b in est.per_rank_bytes),
         "forward_backward_bytes": str(est.forward_backward_bytes or ""),
+        "busiest_rank": str(est.busiest_rank),
+        "components": _json(est.components),
+        "forward_backward_components": _json(est.forward_backward_components),
     }
 
 
-def compute_controls(policies: Iterable[str] = CONTROL_POLICIES) -> list[dict[str, str]]:
-    """Price every control with each policy; rows in ``CONTROL_COLUMNS`` order,
-    control by control, the policies in the order given."""
+def _json(components: Mapping[str, int] | None) -> str:
+    return "" if components is None else json.dumps(dict(components), separators=(",", ":"))
+
+
+def compute_controls(
+    golden_dir: Path, policies: Iterable[str] = CONTROL_POLICIES
+) -> list[dict[str, str]]:
+    """Price every control, golden cell and grid row with each policy; rows in
+    ``CONTROL_COLUMNS`` order, one step after another, the policies in the order given."""
     names = list(policies)
-    return [_row(req, req.price(p), p) for req in control_grid() for p in names]
-
-
-def policy_rows(rows: Iterable[Mapping[str, str]], policy: str) -> list[dict[str, str]]:
-    """The recorded rows of one policy."""
-    return [dict(r) for r in rows if r.get("policy") == policy]
-
-
-def controls_bytes(rows: Iterable[Mapping[str, str]]) -> bytes:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CONTROL_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: r[k] for k in CONTROL_COLUMNS})
-    return buf.getvalue().encode("utf-8")
-
-
-def controls_dir(golden_dir: Path) -> Path:
-    return golden_dir / CONTROLS_SUBDIR
-
-
-def load_controls(golden_dir: Path, *, any_header: bool = False) -> list[dict[str, str]]:
-    """The recorded controls; raises ControlsError if missing or malformed.
-
-    ``any_header`` reads an older recording (other columns) for the diff of a
-    re-recording; columns it lacks read as empty."""
-    path = controls_dir(golden_dir) / CONTROLS_FILE
-    if not path.is_file():
-        raise ControlsError(f"{path}: missing; record them with `cpmem gate --record-controls`")
-    with path.open(encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh)
-        if any_header:
-            return [{k: r.get(k) or "" for k in CONTROL_COLUMNS} for r in reader]
-        if tuple(reader.fieldnames or ()) != CONTROL_COLUMNS:
-            raise ControlsError(
-                f"{path}: header {reader.fieldnames} is not {list(CONTROL_COLUMNS)}"
-            )
-        return list(reader)
-
-
-def load_meta(golden_dir: Path) -> dict[str, Any]:
-    path = controls_dir(golden_dir) / META_FILE
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else {}
-
-
-def git_revision() -> tuple[str, bool | None]:
-    """The checkout's commit and whether it had local changes ("unknown" outside git)."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown", None
-    return rev, bool(status.strip())
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def record_controls(golden_dir: Path, *, overwrite: bool) -> ControlDiff:
-    """Recompute the controls and write them, the metadata, the diff and the manifest.
-
-    ``overwrite`` must be True when controls already exist (the CLI flag
-    ``--record-controls`` sets it): nothing overwrites recorded controls by
-    accident. The manifest must be clean outside ``controls/`` first, so that
-    regenerating it can only bless the controls, never a tampered measurement.
-    When the values are unchanged, controls.csv and its metadata keep their bytes
-    (the revision that first produced them stays recorded); the diff is still
-    written.
-    """
-    target = controls_dir(golden_dir) / CONTROLS_FILE
-    if target.exists() and not overwrite:
-        raise ControlsError(f"{target} exists; re-record only with `cpmem gate --record-controls`")
-    prefix = f"{CONTROLS_SUBDIR}/"
-    other = [p for p in verify_manifest(golden_dir) if not p.startswith(prefix)]
-    if other:
-        raise ControlsError(
-            "the golden manifest has problems outside controls/; refusing to regenerate "
-            "it over them:\n  " + "\n  ".join(other)
-        )
-    new_rows = compute_controls()
-    old_rows = load_controls(golden_dir, any_header=True) if target.exists() else []
-    diff = compare_controls(old_rows, new_rows)
-    data = controls_bytes(new_rows)
-    if not target.exists() or target.read_bytes() != data:
-        rev, dirty = git_revision()
-        meta = {
-            "policies": list(CONTROL_POLICIES),
-            "cpmem_version": cpmem.__version__,
-            "git_revision": rev,
-            "git_dirty": dirty,
-            "controls": len(new_rows),
-            "csv_sha256": hashlib.sha256(data).hexdigest(),
-            "generated_by": "cpmem gate --record-controls",
-            "grid": {
-                "models": list(PRESETS),
-                "tp": list(TPS),
-                "lengths": list(LENGTHS),
-                "shapes": list(SHAPES),
-                "shared_fraction": SHARED_FRACTION,
-            },
-        }
-        _atomic_write(target, data)
-        meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8")
-        _atomic_write(controls_dir(golden_dir) / META_FILE, meta_bytes)
-    meta_now = load_meta(golden_dir)
-    header = (
-        f"policies {', '.join(CONTROL_POLICIES)}, values from cpmem "
-        f"{meta_now.get('cpmem_version', '?')} "
-        f"at {meta_now.get('git_revision', '?')}"
-    )
-    _atomic_write(controls_dir(golden_dir) / DIFF_FILE, diff.markdown(header).encode("utf-8"))
-    write_manifest(golden_dir)
-    return diff
+    steps: list[ControlRequest | RecordedStep] = [*control_grid(), *recorded_steps(golden_dir)]
+    return [_row(req, req.price(p), p) for req in steps for p in names]

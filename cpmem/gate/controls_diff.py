@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpmem.reports.tables import table
+
 
 @dataclass(frozen=True)
 class ControlChange:
@@ -30,16 +32,21 @@ class ControlDiff:
     changed: tuple[ControlChange, ...]
     added: tuple[str, ...]
     removed: tuple[str, ...]
+    columns_added: tuple[str, ...] = ()
+    """Columns the old recording did not have (first recorded now, not compared)."""
 
     @property
     def clean(self) -> bool:
         return not (self.changed or self.added or self.removed)
 
     def summary(self) -> str:
-        return (
+        text = (
             f"controls: {len(self.changed)} changed, {len(self.added)} added, "
             f"{len(self.removed)} removed (of {self.total} now)"
         )
+        if self.columns_added:
+            text += f"; columns first recorded: {', '.join(self.columns_added)}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,20 +65,27 @@ class ControlDiff:
             ],
             "added": list(self.added),
             "removed": list(self.removed),
+            "columns_added": list(self.columns_added),
         }
 
     def markdown(self, header: str = "") -> str:
         lines = [f"# Controls diff{(' — ' + header) if header else ''}", "", self.summary(), ""]
         if self.changed:
-            lines += [
-                "| control | old bytes | new bytes | ratio | other columns moved |",
-                "| --- | ---: | ---: | ---: | --- |",
-            ]
-            lines += [
-                f"| `{c.control_id}` | {c.old_bytes:,} | {c.new_bytes:,} | {c.ratio:.6f} | "
-                f"{', '.join(c.other_columns) or '-'} |"
-                for c in self.changed
-            ]
+            lines += table(
+                ["control", "old bytes", "new bytes", "ratio", "other columns moved"],
+                [
+                    [
+                        f"`{c.control_id}`",
+                        f"{c.old_bytes:,}",
+                        f"{c.new_bytes:,}",
+                        f"{c.ratio:.6f}",
+                        ", ".join(c.other_columns) or "-",
+                    ]
+                    for c in self.changed
+                ],
+                right=(1, 2, 3),
+                style="markdown",
+            )
             lines.append("")
         for label, ids in (("added", self.added), ("removed", self.removed)):
             if ids:
@@ -88,7 +102,8 @@ def compare_controls(
     ignore: Sequence[str] = (),
 ) -> ControlDiff:
     """Every control whose recorded row differs from the recomputed one (every column
-    of the recomputed row is compared, in its order).
+    of the recomputed row that the recorded one has is compared, in its order; a column
+    the old recording lacks is reported as first recorded, not as a move).
 
     ``ignore`` names columns not compared (e.g. ``policy`` when another policy's
     values are held against the reference's, for information). Rows are matched by
@@ -108,7 +123,7 @@ def compare_controls(
         if o is None:
             added.append(k)
             continue
-        moved = tuple(c for c in r if c not in ignore and o.get(c) != r[c])
+        moved = tuple(c for c in r if c not in ignore and c in o and o[c] != r[c])
         if moved:
             changed.append(
                 ControlChange(
@@ -121,7 +136,9 @@ def compare_controls(
                 )
             )
     removed = tuple(key(r) for r in old if key(r) not in new_keys)
-    return ControlDiff(len(new), tuple(changed), tuple(added), removed)
+    old_columns = {c for r in old for c in r}
+    columns_added = tuple(c for c in (new[0] if new else {}) if old and c not in old_columns)
+    return ControlDiff(len(new), tuple(changed), tuple(added), removed, columns_added)
 
 
 def _int_or_zero(text: str | None) -> int:

@@ -9,7 +9,7 @@ Two ways in:
   optionally ``forward_backward_bytes``, for estimators in other languages, which
   read the descriptions written by ``cpmem golden export`` (JSON lines).
 
-The description is built from ``cell_inputs`` (the one conversion of a cell), so an
+The description is built from ``cell_step`` (the one conversion of a cell), so an
 external estimator sees exactly the layout cpmem prices. It lives here, not in
 ``cpmem/golden``, because it needs the model geometry and the plan.
 
@@ -33,11 +33,12 @@ from typing import Any
 import pandas as pd
 
 from cpmem.errors import InputError
-from cpmem.gate.checks import coverage_summary, forward_backward_row, golden_check, pct
-from cpmem.gate.samples import cell_inputs, is_measured
+from cpmem.gate.checks import coverage_summary, forward_backward_row, golden_check
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.model.geometry import ModelGeometry
+from cpmem.reports.tables import pct
+from cpmem.samples.cells import cell_step, is_measured
 
 __all__ = [
     "ExternalEstimate",
@@ -112,8 +113,8 @@ def describe(cell: MeasuredCell) -> dict[str, Any]:
 
     Never the measured peaks: the estimator must not see the answer.
     """
-    inp = cell_inputs(cell)
-    g, plan = inp.geometry, inp.plan
+    step = cell_step(cell)
+    g, plan = step.geometry, step.plan
     return {
         "cell_id": cell.cell_id,
         "model": cell.model,
@@ -124,10 +125,10 @@ def describe(cell: MeasuredCell) -> dict[str, Any]:
         "cp": plan.layout.cp,
         "sp": plan.layout.sp,
         "ep": plan.layout.ep,
-        "recompute": inp.recompute.mode,
-        "modules": list(inp.recompute.modules),
-        "compiled": inp.compiled,
-        "moe_routing": inp.moe_routing,
+        "recompute": str(step.recompute.mode),
+        "modules": [str(m) for m in step.recompute.modules],
+        "compiled": step.compiled,
+        "moe_routing": step.moe_routing,
         "lengths": list(cell.lengths_list),
         "shared_prefix": cell.shared_prefix,
         "logical_tokens": plan.logical_tokens,

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import CpmemError, InputError
-from cpmem.gate.checks import pct
 from cpmem.gate.external import (
     NA_REASON,
     NOT_APPLICABLE,
@@ -22,6 +21,7 @@ from cpmem.gate.external import (
     read_estimates_csv,
 )
 from cpmem.golden.files import add_golden_argument
+from cpmem.reports.tables import pct, table
 
 __all__ = ["export_main", "gate_main", "render_external"]
 
@@ -31,42 +31,41 @@ def render_external(report: Mapping[str, Any]) -> str:
     ch = report["checks"]
     cov, gold = ch["coverage"], ch["golden"]
 
-    def hr(x: float | None) -> str:
-        return "-" if x is None else pct(x)
-
     rows = [
         ("golden", "PASS" if gold["passed"] else "FAIL", f"{gold['cells']} cells"),
         (
             "coverage",
             "PASS" if cov["passed"] else "FAIL",
-            f"{cov['cells']} cells; headroom min {hr(cov['min_headroom'])} / median "
-            f"{hr(cov['median_headroom'])} / max {hr(cov['max_headroom'])}",
+            f"{cov['cells']} cells; headroom min {pct(cov['min_headroom'])} / median "
+            f"{pct(cov['median_headroom'])} / max {pct(cov['max_headroom'])}",
         ),
     ]
     fbc = cov.get("forward_backward")
     if fbc:
         rows.append(
             ("", "", f"forward+backward {fbc['covered']}/{fbc['cells']} covered, "
-             f"headroom min {hr(fbc['min_headroom'])}")
+             f"headroom min {pct(fbc['min_headroom'])}")
         )  # fmt: skip
     rows += [(name, "n/a", NA_REASON) for name in NOT_APPLICABLE]
-    width = max(len(r[0]) for r in rows)
     lines = [f"cpmem gate: external estimator {report['estimator']}", ""]
-    lines += [f"{a:<{width}}  {b:<4}  {c}" for a, b, c in rows]
+    lines += table(None, rows)
     for title, key in (("model", "by_model"), ("recompute mode", "by_mode")):
         groups = ch["headroom"][key]
         if not groups:
             continue
-        gw = max(len(title), *(len(g["group"]) for g in groups))
-        lines += [
-            "",
-            f"{'headroom per ' + title:<{gw}}  cells  {'min':>7}  {'median':>7}  {'max':>7}",
-        ]
-        for g in groups:
-            lines.append(
-                f"{g['group']:<{gw}}  {g['cells']:>5}  {hr(g['min_headroom']):>7}  "
-                f"{hr(g['median_headroom']):>7}  {hr(g['max_headroom']):>7}"
-            )
+        lines.append("")
+        lines += table(
+            [f"headroom per {title}", "cells", "min", "median", "max"],
+            [
+                [
+                    g["group"],
+                    f"{g['cells']}",
+                    *(pct(g[k]) for k in ("min_headroom", "median_headroom", "max_headroom")),
+                ]
+                for g in groups
+            ],
+            right=range(1, 5),
+        )
     if cov["failing"]:
         lines += ["", "not covered:"] + [f"  {f}" for f in cov["failing"]]
     if gold["failing"]:

@@ -2,34 +2,29 @@
 controls must fail coverage, and every mutant of the policy under test must be caught:
 for the reference formula (``reference``, ``global``) a term removed, caught by coverage
 or conformance; for a fitted policy its own structural mutants, each refitted
-(``cpmem.gate.fitted``)."""
+(``cpmem.calibration.fitted``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cpmem.calibration.fitted import fitted_policy, mutants_check
+from cpmem.calibration.variant import reference_mutants as mutants_of
 from cpmem.gate.checks import conformance, coverage
 from cpmem.gate.claims import claims_for
-from cpmem.gate.estimator import REFERENCE_FORMULA_TERMS, Estimator
-from cpmem.gate.fitted import fitted_policy, mutants_check
-from cpmem.gate.samples import measured_samples
+from cpmem.gate.estimator import REFERENCE_FORMULA, Estimator
 from cpmem.golden.cells import MeasuredCell
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.reference import ReferenceTerms
+from cpmem.pricing.reference import REFERENCE
+from cpmem.samples.cells import measured_samples
+from cpmem.step.step import Step
 
-# The reference formula with one term removed; each must be caught.
-MUTANTS: dict[str, ReferenceTerms] = {
-    "no-segment-states": ReferenceTerms(segment_states=False),
-    "no-cold-allowance": ReferenceTerms(cold_allowance=False),
-    "cp-average-tokens": ReferenceTerms(cp_tokens="average"),
-    "no-tp-padding": ReferenceTerms(tp_padding=False),
-    "fused-mlp-on-unfused": ReferenceTerms(fused_swiglu=True),
-}
+# The reference formula with one term removed or broken; each must be caught.
+MUTANTS = mutants_of(REFERENCE)
 
 
 def power(
-    cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput], policy: str = "reference"
+    cells: Sequence[MeasuredCell], steps: Mapping[str, Step], policy: str = "reference"
 ) -> dict[str, Any]:
     negatives = []
     for c in cells:
@@ -51,8 +46,8 @@ def power(
     if fitted is not None:
         mutants = mutants_check(measured_samples(cells), fitted)
         of = f"{policy} (each refitted)"
-    elif policy in REFERENCE_FORMULA_TERMS:
-        mutants = reference_mutants(cells, inputs)
+    elif policy in REFERENCE_FORMULA:
+        mutants = reference_mutants(cells, steps)
         of = "the reference formula"
     else:
         mutants, of = [], f"{policy}: none declared"
@@ -68,26 +63,26 @@ def power(
 
 
 def reference_mutants(
-    cells: Sequence[MeasuredCell], inputs: Mapping[str, PricingInput]
+    cells: Sequence[MeasuredCell], steps: Mapping[str, Step]
 ) -> list[dict[str, Any]]:
     """Each reference-formula mutant, caught by coverage or, failing that, conformance."""
     mutants = []
     ref_claims = claims_for("reference")
-    for name, terms in MUTANTS.items():
-        mutant = Estimator(f"mutant:{name}", None, terms)
-        cov = coverage(cells, inputs, mutant)
-        conf = conformance(cells, inputs, mutant, ref_claims)
+    for name, variant in MUTANTS.items():
+        mutant = Estimator(f"mutant:{name}", variant=variant)
+        cov = coverage(cells, steps, mutant)
+        conf = conformance(cells, steps, mutant, ref_claims)
         caught_by = "coverage" if cov["failing"] else "conformance" if conf["failing"] else None
         reproduces = [
             c.cell_id
             for c in cells
             if c.is_negative_control
-            and c.recorded_estimate_bytes == mutant.price(inputs[c.cell_id]).estimate_bytes
+            and c.recorded_estimate_bytes == mutant.price(steps[c.cell_id]).estimate_bytes
         ]
         mutants.append(
             {
                 "mutant": name,
-                "terms": repr(terms),
+                "terms": repr(variant),
                 "caught": caught_by is not None,
                 "caught_by": caught_by,
                 "coverage_failing": cov["failing"],

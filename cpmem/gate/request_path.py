@@ -8,10 +8,10 @@ from its request with the default planner, prices it with the policy under test,
 requires it to cover the measured forward peak, as ``coverage`` does. It reports the
 planned against the recorded busiest count of every cell.
 
-The request: the cell's lengths, its TP / SP / CP / EP, and its shared prefix where the
-runtime stored the prefix once (prefix sharing is the runtime's decision,
-docs/layout.md): where the shared packed row, padded to TP, is the recorded packed
-count. Elsewhere the sequences are priced unshared, as the runtime packed them.
+The request: the cell's lengths, its settings (TP / SP / CP / EP, recompute, execution,
+whether its process was warm), and its shared prefix where the runtime stored the
+prefix once (``Request.as_packed``: prefix sharing is the runtime's decision,
+docs/layout.md). Elsewhere the sequences are priced unshared, as the runtime packed them.
 """
 
 from __future__ import annotations
@@ -20,42 +20,32 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from cpmem.api import load_model
+from cpmem.errors import InputError
 from cpmem.gate.estimator import Estimator
-from cpmem.gate.samples import cell_routing, is_measured
 from cpmem.golden.cells import MeasuredCell
-from cpmem.plan.layout import ParallelLayout, round_up
-from cpmem.plan.planners import plan_request
 from cpmem.plan.request import Request
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
+from cpmem.samples.cells import cell_settings, is_measured
+from cpmem.step.describe import describe_step
+from cpmem.step.step import Step
+
+
+def cell_request(cell: MeasuredCell) -> Request:
+    """The request behind a cell, with the prefix shared only where the runtime shared it
+    (``Request.as_packed``, the rule ``cell_step`` applies)."""
+    return Request.as_packed(cell.lengths_list, cell.shared_prefix, cell.packed_tokens, cell.tp)
 
 
 def runtime_prefix(cell: MeasuredCell) -> int:
     """The cell's shared prefix where the runtime stored it once, else 0."""
-    lengths = cell.lengths_list
-    if not cell.shared_prefix or len(lengths) < 2:
-        return 0
-    shared = sum(lengths) - cell.shared_prefix * (len(lengths) - 1)
-    return cell.shared_prefix if round_up(shared, cell.tp) == cell.packed_tokens else 0
+    return cell.shared_prefix if len(cell_request(cell).trees) < len(cell.lengths_list) else 0
 
 
-def cell_request(cell: MeasuredCell) -> Request:
-    """The request behind a cell, with the prefix shared only where the runtime shared it."""
-    return Request.shared(list(cell.lengths_list), runtime_prefix(cell))
-
-
-def request_inputs(cell: MeasuredCell, planner: str | None = None) -> PricingInput:
-    """The cell planned from its request with ``planner`` (default: the model's default)."""
-    geometry = load_model(cell.model)
-    layout = ParallelLayout(tp=cell.tp, cp=cell.cp, sp=cell.sequence_parallel, ep=cell.ep)
-    return PricingInput(
-        geometry=geometry,
-        plan=plan_request(cell_request(cell), layout, planner, geometry),
-        recompute=Recompute.parse(cell.mode, cell.modules or None),
-        compiled=cell.compiled,
-        moe_routing=cell_routing(cell),
-    )
+def request_step(cell: MeasuredCell, planner: str | None = None) -> Step:
+    """The cell planned from its request with ``planner`` (default: the model's default),
+    under the settings it ran with (``cell_settings``: its cold flag included)."""
+    settings = cell_settings(cell)
+    settings["planner"] = planner
+    return describe_step(cell.model, request=cell_request(cell), **settings)
 
 
 def request_path(
@@ -64,13 +54,18 @@ def request_path(
     """Coverage of every measured cell's forward peak from its planned request (``planner``
     None: the default planner, the one the gate holds to this check)."""
     rows: list[dict[str, Any]] = []
+    refused: dict[str, str] = {}
     for c in cells:
         if not is_measured(c):
             continue
         assert c.forward_peak_bytes is not None
-        inputs = request_inputs(c, planner)
-        e = est.price(inputs).estimate_bytes
-        plan = inputs.plan
+        try:
+            step = request_step(c, planner)
+        except InputError as exc:  # what estimate refuses for this request and planner
+            refused[c.cell_id] = str(exc)
+            continue
+        e = est.price(step).estimate_bytes
+        plan = step.plan
         rows.append(
             {
                 "cell_id": c.cell_id,
@@ -92,10 +87,11 @@ def request_path(
         r["cell_id"] for r in cp_rows if r["planned_busiest_tokens"] != r["recorded_busiest_tokens"]
     ]
     heads = [r["headroom"] for r in rows]
-    failing = [r["cell_id"] for r in rows if not r["covered"]]
+    failing = [r["cell_id"] for r in rows if not r["covered"]] + list(refused)
     return {
         "passed": not failing,
-        "cells": len(rows),
+        "cells": len(rows) + len(refused),
+        "refused": refused,
         "cp_cells": len(cp_rows),
         "busiest_matching": len(cp_rows) - len(differ),
         "busiest_differing": differ,

@@ -25,7 +25,7 @@ Checks, each PASS or FAIL (the exit status is non-zero when any fails):
    a policy absent from it declares none) are each met on the cells they select;
    each is printed with its measured worst value, a miss names its cells.
 7. constants and cross_validation (policies with fitted constants,
-   ``cpmem.gate.fitted``): refitting on every cell reproduces the constants in the
+   ``cpmem.calibration.fitted``): refitting on every cell reproduces the constants in the
    code, and refitted without each fold the held-out cells are covered (declared
    known misses aside, which may only shrink).
 8. request_path: every measured cell planned from its request (lengths, shared
@@ -42,42 +42,42 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cpmem.calibration.fitted import constants_check, cross_validation_check, fitted_policy
 from cpmem.gate.checks import (
     conformance,
     controls_check,
     coverage,
     golden_check,
-    pct,
     refusals,
     targets_check,
 )
 from cpmem.gate.claims import claims_for
 from cpmem.gate.estimator import Estimator
-from cpmem.gate.fitted import constants_check, cross_validation_check, fitted_policy
 from cpmem.gate.power import power
 from cpmem.gate.request_path import request_path
-from cpmem.gate.samples import cell_inputs, measured_samples
-from cpmem.gate.targets import targets_for
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
+from cpmem.reports.tables import pct
+from cpmem.samples.cells import cell_step, measured_samples
+from cpmem.samples.targets import targets_for
 
 
 def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[str, Any]:
     """Every check for ``policy``; the full report as a JSON-ready dict."""
     golden_dir = golden_dir if golden_dir is not None else default_golden_dir()
     cells = load_cells(golden_dir / CELLS_FILE)
-    inputs = {c.cell_id: cell_inputs(c) for c in cells}
+    steps = {c.cell_id: cell_step(c) for c in cells}
     est = Estimator.for_policy(policy)
     checks = {
         "golden": golden_check(golden_dir, cells),
-        "coverage": coverage(cells, inputs, est),
+        "coverage": coverage(cells, steps, est),
         "request_path": request_path(cells, est),
-        "conformance": conformance(cells, inputs, est, claims_for(policy)),
+        "conformance": conformance(cells, steps, est, claims_for(policy)),
         "controls": controls_check(golden_dir, policy),
-        "refusals": refusals(cells, inputs, policy),
-        "power": power(cells, inputs, policy),
+        "refusals": refusals(cells, steps, policy),
+        "power": power(cells, steps, policy),
         **fitting_checks(cells, policy),
-        "targets": targets_check(cells, inputs, est, targets_for(policy)),
+        "targets": targets_check(cells, steps, est, targets_for(policy)),
     }
     passed = all(ch["passed"] for ch in checks.values())
     report: dict[str, Any] = {

@@ -8,7 +8,7 @@ counts, TP padding included, as an explicit plan), and checks:
 - **coverage**: the estimate (busiest rank) >= the simulated busiest-rank forward peak
   plus the documented unmodelled allowance; forward+backward likewise for a policy that
   prices it. The allowance (``required``) is the cold kernel set-up the simulator leaves
-  out (58 MiB, oracles/rank_sim/README.md and golden/README.md) and the simulator's
+  out (``cpmem.pricing.cold.COLD_SETUP``, the value every policy prices) and the simulator's
   validated worst under-estimate on measured cells of >= 2,048 tokens, per model family
   (``SIM_WORST_UNDER``: hybrids 1.2% forward / 1.6% forward+backward; attention-only
   models 3.9% / 4.7%, the Qwen3-1.7B TP2 cells; oracles/rank_sim/README.md
@@ -19,7 +19,8 @@ counts, TP padding included, as an explicit plan), and checks:
 - **busiest rank**: on CP > 1 rows the rank the policy names as its busiest is the
   simulator's busiest, or within 1% of it (simulated forward peaks).
 
-Targets are declared per policy (``SIMULATED_TARGETS``) as the measured tier's are; a
+Targets are declared per policy (``cpmem.samples.targets.SIMULATED_TARGETS``), of the one
+``Target`` type the measured tier's are; a
 policy declaring none is reported, not judged. Simulated rows are never mixed into the
 measured cells: this tier reads only ``golden/simulated/``.
 """
@@ -32,33 +33,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpmem.gate.simulated_render import markdown, summary_line
-from cpmem.gate.simulated_rows import (
-    BUSIEST_TOLERANCE,
-    COLD_SETUP_BYTES,
+from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.cold import COLD_SETUP
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.registry import price
+from cpmem.reports.simulated_render import markdown, summary_line
+from cpmem.samples.rows import (
     SIM_WORST_UNDER,
     Figure,
-    Kind,
     SimRow,
     central,
     family,
     load_rows,
     required,
-    row_inputs,
+    row_step,
     simulated_dir,
     verify_simulated,
 )
-from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.reference import cp_discounted
-from cpmem.pricing.registry import price
+from cpmem.samples.targets import BUSIEST_TOLERANCE, SIMULATED_TARGETS, Target
+from cpmem.step.step import Step
 
 
 @dataclass(frozen=True)
 class Priced:
     row: SimRow
-    inputs: PricingInput
+    step: Step
     estimate: Estimate
 
     def got(self, figure: Figure) -> int | None:
@@ -74,7 +73,7 @@ class Priced:
         return (
             None
             if got is None
-            else got >= required(self.peak(figure), figure, family(self.inputs.geometry))
+            else got >= required(self.peak(figure), figure, family(self.step.geometry))
         )
 
     def headroom(self, figure: Figure) -> float | None:
@@ -100,7 +99,7 @@ class Priced:
         """CP ranks whose own forward figure is below their simulated peak (with the
         family's allowance): a policy that repeats the busiest figure covers every rank
         its busiest covers; one that prices ranks apart must cover each."""
-        fam = family(self.inputs.geometry)
+        fam = family(self.step.geometry)
         per = self.estimate.per_rank_bytes
         return [
             r
@@ -109,76 +108,8 @@ class Priced:
         ]
 
 
-@dataclass(frozen=True)
-class SimTarget:
-    """A bound a policy declares on the grid rows ``selects`` picks: every selected row
-    covered (``coverage``), headroom at most ``bound`` (``headroom``), the policy's
-    busiest rank agreeing with the simulator's (``busiest``), or every CP rank's own
-    forward figure covering that rank's simulated peak (``ranks``)."""
-
-    name: str
-    selects: Callable[[PricingInput], bool]
-    kind: Kind
-    figure: Figure = "forward"
-    bound: float | None = None
-
-    @property
-    def limit(self) -> str:
-        if self.kind == "headroom":
-            assert self.bound is not None
-            return f"max headroom <= {self.bound:+.1%}"
-        if self.kind == "busiest":
-            return f"busiest rank within {BUSIEST_TOLERANCE:.0%}"
-        if self.kind == "ranks":
-            return "every rank covered"
-        return "coverage 100%"
-
-
-def _non_moe(inputs: PricingInput) -> bool:
-    return not inputs.geometry.is_moe
-
-
-def _non_moe_long(inputs: PricingInput) -> bool:
-    return not inputs.geometry.is_moe and inputs.plan.logical_tokens >= 2048
-
-
-def _cp(inputs: PricingInput) -> bool:
-    return inputs.plan.layout.cp > 1
-
-
-def _cp_non_moe(inputs: PricingInput) -> bool:
-    return _cp(inputs) and _non_moe(inputs)
-
-
-SIMULATED_TARGETS: dict[str, tuple[SimTarget, ...]] = {
-    "tight": (
-        SimTarget("every dense/hybrid row, forward", _non_moe, "coverage", "forward"),
-        SimTarget(
-            "every dense/hybrid row, forward+backward", _non_moe, "coverage", "forward_backward"
-        ),
-        SimTarget(
-            "dense/hybrid >= 2,048 tokens, forward", _non_moe_long, "headroom", "forward", 0.08
-        ),
-        SimTarget("CP > 1 rows, busiest rank", _cp, "busiest"),
-        SimTarget("CP > 1 dense/hybrid rows, every rank", _cp_non_moe, "ranks"),
-    ),
-    "reference": (
-        SimTarget("dense/hybrid rows the runtime discounts CP on", cp_discounted, "coverage"),
-        SimTarget("CP-discounted rows, busiest rank", cp_discounted, "busiest"),
-    ),
-}
-"""The simulated tier's targets per policy (issue 11): ``tight`` covers every dense and
-hybrid row (forward and forward+backward) with at most 8% forward headroom on those of
->= 2,048 tokens; ``reference`` covers every dense (non-MoE) row on which it discounts CP
-(CP > 1, selective or no recompute). A policy not listed declares none. MoE rows are
-priced and reported (coverage, headroom, busiest rank) but no target selects them: the
-simulator's MoE layer is validated only to 9.4% (``SIM_WORST_UNDER["moe"]``; 4 of the
-12 measured MoE cells within its targets, oracles/rank_sim/README.md), so a verdict
-against it would judge the simulator, not the policy."""
-
-
-def measure(target: SimTarget, priced: Sequence[Priced]) -> dict[str, Any]:
-    sel = [p for p in priced if target.selects(p.inputs)]
+def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
+    sel = [p for p in priced if target.selects(p.step)]
     out: dict[str, Any] = {
         "target": target.name,
         "kind": target.kind,
@@ -238,7 +169,7 @@ GROUPS: dict[str, Callable[[Priced], object]] = {
     "tp": lambda p: p.row.tp,
     "length": lambda p: _bucket(p.row.logical_tokens),
     "recompute": _recompute,
-    "family and recompute": lambda p: f"{family(p.inputs.geometry)} {_recompute(p)}",
+    "family and recompute": lambda p: f"{family(p.step.geometry)} {_recompute(p)}",
 }
 
 
@@ -276,8 +207,8 @@ def price_rows(policy: str, rows: Sequence[SimRow], sim_dir: Path) -> list[Price
     cache: dict[str, ModelGeometry] = {}
     out = []
     for row in rows:
-        inputs = row_inputs(row, sim_dir, cache)
-        out.append(Priced(row, inputs, price(inputs, policy)))
+        step = row_step(row, sim_dir, cache)
+        out.append(Priced(row, step, price(step, policy)))
     return out
 
 
@@ -285,7 +216,7 @@ def run_simulated(
     policy: str = "tight",
     golden_dir: Path | None = None,
     ids: Iterable[str] | None = None,
-    targets: Mapping[str, Sequence[SimTarget]] | None = None,
+    targets: Mapping[str, Sequence[Target]] | None = None,
 ) -> dict[str, Any]:
     """The simulated tier for ``policy`` (over every row, or the rows ``ids`` names)."""
     sim_dir = simulated_dir(golden_dir)
@@ -334,7 +265,7 @@ def run_simulated(
         "simulated_dir": str(sim_dir),
         "rows": len(priced),
         "allowance": {
-            "cold_setup_bytes": COLD_SETUP_BYTES,
+            "cold_setup_bytes": COLD_SETUP,
             "simulator_worst_under": {k: dict(v) for k, v in SIM_WORST_UNDER.items()},
         },
         "passed": passed,
