@@ -118,7 +118,7 @@ def golden(session: nox.Session) -> None:
         session,
         "python",
         "-m",
-        "cpmem.gate.tight_report",
+        "cpmem.reports.tight_report",
         "--check",
         "golden/reports/tight_policy.md",
     )
@@ -160,7 +160,7 @@ def simulate(session: nox.Session) -> None:
 
 @nox.session(name="simulate-grid", venv_backend="none")
 def simulate_grid(session: nox.Session) -> None:
-    """The simulated grid (issue 11): generate golden/simulated/ with the rank simulator
+    """The simulated grid: generate golden/simulated/ with the rank simulator
     over local processes (resumable: finished ranks are kept; `-- --workers N` to change
     the 2 processes), then the gate's full simulated tier for every policy, each printed;
     fails when the data is missing or corrupted or a policy misses a declared target

@@ -51,18 +51,24 @@ def cpmem_counts(args: argparse.Namespace, lengths: list[int]) -> tuple[dict[str
         raise SimInputError(
             "rank_tokens", None, f"cpmem not importable ({exc}); pass --rank-tokens"
         ) from None
-    try:
-        planner: Any = api  # Request, ParallelLayout, plan_request: names it imports
-        geometry = api.load_model(args.model, config=args.config)
-        request = planner.Request.shared(lengths, args.shared_prefix)
-        layout = planner.ParallelLayout(
-            tp=args.tp, cp=args.cp, sp=args.tp > 1 and not args.no_sp, ep=args.ep
-        )
-        plan = planner.plan_request(request, layout, None, geometry)
-    except AttributeError:
+    describe: Any = getattr(api, "describe_step", None)
+    if describe is None:
         raise SimInputError(
-            "rank_tokens", None, "cpmem.api has no planner here; pass --rank-tokens"
-        ) from None
+            "rank_tokens", None, "cpmem.api has no describe_step here; pass --rank-tokens"
+        )
+    try:
+        model = None if args.config else args.model
+        sp = args.tp > 1 and not args.no_sp
+        plan = describe(
+            model,
+            lengths,
+            shared_prefix=args.shared_prefix,
+            config=args.config,
+            tp=args.tp,
+            cp=args.cp,
+            sp=sp,
+            ep=args.ep,
+        ).plan
     except Exception as exc:
         raise SimInputError("request", lengths, f"cpmem refused it: {exc}") from None
     if len(plan.groups) != 1:

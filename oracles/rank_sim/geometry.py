@@ -2,7 +2,7 @@
 
 The simulator never imports cpmem, so it carries its own description of a model. The
 preset numbers restate the geometry table of the measured sources
-(/work/shared/golden-sources/README.md, copied into golden/sources/README.md).
+(golden/sources/README.md).
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ class GatherSequence(torch.autograd.Function):
     """Sequence-parallel all-gather in front of a column-parallel projection, keeping the
     local (norm output) input for backward. The measured runtime keeps both the local norm
     output and the gathered adapter input under SP (the reference design's per-sub-layer
-    ``2H/t + H``, docs in /work/shared/design/pricing.md); megatron's local mapping keeps
+    ``2H/t + H``, docs/pricing.md); megatron's local mapping keeps
     only the gathered copy (through the adapter)."""
 
     @staticmethod

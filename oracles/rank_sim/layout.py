@@ -53,12 +53,6 @@ class RankLayout:
     def packed_tokens(self) -> int:
         return sum(self.attention_tokens)
 
-    def with_rank(self, rank: int, pieces: tuple[GdnPiece, ...]) -> RankLayout:
-        return RankLayout(
-            self.tp, self.cp, rank, self.attention_tokens, self.gdn_tokens, pieces,
-            self.logical_tokens, self.sequence_parallel, self.tp_rank,
-        )  # fmt: skip
-
     def check(self, hybrid: bool) -> None:
         """Raise SimInputError naming the field that does not add up."""
         if self.cp < 1:
@@ -100,15 +94,6 @@ class RankLayout:
                     )
         if self.logical_tokens < 1:
             raise SimInputError("logical_tokens", self.logical_tokens, "must be >= 1")
-
-
-def uniform_layout(
-    rank_tokens: list[int], *, tp: int, rank: int, logical_tokens: int, sp: bool = True
-) -> RankLayout:
-    """Explicit per-rank counts, each rank's tokens one root GDN segment (``--rank-tokens``)."""
-    counts = tuple(rank_tokens)
-    pieces = (GdnPiece(counts[rank]),) if 0 <= rank < len(counts) else ()
-    return RankLayout(tp, len(counts), rank, counts, counts, pieces, logical_tokens, sp)
 
 
 def row_segments(

@@ -64,14 +64,11 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
     """The configuration's plan as plain numbers (cpmem's default planner, or the skewed
     explicit layout)."""
     from cpmem import api
-    from cpmem.plan.layout import ParallelLayout
-    from cpmem.plan.planners import plan_request
     from cpmem.plan.request import Request
 
     geometry = api.load_model(config=c.config_path) if c.config_path else api.load_model(c.model)
-    layout = ParallelLayout(tp=c.tp, cp=c.cp, sp=c.tp > 1, ep=c.ep)
     request = Request.shared(list(c.request.lengths), c.request.shared_prefix)
-    mult = c.tp if layout.sp_active else 1
+    mult = c.tp  # under SP (on with TP, as Megatron runs it) each rank pads to TP
     if c.request.skew and c.cp > 1:
         first = c.request.lengths[0]
         rest = request.real_tokens - first
@@ -83,7 +80,9 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
         planner = "explicit:whole-first"
         packed = _round_up(request.real_tokens, c.tp)
     else:
-        plan = plan_request(request, layout, None, geometry)
+        plan = api.describe_step(
+            geometry, request=request, tp=c.tp, cp=c.cp, ep=c.ep, allow_long=True
+        ).plan
         g = plan.groups[0]
         attn, gdn = list(g.attention_tokens), list(g.gdn_tokens)
         planner, packed = plan.planner, g.packed_tokens

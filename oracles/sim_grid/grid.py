@@ -1,7 +1,7 @@
 """The simulated grid's definition: which (model, TP, CP, request, recompute) configurations
 exist. Pure data: no torch, no cpmem.
 
-Design (issue 11): 7 models x 13 TP x CP layouts (TP and CP in {1, 2, 4, 8}, TP x CP up
+Design: 7 models x 13 TP x CP layouts (TP and CP in {1, 2, 4, 8}, TP x CP up
 to 16 ranks) x 5 (request, recompute) slots = 455 configurations. The slots rotate over
 the requests and the four recompute paths with the model and layout index, so that every
 model meets every request kind and every recompute path, and every CP size > 1 meets the
@@ -140,7 +140,7 @@ def by_id() -> dict[str, GridConfig]:
     return {c.config_id: c for c in grid() + moe_grid()}
 
 
-# MoE configurations (issue 11), kept out of ``grid()``: the dense grid's axes and
+# MoE configurations, kept out of ``grid()``: the dense grid's axes and
 # committed rows stay as they are. The 35B-A3B preset at the measured TP4 x EP4 layout
 # (ETP 1, SP), CP1 and CP2, 4k-32k tokens, no recompute / selective core_attn /
 # selective core_attn+moe, concentrated routing (cpmem's safe assumption and the eager
