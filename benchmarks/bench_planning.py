@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 
 from cpmem.admission.width import select_width
-from cpmem.api import load_model
+from cpmem.model.load import load_model
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.planners import plan_request
 from cpmem.plan.request import Request
-from cpmem.pricing.inputs import PricingInput
 from cpmem.pricing.registry import price
+from cpmem.step.describe import describe_step
 
 GIB = 1 << 30
 
@@ -47,27 +47,24 @@ def main() -> None:
     model = load_model("qwen3.5-27b")
     pair = Request.pair(4096, 4096, 1228)
     plan = plan_request(pair, ParallelLayout(cp=2), geometry=model)
-    inputs = PricingInput(geometry=model, plan=plan)
+    inputs = describe_step(model, plan=plan, cp=2)
     row("price one plan (27B CP2 4k pair)", timeit(lambda: price(inputs)), 50e-6)
 
-    batch = Request(tuple(t for _ in range(64) for t in Request.pair(8192, 8192, 2000).trees))
+    batch = Request.combined([Request.pair(8192, 8192, 2000)] * 64)
     for cp in (1, 2, 4, 8):
-        layout = ParallelLayout(cp=cp)
 
-        def plan_and_price(layout: ParallelLayout = layout) -> None:
-            p = plan_request(batch, layout, geometry=model)
-            price(PricingInput(geometry=model, plan=p))
+        def plan_and_price(cp: int = cp) -> None:
+            price(describe_step(model, request=batch, cp=cp))
 
         row(f"plan + price 64 pairs of 8k, CP {cp}", timeit(plan_and_price), 5e-3)
 
     small = load_model("qwen3.5-4b")
     queue = [Request.pair(8192, 8192, 2000) for _ in range(256)]
-    layout = ParallelLayout(cp=4)
     budget = 120 * GIB
-    exact = select_width(small, queue, layout, budget)
-    cheap = select_width(small, queue, layout, budget, probe="count")
-    t_exact = timeit(lambda: select_width(small, queue, layout, budget), repeat=5)
-    t_cheap = timeit(lambda: select_width(small, queue, layout, budget, probe="count"), repeat=5)
+    exact = select_width(small, queue, budget, cp=4)
+    cheap = select_width(small, queue, budget, cp=4, probe="count")
+    t_exact = timeit(lambda: select_width(small, queue, budget, cp=4), repeat=5)
+    t_cheap = timeit(lambda: select_width(small, queue, budget, cp=4, probe="count"), repeat=5)
     row(f"width selection, 256 x 8k pairs, CP 4 (exact) -> {exact.count}", t_exact, 0.1)
     print(
         f"{'width selection, token-count probe (optimistic) -> ' + str(cheap.count):<58} "

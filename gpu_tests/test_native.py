@@ -65,9 +65,10 @@ def tight_figures(summary: dict[str, Any]) -> tuple[int, int]:
     geometry = cell_geometry(spec)
     plan = cell_plan(spec, geometry)
     assert list(plan.rank_tokens) == summary["plan"]["rank_tokens"]
+    layout = plan.layout
     est = cpmem_estimate(
-        geometry, plan=plan, recompute=spec.recompute, modules=spec.modules or None,
-        policy="tight",
+        geometry, plan=plan, tp=layout.tp, cp=layout.cp, sp=layout.sp, ep=layout.ep,
+        recompute=spec.recompute, modules=spec.modules or None, policy="tight",
     )  # fmt: skip
     assert est.forward_backward_bytes is not None, "the tight policy prices backward"
     return est.estimate_bytes, est.forward_backward_bytes

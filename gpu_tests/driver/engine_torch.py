@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing.recompute import Recompute
+from cpmem.step.recompute import Recompute
 
 from .cp_attention import Dist, RowLayout, gather_tokens
 from .gdn import count_saved, fla_equivalent_saved_bytes, gdn_kernel

@@ -19,7 +19,7 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.plan.request import Request
-from cpmem.pricing.recompute import Recompute
+from cpmem.step.recompute import Recompute
 
 from .cp_attention import Dist, RowLayout
 from .engine_megatron import build_megatron_model, install_megatron_cpu_shim

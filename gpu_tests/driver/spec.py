@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.api import estimate as cpmem_estimate
-from cpmem.api import load_model
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
+from cpmem.model.load import load_model
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan
 from cpmem.plan.planners import plan_request
@@ -194,9 +194,14 @@ def cell_plan(spec: CellSpec, geometry: ModelGeometry) -> Plan:
 
 def cell_estimate(spec: CellSpec, geometry: ModelGeometry, plan: Plan) -> Any:
     """cpmem's reference estimate for exactly the plan the driver measures."""
+    layout = plan.layout
     return cpmem_estimate(
         geometry,
         plan=plan,
+        tp=layout.tp,
+        cp=layout.cp,
+        sp=layout.sp,
+        ep=layout.ep,
         recompute=spec.recompute,
         modules=spec.modules or None,
     )
