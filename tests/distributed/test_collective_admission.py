@@ -69,7 +69,7 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
 
     import torch.distributed as dist
 
-    from cpmem.admission.admission import admit, admit_plan
+    from cpmem.admission.admission import admit
     from cpmem.admission.comm import LocalCommunicator
     from cpmem.admission.torch_comm import torch_communicator
     from cpmem.model.presets import get_preset
@@ -105,6 +105,16 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     local = LocalCommunicator()
     geometry = get_preset("qwen3.5-4b")
     layout = ParallelLayout(tp=tp, cp=cp, sp=tp > 1)
+    at_layout = {"tp": layout.tp, "cp": layout.cp, "sp": layout.sp}
+
+    def admit_plan(plan: Any, budget: int, **kwargs: Any) -> Any:
+        """A plan the runtime fixed, admitted as it stands (described inside the first
+        collective)."""
+        return admit(geometry, plan=plan, budget_bytes=budget, **at_layout, **kwargs)
+
+    def admit_request(request: Any, budget: int, **kwargs: Any) -> Any:
+        return admit(geometry, request=request, budget_bytes=budget, **at_layout, **kwargs)
+
     out: dict[str, Any] = {
         "rank": rank,
         "group_rank": g,
@@ -122,7 +132,7 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     def plan_for(extra: int) -> Any:
         return explicit_plan(layout, busiest_tokens=busiest + extra, **args)
 
-    need = admit_plan(geometry, plan_for(0), 2**62, comm=local).required_bytes
+    need = admit_plan(plan_for(0), 2**62, comm=local).required_bytes
     out["need"] = need
 
     # 1. the smallest budget in the group still fits: everyone fits
@@ -131,7 +141,7 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     out["fit"] = _timed(
         timings,
         "fit",
-        lambda: _outcome(lambda: admit_plan(geometry, plan_for(0), budgets[g], comm=comm)),
+        lambda: _outcome(lambda: admit_plan(plan_for(0), budgets[g], comm=comm)),
     )
 
     # 2. one rank is a byte short: everyone refuses, though the others alone would fit
@@ -141,17 +151,17 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     out["short"] = _timed(
         timings,
         "short",
-        lambda: _outcome(lambda: admit_plan(geometry, plan_for(0), short[g], comm=comm)),
+        lambda: _outcome(lambda: admit_plan(plan_for(0), short[g], comm=comm)),
     )
 
     # 3. ranks price different plans: the group requires the largest
     extras = [128 * tp * r for r in range(n)]
-    needs = [admit_plan(geometry, plan_for(e), 2**62, comm=local).required_bytes for e in extras]
+    needs = [admit_plan(plan_for(e), 2**62, comm=local).required_bytes for e in extras]
     out["max_need"] = max(needs)
     out["max"] = _timed(
         timings,
         "max",
-        lambda: _outcome(lambda: admit_plan(geometry, plan_for(extras[g]), 2**62, comm=comm)),
+        lambda: _outcome(lambda: admit_plan(plan_for(extras[g]), 2**62, comm=comm)),
     )
 
     # 4. request-level admission (fit / memory-minimal / split ladder) from budgets whose
@@ -159,8 +169,8 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     #    cost-optimal figure, once below every unsplit candidate
     shared = Request.shared([4096, 3072, 2048, 4096, 1024, 3072, 2048, 4096], 512)
     unshared = Request.independent([4096] * 8)
-    below_cost_optimal = admit(geometry, shared, layout, 2**62, comm=local).required_bytes - 1
-    whole = admit(geometry, unshared, layout, 0, comm=local).considered
+    below_cost_optimal = admit_request(shared, 2**62, comm=local).required_bytes - 1
+    whole = admit_request(unshared, 0, comm=local).considered
     below_all = min(v for k, v in whole if not k.startswith("split")) - 1
     lows = {
         "request_below_cost_optimal": (shared, below_cost_optimal),
@@ -169,16 +179,12 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     for name, (request, low) in lows.items():
         budgets_r = [low] + [low + 2**30 + r * MIB for r in range(1, n)]
         budgets_r = budgets_r[g:] + budgets_r[:g]  # the low budget sits on a different rank
-        out[name + "_expected"] = _outcome(
-            lambda q=request, b=low: admit(geometry, q, layout, b, comm=local)
-        )
+        out[name + "_expected"] = _outcome(lambda q=request, b=low: admit_request(q, b, comm=local))
         out[name + "_budget_min"] = min(budgets_r)
         out[name] = _timed(
             timings,
             name,
-            lambda q=request, b=budgets_r: _outcome(
-                lambda: admit(geometry, q, layout, b[g], comm=comm)
-            ),
+            lambda q=request, b=budgets_r: _outcome(lambda: admit_request(q, b[g], comm=comm)),
         )
     request = shared
 
@@ -189,10 +195,8 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
         timings,
         "fail_planner",
         lambda: _outcome(
-            lambda: admit(
-                geometry,
+            lambda: admit_request(
                 request,
-                layout,
                 2**62,
                 planner=FAIL_PLANNER if g == bad else None,
                 comm=comm,
@@ -206,7 +210,6 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
         "fail_policy",
         lambda: _outcome(
             lambda: admit_plan(
-                geometry,
                 plan_for(0),
                 2**62,
                 policy=FAIL_POLICY if g == 0 else "reference",
@@ -219,7 +222,7 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     out["after"] = _timed(
         timings,
         "after",
-        lambda: _outcome(lambda: admit_plan(geometry, plan_for(0), need, comm=comm)),
+        lambda: _outcome(lambda: admit_plan(plan_for(0), need, comm=comm)),
     )
     # 8. an explicit member list (every process calls new_group; members reduce)
     evens = list(range(0, world, 2))

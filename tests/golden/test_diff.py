@@ -7,8 +7,8 @@ must then report follows from that change alone, not from the code under test:
 - every reference (and global: the same formula) estimate shrinks by 1/11 (-9.09%),
   to within the one byte ``int()`` rounds away; the tight policy does not move;
 - a measured cell loses forward coverage exactly when its recorded pre-change
-  estimate (``tests/golden/data/estimates_before_layout.csv``, written by the
-  pre-layout code) divided by 1.1 falls below its measured forward peak;
+  estimate (the reference's ``cell:<id>`` row of ``golden/controls/controls.csv``, read
+  raw here) divided by 1.1 falls below its measured forward peak;
 - a smaller estimate can only admit more: every flipped refusal goes refuse -> fit/split.
 
 Putting the factor back in the (uncommitted) working tree and diffing against the
@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from cpmem.gate import diff as diff_mod
+from cpmem.diff import cli as diff_mod
 from cpmem.gate.controls import control_grid
 from cpmem.golden.cells import load_cells
 
 ROOT = Path(__file__).resolve().parents[2]
-SNAPSHOT = ROOT / "tests" / "golden" / "data" / "estimates_before_layout.csv"
+RECORDED = ROOT / "golden" / "controls" / "controls.csv"
 SAFETY_LINE = "SAFETY = 1.10\n"
 
 
@@ -73,12 +73,12 @@ def _run(repo: Path, base: str, tmp: Path, *extra: str) -> tuple[int, dict[str, 
     return rc, json.loads(buf.getvalue()), out.read_text(encoding="utf-8")
 
 
-def _snapshot_reference() -> dict[str, int]:
-    with SNAPSHOT.open(newline="", encoding="utf-8") as fh:
+def _recorded_reference() -> dict[str, int]:
+    with RECORDED.open(newline="", encoding="utf-8") as fh:
         return {
-            r["id"]: int(r["estimate_bytes"])
+            r["control_id"].removeprefix("cell:"): int(r["estimate_bytes"])
             for r in csv.DictReader(fh)
-            if r["kind"] == "cell" and r["policy"] == "reference"
+            if r["shape"] == "cell" and r["policy"] == "reference"
         }
 
 
@@ -86,7 +86,7 @@ def test_dropping_the_safety_factor(scratch: Path, tmp_path: Path) -> None:
     rc, report, md = _run(scratch, "HEAD~1", tmp_path)
     cells = load_cells(scratch / "golden" / "cells.csv")
     measured = {c.cell_id: c for c in cells if not c.refused and c.forward_peak_bytes}
-    before = _snapshot_reference()
+    before = _recorded_reference()
     expected_lost = sorted(
         cid for cid, c in measured.items() if before[cid] / 1.1 < (c.forward_peak_bytes or 0)
     )
@@ -133,7 +133,7 @@ def test_restoring_it_in_the_working_tree_gains_coverage(scratch: Path, tmp_path
         ref.write_text(changed, encoding="utf-8")
     pd = report["diff"]["policies"]
     assert list(pd) == ["reference"]
-    before = _snapshot_reference()
+    before = _recorded_reference()
     cells = load_cells(scratch / "golden" / "cells.csv")
     expected = sorted(
         c.cell_id
@@ -160,34 +160,48 @@ def test_a_policy_one_side_lacks_is_a_usage_error(
     assert "nope" in capsys.readouterr().err
 
 
-def test_the_script_prices_the_pre_layout_revision() -> None:
-    """The stable script finds the flat pre-layout modules (cpmem.gate, cpmem.controls):
-    at the snapshot commit it reproduces the snapshot that commit's own code wrote."""
-    from cpmem.gate.diff_price import price_checkout, resolve_revision, worktree
+PREVIOUS_LAYOUT = "968fc44"
+"""The last commit of the layout before the step description (``cell_step`` in
+``cpmem.gate.samples``): the one earlier layout ``cpmem.diff.snapshot`` knows."""
+
+
+def test_the_script_prices_the_previous_layout() -> None:
+    """At the last commit before the step description the script finds that layout's
+    ``cell_step`` and reproduces every control that commit's own code recorded."""
+    from cpmem.diff.checkout import price_checkout, resolve_revision, worktree
 
     try:
-        commit = resolve_revision(ROOT, "14dedda")
+        commit = resolve_revision(ROOT, PREVIOUS_LAYOUT)
     except Exception:
-        pytest.skip("the pre-layout commit is not in this clone (shallow checkout)")
-    written = _git(ROOT, "show", f"{commit}:tests/golden/data/estimates_before_layout.csv")
+        pytest.skip("the previous layout's commit is not in this clone (shallow checkout)")
+    written = _git(ROOT, "show", f"{commit}:golden/controls/controls.csv")
     want = {
-        (r["kind"], r["id"], r["policy"]): [
+        (r["control_id"], r["policy"]): [
             int(r["estimate_bytes"]),
             int(r["forward_backward_bytes"]) if r["forward_backward_bytes"] else None,
         ]
         for r in csv.DictReader(io.StringIO(written + "\n"))
     }
     with worktree(ROOT, commit) as checkout:
-        assert not (checkout / "cpmem" / "gate" / "samples.py").exists()
+        assert (checkout / "cpmem" / "gate" / "samples.py").exists()
         priced = price_checkout(checkout, ROOT / "golden")
-    got = {("cell", cid, p): f for cid, fs in priced["cells"].items() for p, f in fs.items()}
-    got |= {
-        ("control", rid, p): f
-        for rid, fs in priced["rows"]["control"].items()
-        for p, f in fs.items()
+    got = {
+        (rid, p): f for rid, fs in priced["rows"]["control"].items() for p, f in fs.items()
     }
     assert priced["cell_errors"] == {} and priced["row_errors"] == {}
+    assert len(priced["cells"]) == len(load_cells())
     assert got == want
+
+
+def test_an_older_layout_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
+    """A checkout whose cpmem has neither layout (here: an empty package) is refused with
+    the names the script looked for, never priced half-way."""
+    from cpmem.diff.checkout import DiffError, price_checkout
+
+    (tmp_path / "cpmem").mkdir()
+    (tmp_path / "cpmem" / "__init__.py").write_text("", encoding="utf-8")
+    with pytest.raises(DiffError, match=r"not a cpmem layout this diff knows.*cell_step"):
+        price_checkout(tmp_path, ROOT / "golden")
 
 
 def test_cpmem_diff_is_a_cpmem_command(scratch: Path, capsys: pytest.CaptureFixture[str]) -> None:

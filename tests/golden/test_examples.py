@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmem.api import load_model
+from cpmem.model.load import load_model
 from cpmem.model.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]

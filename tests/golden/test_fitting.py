@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from cpmem.gate.fitting import leave_longest_shape_out
-from cpmem.gate.samples import measured_samples
-from cpmem.gate.tight_report import REPORT_PATH, main
+from cpmem.calibration.crossval import leave_longest_shape_out
 from cpmem.golden.files import GOLDEN_DIR
 from cpmem.model.presets import get_preset
+from cpmem.reports.tight_report import REPORT_PATH, main
+from cpmem.samples.cells import measured_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,8 +46,8 @@ def test_kept_report_is_up_to_date() -> None:
 
 
 def test_the_fit_reproduces_the_constants_in_the_code() -> None:
-    from cpmem.gate.fitting import fit_margin
-    from cpmem.pricing.tight import MARGIN
+    from cpmem.calibration.fitting import fit_margin
+    from cpmem.pricing.tight.calibrated import MARGIN
 
     assert fit_margin(measured_samples()) == MARGIN
 
@@ -56,7 +56,7 @@ def test_cold_setup_is_the_largest_first_step_excess_measured() -> None:
     """COLD_SETUP restates the data: the first forward peak minus the repeat forward
     peak of the cells that ran first in their process (short cells, where the set-up
     is not hidden under activations)."""
-    from cpmem.pricing.tight import COLD_SETUP
+    from cpmem.pricing.cold import COLD_SETUP
 
     excess = [
         int(r["first_forward_peak_bytes"]) - int(r["repeat_forward_peak_bytes"])
@@ -77,7 +77,7 @@ def test_loss_backward_is_six_outputs_on_the_long_cells() -> None:
     on the long dense cells with a core_attn-only or no recompute (whose backward
     transient is smaller than the loss's)."""
     from cpmem.model.presets import get_preset
-    from cpmem.pricing.tight import LOSS_BACKWARD_OUTPUTS
+    from cpmem.pricing.tight.calibrated import LOSS_BACKWARD_OUTPUTS
 
     ratios = []
     for r in RAW:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cpmem.gate import report
 from cpmem.golden.files import GOLDEN_DIR
+from cpmem.reports import calibration as report
 
 with (GOLDEN_DIR / "cells.csv").open(newline="", encoding="utf-8") as _fh:
     CELL_ROWS = list(csv.DictReader(_fh))
@@ -106,5 +106,5 @@ def test_unknown_policy_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_cpmem_imports_without_matplotlib() -> None:
-    code = "import sys, cpmem.gate.report, cpmem.gate.cli; assert 'matplotlib' not in sys.modules"
+    code = "import sys, cpmem.reports.calibration, cpmem.gate.cli; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

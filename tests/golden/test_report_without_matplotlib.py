@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cpmem.cli import main
-from cpmem.gate import report
-from cpmem.gate.progress import Progress, wanted
+from cpmem.reports import calibration as report
+from cpmem.reports.progress import Progress, wanted
 
 
 def test_report_stops_before_writing_when_matplotlib_is_missing(

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from cpmem.gate.estimator import Estimator
-from cpmem.gate.render import render
 from cpmem.gate.request_path import cell_request, request_path, runtime_prefix
 from cpmem.gate.run import run_gate
 from cpmem.golden.cells import load_cells
+from cpmem.reports.gate_render import render
 
 CELLS = load_cells()
 BY_ID = {c.cell_id: c for c in CELLS}

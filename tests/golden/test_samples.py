@@ -1,4 +1,4 @@
-"""The one conversion from a golden cell to priced inputs (``cpmem.gate.samples``).
+"""The one conversion from a golden cell to priced inputs (``cpmem.samples.cells``).
 
 Expected values come from ``golden/cells.csv`` read raw with the csv module.
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import csv
 
-from cpmem.gate.samples import cell_inputs, measured_samples
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import GOLDEN_DIR
+from cpmem.samples.cells import cell_step, measured_samples
 
 with (GOLDEN_DIR / "cells.csv").open(newline="", encoding="utf-8") as fh:
     RAW = {r["cell_id"]: r for r in csv.DictReader(fh)}
@@ -29,15 +29,15 @@ def test_inferred_segment_counts() -> None:
     unshared = "tp:before_segment_states:Qwen3.8-27B:tp8:none:-:compiled:2048+2048"
     cells = {c.cell_id: c for c in load_cells()}
     assert RAW[shared]["packed_tokens"] == "6964"  # 8192 logical, the prefix stored once
-    assert cell_inputs(cells[shared]).plan.grad_segments == 3
+    assert cell_step(cells[shared]).plan.grad_segments == 3
     assert RAW[unshared]["packed_tokens"] == "4096"  # the 614-token prefix not shared
-    assert cell_inputs(cells[unshared]).plan.grad_segments == 2
+    assert cell_step(cells[unshared]).plan.grad_segments == 2
 
 
 def test_cp_cells_price_the_recorded_busiest_rank() -> None:
     for cell in load_cells():
         if cell.cp > 1:
-            plan = cell_inputs(cell).plan
+            plan = cell_step(cell).plan
             assert plan.busiest_tokens == int(RAW[cell.cell_id]["retained_tokens"])
             assert plan.packed_tokens == int(RAW[cell.cell_id]["packed_tokens"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpmem.api import load_model
+from cpmem.model.load import load_model
 from oracles.rank_sim.geometry import get_model, load_config
 from oracles.sim_grid.__main__ import plan_job, representatives
 from oracles.sim_grid.grid import CONFIG_DIR, LAYOUTS, MODELS, RECOMPUTE, REQUESTS, grid
@@ -95,7 +95,7 @@ def test_presets_are_simulated() -> None:
 def test_committed_rows_hold_the_grids_plans() -> None:
     """Every committed row is a grid configuration and records the plan the generator
     gives it today (the tier prices that plan)."""
-    from cpmem.gate.simulated_rows import load_rows, simulated_dir
+    from cpmem.samples.rows import load_rows, simulated_dir
     from oracles.sim_grid.grid import by_id
 
     grid_by_id = by_id()

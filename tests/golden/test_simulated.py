@@ -16,19 +16,21 @@ from typing import Any
 
 import pytest
 
-from cpmem.api import load_model
 from cpmem.gate import cli as gate_cli
-from cpmem.gate.simulated import SIMULATED_TARGETS, run_simulated
-from cpmem.gate.simulated_rows import (
-    COLD_SETUP_BYTES,
+from cpmem.gate.simulated import run_simulated
+from cpmem.golden.cells import load_cells
+from cpmem.model.load import load_model
+from cpmem.pricing.cold import COLD_SETUP
+from cpmem.samples.rows import (
     SIM_WORST_UNDER,
+    central,
     family,
     load_rows,
     required,
     simulated_dir,
     verify_simulated,
 )
-from cpmem.golden.cells import load_cells
+from cpmem.samples.targets import SIMULATED_TARGETS
 from cpmem.units import MIB
 
 PIN = Path(__file__).parent / "data" / "simulated_subset.json"
@@ -76,10 +78,24 @@ def _validated_worst_under() -> dict[str, dict[str, float]]:
 
 
 def test_allowance_is_the_simulators_validated_error() -> None:
-    assert COLD_SETUP_BYTES == 58 * MIB
     assert _validated_worst_under() == SIM_WORST_UNDER
-    assert required(0, "forward", "attention-only") == -(-58 * MIB * 1000 // 961)
-    assert required(0, "forward", "hybrid") == -(-58 * MIB * 1000 // 988)
+    assert required(0, "forward", "attention-only") == -(-64 * MIB * 1000 // 961)
+    assert required(0, "forward", "hybrid") == -(-64 * MIB * 1000 // 988)
+
+
+def test_the_tier_adds_the_cold_set_up_every_policy_prices() -> None:
+    """The two cold set-up figures and why they differ. The rank simulator's validation
+    compares the simulator with measured peaks, so it adds what the measured runs showed
+    on the whole (golden/README.md: "about 58 MiB"; an oracle imports nothing of cpmem, so
+    it keeps its own); the simulated tier asks a policy to cover a simulated peak plus the
+    set-up every policy prices (``cpmem.pricing.cold.COLD_SETUP``, the largest first-step
+    excess measured: tests/golden/test_fitting.py), so no policy is judged against less
+    than it charges."""
+    from oracles.rank_sim.validation import COLD_BYTES
+
+    assert COLD_BYTES == 58 * MIB
+    assert COLD_SETUP == 64 * MIB
+    assert central(0) == COLD_SETUP
 
 
 def test_grid_families() -> None:

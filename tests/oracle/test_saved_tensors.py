@@ -180,7 +180,7 @@ EXPECTED: dict[tuple[str, str, str, str], tuple[str, str]] = {
 @pytest.fixture(scope="module")
 def rows():  # type: ignore[no-untyped-def]
     pytest.importorskip("megatron.core")
-    width_table = pytest.importorskip("oracles.width_table")
+    width_table = pytest.importorskip("tests.oracle.width_table")
     t0 = time.perf_counter()
     out = width_table.compute_rows()
     print(f"\n[oracle] {len(out)} rows in {time.perf_counter() - t0:.1f} s")
@@ -206,7 +206,7 @@ def _holds(relation: str, row) -> bool:  # type: ignore[no-untyped-def]
 
 
 def test_documented_relations_hold(rows) -> None:  # type: ignore[no-untyped-def]
-    from oracles.width_table import format_table
+    from tests.oracle.width_table import format_table
 
     reasons = {k: f"[expected {rel}] {why}" for k, (rel, why) in EXPECTED.items()}
     print("\nSaved-tensor oracle vs cpmem reference widths (TP1, seq 1024, bf16 el/token)")

@@ -38,16 +38,16 @@ from cpmem.model.geometry import ModelGeometry  # noqa: E402
 from cpmem.model.presets import PRESETS  # noqa: E402
 from cpmem.plan.layout import ParallelLayout  # noqa: E402
 from cpmem.plan.plan import explicit_plan  # noqa: E402
-from cpmem.pricing.inputs import PricingInput  # noqa: E402
-from cpmem.pricing.recompute import Recompute  # noqa: E402
-from cpmem.pricing.tight import ROPE_TABLES  # noqa: E402
-from cpmem.pricing.tight_widths import (  # noqa: E402
-    TightWidths,
+from cpmem.pricing.tight.attention import ROPE_TABLES  # noqa: E402
+from cpmem.pricing.tight.compose import (  # noqa: E402
     forward_transient_width,
     full_backward_width,
-    retained_width,
+    kept_width,
     tight_widths,
 )
+from cpmem.pricing.tight.widths import TightWidths  # noqa: E402
+from cpmem.step.describe import describe_step  # noqa: E402
+from cpmem.step.step import Step  # noqa: E402
 from oracles import saved_tensors as st  # noqa: E402
 
 SEQ = 64  # widths are per token; 64 tokens is one GDN chunk (the oracle's A is per chunk)
@@ -201,17 +201,18 @@ UNMEASURED: dict[tuple[str, str], str] = {
 }
 
 
-def _inputs(geometry: ModelGeometry, setting: str) -> PricingInput:
+def _inputs(geometry: ModelGeometry, setting: str) -> Step:
     mode = setting.split("(")[0].split(" ")[0]
     plan = explicit_plan(
         ParallelLayout(tp=1, cp=1), logical_tokens=SEQ, packed_tokens=SEQ, grad_segments=1
     )
-    return PricingInput(
-        geometry=geometry,
-        plan=plan,
-        recompute=Recompute.parse(mode),
-        compiled=setting.endswith("compiled"),
-    )
+    return describe_step(geometry, plan=plan, recompute=mode, compiled=setting.endswith("compiled"))
+
+
+def retained_width(geometry: ModelGeometry, w: TightWidths, inputs: Step) -> int:
+    """Elements per token at tight's forward peak: the kept set plus one layer's
+    transient."""
+    return kept_width(geometry, w, inputs) + forward_transient_width(geometry, w, inputs)
 
 
 def _tight_field(w: TightWidths, kind: str) -> int:

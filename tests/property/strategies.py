@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.presets import get_preset
 from cpmem.plan.layout import ParallelLayout
@@ -209,3 +210,16 @@ def oracle_for(
         geometry_costs(geometry),
         geometry.gdn_layers > 0,
     )
+
+
+def valid_tps(geometry: ModelGeometry) -> list[int]:
+    """TP degrees the model's heads can be sharded over, up to 8 (the model's own input
+    check, not an oracle)."""
+    out = []
+    for tp in range(1, 9):
+        try:
+            geometry.check_tp(tp)
+        except InputError:
+            continue
+        out.append(tp)
+    return out

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
-from cpmem.admission.admission import admit, admit_plan, usable_budget
+from cpmem.admission.admission import Decision, admit, admit_step, usable_budget
+from cpmem.calibration.variant import average_tokens, unpadded_tokens
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.presets import PRESETS, get_preset
@@ -22,10 +23,11 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.planners import PLANNERS, plan_request
 from cpmem.plan.request import Request
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
-from cpmem.pricing.reference import ReferenceTerms, price_reference
+from cpmem.pricing.reference import REFERENCE, ReferenceStructure, price_reference
 from cpmem.pricing.registry import price
+from cpmem.step.describe import describe_step
+from cpmem.step.recompute import Recompute
+from cpmem.step.step import Step
 from oracles import ownership
 
 from .strategies import (
@@ -39,6 +41,7 @@ from .strategies import (
     sequence_lengths,
     to_request,
     trees,
+    valid_tps,
 )
 
 MIB = 2**20
@@ -84,30 +87,37 @@ def up(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
 
+def step_of(geometry: ModelGeometry, plan: Plan, rc: Recompute | None = None) -> Step:
+    """``plan`` as a step, at the plan's own layout."""
+    layout = plan.layout
+    return describe_step(
+        geometry,
+        plan=plan,
+        tp=layout.tp,
+        cp=layout.cp,
+        sp=layout.sp,
+        ep=layout.ep,
+        recompute=rc or Recompute(),
+    )
+
+
 def cost(
     geometry: ModelGeometry, plan: Plan, policy: str = "reference", rc: Recompute | None = None
 ) -> int:
-    inputs = PricingInput(geometry=geometry, plan=plan, recompute=rc or Recompute())
-    return price(inputs, policy).estimate_bytes
+    return price(step_of(geometry, plan, rc), policy).estimate_bytes
 
 
 def cost_terms(
-    geometry: ModelGeometry, plan: Plan, terms: ReferenceTerms, rc: Recompute | None = None
+    geometry: ModelGeometry, plan: Plan, terms: ReferenceStructure, rc: Recompute | None = None
 ) -> int:
-    inputs = PricingInput(geometry=geometry, plan=plan, recompute=rc or Recompute())
-    return price_reference(inputs, terms, "variant").estimate_bytes
+    return price_reference(step_of(geometry, plan, rc), terms, "variant").estimate_bytes
 
 
-def valid_tps(geometry: ModelGeometry) -> list[int]:
-    """TP degrees the model's heads can be sharded over (input validation, not an oracle)."""
-    out = []
-    for tp in range(1, 9):
-        try:
-            geometry.check_tp(tp)
-        except InputError:
-            continue
-        out.append(tp)
-    return out
+def admit_plan(
+    geometry: ModelGeometry, plan: Plan, budget: int, policy: str = "reference"
+) -> Decision:
+    """Admission of a plan the runtime fixed (fit or refuse as it stands)."""
+    return admit_step(step_of(geometry, plan), budget, policy=policy)
 
 
 RECOMPUTES = (
@@ -188,7 +198,7 @@ def test_reference_lies_between_the_average_bound_and_global(
     plan = plan_request(to_request(forest), grid.layout, planner, geometry)
     ref = cost(geometry, plan, "reference", rc)
     glob = cost(geometry, plan, "global", rc)
-    avg = cost_terms(geometry, plan, ReferenceTerms(cp_tokens="average"), rc)
+    avg = cost_terms(geometry, plan, replace(REFERENCE, tokens=average_tokens), rc)
     assert avg <= ref
     discounted = grid.cp > 1 and rc.mode in ("selective", "none") and not geometry.is_moe
     if not discounted:
@@ -268,7 +278,7 @@ def test_tp_padding_never_lowers_an_estimate(
     geometry, grid = mg
     planner = data.draw(st.sampled_from(PLANNERS))
     plan = plan_request(to_request(forest), grid.layout, planner, geometry)
-    unpadded = cost_terms(geometry, plan, ReferenceTerms(tp_padding=False), rc)
+    unpadded = cost_terms(geometry, plan, replace(REFERENCE, tokens=unpadded_tokens), rc)
     assert cost(geometry, plan, "reference", rc) >= unpadded
     # more padding on one rank of an explicit plan
     (group,) = plan.groups
@@ -350,22 +360,36 @@ def test_admit_one_sequence_follows_the_oracle(
 ) -> None:
     """One unshared sequence cannot be split: fit with the cost-optimal (default) planner,
     else the cheapest layout a runtime executes (chunks or zigzag), else refuse; each
-    planner priced at the oracle's busiest rank."""
+    planner priced at the oracle's busiest rank. A layout the oracle leaves a CP rank
+    empty under is one ``estimate`` refuses: admission raises (naming ``cp``) where it is
+    the default planner's, and does not consider it as an alternative."""
     geometry = get_preset(model)
     forest: Trees = ((n, ()),)
+    owners = {pl: oracle(pl, forest, cp, model=model) for pl in ownership.PLANNERS}
     need = {
         pl: published_estimate(
             model,
-            retained=oracle(pl, forest, cp, model=model).busiest,
+            retained=o.busiest,
             packed=n,
             logical=n,
             segments=1,
             cp=cp,
         )
-        for pl in ownership.PLANNERS
+        for pl, o in owners.items()
+    }
+    empty = {
+        pl: min(max(a, g) for a, g in zip(o.attention, o.gdn, strict=True)) == 0
+        for pl, o in owners.items()
     }
     default = "gdn-segments" if PUBLISHED[model].gdn_layers else "chunked"
-    least = min(need[default], need["chunked"], need["balanced"])
+    request = Request.independent([n])
+    if empty[default]:
+        event("the default layout leaves a CP rank empty: refused as input")
+        with pytest.raises(InputError) as err:
+            admit(geometry, request=request, budget_bytes=2 * max(need.values()), cp=cp)
+        assert err.value.field == "cp"
+        return
+    least = min(need[pl] for pl in (default, "chunked", "balanced") if not empty[pl])
     budget = data.draw(
         st.one_of(
             st.integers(0, 2 * max(need.values())),
@@ -373,7 +397,7 @@ def test_admit_one_sequence_follows_the_oracle(
         ),
         label="budget",
     )
-    d = admit(geometry, Request.independent([n]), ParallelLayout(cp=cp), budget)
+    d = admit(geometry, request=request, budget_bytes=budget, cp=cp)
     if need[default] <= budget:
         assert (d.action, d.required_bytes, d.parts) == ("fit", need[default], 1)
     elif least <= budget:

@@ -13,17 +13,28 @@ from pathlib import Path
 CPMEM = Path(__file__).resolve().parents[2] / "cpmem"
 
 # stage -> the stages it may import ("base" = errors, units, the package root)
+_CORE = {"base", "model", "plan", "step", "pricing"}
+_SAMPLES = _CORE | {"golden"}
+_CALIBRATION = _SAMPLES | {"samples"}
+_REPORTS = _CALIBRATION | {"admission", "api", "calibration"}
+_GATE = _REPORTS | {"reports"}
+_DIFF = _GATE | {"gate"}
 MAY_IMPORT: dict[str, set[str]] = {
     "base": set(),
     "model": {"base"},
     "plan": {"base", "model"},
-    "pricing": {"base", "model", "plan"},
-    "admission": {"base", "model", "plan", "pricing"},
-    "api": {"base", "model", "plan", "pricing"},
+    "step": {"base", "model", "plan"},
+    "pricing": {"base", "model", "plan", "step"},
+    "admission": _CORE,
+    "api": _CORE,
     "golden": {"base"},
-    "gate": {"base", "model", "plan", "pricing", "admission", "api", "golden"},
-    "cli_help": {"base", "pricing"},
-    "cli": {"base", "model", "plan", "pricing", "admission", "api", "golden", "gate", "cli_help"},
+    "samples": _SAMPLES,
+    "calibration": _CALIBRATION,
+    "reports": _REPORTS,
+    "gate": _GATE,
+    "diff": _DIFF,
+    "cli_help": {"base", "pricing", "step"},
+    "cli": _DIFF | {"diff", "cli_help"},
 }
 
 

@@ -235,7 +235,7 @@ PAIR_1_7B = ["--model", "qwen3-1.7b", "--lengths", "4096,4096", "--shared-prefix
                 "--segments",
                 "3",
             ],
-            "rank-tokens='5120,1844,3'",
+            "rank_tokens=[5120, 1844, 3]",
         ),
         (
             [
@@ -252,7 +252,7 @@ PAIR_1_7B = ["--model", "qwen3-1.7b", "--lengths", "4096,4096", "--shared-prefix
                 "--segments",
                 "3",
             ],
-            "rank-tokens='5120,,1844'",
+            "rank_tokens='5120,,1844'",
         ),
     ],
 )

@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from cpmem.admission.admission import admit, admit_plan, split_request, usable_budget
+from cpmem.admission.admission import admit, admit_step, split_request, usable_budget
 from cpmem.admission.comm import LocalCommunicator, collective_plan
 from cpmem.admission.width import select_width
-from cpmem.api import estimate, load_model
+from cpmem.api import describe_step, estimate, load_model
 from cpmem.errors import InputError, PlanningError
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import explicit_plan
 from cpmem.plan.request import Request
-from cpmem.pricing.recompute import Recompute
+from cpmem.step.recompute import Recompute
 
 GIB = 1 << 30
 M27 = load_model("qwen3.5-27b")
@@ -31,22 +31,20 @@ def test_usable_budget_formula():
 
 
 def test_27b_pair_fits_busiest_rank_and_is_refused_globally():
-    layout = ParallelLayout(cp=2)
-    ok = admit(M27, PAIR, layout, 81.868 * GIB)
+    ok = admit(M27, request=PAIR, budget_bytes=81.868 * GIB, cp=2)
     assert ok.action == "fit" and ok.variant == "cost-optimal"
     assert ok.required_bytes == 74_651_231_846
-    no = admit(M27, PAIR, layout, 81.868 * GIB, policy="global")
+    no = admit(M27, request=PAIR, budget_bytes=81.868 * GIB, cp=2, policy="global")
     assert no.action == "refuse"
     assert no.required_bytes == 126_029_345_587
     assert no.suggestion
 
 
 def test_memory_minimal_plan_used_when_cost_optimal_does_not_fit():
-    layout = ParallelLayout(cp=2)
     cost_optimal = estimate(M27, request=PAIR, cp=2).estimate_bytes
     balanced = estimate(M27, request=PAIR, cp=2, planner="balanced").estimate_bytes
     assert balanced < cost_optimal
-    d = admit(M27, PAIR, layout, (balanced + cost_optimal) // 2)
+    d = admit(M27, request=PAIR, budget_bytes=(balanced + cost_optimal) // 2, cp=2)
     assert d.action == "fit" and d.variant == "memory-minimal:balanced"
 
 
@@ -55,18 +53,18 @@ def test_split_ladder():
     whole = estimate(M4, request=four).estimate_bytes
     one = estimate(M4, [8192])
     # a 2-way split keeps both parts' retained bytes but one part's workspace
-    retained = one.components["retained_tokens"] + one.components["segment_states"]
+    retained = one.components["retained_activations"] + one.components["segment_states"]
     two = estimate(M4, [8192, 8192])
-    two_retained = two.components["retained_tokens"] + two.components["segment_states"]
+    two_retained = two.components["retained_activations"] + two.components["segment_states"]
     split2 = 2 * two_retained + (two.estimate_bytes - two_retained)
     assert split2 < whole
-    d = admit(M4, four, ParallelLayout(), (split2 + whole) // 2)
+    d = admit(M4, request=four, budget_bytes=(split2 + whole) // 2)
     assert d.action == "split" and d.parts == 2 and d.required_bytes == split2
     assert retained > 0
 
 
 def test_refusal_carries_peak_limit_and_suggestion():
-    d = admit(M27, Request.independent([32768]), ParallelLayout(), 10 * GIB)
+    d = admit(M27, request=Request.independent([32768]), budget_bytes=10 * GIB)
     assert d.action == "refuse"
     assert d.required_bytes > d.available_bytes == 10 * GIB
     assert "shorten" in d.suggestion or "cp=" in d.suggestion or "recompute" in d.suggestion
@@ -87,8 +85,9 @@ def test_admit_plan_uneven_layout():
         rank_tokens=[4096, 2868],
         grad_segments=3,
     )
-    assert admit_plan(M27, plan, 70 * GIB).action == "fit"
-    assert admit_plan(M27, plan, 69 * GIB).action == "refuse"
+    step = describe_step(M27, plan=plan, cp=2)
+    assert admit_step(step, 70 * GIB).action == "fit"
+    assert admit_step(step, 69 * GIB).action == "refuse"
 
 
 def _linear_width(queue, layout, budget):
@@ -106,7 +105,7 @@ def _linear_width(queue, layout, budget):
 def test_width_selection_matches_linear_scan(cp, budget_gib):
     queue = [Request.pair(1000 + 37 * i, 900 + 11 * i, 100) for i in range(24)]
     layout = ParallelLayout(cp=cp)
-    got = select_width(M4, queue, layout, budget_gib * GIB)
+    got = select_width(M4, queue, budget_gib * GIB, cp=cp)
     assert got.count == _linear_width(queue, layout, budget_gib * GIB)
 
 
@@ -164,14 +163,18 @@ def test_bad_budget_raises_inside_the_collective():
             return [error]
 
     for call in (
-        lambda c: admit(M4, Request.independent([64]), ParallelLayout(), -1, comm=c),
-        lambda c: admit_plan(
-            M4,
-            explicit_plan(ParallelLayout(), logical_tokens=64, packed_tokens=64, grad_segments=1),
+        lambda c: admit(M4, request=Request.independent([64]), budget_bytes=-1, comm=c),
+        lambda c: admit_step(
+            describe_step(
+                M4,
+                plan=explicit_plan(
+                    ParallelLayout(), logical_tokens=64, packed_tokens=64, grad_segments=1
+                ),
+            ),
             math.nan,
             comm=c,
         ),
-        lambda c: select_width(M4, [Request.independent([64])], ParallelLayout(), -5, comm=c),
+        lambda c: select_width(M4, [Request.independent([64])], -5, comm=c),
     ):
         seen.clear()
         with pytest.raises(InputError, match="budget_bytes"):
@@ -199,7 +202,7 @@ def test_memory_minimal_alternatives_are_layouts_a_runtime_executes():
     """Only the measured runtime's chunks and Megatron's zigzag are offered as
     alternatives (never attention-work or gdn-segments, rules only cpmem applies), and
     every considered variant names the planner its layout assumes."""
-    d = admit(M27, PAIR, ParallelLayout(cp=2), 10 * GIB)
+    d = admit(M27, request=PAIR, budget_bytes=10 * GIB, cp=2)
     assert d.action != "fit"
     variants = [v for v, _ in d.considered]
     assert variants[:3] == ["cost-optimal", "memory-minimal:chunked", "memory-minimal:balanced"]
@@ -212,7 +215,7 @@ def test_memory_minimal_alternatives_are_layouts_a_runtime_executes():
 
 def test_attention_only_cost_optimal_is_the_chunk_layout_and_not_offered_twice():
     dense = load_model("qwen3-1.7b")
-    d = admit(dense, PAIR, ParallelLayout(cp=2), 100 * GIB)
+    d = admit(dense, request=PAIR, budget_bytes=100 * GIB, cp=2)
     assert (d.action, d.variant, d.planner_of(d.variant)) == ("fit", "cost-optimal", "chunked")
     assert d.estimate.busiest_tokens == 5120
     assert [v for v, _ in d.considered] == ["cost-optimal", "memory-minimal:balanced"]
@@ -224,11 +227,11 @@ def test_split_under_a_policy_with_other_component_names():
     split is priced and chosen when only it fits."""
     geometry = load_model("qwen3-1.7b")
     request = Request.independent([4096] * 8)
-    probe = admit(geometry, request, ParallelLayout(), 0, policy="tight")
+    probe = admit(geometry, request=request, budget_bytes=0, policy="tight")
     considered = dict(probe.considered)
     whole, halves = considered["cost-optimal"], considered["split-2"]
     assert halves < whole  # one part's workspace at a time, every part's activations
-    decision = admit(geometry, request, ParallelLayout(), (halves + whole) // 2, policy="tight")
+    decision = admit(geometry, request=request, budget_bytes=(halves + whole) // 2, policy="tight")
     assert decision.action == "split" and decision.parts == 2
     assert decision.estimate.retained_bytes is not None
     assert 0 < decision.estimate.retained_bytes < decision.estimate.estimate_bytes

@@ -59,7 +59,7 @@ def test_recorded_runtime_count_is_taken_as_an_explicit_plan():
         grad_segments=3,
     )
     assert plan.rank_tokens == (5120, 1844)
-    assert estimate(DENSE, plan=plan).estimate_bytes == 16_618_671_308
+    assert estimate(DENSE, plan=plan, cp=2).estimate_bytes == 16_618_671_308
 
 
 def test_balanced_zigzag_pads_each_row():

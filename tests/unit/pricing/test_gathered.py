@@ -13,14 +13,14 @@ from cpmem.model.presets import get_preset
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import explicit_plan
 from cpmem.pricing.gathered import gathered_kv_bytes, keeps_gathered_kv
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
 from cpmem.pricing.registry import price
+from cpmem.step.describe import describe_step
+from cpmem.step.step import Step
 
 TOKENS = 4096
 
 
-def _inputs(cp: int, mode: str, modules: str | None = None, tp: int = 1) -> PricingInput:
+def _inputs(cp: int, mode: str, modules: str | None = None, tp: int = 1) -> Step:
     plan = explicit_plan(
         ParallelLayout(tp=tp, cp=cp),
         logical_tokens=cp * TOKENS,
@@ -28,8 +28,14 @@ def _inputs(cp: int, mode: str, modules: str | None = None, tp: int = 1) -> Pric
         grad_segments=1,
         rank_tokens=[TOKENS] * cp,
     )
-    return PricingInput(
-        geometry=get_preset("qwen3-1.7b"), plan=plan, recompute=Recompute.parse(mode, modules)
+    return describe_step(
+        get_preset("qwen3-1.7b"),
+        plan=plan,
+        tp=tp,
+        cp=cp,
+        sp=False,
+        recompute=mode,
+        modules=modules,
     )
 
 
@@ -67,4 +73,6 @@ def test_reference_prices_only_the_ranks_beyond_cp2() -> None:
     )
     # kept until backward: part of what a sub-forward retains
     c = est.components
-    assert est.retained_bytes == c["retained_tokens"] + c["segment_states"] + c["cp_gathered_kv"]
+    assert (
+        est.retained_bytes == c["retained_activations"] + c["segment_states"] + c["cp_gathered_kv"]
+    )

@@ -8,7 +8,7 @@ import pytest
 
 from cpmem.api import estimate
 from cpmem.errors import InputError
-from cpmem.pricing.profiles import ProfileSignature, ProfileStore
+from cpmem.step.profiles import ProfileSignature, ProfileStore
 
 SIG = ProfileSignature("qwen3.5-4b", 1, 1, "selective", "core_attn", False)
 

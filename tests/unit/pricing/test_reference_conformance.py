@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 from raw_sources import read_source
 
-from cpmem.api import estimate, load_model
+from cpmem.api import describe_step, estimate, load_model
+from cpmem.calibration.variant import without_segment_states
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import explicit_plan
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
-from cpmem.pricing.reference import ReferenceTerms, price_reference
+from cpmem.pricing.reference import REFERENCE, price_reference
+from cpmem.step.recompute import Recompute
+from cpmem.step.step import Step
 
 CP_ROWS = read_source("art_recompute_memory_cp.csv")
 TP_ROWS = read_source("art_recompute_memory.csv")
@@ -48,7 +49,7 @@ def _tp_segments(row: dict[str, str]) -> int:
     return 3 if int(row["packed_tokens"]) < sum(lengths) else len(lengths)
 
 
-def _tp_inputs(row: dict[str, str]) -> PricingInput:
+def _tp_inputs(row: dict[str, str]) -> Step:
     layout = ParallelLayout(
         tp=int(row["tp"]), cp=1, sp=row["sequence_parallel"] == "True", ep=int(row["ep"])
     )
@@ -58,10 +59,15 @@ def _tp_inputs(row: dict[str, str]) -> PricingInput:
         packed_tokens=int(row["packed_tokens"]),
         grad_segments=_tp_segments(row),
     )
-    return PricingInput(
-        geometry=load_model(row["model"]),
+    return describe_step(
+        load_model(row["model"]),
         plan=plan,
-        recompute=Recompute.parse(row["mode"], row["modules"]),
+        tp=layout.tp,
+        cp=layout.cp,
+        sp=layout.sp,
+        ep=layout.ep,
+        recompute=row["mode"],
+        modules=row["modules"],
         compiled=row["compiled"] == "True",
     )
 
@@ -73,7 +79,9 @@ def test_sources_have_the_counts_the_issue_names():
 
 @pytest.mark.parametrize("row", CP_ROWS, ids=lambda r: f"{r['case']}:{r['lengths']}")
 def test_cp_rows_busiest_rank_estimate(row):
-    est = estimate(row["model"], plan=_cp_plan(row), recompute=row["mode"], modules=row["modules"])
+    est = estimate(
+        row["model"], plan=_cp_plan(row), cp=2, recompute=row["mode"], modules=row["modules"]
+    )
     assert est.estimate_bytes == int(row["estimate_bytes"])
     assert est.busiest_tokens == int(row["retained_tokens"])
 
@@ -83,6 +91,7 @@ def test_cp_rows_global_variant(row):
     est = estimate(
         row["model"],
         plan=_cp_plan(row),
+        cp=2,
         recompute=row["mode"],
         modules=row["modules"],
         policy="global",
@@ -96,14 +105,15 @@ def test_cp_rows_global_variant(row):
     ids=lambda r: f"{r['phase']}:{r['model']}:tp{r['tp']}:{r['modules']}:{r['lengths']}",
 )
 def test_tp_dense_rows(row):
-    terms = ReferenceTerms(segment_states=row["phase"] != "before_segment_states")
+    before_states = row["phase"] == "before_segment_states"
+    terms = without_segment_states(REFERENCE) if before_states else REFERENCE
     est = price_reference(_tp_inputs(row), terms, "reference")
     assert est.estimate_bytes == int(row["estimate_bytes"])
 
 
 @pytest.mark.parametrize("row", NEGATIVE, ids=lambda r: f"{r['phase']}:{r['lengths']}")
 def test_negative_controls_are_not_reproduced_and_reference_covers_their_peaks(row):
-    est = price_reference(_tp_inputs(row), ReferenceTerms(), "reference")
+    est = price_reference(_tp_inputs(row), REFERENCE, "reference")
     recorded, peak = int(row["estimate_bytes"]), int(row["forward_peak_max_bytes"])
     assert recorded < peak, "a negative control's recorded estimate fails to cover"
     assert est.estimate_bytes != recorded
@@ -132,7 +142,7 @@ def test_worked_example_components():
     est = estimate("qwen3.5-27b", [4096, 4096], shared_prefix=1228, cp=2)
     assert est.estimate_bytes == 74_651_231_846
     assert est.packed_tokens == 6964 and est.busiest_tokens == 4096
-    assert est.components["retained_tokens"] == 4096 * 2 * 8_142_848
+    assert est.components["retained_activations"] == 4096 * 2 * 8_142_848
     assert est.components["segment_states"] == 3 * 48 * 6_414_336
     assert est.components["gathered_outputs"] == 8192 * 5120 * 2
     assert sum(est.components.values()) == est.estimate_bytes

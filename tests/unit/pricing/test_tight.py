@@ -9,17 +9,20 @@ rule of docs/tight.md, restated here).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from raw_sources import read_source
 
 import cpmem.pricing.tight  # noqa: F401  (registers "tight")
+from cpmem.model.geometry import ModelGeometry
 from cpmem.model.presets import get_preset
 from cpmem.plan.layout import ParallelLayout
-from cpmem.plan.plan import explicit_plan
+from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
 from cpmem.pricing.registry import price
+from cpmem.step.describe import describe_step
+from cpmem.step.step import Step
 
 CP_ROWS = read_source("art_recompute_memory_cp.csv")
 TP_ROWS = read_source("art_recompute_memory.csv")
@@ -29,7 +32,15 @@ def _lengths(row: dict[str, str]) -> list[int]:
     return [int(x) for x in row["lengths"].split("+")]
 
 
-def _cp_case(row: dict[str, str]) -> tuple[str, PricingInput, int, int]:
+def _step(geometry: ModelGeometry, plan: Plan, **settings: Any) -> Step:
+    """``plan`` under ``settings``, at the plan's own layout."""
+    layout = plan.layout
+    return describe_step(
+        geometry, plan=plan, tp=layout.tp, cp=layout.cp, sp=layout.sp, ep=layout.ep, **settings
+    )
+
+
+def _cp_case(row: dict[str, str]) -> tuple[str, Step, int, int]:
     plan = explicit_plan(
         ParallelLayout(tp=int(row["tp"]), cp=int(row["cp"])),
         logical_tokens=sum(_lengths(row)),
@@ -37,10 +48,11 @@ def _cp_case(row: dict[str, str]) -> tuple[str, PricingInput, int, int]:
         busiest_tokens=int(row["retained_tokens"]),
         grad_segments=int(row["grad_segments"]),
     )
-    inputs = PricingInput(
-        geometry=get_preset(row["model"]),
-        plan=plan,
-        recompute=Recompute.parse(row["mode"], row["modules"] or None),
+    inputs = _step(
+        get_preset(row["model"]),
+        plan,
+        recompute=row["mode"],
+        modules=row["modules"] or None,
         compiled=row["compiled"] == "True",
     )
     name = f"cp:{row['case']}:{row['lengths']}"
@@ -52,7 +64,7 @@ def _ran_cold(row: dict[str, str]) -> bool:
     return not (first and repeat and abs(int(first) - int(repeat)) < 2**20)
 
 
-def _tp_case(row: dict[str, str]) -> tuple[str, PricingInput, int, int]:
+def _tp_case(row: dict[str, str]) -> tuple[str, Step, int, int]:
     lengths = _lengths(row)
     packed = int(row["packed_tokens"])
     segments = row["grad_segment_count"]
@@ -65,10 +77,11 @@ def _tp_case(row: dict[str, str]) -> tuple[str, PricingInput, int, int]:
         packed_tokens=packed,
         grad_segments=int(segments) if segments else (3 if packed < sum(lengths) else len(lengths)),
     )
-    inputs = PricingInput(
-        geometry=get_preset(row["model"]),
-        plan=plan,
-        recompute=Recompute.parse(row["mode"], row["modules"] or None),
+    inputs = _step(
+        get_preset(row["model"]),
+        plan,
+        recompute=row["mode"],
+        modules=row["modules"] or None,
         compiled=row["compiled"] == "True",
         moe_routing="concentrated" if row["concentrated_routing"] == "True" else "balanced",
         cold=_ran_cold(row),
@@ -89,14 +102,14 @@ CASES = [_cp_case(r) for r in CP_ROWS if int(r["measured_samples"]) > 0] + [
 IDS = [c[0] for c in CASES]
 
 
-def _target(inputs: PricingInput) -> tuple[float, float]:
+def _target(inputs: Step) -> tuple[float, float]:
     """The declared bounds (largest estimate / peak), forward and forward+backward."""
     if inputs.geometry.is_moe:
         return (float("inf") if inputs.moe_routing == "concentrated" else 1.25), float("inf")
     return (1.06, 1.08) if inputs.plan.logical_tokens >= 2048 else (1.20, 1.40)
 
 
-def _tight(inputs: PricingInput) -> Estimate:
+def _tight(inputs: Step) -> Estimate:
     return price(inputs, "tight")
 
 
@@ -112,7 +125,7 @@ def test_reference_still_byte_exact() -> None:
         busiest_tokens=4096,
         grad_segments=3,
     )
-    inputs = PricingInput(geometry=get_preset("qwen3.5-27b"), plan=plan)
+    inputs = _step(get_preset("qwen3.5-27b"), plan)
     assert price(inputs, "reference").estimate_bytes == 74_651_231_846
     for row in CP_ROWS:
         _, cp_inputs, _, _ = _cp_case(row)
@@ -120,7 +133,7 @@ def test_reference_still_byte_exact() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_covers_forward_and_forward_backward(case: tuple[str, PricingInput, int, int]) -> None:
+def test_covers_forward_and_forward_backward(case: tuple[str, Step, int, int]) -> None:
     _, inputs, forward_peak, fb_peak = case
     est = _tight(inputs)
     assert est.estimate_bytes >= forward_peak
@@ -129,7 +142,7 @@ def test_covers_forward_and_forward_backward(case: tuple[str, PricingInput, int,
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_headroom_targets(case: tuple[str, PricingInput, int, int]) -> None:
+def test_headroom_targets(case: tuple[str, Step, int, int]) -> None:
     _, inputs, forward_peak, fb_peak = case
     est = _tight(inputs)
     forward_bound, fb_bound = _target(inputs)
@@ -143,8 +156,12 @@ def test_warm_cells_exist_and_price_below_cold() -> None:
     warm = [c for c in CASES if not c[1].cold]
     assert len(warm) >= 10
     for _, inputs, _, _ in warm:
-        cold = PricingInput(
-            inputs.geometry, inputs.plan, inputs.recompute, inputs.compiled, inputs.moe_routing
+        cold = _step(
+            inputs.geometry,
+            inputs.plan,
+            recompute=inputs.recompute,
+            compiled=inputs.compiled,
+            moe_routing=inputs.moe_routing,
         )
         assert _tight(inputs).estimate_bytes < _tight(cold).estimate_bytes
 
@@ -160,7 +177,7 @@ def test_4b_cp2_64_token_backward_peak() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_components_add_up(case: tuple[str, PricingInput, int, int]) -> None:
+def test_components_add_up(case: tuple[str, Step, int, int]) -> None:
     est = _tight(case[1])
     assert sum(est.components.values()) == est.estimate_bytes
     assert est.forward_backward_components is not None
@@ -174,8 +191,10 @@ def test_components_add_up(case: tuple[str, PricingInput, int, int]) -> None:
 def test_routing_is_the_callers_statement() -> None:
     case = next(c for c in CASES if c[1].geometry.is_moe)
     inputs = case[1]
-    conc = PricingInput(inputs.geometry, inputs.plan, inputs.recompute, moe_routing="concentrated")
-    bal = PricingInput(inputs.geometry, inputs.plan, inputs.recompute, moe_routing="balanced")
+    conc = _step(
+        inputs.geometry, inputs.plan, recompute=inputs.recompute, moe_routing="concentrated"
+    )
+    bal = _step(inputs.geometry, inputs.plan, recompute=inputs.recompute, moe_routing="balanced")
     assert _tight(bal).estimate_bytes < _tight(conc).estimate_bytes
 
 
@@ -185,7 +204,7 @@ def test_recompute_modes_order_the_retained_bytes() -> None:
     _, inputs, _, _ = next(c for c in CASES if c[0] == "cp:27b-selective:4096+4096")
 
     def priced(mode: str) -> Estimate:
-        return _tight(PricingInput(inputs.geometry, inputs.plan, Recompute.parse(mode)))
+        return _tight(_step(inputs.geometry, inputs.plan, recompute=mode))
 
     none, sel, full, nograd = (priced(m) for m in ("none", "selective", "full", "no-grad"))
     assert none.estimate_bytes > sel.estimate_bytes > full.estimate_bytes > nograd.estimate_bytes
@@ -205,9 +224,9 @@ def test_tight_admits_the_27b_cp2_4k_pair_on_its_forward_backward_peak() -> None
     budget = 81.868 * GIB
     decision = admit(
         get_preset("qwen3.5-27b"),
-        Request.pair(4096, 4096, 1228),
-        ParallelLayout(cp=2),
-        budget,
+        request=Request.pair(4096, 4096, 1228),
+        budget_bytes=budget,
+        cp=2,
         policy="tight",
         figure="forward_backward",
     )

@@ -10,22 +10,19 @@ states) must cover each and stay within the stated bound of it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cpmem.api import load_model
 from cpmem.model.geometry import ModelGeometry
+from cpmem.model.load import load_model
 from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan, explicit_plan
-from cpmem.pricing.inputs import PricingInput
-from cpmem.pricing.recompute import Recompute
-from cpmem.pricing.tight import (
-    LOSS_BACKWARD_OUTPUTS,
-    price_tight,
-    priced_tokens,
-    structural_terms,
-)
-from cpmem.pricing.tight_widths import tight_widths
+from cpmem.pricing.tight.calibrated import LOSS_BACKWARD_OUTPUTS
+from cpmem.pricing.tight.compose import priced_tokens, structural_terms, tight_widths
+from cpmem.pricing.tight.policy import price_tight
+from cpmem.step.describe import describe_step
+from cpmem.step.step import Step
 
 CONFIGS = Path(__file__).resolve().parents[3] / "golden" / "simulated" / "configs"
 TOKENS = 8192
@@ -36,11 +33,19 @@ def _model(name: str) -> ModelGeometry:
     return load_model(config=path) if path.is_file() else load_model(name)
 
 
+def _step(g: ModelGeometry, plan: Plan, **settings: Any) -> Step:
+    """``plan`` under ``settings``, at the plan's own layout."""
+    layout = plan.layout
+    return describe_step(
+        g, plan=plan, tp=layout.tp, cp=layout.cp, sp=layout.sp, ep=layout.ep, **settings
+    )
+
+
 def _inputs(
     g: ModelGeometry, mode: str, modules: str | None = None, ranks: tuple[int, ...] = (TOKENS,)
-) -> PricingInput:
+) -> Step:
     plan = _plan(ParallelLayout(tp=1, cp=len(ranks), sp=False), ranks)
-    return PricingInput(geometry=g, plan=plan, recompute=Recompute.parse(mode, modules), cold=False)
+    return _step(g, plan, recompute=mode, modules=modules, cold=False)
 
 
 def _plan(layout: ParallelLayout, ranks: tuple[int, ...]) -> Plan:
@@ -144,14 +149,15 @@ MOE_SIM = [
 
 def _moe_inputs(
     routing: str, compiled: bool, ranks: tuple[int, ...] = (TOKENS,), modules: str = "core_attn"
-) -> PricingInput:
+) -> Step:
     plan = _plan(ParallelLayout(tp=4, cp=len(ranks), sp=True, ep=4), ranks)
-    return PricingInput(
-        geometry=_model("qwen3.5-35b-a3b"),
-        plan=plan,
-        recompute=Recompute.parse("selective", modules),
+    return _step(
+        _model("qwen3.5-35b-a3b"),
+        plan,
+        recompute="selective",
+        modules=modules,
         compiled=compiled,
-        moe_routing=routing,  # type: ignore[arg-type]
+        moe_routing=routing,
         cold=False,
     )
 
@@ -234,7 +240,7 @@ def test_gathered_outputs_are_padded_to_the_largest_rank() -> None:
         rank_tokens=ranks,
         gdn_rank_tokens=ranks,
     )
-    inputs = PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("full"), cold=False)
+    inputs = _step(g, plan, recompute="full", cold=False)
     fwd, _ = structural_terms(inputs)
     assert fwd["outputs"] + fwd["gathered_outputs"] == 385_875_968
     assert fwd["retained_activations"] + fwd["layer_transient"] == 456_130_560
@@ -269,7 +275,7 @@ def test_loss_backward_runs_over_the_returned_outputs_under_cp() -> None:
     g = _model("qwen3-1.7b")
     # the two sequences' segments matter only to GDN layers: one segment will do here
     plan = _plan(ParallelLayout(tp=4, cp=4, sp=True), (9728, 6656, 9728, 6656))
-    inputs = PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("none"), cold=False)
+    inputs = _step(g, plan, recompute="none", cold=False)
     _, fb = structural_terms(inputs)
     outputs = 32_768 * g.hidden * 2
     assert inputs.outputs == outputs
@@ -310,13 +316,13 @@ def test_attention_no_grad_pass_is_the_simulators(model: str, tp: int, sim: int)
     copies and the all-gather's two full-width copies beside the local projection:
     exactly the simulator's peak. tight priced the layer's ``common`` and three copies at
     the gather (+3,200 to +5,632 per token)."""
-    from cpmem.pricing.tight_widths import attention_nograd_width
+    from cpmem.pricing.tight.attention import nograd_width
 
     g = _model(model)
     plan = _plan(ParallelLayout(tp=tp, cp=1, sp=True), (TOKENS,))
-    inputs = PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("full"), cold=False)
+    inputs = _step(g, plan, recompute="full", cold=False)
     assert g.kv_groups < tp
-    assert attention_nograd_width(g, tight_widths(g, inputs), inputs) == sim
+    assert nograd_width(g, tight_widths(g, inputs), inputs) == sim
 
 
 def test_ungated_query_copy_only_where_a_rank_holds_several_groups() -> None:
@@ -328,9 +334,7 @@ def test_ungated_query_copy_only_where_a_rank_holds_several_groups() -> None:
     (8 groups per rank) the copy as well (it priced the copy at every TP)."""
     g = _model("qwen3-32b-style")
     plan = _plan(ParallelLayout(tp=8, cp=1, sp=True), (4096,))
-    inputs = PricingInput(
-        geometry=g, plan=plan, recompute=Recompute.parse("selective", "core_attn"), cold=False
-    )
+    inputs = _step(g, plan, recompute="selective", modules="core_attn", cold=False)
     sim = 80_899_072 / 4096 / 2
     q_t = g.q_width // 8
     w = tight_widths(g, inputs)
@@ -349,9 +353,7 @@ def test_each_cp_rank_is_priced_at_its_own_tokens() -> None:
     largest rank."""
     g = _model("qwen3-1.7b")
     plan = _plan(ParallelLayout(tp=4, cp=4, sp=True), (9728, 6656, 9728, 6656))
-    est = price_tight(
-        PricingInput(geometry=g, plan=plan, recompute=Recompute.parse("none"), cold=False)
-    )
+    est = price_tight(_step(g, plan, recompute="none", cold=False))
     sims = (10_342_590_976, 7_521_551_872, 10_342_590_976, 7_521_551_872)
     assert est.per_rank_bytes[0] == est.per_rank_bytes[2] == est.estimate_bytes
     assert est.per_rank_bytes[1] == est.per_rank_bytes[3] < est.estimate_bytes

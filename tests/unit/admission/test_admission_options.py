@@ -1,0 +1,238 @@
+"""Every option ``estimate`` honours reaches admission: changing only that option moves
+``estimate``'s bytes and ``admit``'s required bytes by the same amount.
+
+One row per keyword of ``describe_step`` / ``describe_settings`` (the ``StepArguments`` /
+``SettingsArguments`` TypedDicts), with a guard that the table names every keyword, so a
+new option cannot reach ``estimate`` without this test asking whether admission sees it.
+Each row says which model and policy make the option matter (the reference prices no
+MoE routing, no EP, no compiled widths and no warm step; ``tight`` does).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from cpmem.admission.admission import Decision, Figure, admit
+from cpmem.api import estimate
+from cpmem.errors import InputError
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import explicit_plan
+from cpmem.plan.request import Request
+from cpmem.step.describe import SettingsArguments, StepArguments, describe_settings, describe_step
+from cpmem.step.profiles import Profile, ProfileStore
+
+HUGE = 1 << 50  # every variant fits: admission answers with the cost-optimal (or explicit) figure
+M17, M4, MOE = "qwen3-1.7b", "qwen3.5-4b", "qwen3.5-35b-a3b"
+
+QWEN3_CONFIG: dict[str, Any] = {
+    "model_type": "qwen3",
+    "num_hidden_layers": 28,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+}
+EXPLICIT = {
+    "logical_tokens": 8192,
+    "packed_tokens": 8192,
+    "rank_tokens": [4096, 4096],
+    "segments": 2,
+}
+PROFILE = ProfileStore(
+    {"qwen3.5-4b|tp1|cp2|selective|core_attn|eager": Profile(10_000_000.0, 4096)}
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """``option`` changed from ``before`` to ``after``, everything else in ``common``."""
+
+    option: str
+    model: str | None
+    common: dict[str, Any]
+    before: Any
+    after: Any
+    policy: str = "reference"
+    figure: Figure = "forward"
+    lengths: list[int] | None = field(default_factory=lambda: [2048, 2048])
+    refused_before: bool = False  # ``before`` is an input both estimate and admit refuse
+
+    def arguments(self, value: Any) -> dict[str, Any]:
+        args = dict(self.common)
+        if value is not None:
+            args[self.option] = value
+        return args
+
+    def estimated(self, value: Any) -> int:
+        est = estimate(self.model, self.lengths, policy=self.policy, **self.arguments(value))
+        if self.figure == "forward_backward":
+            assert est.forward_backward_bytes is not None
+            return est.forward_backward_bytes
+        return est.estimate_bytes
+
+    def admitted(self, value: Any, budget: int = HUGE) -> Decision:
+        return admit(
+            self.model,
+            self.lengths,
+            budget_bytes=budget,
+            policy=self.policy,
+            figure=self.figure,
+            **self.arguments(value),
+        )
+
+
+ROWS = [
+    Row("shared_prefix", M4, {}, 0, 512),
+    Row("tp", M17, {}, 1, 2),
+    Row("cp", M4, {}, 1, 2),
+    # SP changes the layer inputs the full-recompute checkpoints keep (H/s per token)
+    Row("sp", M17, {"tp": 2, "recompute": "full"}, True, False),
+    # expert parallelism spreads balanced routing's rows (concentrated ones land on one rank)
+    Row("ep", MOE, {"moe_routing": "balanced"}, 1, 4, policy="tight", lengths=[4096]),
+    Row("recompute", M4, {}, "selective", "full"),
+    Row("modules", M4, {"recompute": "selective"}, "core_attn", "core_attn+mlp"),
+    Row("planner", M4, {"cp": 2}, "gdn-segments", "balanced", lengths=[3000, 1000]),
+    # torch.compile fuses the 1.7B's unfused SwiGLU (tight's widths)
+    Row("compiled", M17, {}, False, True, policy="tight"),
+    Row("moe_routing", MOE, {"ep": 4}, "concentrated", "balanced", policy="tight", lengths=[4096]),
+    Row("cold", M17, {}, True, False, policy="tight", figure="forward_backward"),
+    Row("profiles", M4, {"cp": 2}, None, PROFILE),
+    Row("output_bytes", M4, {}, None, 1 << 30),
+    # a sequence past max_position_embeddings (40,960 on the 1.7B): refused without it
+    Row("allow_long", M17, {}, False, True, lengths=[41_000], refused_before=True),
+    Row("fused_swiglu", M17, {}, None, True),
+    Row("config", None, {}, QWEN3_CONFIG, {**QWEN3_CONFIG, "intermediate_size": 8192}),
+    # the counts of a plan the runtime fixed (admitted as it stands: variant "explicit")
+    Row("logical_tokens", M4, {**EXPLICIT, "cp": 2}, 8192, 9000, lengths=None),
+    Row("packed_tokens", M4, {**EXPLICIT, "cp": 2}, 8192, 6000, policy="global", lengths=None),
+    Row("rank_tokens", M4, {**EXPLICIT, "cp": 2}, [4096, 4096], [5120, 3072], lengths=None),
+    Row(
+        "busiest_tokens",
+        M4,
+        {"logical_tokens": 8192, "packed_tokens": 8192, "segments": 2, "cp": 2},
+        4096,
+        5000,
+        lengths=None,
+    ),
+    Row("segments", M4, {**EXPLICIT, "cp": 2}, 2, 8, lengths=None),
+    Row("gdn_rank_tokens", M4, {**EXPLICIT, "cp": 2}, None, [5000, 3192], lengths=None),
+]
+
+EXEMPT = {
+    # alternative inputs, not options: the same step given another way (a request instead
+    # of lengths + shared_prefix, a ready plan instead of its counts);
+    # test_alternative_inputs_are_admitted_as_estimated holds them
+    "request": "an alternative input (the request behind lengths + shared_prefix)",
+    "plan": "an alternative input (a ready plan instead of its counts)",
+}
+
+
+def keywords(typed_dict: Any) -> set[str]:
+    return set(typed_dict.__required_keys__ | typed_dict.__optional_keys__)
+
+
+def test_the_table_names_every_keyword() -> None:
+    """Every keyword estimate accepts has a row here or a stated exemption."""
+    rows = {r.option for r in ROWS}
+    assert len(rows) == len(ROWS), "an option has two rows"
+    assert not rows & set(EXEMPT)
+    assert rows | set(EXEMPT) == keywords(StepArguments)
+    assert keywords(SettingsArguments) <= keywords(StepArguments)
+
+
+def test_the_typed_dicts_are_the_functions_keywords() -> None:
+    """The TypedDicts the guard reads are describe_settings' and describe_step's own
+    keywords (a keyword added to a function but not to its TypedDict would escape it)."""
+
+    def keyword_only(fn: Any) -> set[str]:
+        params = inspect.signature(fn).parameters.values()
+        return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    assert keyword_only(describe_settings) == keywords(SettingsArguments)
+    step_only = keywords(StepArguments) - keywords(SettingsArguments)
+    assert keyword_only(describe_step) == step_only
+
+
+def refused_alike(row: Row) -> None:
+    """``before`` is refused by estimate and by admit, with the same error."""
+    with pytest.raises(InputError) as by_estimate:
+        row.estimated(row.before)
+    with pytest.raises(InputError) as by_admit:
+        row.admitted(row.before)
+    assert str(by_admit.value) == str(by_estimate.value)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.option)
+def test_an_option_moves_estimate_and_admission_alike(row: Row) -> None:
+    """Changing only ``row.option``: admit's required bytes are estimate's, before and
+    after, so both move by the same amount (a refused input: refused by both)."""
+    if row.refused_before:
+        refused_alike(row)
+        after = row.estimated(row.after)
+        d = row.admitted(row.after)
+        assert (d.action, d.variant, d.required_bytes) == ("fit", "cost-optimal", after)
+        return
+    before, after = row.estimated(row.before), row.estimated(row.after)
+    assert before != after, f"{row.option} does not change the estimate in this row"
+    d_before, d_after = row.admitted(row.before), row.admitted(row.after)
+    variant = "explicit" if row.lengths is None else "cost-optimal"
+    for d, figure in ((d_before, before), (d_after, after)):
+        assert d.action == "fit" and d.variant == variant
+        assert d.required_bytes == figure
+    assert d_after.required_bytes - d_before.required_bytes == after - before
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.option)
+def test_an_option_changes_the_admission_answer(row: Row) -> None:
+    """At a budget of the smaller figure, the setting with it fits as priced and the
+    other does not fit as priced (it is split, refused, or laid out otherwise); a
+    refused input is priced, and refused one byte below its figure."""
+    if row.refused_before:
+        refused_alike(row)
+        need = row.estimated(row.after)
+        assert row.admitted(row.after, need).action == "fit"
+        short = row.admitted(row.after, need - 1)
+        assert short.action != "fit" and dict(short.considered)["cost-optimal"] == need
+        return
+    (budget, small), (larger, large) = sorted(
+        ((row.estimated(row.before), row.before), (row.estimated(row.after), row.after)),
+        key=lambda pair: pair[0],
+    )
+    fits = row.admitted(small, budget)
+    assert fits.action == "fit" and fits.required_bytes == budget
+    other = row.admitted(large, budget)
+    assert (other.action, other.variant) != ("fit", fits.variant)
+    assert dict(other.considered)[fits.variant] == larger
+
+
+def test_alternative_inputs_are_admitted_as_estimated() -> None:
+    """``request`` and ``plan``: admission prices the step estimate prices for them."""
+    request = Request.shared([3000, 2000, 1500], 500)
+    est = estimate(M4, request=request, cp=2)
+    assert (
+        est.estimate_bytes
+        == estimate(M4, [3000, 2000, 1500], shared_prefix=500, cp=2).estimate_bytes
+    )
+    d = admit(M4, request=request, cp=2, budget_bytes=HUGE)
+    assert d.variant == "cost-optimal" and d.required_bytes == est.estimate_bytes
+    plan = explicit_plan(
+        ParallelLayout(cp=2),
+        logical_tokens=8192,
+        packed_tokens=8192,
+        grad_segments=2,
+        rank_tokens=[5120, 3072],
+    )
+    est = estimate(M4, plan=plan, cp=2)
+    d = admit(M4, plan=plan, cp=2, budget_bytes=HUGE)
+    assert d.variant == "explicit" and d.required_bytes == est.estimate_bytes
+    counts = estimate(
+        M4, cp=2, logical_tokens=8192, packed_tokens=8192, segments=2, rank_tokens=[5120, 3072]
+    )
+    assert counts.estimate_bytes == est.estimate_bytes
