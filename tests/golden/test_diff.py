@@ -185,9 +185,7 @@ def test_the_script_prices_the_previous_layout() -> None:
     with worktree(ROOT, commit) as checkout:
         assert (checkout / "cpmem" / "gate" / "samples.py").exists()
         priced = price_checkout(checkout, ROOT / "golden")
-    got = {
-        (rid, p): f for rid, fs in priced["rows"]["control"].items() for p, f in fs.items()
-    }
+    got = {(rid, p): f for rid, fs in priced["rows"]["control"].items() for p, f in fs.items()}
     assert priced["cell_errors"] == {} and priced["row_errors"] == {}
     assert len(priced["cells"]) == len(load_cells())
     assert got == want

@@ -41,7 +41,8 @@ FLASH_BACKWARD_DQ_Q = 3
 accumulator (oracles/rank_sim/kernels.py ``FlashAttention.backward``, "FlashAttention-2's
 contract"). With the head-expanded dk/dv over the CP-gathered tokens it is what the
 simulator's full-recompute rows at CP 8 peak on (Qwen3.5-4B TP1 CP8, 16,384 tokens per
-rank: 2.3% under the simulated forward+backward peak without it)."""
+rank: tight's unmargined forward+backward is 3.3% under the simulated peak without it,
+0.1% over with it)."""
 
 ROPE_TABLES = 2
 """head_dim-wide bf16 tables the step's rotary embedding keeps per rank token: cos and

@@ -46,9 +46,9 @@ one cell and the buffer's size, not read off a trace; priced when cold."""
 EAGER_NONE_GATED = 2
 """Q-multiples eager gated attention keeps without a ``core_attn`` checkpoint (the query
 before the qk-norm and before the rope, which a compiled run fuses away). Measured: the 4B
-CP2 cells without recompute exceed the ``core_attn`` cells of the same shape by 8,259
-(4,096+4,096) and 8,274 (2,048+2,048) elements per token per attention layer beyond the
-gathered K/V, ``2Q`` = 8,192. The 27B compiled cells without recompute match
+CP2 cells without recompute exceed the ``core_attn`` cells of the same shape, at the
+forward peak, by 8,256 elements per rank token per attention layer beyond the other rank's
+gathered K/V on both shapes (4,096+4,096 and 2,048+2,048), ``2Q`` = 8,192. The 27B compiled cells without recompute match
 ``core_attn``. Not priced on ungated attention: no ungated cell without recompute was
 measured, and the rank simulator's ungated attention keeps the same set with and without
 the checkpoint (Qwen3-1.7B TP1: 15,444 elements per token per layer either way, less the

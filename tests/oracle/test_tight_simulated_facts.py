@@ -1,0 +1,187 @@
+"""The rank simulator's figures behind ``tight``'s counted constants, produced here.
+
+Each test runs the simulator now (oracles/rank_sim/, CPU, fake tensors, a small
+configuration), derives the figure a constant's docstring names from what it allocates
+and keeps, and fails when the constant no longer equals it. Nothing here prices a step
+with cpmem: the expected values are the simulator's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from cpmem.pricing.tight.attention import FLASH_BACKWARD_DQ_Q  # noqa: E402
+from cpmem.pricing.tight.gdn import GDN_BACKWARD_WORKSPACE_V, GDN_CHUNK  # noqa: E402
+from cpmem.pricing.tight.moe import (  # noqa: E402
+    MOE_ROUTER_PER_TOPK,
+    MOE_ROW_COMPILED_F,
+    MOE_ROW_EAGER_F,
+    MOE_ROW_SMALL,
+)
+from oracles.rank_sim import kernels as K  # noqa: E402
+from oracles.rank_sim.geometry import SimModel  # noqa: E402
+from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
+from oracles.rank_sim.recompute import Recompute  # noqa: E402
+from oracles.rank_sim.runner import RankResult, simulate_rank  # noqa: E402
+from oracles.rank_sim.tracker import LiveBytesTracker  # noqa: E402
+from tests.oracle.test_rank_sim_moe import EP, LAYERS, SMALL, TOKENS, TP  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+BF16 = 2  # bytes per element
+
+# ---------------------------------------------------------------- flash attention backward
+
+
+def _flash_backward_rise(n_q: int, n_k: int, q_heads: int, kv_heads: int, d: int) -> int:
+    """Bytes the simulator's flash kernel allocates in backward on top of its saved set
+    and the incoming gradient, for ``n_q`` query tokens over ``n_k`` (CP-gathered) keys."""
+    with FakeTensorMode():
+        q = torch.empty(n_q, q_heads, d, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.empty(n_k, kv_heads, d, dtype=torch.bfloat16, requires_grad=True)
+        v = torch.empty(n_k, kv_heads, d, dtype=torch.bfloat16, requires_grad=True)
+        with LiveBytesTracker([q, k, v]) as tracker:
+            out = K.FlashAttention.apply(q, k, v)
+            grad = torch.empty_like(out)
+            tracker.set_phase("backward")
+            before = tracker.live
+            out.backward(grad)
+            return tracker.peaks["backward"].bytes - before
+
+
+def test_flash_backward_holds_three_query_widths_beside_the_key_gradients() -> None:
+    """FlashAttention-2's contract as oracles/rank_sim/kernels.py lays it out: the
+    backward allocates dq (bf16) and its fp32 accumulator for every query token, and the
+    head-expanded dk/dv for every key token the kernel saw. Under CP the keys are the
+    gathered ones: between one and two ranks' worth of keys only the key-side buffers
+    grow; what stays, per query token, is ``FLASH_BACKWARD_DQ_Q`` query widths (3.05 here:
+    the accumulator's 128-row tile padding and the fp32 softmax-d are its excess)."""
+    n, hq, hkv, d = 8192, 16, 4, 128
+    q_bytes = n * hq * d * BF16
+    one, two = (_flash_backward_rise(n, cp * n, hq, hkv, d) for cp in (1, 2))
+    per_key_rank = two - one
+    query_side = one - per_key_rank  # the part that does not follow the gathered keys
+    assert query_side / q_bytes == pytest.approx(FLASH_BACKWARD_DQ_Q, abs=0.1)
+    # the key side: dk, dv expanded to the query heads (2Q per key token), then summed
+    # back to the KV heads; tight prices the expanded pair (2 x CP x Q)
+    assert per_key_rank / q_bytes == pytest.approx(2 + 2 * hkv / hq, abs=0.01)
+
+
+# ------------------------------------------------------------- chunked gated delta rule
+
+
+def _gdn_backward_rise(n: int, heads: int, d: int) -> int:
+    """Bytes the simulator's chunked gated delta rule (the stand-in laid out after
+    fla-core 0.6.0's ``chunk_gated_delta_rule_bwd``) holds in backward on top of its saved
+    set, the incoming gradient ``do`` included; ``d`` is both the key and the value head
+    dim (as on every Qwen3.5 preset)."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    with FakeTensorMode():
+        q, k, v = (torch.empty(n, heads, d, dtype=bf16, requires_grad=True) for _ in range(3))
+        g = torch.empty(n, heads, dtype=f32, requires_grad=True)
+        beta = torch.empty(n, heads, dtype=bf16, requires_grad=True)
+        h0 = torch.empty(heads, d, d, dtype=f32, requires_grad=True)
+        with LiveBytesTracker([q, k, v, g, beta, h0]) as tracker:
+            o, _final = K.StandInGatedDeltaRule.apply(q, k, v, g, beta, h0)
+            tracker.set_phase("backward")
+            before = tracker.live
+            torch.autograd.backward([o], [torch.empty_like(o)])
+            return tracker.peaks["backward"].bytes - before
+
+
+def _solve(rows: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction]:
+    """Gauss-Jordan elimination, exact."""
+    m = [[*row, b] for row, b in zip(rows, rhs, strict=True)]
+    size = len(m)
+    for col in range(size):
+        pivot = next(r for r in range(col, size) if m[r][col] != 0)
+        m[col], m[pivot] = m[pivot], m[col]
+        m[col] = [x / m[col][col] for x in m[col]]
+        for r in range(size):
+            if r != col:
+                m[r] = [a - m[r][col] * b for a, b in zip(m[r], m[col], strict=True)]
+    return [row[-1] for row in m]
+
+
+def test_gdn_backward_holds_nine_value_widths_and_two_chunk_state_tensors() -> None:
+    """``GDN_BACKWARD_WORKSPACE_V``: per token the kernel's backward holds ``a``
+    value-width tensors (w, u, v_new, dv_local, dv, dq, dk, dw and the incoming do), ``b``
+    chunk-state tensors (one ``dk x dv`` state per chunk and value head: the recomputed
+    states and their gradient) and a few bytes per head (the fp32 dg and the dbeta).
+    Per token (the difference of two lengths, which drops the per-call initial-state
+    gradient), at three head dims: the three coefficients, exactly."""
+    heads, lengths, dims = 8, (4096, 8192), (32, 64, 128)
+    rows, rhs = [], []
+    for d in dims:
+        short, long = (_gdn_backward_rise(n, heads, d) for n in lengths)
+        per_token = Fraction(long - short, lengths[1] - lengths[0])
+        state = Fraction(heads * d * d * BF16, K.CHUNK)  # per token: one per chunk and head
+        rows.append([Fraction(heads * d * BF16), state, Fraction(heads)])
+        rhs.append(per_token)
+    value_widths, chunk_states, bytes_per_head = _solve(rows, rhs)
+    assert (value_widths, chunk_states, bytes_per_head) == (9, 2, 4 + 2)
+    assert value_widths == GDN_BACKWARD_WORKSPACE_V
+    assert K.CHUNK == GDN_CHUNK  # the chunk the states are counted per
+
+
+# --------------------------------------------------------------------------------- MoE
+
+
+def _layout() -> RankLayout:
+    return RankLayout(TP, 1, 0, (TOKENS,), (TOKENS,), (GdnPiece(TOKENS),), TOKENS, True)
+
+
+def _moe(model: SimModel, routing: str = "concentrated", compiled: bool = False) -> RankResult:
+    rc = Recompute.parse("selective", "core_attn")
+    return simulate_rank(model, _layout(), rc, compiled=compiled, ep=EP, routing=routing)
+
+
+def test_router_keeps_ten_elements_per_routed_slot() -> None:
+    """megatron's ``topk_routing_with_score_function`` and the unfused ``permute`` as
+    oracles/rank_sim/moe.py restates them keep, per local token and routed slot, the top-k
+    indices (int64, saved by ``topk`` and the probs ``scatter``), the fp32 top-k softmax
+    and the sorted token indices (int64, saved by ``unpermute``). Measured by raising the
+    top-k above the rank's local experts (SMALL: 8 experts over EP 2), where a
+    concentrated rank's experts receive the same rows whatever the top-k: every byte the
+    extra slots add is the router's."""
+    local_experts, extra_slots = SMALL.num_experts // EP, 2
+    top_k = (local_experts, local_experts + extra_slots)
+    fewer, more = (_moe(replace(SMALL, moe_top_k=k)) for k in top_k)
+    assert fewer.expert_rows == more.expert_rows  # the same expert rows
+    local_tokens = TOKENS // TP  # the router runs on the local (SP) tokens
+    added = more.retained_bytes - fewer.retained_bytes
+    per_slot = added / (LAYERS * local_tokens * extra_slots)
+    assert per_slot == 20  # bytes: 8 + 4 + 8
+    assert per_slot / BF16 == MOE_ROUTER_PER_TOPK
+
+
+@pytest.mark.parametrize(
+    ("compiled", "f_multiple"), [(False, MOE_ROW_EAGER_F), (True, MOE_ROW_COMPILED_F)]
+)
+def test_expert_row_keeps_its_input_f_multiples_and_four_small_elements(
+    compiled: bool, f_multiple: int
+) -> None:
+    """Per routed expert row the simulator's experts keep ``H + c·F_e + 4`` bf16
+    elements: c = 6 eager (megatron's unfused probs-weighted GLU), 3 compiled (the fused
+    kernel's set), and 4 besides the H- and F_e-wide tensors (the row's fp32 prob and the
+    two rank-1 LoRA activations). Per row = (concentrated - balanced) / the extra rows;
+    two expert widths separate the F_e coefficient from the rest."""
+    per_row: dict[int, float] = {}
+    for fe in (SMALL.expert_ffn, 2 * SMALL.expert_ffn):
+        model = replace(SMALL, expert_ffn=fe)
+        conc, bal = _moe(model, "concentrated", compiled), _moe(model, "balanced", compiled)
+        rows = LAYERS * (conc.expert_rows - bal.expert_rows)
+        per_row[fe] = (conc.retained_bytes - bal.retained_bytes) / rows / BF16
+    narrow, wide = SMALL.expert_ffn, 2 * SMALL.expert_ffn
+    coefficient = (per_row[wide] - per_row[narrow]) / (wide - narrow)
+    assert coefficient == f_multiple
+    assert per_row[narrow] - coefficient * narrow - SMALL.hidden == MOE_ROW_SMALL
