@@ -99,6 +99,16 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
         help=HELP["--moe-routing"],
     )
     p.add_argument("--profiles", help=HELP["--profiles"])
+    p.add_argument("--head", default="hidden", help=HELP["--head"])
+    p.add_argument("--lora-rank", type=int, default=1, help=HELP["--lora-rank"])
+    p.add_argument("--lora-dropout", type=float, default=0.0, help=HELP["--lora-dropout"])
+    p.add_argument("--lora-targets", default="all", help=HELP["--lora-targets"])
+    p.add_argument(
+        "--cp-comm",
+        choices=("all_gather", "p2p", "a2a"),
+        default="all_gather",
+        help=HELP["--cp-comm"],
+    )
     ex = p.add_argument_group("explicit plan (a runtime that knows its layout)")
     ex.add_argument("--logical-tokens", type=int, help=HELP["--logical-tokens"])
     ex.add_argument("--packed-tokens", type=int, help=HELP["--packed-tokens"])
@@ -136,6 +146,11 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "compiled": args.compiled,
         "moe_routing": args.moe_routing,
         "profiles": args.profiles,
+        "head": args.head,
+        "lora_rank": args.lora_rank,
+        "lora_dropout": args.lora_dropout,
+        "lora_targets": args.lora_targets,
+        "cp_comm": args.cp_comm,
         "allow_long": args.allow_long,
     }
 
@@ -152,6 +167,7 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
         f"tp={est.tp} cp={est.cp} sp={'on' if est.sp else 'off'}  planner={est.planner}",
         f"logical tokens {est.logical_tokens:,}  packed {est.packed_tokens:,}  "
         f"grad segments {est.grad_segments}",
+        f"head {est.head.label}  {est.adapter.label}  cp_comm {est.cp_comm}",
         "",
     ]
     ranks = []

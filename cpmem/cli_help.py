@@ -28,6 +28,17 @@ HELP: dict[str, str] = {
     "--compiled": "the layers run under torch.compile (changes what attention and MLP keep)",
     "--moe-routing": "how the MoE router spreads tokens over EP ranks: concentrated (top-k "
     "rows of a token on one rank, the safe default) or balanced (the caller's promise)",
+    "--head": "what the forward ends with: hidden (the hidden states returned, the measured "
+    "harness; default), logits (megatron's vocabulary-parallel output layer and cross "
+    "entropy), fused (megatron's fused vocabulary-parallel cross entropy), chunked:N "
+    "(log-probs N tokens at a time, each chunk recomputed in backward), linear-ce (a fused "
+    "linear cross entropy that never materialises the logits)",
+    "--lora-rank": "LoRA adapter rank (default 1, the measured harness)",
+    "--lora-dropout": "dropout on the adapters' input, in [0, 1) (default 0)",
+    "--lora-targets": "projections with adapters: all (default), attention, mlp, or names "
+    "joined by commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts",
+    "--cp-comm": "attention's CP communication: all_gather (K/V gathered, the measured "
+    "runtime; default), p2p (ring), a2a (Ulysses all-to-all over heads)",
     "--profiles": "JSON store of learned-profile floors (largest bytes observed per setting)",
     "--logical-tokens": "explicit plan: sum of the sequence lengths",
     "--packed-tokens": "explicit plan: tokens after prefix sharing and TP padding",

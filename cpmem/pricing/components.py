@@ -31,6 +31,12 @@ class Component(StrEnum):
     """The outputs gathered over CP before they are unpacked."""
     LAYER_TRANSIENT = "layer_transient"
     """What one layer holds while it runs, on top of what is kept."""
+    HEAD_KEPT = "head_kept"
+    """What the LM head and its loss keep from their forward until backward (the fp32
+    softmax, or the hidden states a chunked or fused-linear head recomputes from)."""
+    HEAD = "head"
+    """What the head holds beyond that at the forward peak, past the layer transient
+    (``cpmem.pricing.head``)."""
     BACKWARD_TRANSIENT = "backward_transient"
     """The larger of the forward's transient and the backward's first moment."""
     COLD_SETUP = "cold_setup"
@@ -57,6 +63,7 @@ RETAINED: frozenset[Component] = frozenset(
         Component.SEGMENT_STATES,
         Component.CP_GATHERED_KV,
         Component.ROPE_TABLES,
+        Component.HEAD_KEPT,
     }
 )
 """What a forward keeps until its backward: kept once per part of a split request."""

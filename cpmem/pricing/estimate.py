@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpmem.pricing.components import check_names, retained_bytes
+from cpmem.step.step import Step
+from cpmem.step.trainer import Adapter, Head
 from cpmem.units import gib
 
 
@@ -36,6 +38,13 @@ class Estimate:
     forward_backward_bytes: int | None = None
     forward_backward_components: dict[str, int] | None = None
     notes: tuple[str, ...] = field(default=())
+    head: Head = Head()
+    adapter: Adapter = Adapter()
+    cp_comm: str = "all_gather"
+    head_bytes: int = 0
+    """What the head holds at its forward peak on the busiest rank (0 without a head):
+    its share of the estimate is the ``head`` component, what it holds beyond the layer
+    transient the forward's other moment holds."""
 
     def __post_init__(self) -> None:
         # plain names (``Component`` values) for JSON, CSV and comparisons alike
@@ -80,6 +89,14 @@ class Estimate:
             "grad_segments": self.grad_segments,
             "per_rank_bytes": list(self.per_rank_bytes),
             "components": dict(self.components),
+            "head": self.head.label,
+            "head_bytes": self.head_bytes,
+            "adapter": {
+                "rank": self.adapter.rank,
+                "dropout": self.adapter.dropout,
+                "targets": list(self.adapter.targets),
+            },
+            "cp_comm": self.cp_comm,
         }
         if self.forward_backward_bytes is not None:
             out["forward_backward_bytes"] = self.forward_backward_bytes
@@ -88,3 +105,21 @@ class Estimate:
         if self.notes:
             out["notes"] = list(self.notes)
         return out
+
+
+def step_fields(step: Step) -> dict[str, Any]:
+    """The Estimate fields every policy copies from the step it priced."""
+    plan, layout = step.plan, step.plan.layout
+    return {
+        "packed_tokens": plan.packed_tokens,
+        "logical_tokens": plan.logical_tokens,
+        "model": step.geometry.name,
+        "recompute": step.recompute.label,
+        "planner": plan.planner,
+        "tp": layout.tp,
+        "cp": layout.cp,
+        "sp": layout.sp,
+        "head": step.head,
+        "adapter": step.adapter,
+        "cp_comm": step.cp_comm,
+    }

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.cold import COLD_SETUP
 from cpmem.pricing.components import Component
-from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.gathered import gathered_kv_bytes
+from cpmem.pricing.head import head_bytes
 from cpmem.pricing.registry import register_policy
 from cpmem.pricing.widths import LayerWidths, layer_widths
 from cpmem.step.recompute import Module, Recompute
@@ -129,10 +130,14 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
         profile = step.profiles.floor(step.signature, tokens) if step.profiles else 0
         static_excess = max(0, static - floor)
         profile_excess = max(0, profile - max(floor, static))
+        head = head_bytes(step, tokens)
         before_safety = outputs + floor + static_excess + profile_excess + gathered
-        before_safety += gathered_kv
+        before_safety += gathered_kv + head.kept + head.forward
         total = int(before_safety * SAFETY)
         extra: dict[str, int] = {Component.CP_GATHERED_KV: gathered_kv} if gathered_kv else {}
+        if not step.head.returns_hidden:
+            extra[Component.HEAD_KEPT] = head.kept
+            extra[Component.HEAD] = head.forward
         return {
             Component.RETAINED_ACTIVATIONS: retained,
             Component.SEGMENT_STATES: seg_bytes,
@@ -155,15 +160,9 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
         busiest_tokens=priced,
         per_rank_bytes=per_rank,
         components=components,
-        packed_tokens=plan.packed_tokens,
-        logical_tokens=plan.logical_tokens,
         grad_segments=segments,
-        model=geometry.name,
-        recompute=rc.label,
-        planner=plan.planner,
-        tp=layout.tp,
-        cp=layout.cp,
-        sp=layout.sp,
+        head_bytes=components.get(Component.HEAD_KEPT, 0) + components.get(Component.HEAD, 0),
+        **step_fields(step),
     )
 
 

@@ -21,6 +21,7 @@ from cpmem.plan.request import Request
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import Recompute
 from cpmem.step.step import MoeRouting, Step, StepSettings
+from cpmem.step.trainer import Adapter, Head, check_cp_comm, parse_targets
 
 
 class SettingsArguments(TypedDict, total=False):
@@ -41,6 +42,11 @@ class SettingsArguments(TypedDict, total=False):
     profiles: ProfileStore | str | Path | None
     output_bytes: int | None
     allow_long: bool
+    head: str | Head
+    lora_rank: int
+    lora_dropout: float
+    lora_targets: str | Sequence[str]
+    cp_comm: str
 
 
 class StepArguments(SettingsArguments, total=False):
@@ -75,11 +81,20 @@ def describe_settings(
     profiles: ProfileStore | str | Path | None = None,
     output_bytes: int | None = None,
     allow_long: bool = False,
+    head: str | Head = "hidden",
+    lora_rank: int = 1,
+    lora_dropout: float = 0.0,
+    lora_targets: str | Sequence[str] = "all",
+    cp_comm: str = "all_gather",
 ) -> StepSettings:
     """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
     geometry), the layout (SP defaults to on when TP > 1, as Megatron runs it), the
     recompute setting, the execution flags, learned ``profiles`` (a store or the path of
-    its JSON file) and the planner (None: the model's default)."""
+    its JSON file), the planner (None: the model's default), and what a trainer's step
+    holds beyond the harness (``cpmem.step.trainer``): the ``head`` (``hidden``,
+    ``logits``, ``fused``, ``chunked:N``, ``linear-ce``), the adapters' ``lora_rank``,
+    ``lora_dropout`` and ``lora_targets`` (``all``, ``attention``, ``mlp`` or projection
+    names), and the attention's ``cp_comm`` (``all_gather``, ``p2p``, ``a2a``)."""
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
     layout = ParallelLayout(tp=tp, cp=cp, sp=(tp > 1) if sp is None else sp, ep=ep)
     rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
@@ -95,6 +110,9 @@ def describe_settings(
         planner=planner,
         output_bytes=output_bytes,
         allow_long=allow_long,
+        head=Head.parse(head),
+        adapter=Adapter(lora_rank, lora_dropout, parse_targets(lora_targets)),
+        cp_comm=check_cp_comm(cp_comm),
     )
 
 

@@ -23,6 +23,7 @@ from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.recompute import Recompute
+from cpmem.step.trainer import Adapter, CpComm, Head, check_cp_comm
 
 MoeRouting = Literal["concentrated", "balanced"]
 MOE_ROUTINGS: tuple[MoeRouting, ...] = ("concentrated", "balanced")
@@ -38,6 +39,8 @@ class StepSettings:
     ``cold``: the step is the first of its process (kernel set-up not yet paid), the
     safe default for admission, since a planner rarely knows. ``allow_long`` prices
     sequences longer than the model's ``max_position_embeddings`` with a warning.
+    ``head``, ``adapter`` and ``cp_comm`` are what a trainer's step holds beyond the
+    calibration harness (``cpmem.step.trainer``); their defaults are the harness.
     """
 
     geometry: ModelGeometry
@@ -50,10 +53,16 @@ class StepSettings:
     planner: str | None = None
     output_bytes: int | None = None
     allow_long: bool = False
+    head: Head = Head()
+    adapter: Adapter = Adapter()
+    cp_comm: CpComm = "all_gather"
     dtype_bytes: int = BF16_BYTES
 
     def __post_init__(self) -> None:
         self.geometry.check_tp(self.layout.tp)
+        check_cp_comm(self.cp_comm)
+        if self.cp_comm == "a2a" and self.layout.cp > 1:
+            self._check_a2a_heads()
         if self.moe_routing not in MOE_ROUTINGS:
             raise InputError(
                 "moe_routing", self.moe_routing, f"must be one of {list(MOE_ROUTINGS)}"
@@ -64,6 +73,20 @@ class StepSettings:
             or self.output_bytes < 0
         ):
             raise InputError("output_bytes", self.output_bytes, "must be an integer >= 0")
+
+    def _check_a2a_heads(self) -> None:
+        """Ulysses all-to-all splits each TP rank's heads over the CP group."""
+        g, tp, cp = self.geometry, self.layout.tp, self.layout.cp
+        if "attention" not in g.mixers:
+            return
+        q = g.q_heads // tp
+        kv = g.kv_groups // tp if g.kv_groups >= tp else 1
+        if q % cp or kv % cp:
+            raise InputError(
+                "cp_comm",
+                "a2a",
+                f"needs the heads per TP rank ({q} query, {kv} KV) divisible by cp={cp}",
+            )
 
     def step(self, request: Request, planner: str | None = None) -> Step:
         """``request`` planned under these settings (``planner`` overrides the settings'
@@ -130,8 +153,24 @@ class Step:
         return self.settings.dtype_bytes
 
     @property
+    def head(self) -> Head:
+        return self.settings.head
+
+    @property
+    def adapter(self) -> Adapter:
+        return self.settings.adapter
+
+    @property
+    def cp_comm(self) -> CpComm:
+        return self.settings.cp_comm
+
+    @property
     def outputs(self) -> int:
-        """Bytes of the outputs the forward returns (the hidden states by default)."""
+        """Bytes of the hidden states the forward returns: the logical tokens' (or the
+        caller's ``output_bytes``) where the step ends without a head; none where a head
+        ends it (its own terms are the head's, ``cpmem.pricing.head``)."""
+        if not self.head.returns_hidden:
+            return 0
         if self.settings.output_bytes is not None:
             return self.settings.output_bytes
         return self.plan.logical_tokens * self.geometry.hidden * self.dtype_bytes

@@ -7,6 +7,7 @@ with the measured runtime's extra query-wide tensors (``calibrated``)."""
 from __future__ import annotations
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing import cp_comm
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width
 from cpmem.pricing.tight.calibrated import EAGER_NONE_GATED, UNGATED_RUNTIME_Q
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
@@ -94,17 +95,17 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     moment = LORA_SUM_COPIES * projection // tp
     if geometry.kv_groups < tp:
         moment = max(moment, projection // tp + 2 * projection)
-    gathered = gathered_kv_width(step, step.plan.layout.cp - 1)
-    return geometry.hidden + moment + gathered
+    return geometry.hidden + moment + cp_kv_width(step)
 
 
 def flash_backward_width(step: Step, tp: int) -> int:
     """Elements per token a flash attention backward allocates (FlashAttention-2's
     contract as the rank simulator lays it out): dq, its fp32 accumulator
     (``FLASH_BACKWARD_DQ_Q``) and dk, dv expanded to the query heads for every token the
-    kernel saw, i.e. every CP rank's under CP (``2 x CP x Q/t``)."""
+    kernel saw at once: every CP rank's under ``all_gather`` (``2 x CP x Q/t``), fewer under
+    ``p2p`` and ``a2a`` (``cpmem.pricing.cp_comm.backward_key_ranks``)."""
     q = step.geometry.q_width
-    return (FLASH_BACKWARD_DQ_Q + 2 * step.plan.layout.cp) * q // tp
+    return (FLASH_BACKWARD_DQ_Q + 2 * cp_comm.backward_key_ranks(step)) * q // tp
 
 
 def backward_phase(step: Step, w: TightWidths) -> int:
@@ -119,8 +120,16 @@ def backward_phase(step: Step, w: TightWidths) -> int:
 
 def recompute_width(step: Step, w: TightWidths) -> int:
     """Under full recompute, the attention mixer recomputed with gradients: its saved set
-    and, under CP, the gathered K/V of the other ranks."""
-    return w.attention + gathered_kv_width(step, step.plan.layout.cp - 1)
+    and, under CP, the other ranks' K/V it holds while it runs (``cp_kv_width``)."""
+    return w.attention + cp_kv_width(step)
+
+
+def cp_kv_width(step: Step) -> int:
+    """Elements per token of other CP ranks' K/V (and CP exchange buffers) an attention
+    layer holds while it runs: the gathered K/V under ``all_gather``, the ring's chunks in
+    flight under ``p2p``, the exchanged q/k/v under ``a2a`` (``cpmem.pricing.cp_comm``)."""
+    remote = gathered_kv_width(step, cp_comm.remote_kv_ranks(step))
+    return remote + cp_comm.forward_in_flight_width(step)
 
 
 def cp_gathered_kv_bytes(step: Step, busiest: int, tokens: int | None = None) -> int:
@@ -133,7 +142,8 @@ def cp_gathered_kv_bytes(step: Step, busiest: int, tokens: int | None = None) ->
     4B CP 2 cells without recompute, where it is 0.6% of the peak. For a rank of
     ``tokens`` below the largest, its own slot of the padded buffer too (the widths hold
     only its ``tokens``): the simulator's small ranks of the skewed CP 4/8 rows without
-    recompute are 2-3% under without it."""
+    recompute are 2-3% under without it. None under ``p2p`` and ``a2a``, which keep no
+    other rank's K/V."""
     own_padding = 0 if tokens is None else max(0, busiest - tokens)
     remote = gathered_kv_bytes(step, busiest, step.plan.layout.cp - 1)
     return remote + gathered_kv_bytes(step, own_padding, 1)

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing import adapters, cp_comm
 from cpmem.pricing.components import Component
+from cpmem.pricing.head import head_bytes
 from cpmem.pricing.tight import attention, gdn, mlp, moe
 from cpmem.pricing.tight.calibrated import (
     COLD_SETUP,
@@ -23,7 +25,7 @@ from cpmem.pricing.tight.calibrated import (
     Margin,
 )
 from cpmem.pricing.tight.widths import TightWidths
-from cpmem.pricing.widths import common_width, sp_divisor
+from cpmem.pricing.widths import common_width, moe_rows_per_token, sp_divisor
 from cpmem.step.recompute import Module
 from cpmem.step.step import Step
 
@@ -41,21 +43,31 @@ def tight_widths(
     geometry: ModelGeometry, step: Step, tp: int | None = None, sp: bool | None = None
 ) -> TightWidths:
     """One model's tight widths at the plan's TP/SP (or at ``tp``/``sp``), for the
-    step's execution mode and recompute path."""
+    step's execution mode, recompute path and adapters (``cpmem.pricing.adapters``: what
+    they keep beyond the harness's rank-1 LoRA, in the part of the layer they sit in)."""
     layout = step.plan.layout
     tp = layout.tp if tp is None else tp
     sp = layout.sp if sp is None else sp
     common = common_width(geometry, tp, sp)
     core = attention.core_width(geometry, tp, not step.compiled and step.recompute.keeps_everything)
+    core += adapters.extra_width(geometry, step.adapter, tp, "attention")
     mlp_core = mlp.core_width(geometry, tp, step.compiled)
+    mlp_core += adapters.extra_width(geometry, step.adapter, tp, "mlp")
+    gdn_width = gdn.saved_width(geometry, common, tp)
+    if gdn_width:
+        gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn")
+    moe_width = moe.saved_width(geometry, tp, sp, layout.ep, step.moe_routing, step.compiled)
+    if moe_width:
+        rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing)
+        moe_width += rows * adapters.extra_width(geometry, step.adapter, tp, "expert")
     return TightWidths(
         common=common,
         attention_core=core,
         attention=common + core,
-        gdn=gdn.saved_width(geometry, common, tp),
+        gdn=gdn_width,
         mlp=common + mlp_core if "dense" in geometry.mlps else 0,
         mlp_core=mlp_core,
-        moe=moe.saved_width(geometry, tp, sp, layout.ep, step.moe_routing, step.compiled),
+        moe=moe_width,
         layer_input=geometry.hidden // sp_divisor(tp, sp),
         tp=tp,
     )
@@ -110,6 +122,9 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
         width += mlp.nograd_width(geometry, w)
     if rc.checkpoints(Module.MOE) and geometry.moe_layers:
         width += moe.checkpointed_width(w)
+    if "attention" in geometry.mixers:
+        # an attention layer's CP exchange (p2p's chunks, a2a's copy) is live while it runs
+        width = max(width, cp_comm.forward_in_flight_width(step))
     return width
 
 
@@ -188,15 +203,22 @@ def gathered_outputs_bytes(step: Step, tokens: int) -> int:
 
 def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     """Bytes of the backward's first moment on top of the retained set: the loss's
-    backward over the returned outputs, or the last layer's backward on top of the
-    incoming gradient; in the first backward of a CP run of a hybrid model, the GDN
+    backward over the returned outputs (or, with a head, the head's backward, which reuses
+    what the head kept: ``cpmem.pricing.head``), or the last layer's backward on top of
+    the incoming gradient; in the first backward of a CP run of a hybrid model, the GDN
     kernels' autotuning buffer (timed inside a GDN layer's backward, when the loss's
     buffers are gone). 0 without gradients."""
     if not step.recompute.keeps_gradients:
         return 0
-    local = local_outputs(step)
+    if step.head.returns_hidden:
+        local = local_outputs(step)
+        first = LOSS_BACKWARD_OUTPUTS * step.outputs
+    else:  # the head's backward, then the gradient it hands the last layer
+        head = head_bytes(step, tokens)
+        local = tokens * step.geometry.hidden * step.dtype_bytes
+        first = max(head.kept, head.backward)
     last_layer = tokens * step.dtype_bytes * last_layer_backward_width(step.geometry, w, step)
-    moment = max(LOSS_BACKWARD_OUTPUTS * step.outputs, local + last_layer)
+    moment = max(first, local + last_layer)
     if step.cold and step.plan.layout.cp > 1 and step.geometry.is_hybrid:
         moment = max(moment, local + CP_HYBRID_BACKWARD_AUTOTUNE)
     return moment
@@ -275,7 +297,18 @@ def structural_terms(
     gathered_kv = attention.cp_gathered_kv_bytes(step, busiest, tokens)
     if gathered_kv:  # a component only where it applies (CP without core_attn recompute)
         forward[Component.CP_GATHERED_KV] = gathered_kv
+    head = head_bytes(step, tokens)
     backward = structure.backward(step, w, tokens)
     forward_backward = {k: v for k, v in forward.items() if k != Component.LAYER_TRANSIENT}
-    forward_backward[Component.BACKWARD_TRANSIENT] = max(transient, backward)
+    fb_moment = max(transient, backward)
+    if not step.head.returns_hidden:
+        # the head runs once the last layer's transient is freed: the forward peak is the
+        # larger of that transient and the head's moment (what it keeps and holds beyond)
+        peak = max(transient, head.kept + head.forward)
+        forward[Component.HEAD_KEPT] = head.kept
+        forward[Component.HEAD] = head.forward
+        forward[Component.LAYER_TRANSIENT] = peak - head.kept - head.forward
+        forward_backward[Component.HEAD_KEPT] = head.kept
+        fb_moment = max(peak, backward) - head.kept
+    forward_backward[Component.BACKWARD_TRANSIENT] = fb_moment
     return forward, forward_backward

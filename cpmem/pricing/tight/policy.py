@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from cpmem.pricing.components import Component
-from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.registry import register_policy
 from cpmem.pricing.tight.calibrated import MARGIN, Margin
 from cpmem.pricing.tight.compose import POLICY, Structure, priced_tokens, structural_terms
@@ -63,15 +63,9 @@ def price_tight(step: Step, margin: Margin = MARGIN, structure: Structure = POLI
         busiest_tokens=priced_tokens(step),
         per_rank_bytes=rank_forward_bytes(step, margin, structure),
         components=components,
-        packed_tokens=plan.packed_tokens,
-        logical_tokens=plan.logical_tokens,
         grad_segments=plan.grad_segments if step.recompute.keeps_gradients else 0,
-        model=step.geometry.name,
-        recompute=step.recompute.label,
-        planner=plan.planner,
-        tp=layout.tp,
-        cp=layout.cp,
-        sp=layout.sp,
+        head_bytes=forward.get(Component.HEAD_KEPT, 0) + forward.get(Component.HEAD, 0),
+        **step_fields(step),
         forward_backward_bytes=fb,
         forward_backward_components=fb_components,
         notes=(f"moe_routing={step.moe_routing}",) if step.geometry.is_moe else (),

@@ -108,6 +108,13 @@ ROWS = [
     # a sequence past max_position_embeddings (40,960 on the 1.7B): refused without it
     Row("allow_long", M17, {}, False, True, lengths=[41_000], refused_before=True),
     Row("fused_swiglu", M17, {}, None, True),
+    # what a trainer's step holds beyond the harness (cpmem.step.trainer)
+    Row("head", M4, {}, "hidden", "logits"),
+    Row("lora_rank", M4, {}, 1, 16, policy="tight"),
+    Row("lora_dropout", M4, {}, 0.0, 0.1, policy="tight"),
+    Row("lora_targets", M4, {"lora_rank": 64}, "all", "attention", policy="tight"),
+    # 1.7B (8 KV heads): p2p keeps no other rank's K/V without a core_attn checkpoint
+    Row("cp_comm", M17, {"cp": 2, "recompute": "none"}, "all_gather", "p2p", policy="tight"),
     Row("config", None, {}, QWEN3_CONFIG, {**QWEN3_CONFIG, "intermediate_size": 8192}),
     # the counts of a plan the runtime fixed (admitted as it stands: variant "explicit")
     Row("logical_tokens", M4, {**EXPLICIT, "cp": 2}, 8192, 9000, lengths=None),

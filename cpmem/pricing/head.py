@@ -1,0 +1,104 @@
+"""The LM head and its loss, on one CP rank for its own tokens: what every policy adds
+where a trainer's step ends with a head instead of returning the hidden states.
+
+The head runs after the last layer, on the rank's own tokens (under SP the sequence is
+gathered first, so each TP rank holds the logits of all its CP tokens, ``V/t`` columns of
+the vocabulary); the loss is reduced, so nothing is gathered over CP. Three moments:
+
+- ``kept``: what it holds from its forward until its backward (beside the layers' kept
+  activations);
+- ``forward``: what it holds beyond ``kept`` at its forward peak (the last layer's
+  transient is gone by then);
+- ``backward``: what its backward holds at once, the first moment of the step's backward.
+
+Sources (restated): megatron-core 0.16 ``tensor_parallel/layers.py`` (a frozen output
+layer runs ``LinearWithFrozenWeight``, which saves only the weight),
+``tensor_parallel/cross_entropy.py`` (``vocab_parallel_logits.float()`` is a new fp32
+copy; ``exp`` and the division run in place; ``save_for_backward(exp_logits,
+target_mask, masked_target_1d)`` keeps the fp32 softmax; the backward builds the
+gradient in that buffer and autograd casts it back to bf16), ``fusions/
+fused_cross_entropy.py`` (the same upcast; the gradient cast to bf16 inside); chunked
+log-probs recomputed per chunk in backward (verl's ``FusedLinearForPPO``); a fused linear
+cross entropy (Wijmans et al. 2024, Cut Cross Entropy: saves the hidden states and an
+fp32 log-sum-exp per token, never the logits). The rank simulator runs or restates each
+(oracles/rank_sim/README.md); tests/oracle holds these terms to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpmem.pricing.widths import sp_divisor
+from cpmem.step.step import Step
+
+FP32 = 4
+INT64 = 8
+LOGIT_FORWARD_BYTES = 2
+"""Bytes per logit at the head's forward peak beyond what it keeps: the bf16 logits the
+output layer returns, live beside the fp32 copy ``.float()`` makes (the softmax is built
+in place in that copy, which is what is kept)."""
+LOGIT_KEPT_BYTES = FP32
+"""Bytes per logit kept until backward: the fp32 softmax."""
+LOGIT_BACKWARD_BYTES = FP32 + 2
+"""Bytes per logit in the head's backward: the fp32 gradient built in the kept softmax's
+buffer and its bf16 cast, which the output layer's backward reads."""
+TOKEN_KEPT_BYTES = INT64 + 1 + INT64 + FP32
+"""Bytes per token the loss keeps beside the logits: the int64 labels, the bool target
+mask, the int64 masked target and the fp32 per-token loss."""
+CHUNK_BACKWARD_BYTES = 2 + FP32 + FP32 + 2
+"""Bytes per logit of one recomputed chunk in the chunked head's backward: its bf16
+logits and fp32 log-softmax recomputed, then the fp32 gradient and its bf16 cast."""
+
+
+@dataclass(frozen=True)
+class HeadBytes:
+    """The head's three moments on one rank, in bytes (all 0 without a head)."""
+
+    kept: int = 0
+    forward: int = 0
+    backward: int = 0
+
+
+def vocab_shard(step: Step) -> int:
+    """Vocabulary columns of the output layer on one TP rank (``V/t``, rounded up)."""
+    tp = step.plan.layout.tp
+    return -(-step.geometry.vocab // tp)
+
+
+def head_input_bytes(step: Step, tokens: int) -> int:
+    """The final norm's output the head reads: the rank's tokens, and under SP also the
+    local shard it was gathered from."""
+    layout = step.plan.layout
+    s = sp_divisor(layout.tp, layout.sp)
+    h, b = step.geometry.hidden, step.dtype_bytes
+    return tokens * h * b + (tokens // s * h * b if s > 1 else 0)
+
+
+def head_bytes(step: Step, tokens: int) -> HeadBytes:
+    """The head's moments for a rank holding ``tokens`` model tokens."""
+    head = step.head
+    if head.returns_hidden:
+        return HeadBytes()
+    vt = vocab_shard(step)
+    h, b = step.geometry.hidden, step.dtype_bytes
+    read = head_input_bytes(step, tokens)
+    grad_in = tokens * h * b  # the gradient the head hands the last layer
+    per_token = tokens * TOKEN_KEPT_BYTES
+    if head.kind in ("logits", "fused"):
+        logits = tokens * vt
+        return HeadBytes(
+            kept=logits * LOGIT_KEPT_BYTES + per_token,
+            forward=read + logits * LOGIT_FORWARD_BYTES,
+            backward=logits * LOGIT_BACKWARD_BYTES + grad_in,
+        )
+    hidden_kept = tokens * h * b  # the head's input, saved to recompute the logits
+    if head.kind == "chunked":
+        assert head.chunk is not None
+        chunk = min(head.chunk, tokens) * vt
+        return HeadBytes(  # one chunk's bf16 logits and fp32 log-softmax at a time
+            kept=hidden_kept + per_token,
+            forward=read + chunk * (LOGIT_FORWARD_BYTES + LOGIT_KEPT_BYTES),
+            backward=hidden_kept + chunk * CHUNK_BACKWARD_BYTES + grad_in,
+        )
+    # linear-ce: the hidden states and an fp32 log-sum-exp per token; blockwise logits only
+    return HeadBytes(kept=hidden_kept + per_token, forward=read, backward=grad_in)

@@ -1,0 +1,146 @@
+"""What a trainer's step holds beyond the calibration harness: the LM head and its loss,
+the adapters (rank, dropout, which projections), and the CP communication of attention.
+
+The measured harness (golden/) is the case ``Head("hidden")``, ``Adapter()`` (rank-1 LoRA
+on every projection, no dropout) and ``cp_comm="all_gather"``: every measured figure is
+priced at these defaults exactly as before they existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from cpmem.errors import InputError
+
+HeadKind = Literal["hidden", "logits", "fused", "chunked", "linear-ce"]
+HEAD_KINDS: tuple[HeadKind, ...] = get_args(HeadKind)
+CpComm = Literal["all_gather", "p2p", "a2a"]
+CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
+
+ADAPTER_TARGETS: tuple[str, ...] = ("qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts")
+"""The projections an adapter can sit on: attention's fused QKV input and output
+projections, the SwiGLU's gate‖up and down projections, GDN's input and output
+projections, and every routed expert's linears."""
+TARGET_GROUPS: dict[str, tuple[str, ...]] = {
+    "all": ADAPTER_TARGETS,
+    "attention": ("qkv", "proj", "gdn_in", "gdn_out"),
+    "mlp": ("fc1", "fc2", "experts"),
+}
+"""``attention``: the token mixers' projections (attention and GDN); ``mlp``: the
+feed-forward ones (dense and routed experts)."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """What the forward ends with. ``hidden``: the final hidden states are returned (the
+    measured harness; its loss is their mean square). ``logits``: megatron's
+    vocabulary-parallel output layer and ``vocab_parallel_cross_entropy``. ``fused``:
+    megatron's fused vocabulary-parallel cross entropy. ``chunked``: log-probabilities
+    ``chunk`` tokens at a time, each chunk recomputed in backward. ``linear-ce``: a fused
+    linear cross entropy that never materialises the logits."""
+
+    kind: HeadKind = "hidden"
+    chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise InputError("head", self.kind, f"must be one of {_head_forms()}")
+        if self.kind == "chunked":
+            if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+                raise InputError("head", self.label, "the chunk size must be a positive integer")
+        elif self.chunk is not None:
+            raise InputError("head", self.label, "only the chunked head takes a chunk size")
+
+    @classmethod
+    def parse(cls, text: str | Head) -> Head:
+        """``hidden``, ``logits``, ``fused``, ``chunked:N`` or ``linear-ce``."""
+        if isinstance(text, Head):
+            return text
+        kind, sep, size = text.partition(":")
+        if kind == "chunked":
+            try:
+                chunk = int(size) if sep else 0
+            except ValueError:
+                raise InputError("head", text, "the chunk size must be an integer") from None
+            if chunk < 1:
+                raise InputError("head", text, "the chunk size must be a positive integer")
+            return cls("chunked", chunk)
+        if sep or kind not in HEAD_KINDS:
+            raise InputError("head", text, f"must be one of {_head_forms()}")
+        return cls(kind)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.chunk}" if self.kind == "chunked" else self.kind
+
+    @property
+    def returns_hidden(self) -> bool:
+        """Whether the forward returns the hidden states (no head on the rank)."""
+        return self.kind == "hidden"
+
+
+def _head_forms() -> list[str]:
+    return ["hidden", "logits", "fused", "chunked:N", "linear-ce"]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """LoRA adapters of rank ``rank`` with ``dropout`` on their input (before ``A``, as
+    PEFT and Megatron-Bridge's "pre" position apply it), on the ``targets`` projections."""
+
+    rank: int = 1
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ADAPTER_TARGETS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise InputError("lora_rank", self.rank, "must be a positive integer")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float):
+            raise InputError("lora_dropout", self.dropout, "must be a number in [0, 1)")
+        if not 0 <= self.dropout < 1:
+            raise InputError("lora_dropout", self.dropout, "must be in [0, 1)")
+        object.__setattr__(self, "targets", parse_targets(self.targets))
+
+    @property
+    def is_harness(self) -> bool:
+        """The measured harness's adapters: rank 1 on every projection, no dropout."""
+        return self.rank == 1 and self.dropout == 0 and self.targets == ADAPTER_TARGETS
+
+    def adapts(self, target: str) -> bool:
+        return target in self.targets
+
+    @property
+    def label(self) -> str:
+        parts = [f"lora r{self.rank}"]
+        if self.dropout:
+            parts.append(f"dropout {self.dropout:g}")
+        if self.targets != ADAPTER_TARGETS:
+            named = [g for g, ts in TARGET_GROUPS.items() if ts == self.targets]
+            parts.append("targets " + (named[0] if named else ",".join(self.targets)))
+        return " ".join(parts)
+
+
+def parse_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
+    """A group name (``all``, ``attention``, ``mlp``), or projection names (a list, or
+    text joined by commas or ``+``), in ``ADAPTER_TARGETS`` order."""
+    text = targets if isinstance(targets, str) else ",".join(targets)
+    names: set[str] = set()
+    for item in (t.strip() for t in text.replace("+", ",").split(",")):
+        if not item:
+            raise InputError("lora_targets", text, "an item is empty")
+        if item in TARGET_GROUPS:
+            names.update(TARGET_GROUPS[item])
+        elif item in ADAPTER_TARGETS:
+            names.add(item)
+        else:
+            choices = [*TARGET_GROUPS, *ADAPTER_TARGETS]
+            raise InputError("lora_targets", item, f"unknown target; use {choices}")
+    return tuple(t for t in ADAPTER_TARGETS if t in names)
+
+
+def check_cp_comm(cp_comm: str) -> CpComm:
+    if cp_comm not in CP_COMMS:
+        raise InputError("cp_comm", cp_comm, f"must be one of {list(CP_COMMS)}")
+    return cp_comm
