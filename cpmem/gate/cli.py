@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=("measured", "simulated"),
         default="measured",
         help="measured (default): the golden measurements; simulated: the rank simulator's "
-        "grid in golden/simulated/ (cpmem.gate.simulated)",
+        "grid in golden/simulated/ (cpmem.gate.simulated; with --estimator / --estimates, "
+        "cpmem.gate.external_simulated)",
     )
     p.add_argument(
         "--record-controls",
@@ -44,13 +45,15 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument(
         "--estimator",
         metavar="package.module:function",
-        help="gate this function: it gets one cell's description (a dict) and returns bytes",
+        help="gate this function: it gets one cell's (or, with --tier simulated, one grid "
+        "row's) description (a dict) and returns bytes",
     )
     ext.add_argument(
         "--estimates",
         type=Path,
         metavar="FILE.csv",
-        help="gate these estimates: cell_id,estimate_bytes[,forward_backward_bytes]",
+        help="gate these estimates: cell_id,estimate_bytes[,forward_backward_bytes] (on "
+        "the simulated tier cell_id is the row's config_id)",
     )
     return p
 

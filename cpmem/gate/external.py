@@ -17,6 +17,9 @@ Checks that apply: golden (the data is intact), coverage (forward, and
 forward+backward when the estimator gives it), and a headroom report per model and
 per recompute mode. Conformance, controls, refusals, power and targets check cpmem
 policies and are reported as not applicable.
+
+``describe_row`` describes a simulated grid row with the same keys; the simulated
+tier's gate for an external estimator is ``cpmem.gate.external_simulated``.
 """
 
 from __future__ import annotations
@@ -39,10 +42,13 @@ from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.model.geometry import ModelGeometry
 from cpmem.reports.tables import pct
 from cpmem.samples.cells import cell_step, is_measured
+from cpmem.samples.rows import SimRow, row_step, simulated_dir
+from cpmem.step.step import Step
 
 __all__ = [
     "ExternalEstimate",
     "describe",
+    "describe_row",
     "descriptions",
     "gate_external",
     "hf_config",
@@ -108,19 +114,23 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
     return cfg
 
 
-def describe(cell: MeasuredCell) -> dict[str, Any]:
-    """One cell as an external estimator sees it: geometry, layout, request, plan.
-
-    Never the measured peaks: the estimator must not see the answer.
-    """
-    step = cell_step(cell)
+def _describe_step(
+    step: Step,
+    *,
+    cell_id: str,
+    model: str,
+    dtype: str,
+    lengths: Sequence[int],
+    shared_prefix: int,
+    recorded: str,
+) -> dict[str, Any]:
     g, plan = step.geometry, step.plan
     return {
-        "cell_id": cell.cell_id,
-        "model": cell.model,
+        "cell_id": cell_id,
+        "model": model,
         "config": hf_config(g),
         "fused_swiglu": g.fused_swiglu,
-        "dtype": cell.dtype,
+        "dtype": dtype,
         "tp": plan.layout.tp,
         "cp": plan.layout.cp,
         "sp": plan.layout.sp,
@@ -129,15 +139,53 @@ def describe(cell: MeasuredCell) -> dict[str, Any]:
         "modules": [str(m) for m in step.recompute.modules],
         "compiled": step.compiled,
         "moe_routing": step.moe_routing,
-        "lengths": list(cell.lengths_list),
-        "shared_prefix": cell.shared_prefix,
+        "lengths": list(lengths),
+        "shared_prefix": shared_prefix,
         "logical_tokens": plan.logical_tokens,
         "packed_tokens": plan.packed_tokens,
         "rank_tokens": list(plan.rank_tokens),
         "busiest_tokens": plan.busiest_tokens,
-        "rank_tokens_recorded": "busiest" if plan.layout.cp > 1 else "all",
+        "rank_tokens_recorded": recorded,
         "segments": plan.grad_segments,
     }
+
+
+def describe(cell: MeasuredCell) -> dict[str, Any]:
+    """One cell as an external estimator sees it: geometry, layout, request, plan.
+
+    Never the measured peaks: the estimator must not see the answer.
+    """
+    step = cell_step(cell)
+    return _describe_step(
+        step,
+        cell_id=cell.cell_id,
+        model=cell.model,
+        dtype=cell.dtype,
+        lengths=cell.lengths_list,
+        shared_prefix=cell.shared_prefix,
+        recorded="busiest" if step.plan.layout.cp > 1 else "all",
+    )
+
+
+def describe_row(
+    row: SimRow, step: Step | None = None, sim_dir: Path | None = None
+) -> dict[str, Any]:
+    """One simulated grid row described as a cell is (the same keys), from the plan the
+    simulator was given (``row_step``): ``cell_id`` is the row's ``config_id``, ``model``
+    the grid's model name, ``rank_tokens`` every CP rank's count (``rank_tokens_recorded``
+    ``all``). Never the simulated peaks.
+    """
+    if step is None:
+        step = row_step(row, sim_dir if sim_dir is not None else simulated_dir())
+    return _describe_step(
+        step,
+        cell_id=row.config_id,
+        model=row.model,
+        dtype="bf16",
+        lengths=row.lengths,
+        shared_prefix=row.shared_prefix,
+        recorded="all",
+    )
 
 
 def descriptions(golden_dir: Path | None = None) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """The command-line side of the external-estimator gate: its human report,
-``cpmem gate --estimator / --estimates`` and ``cpmem golden export``."""
+``cpmem gate [--tier simulated] --estimator / --estimates`` and ``cpmem golden export
+[--tier simulated]``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from cpmem.gate.external import (
     price_with,
     read_estimates_csv,
 )
+from cpmem.gate.external_simulated import gate_external_simulated, row_descriptions
 from cpmem.golden.files import add_golden_argument
+from cpmem.reports.external_render import render_external_simulated
 from cpmem.reports.tables import pct, table
 
 __all__ = ["export_main", "gate_main", "render_external"]
@@ -75,7 +78,10 @@ def render_external(report: Mapping[str, Any]) -> str:
 
 
 def gate_main(args: argparse.Namespace, golden_dir: Path) -> int:
-    """``cpmem gate --estimator M:F`` / ``--estimates FILE``: 0 pass, 1 fail, 2 usage."""
+    """``cpmem gate [--tier simulated] --estimator M:F`` / ``--estimates FILE``: 0 pass,
+    1 fail, 2 usage. On the simulated tier the CSV's ``cell_id`` is the row's
+    ``config_id``."""
+    simulated = getattr(args, "tier", "measured") == "simulated"
     try:
         if args.estimator is not None and args.estimates is not None:
             raise InputError("estimator", args.estimator, "give --estimator or --estimates")
@@ -85,32 +91,50 @@ def gate_main(args: argparse.Namespace, golden_dir: Path) -> int:
                 True,
                 "records the reference policy's controls; not with --estimator / --estimates",
             )
+        name = args.estimator if args.estimator is not None else str(args.estimates)
+        gate = gate_external_simulated if simulated else gate_external
         if args.estimator is not None:
             fn = load_estimator(args.estimator)
-            estimates, raised = price_with(fn, descriptions(golden_dir))
-            report = gate_external(args.estimator, estimates, golden_dir, raised)
+            descs = row_descriptions(golden_dir) if simulated else descriptions(golden_dir)
+            estimates, raised = price_with(fn, descs)
+            report = gate(name, estimates, golden_dir, raised)
         else:
-            path: Path = args.estimates
-            report = gate_external(str(path), read_estimates_csv(path), golden_dir)
+            report = gate(name, read_estimates_csv(args.estimates), golden_dir)
     except CpmemError as exc:
         print(f"cpmem gate: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2) if args.json else render_external(report))
+    if args.json:
+        text = json.dumps(report, indent=2)
+    else:
+        text = render_external_simulated(report) if simulated else render_external(report)
+    print(text)
     return 0 if report["passed"] else 1
 
 
 def export_main(argv: Sequence[str] | None = None) -> int:
-    """``cpmem golden export [--out FILE] [--golden DIR]``: descriptions as JSON lines."""
+    """``cpmem golden export [--tier simulated] [--out FILE] [--golden DIR]``:
+    descriptions as JSON lines."""
     p = argparse.ArgumentParser(
         prog="cpmem golden export",
         description="Write every measured golden cell's description (one JSON object a "
-        "line), the input of an external estimator (docs/external-estimators.md).",
+        "line), the input of an external estimator (docs/external-estimators.md); "
+        "with --tier simulated, every simulated grid row's.",
     )
     p.add_argument("--out", type=Path, default=None, help="write to FILE (default: stdout)")
+    p.add_argument(
+        "--tier",
+        choices=("measured", "simulated"),
+        default="measured",
+        help="measured (default): the measured golden cells; simulated: the grid rows of "
+        "golden/simulated/",
+    )
     add_golden_argument(p)
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        descs = descriptions(args.golden)
+        if args.tier == "simulated":
+            descs = row_descriptions(args.golden)
+        else:
+            descs = descriptions(args.golden)
     except CpmemError as exc:
         print(f"cpmem golden export: error: {exc}", file=sys.stderr)
         return 2
@@ -120,5 +144,6 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text, encoding="utf-8")
-        print(f"wrote {len(descs)} cell descriptions to {args.out}", file=sys.stderr)
+        what = "grid row" if args.tier == "simulated" else "cell"
+        print(f"wrote {len(descs)} {what} descriptions to {args.out}", file=sys.stderr)
     return 0
