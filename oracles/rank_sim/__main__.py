@@ -16,7 +16,10 @@ from typing import Any
 
 from oracles.rank_sim import SIM_VERSION
 from oracles.rank_sim import kernels as K
+from oracles.rank_sim.adapters import GROUPS, TARGETS, AdapterSpec
+from oracles.rank_sim.cp_comm import CP_COMMS, check_cp_comm
 from oracles.rank_sim.geometry import SimInputError, SimModel, get_model, load_config
+from oracles.rank_sim.head import HEADS, HeadSpec
 from oracles.rank_sim.layout import contiguous_layout, row_segments
 from oracles.rank_sim.moe import ROUTINGS, check_routing
 from oracles.rank_sim.recompute import Recompute
@@ -100,6 +103,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model.check_ep(args.ep, args.tp * max(args.cp, 1))
     check_routing(args.routing)
     moe = {"ep": args.ep, "routing": args.routing} if model.moe else {}
+    head = HeadSpec.parse(args.head)
+    adapters = AdapterSpec.parse(args.lora_rank, args.lora_dropout, args.lora_targets)
+    check_cp_comm(args.cp_comm, model, args.tp, max(args.cp, 1))
+    step = {"head": head.label, **adapters.as_dict(), "cp_comm": args.cp_comm}
+    step_kw = {"head": head, "lora_rank": adapters.rank, "lora_dropout": adapters.dropout,
+               "lora_targets": adapters.targets, "cp_comm": args.cp_comm}  # fmt: skip
     rc = Recompute.parse(args.recompute, args.modules)
     lengths = _ints("lengths", args.lengths)
     explicit = _ints("rank_tokens", args.rank_tokens)
@@ -138,12 +147,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             segs, tuple(counts["attention_tokens"]), tuple(counts["gdn_tokens"]), tp=args.tp,
             rank=r, logical_tokens=counts["logical_tokens"], sp=not args.no_sp,
         )  # fmt: skip
-        results.append(simulate_rank(model, layout, rc, compiled=args.compiled, **moe).as_dict())
+        res = simulate_rank(model, layout, rc, compiled=args.compiled, **moe, **step_kw)
+        results.append(res.as_dict())
     busiest = max(results, key=lambda x: x["forward_backward_peak_bytes"])["rank"]
     return {
         "model": model.name,
         "recompute": rc.label,
         "compiled": args.compiled,
+        "step": step,
         "layout": {
             "tp": args.tp,
             "cp": args.cp,
@@ -186,6 +197,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--routing", default="concentrated", help=f"MoE routing: {' | '.join(ROUTINGS)}"
     )
+    ap.add_argument(
+        "--head",
+        default="hidden",
+        help=f"LM head and loss: {' | '.join(HEADS)} (default hidden: the calibration harness)",
+    )
+    ap.add_argument("--lora-rank", type=int, default=1, help="LoRA rank R (default 1)")
+    ap.add_argument(
+        "--lora-dropout", type=float, default=0.0, help="LoRA dropout in [0, 1) (default 0)"
+    )
+    ap.add_argument(
+        "--lora-targets",
+        default="all",
+        help=f"projections with adapters, joined by , or +: {', '.join(TARGETS)} or the "
+        f"groups {', '.join(GROUPS)} (default all)",
+    )
+    ap.add_argument(
+        "--cp-comm",
+        default="all_gather",
+        help=f"CP attention communication: {' | '.join(CP_COMMS)} (default all_gather)",
+    )
     ap.add_argument("--rank", type=int, default=None, help="simulate this CP rank only")
     ap.add_argument("--layers", type=int, default=None, help="first N layers only")
     ap.add_argument(
@@ -210,8 +241,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     lay = out["layout"]
+    st = out["step"]
     print(
         f"{out['model']}  {out['recompute']}  tp={lay['tp']} cp={lay['cp']}  layout from {lay['source']}:"
+    )
+    print(
+        f"  head {st['head']}, LoRA rank {st['lora_rank']} dropout {st['lora_dropout']} on "
+        f"{'+'.join(st['lora_targets'])}, cp_comm {st['cp_comm']}"
     )
     print(f"  attention tokens {lay['attention_tokens']}, GDN tokens {lay['gdn_tokens']}")
     for r in out["ranks"]:

@@ -8,7 +8,7 @@ preset numbers restate the geometry table of the measured sources
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,10 @@ class SimModel:
     moe_top_k: int = 0
     expert_ffn: int = 0
     shared_expert_ffn: int = 0  # 0: no shared expert
+    # the output layer shares the embedding's weight (HF ``tie_word_embeddings``). Only
+    # which parameter the LM head uses changes; no activation does, so geometries that
+    # differ only here compare equal.
+    tie_embeddings: bool = field(default=False, compare=False)
 
     @property
     def layers(self) -> int:
@@ -129,6 +133,7 @@ PRESETS: dict[str, SimModel] = {
         128,
         4,
         248320,
+        tie_embeddings=True,
     ),
     # experts: 256 x 512, top-8, shared expert 512 (sigmoid-gated, Qwen3.5-MoE); ``ffn``
     # is the shared expert's width (the dense field is unused when every layer is MoE)
@@ -154,8 +159,11 @@ PRESETS: dict[str, SimModel] = {
         expert_ffn=512,
         shared_expert_ffn=512,
     ),
-    "qwen3-1.7b": SimModel(
-        "qwen3-1.7b", 2048, 6144, 16, 8, 128, False, False, ("attention",) * 28, vocab=151936
+    "qwen3-1.7b": replace(
+        SimModel(
+            "qwen3-1.7b", 2048, 6144, 16, 8, 128, False, False, ("attention",) * 28, vocab=151936
+        ),
+        tie_embeddings=True,
     ),
 }
 
@@ -229,6 +237,7 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         gdn_value_dim=int(text.get("linear_value_head_dim", 0)) if hybrid else 0,
         gdn_conv_kernel=int(text.get("linear_conv_kernel_dim", 4)) if hybrid else 0,
         vocab=int(text.get("vocab_size", 0)),
+        tie_embeddings=bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
         **moe,
     )
 

@@ -1,12 +1,15 @@
 # mypy: disable-error-code="no-untyped-call,no-any-return"
 """One rank's decoder: megatron-core Column/RowParallelLinear projections (frozen bf16,
-rank-1 LoRA), sequence parallel through megatron's mappings, and the shape-only kernels.
-MoE feed-forward layers live in ``moe.py``.
+LoRA adapters per ``adapters.py``), sequence parallel through megatron's mappings, the
+CP attention core per ``cp_comm.py``, and the shape-only kernels. MoE feed-forward
+layers live in ``moe.py``; the LM head and its loss in ``head.py``.
 
 Layers hold 2-D (tokens, features) activations. Under SP a layer's residual stream holds
-tokens / TP rows; each projection's input is gathered first (the adapter keeps the
-gathered input for its own gradient, as the reference pricing's SP term says), and the
-row-parallel output is reduce-scattered back.
+tokens / TP rows; each projection's input is gathered first (an adapter keeps the
+gathered input for its own gradient, as the reference pricing's SP term says, and the
+local norm output is kept next to it; a projection without an adapter gathers through
+megatron's own mapping and keeps neither), and the row-parallel output is
+reduce-scattered back.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oracles.rank_sim import kernels as K
+from oracles.rank_sim.adapters import AdapterSpec, LoRAColumn, LoRARow
 from oracles.rank_sim.geometry import SimModel
 from oracles.rank_sim.layout import RankLayout
 from oracles.rank_sim.recompute import Recompute
@@ -41,6 +45,8 @@ class RankContext:
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     ep: int = 1  # expert parallel (MoE models; expert tensor parallel 1)
     routing: str = "concentrated"  # MoE routing: balanced | concentrated (oracles/rank_sim/moe.py)
+    adapters: AdapterSpec = field(default_factory=AdapterSpec)  # rank, dropout, targets
+    cp_comm: str = "all_gather"  # CP attention communication (oracles/rank_sim/cp_comm.py)
 
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
@@ -91,55 +97,6 @@ def gather_sp(x: torch.Tensor, layout: RankLayout, keep_local: bool = False) -> 
     return mappings.gather_from_sequence_parallel_region(x)
 
 
-class LoRAColumn(nn.Module):
-    """Column-parallel frozen projection on an already gathered input, plus a rank-1
-    adapter (A replicated, B sharded) that saves that gathered input."""
-
-    def __init__(self, n_in: int, n_out_local: int, cfg: Any, tp: int) -> None:
-        super().__init__()
-        from megatron.core.tensor_parallel.layers import ColumnParallelLinear
-
-        self.base = ColumnParallelLinear(
-            n_in, n_out_local * tp, config=cfg, init_method=nn.init.zeros_, bias=False,
-            gather_output=False, skip_bias_add=True,
-        )  # fmt: skip
-        self.base.sequence_parallel = False  # the layer gathered the input already
-        self.lora_a = nn.Parameter(torch.empty(1, n_in, dtype=BF16))
-        self.lora_b = nn.Parameter(torch.empty(n_out_local, 1, dtype=BF16))
-
-    def forward(self, full: torch.Tensor) -> torch.Tensor:
-        out, _ = self.base(full)
-        return out + F.linear(F.linear(full, self.lora_a), self.lora_b)
-
-
-class LoRARow(nn.Module):
-    """Row-parallel frozen projection (reduce-scattered under SP) plus a rank-1 adapter
-    (A sharded, its rank-1 partial reduced or scattered, B replicated)."""
-
-    def __init__(self, n_in_local: int, n_out: int, cfg: Any, layout: RankLayout) -> None:
-        super().__init__()
-        from megatron.core.tensor_parallel.layers import RowParallelLinear
-
-        self.layout = layout
-        self.base = RowParallelLinear(
-            n_in_local * layout.tp, n_out, config=cfg, init_method=nn.init.zeros_, bias=False,
-            input_is_parallel=True, skip_bias_add=True,
-        )  # fmt: skip
-        self.lora_a = nn.Parameter(torch.empty(1, n_in_local, dtype=BF16))
-        self.lora_b = nn.Parameter(torch.empty(n_out, 1, dtype=BF16))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from megatron.core.tensor_parallel import mappings
-
-        out, _ = self.base(x)
-        mid = F.linear(x, self.lora_a)
-        if self.layout.sp:
-            mid = mappings.reduce_scatter_to_sequence_parallel_region(mid)
-        elif self.layout.tp > 1:
-            mid = mappings.reduce_from_tensor_model_parallel_region(mid)
-        return out + F.linear(mid, self.lora_b)
-
-
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return K.FusedRMSNorm.apply(x, weight)
 
@@ -176,16 +133,15 @@ class Attention(nn.Module):
         self.groups = 1 if self.replicated else m.kv_groups // t
         self.norm_w = _frozen(m.hidden)
         self.qn_w, self.kn_w = _frozen(m.head_dim), _frozen(m.head_dim)
-        self.linear_qkv = LoRAColumn(m.hidden, m.kv_groups * self.group_width // t, cfg, t)
-        self.linear_proj = LoRARow(self.hq * self.d, m.hidden, cfg, ctx.layout)
+        spec = ctx.adapters
+        width = m.kv_groups * self.group_width // t
+        self.linear_qkv = LoRAColumn(m.hidden, width, cfg, t, spec, "qkv")
+        self.linear_proj = LoRARow(self.hq * self.d, m.hidden, cfg, ctx.layout, spec, "proj")
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        ctx = self.ctx
-        if ctx.layout.cp > 1:
-            counts = ctx.layout.attention_tokens
-            k = K.GatherTokens.apply(k, counts, ctx.cp_group)
-            v = K.GatherTokens.apply(v, counts, ctx.cp_group)
-        return K.FlashAttention.apply(q, k, v)
+        from oracles.rank_sim.cp_comm import core_attention
+
+        return core_attention(self.ctx, q, k, v)
 
     def _split(
         self, qkv: torch.Tensor
@@ -211,7 +167,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("attention"):
-            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=True)
+            keep = self.linear_qkv.adapted
+            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=keep)
             s = full.shape[0]
             q, k, v, gate = self._split(self.linear_qkv(full))
             assert ctx.rope is not None
@@ -242,17 +199,19 @@ class GatedDeltaNet(nn.Module):
         self.dk, self.dv = m.gdn_key_dim, m.gdn_value_dim
         self.kw, self.vw = self.hk * self.dk, self.hv * self.dv
         self.norm_w = _frozen(m.hidden)
-        self.in_proj = LoRAColumn(m.hidden, 2 * self.kw + 2 * self.vw + 2 * self.hv, cfg, t)
+        width, spec = 2 * self.kw + 2 * self.vw + 2 * self.hv, ctx.adapters
+        self.in_proj = LoRAColumn(m.hidden, width, cfg, t, spec, "gdn_in")
         self.conv_w = _frozen(2 * self.kw + self.vw, 1, m.gdn_conv_kernel)
         self.a_log = _frozen(self.hv, dtype=torch.float32)
         self.dt_bias = _frozen(self.hv, dtype=torch.float32)
         self.out_norm_w = _frozen(self.dv)
-        self.out_proj = LoRARow(self.vw, m.hidden, cfg, ctx.layout)
+        self.out_proj = LoRARow(self.vw, m.hidden, cfg, ctx.layout, spec, "gdn_out")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("gdn"):
-            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=True)
+            keep = self.in_proj.adapted
+            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=keep)
             s = full.shape[0]
             proj = self.in_proj(full)
             qkv, z, bl, al = proj.split([2 * self.kw + self.vw, self.vw, self.hv, self.hv], -1)
@@ -298,12 +257,12 @@ class MLP(nn.Module):
         m, t = ctx.model, ctx.layout.tp
         self.ctx = ctx
         self.norm_w = _frozen(m.hidden)
-        self.fc1 = LoRAColumn(m.hidden, 2 * m.ffn // t, cfg, t)
-        self.fc2 = LoRARow(m.ffn // t, m.hidden, cfg, ctx.layout)
+        self.fc1 = LoRAColumn(m.hidden, 2 * m.ffn // t, cfg, t, ctx.adapters, "fc1")
+        self.fc2 = LoRARow(m.ffn // t, m.hidden, cfg, ctx.layout, ctx.adapters, "fc2")
 
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
-        h = self.fc1(gather_sp(hn, ctx.layout, keep_local=True))
+        h = self.fc1(gather_sp(hn, ctx.layout, keep_local=self.fc1.adapted))
         if ctx.model.fused_swiglu or ctx.compiled:  # inductor fuses the unfused GLU too
             act = K.FusedSwiGLU.apply(h)
         else:

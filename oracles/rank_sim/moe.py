@@ -27,13 +27,14 @@ below names the megatron function it restates (megatron/core/transformer/moe/):
   on the dispatcher, never cleared: each layer holds them after its forward.
 - Experts: the local experts as one grouped op over all received rows (the sum of the
   per-expert saved sets of ``SequentialMLP``'s expert MLPs): frozen fc1/fc2 (megatron's
-  ``LinearWithFrozenWeight``: no saved input) plus a rank-1 LoRA per expert linear (saves
-  its input and the rank-1 activation); the probs-weighted SwiGLU is megatron's unfused
+  ``LinearWithFrozenWeight``: no saved input) plus a rank-R LoRA per expert linear when
+  ``experts`` is a LoRA target (saves its input, or its dropped copy and mask, and the
+  R-wide activation); the probs-weighted SwiGLU is megatron's unfused
   GLU path in eager mode and one fused kernel under ``--compiled`` (``MoE.activation``).
 - Combine: un-sort by expert (copy), the reverse all-to-all, ``unpermute`` (``scatter_add``
   into a zeroed tokens x hidden buffer; saves only the indices).
 - ``SharedExpertMLP``: a dense SwiGLU MLP sharded by TP (SP gather in front of the
-  column-parallel fc1, reduce-scatter after fc2; rank-1 LoRA on both), and the Qwen3.5
+  column-parallel fc1, reduce-scatter after fc2; LoRA as the ``fc1`` / ``fc2`` targets say), and the Qwen3.5
   sigmoid gate ``output * sigmoid(linear(x, gate_weight))`` (the product saves the
   expert output and the gate score); added to the routed output.
 - Selective recompute ``moe``: megatron's reentrant ``tensor_parallel.checkpoint`` around
@@ -146,20 +147,38 @@ class Unpermute(torch.autograd.Function):
         return grad.new_empty(ctx.rows), None, None
 
 
+class GroupedLinear(torch.autograd.Function):
+    """Every local expert's frozen linear over that expert's rows, without an adapter
+    (``LinearWithFrozenWeight``: saves no input); backward allocates the input gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.shape = x.shape
+        return x.new_empty((x.shape[0], weight.shape[1]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad.new_empty(ctx.shape), None
+
+
 class GroupedLoRALinear(torch.autograd.Function):
-    """Every local expert's frozen linear plus its rank-1 adapter over that expert's rows,
-    ``linear(x_e, W_e) + linear(linear(x_e, A_e), B_e)``: the frozen part saves no input
-    (``LinearWithFrozenWeight``); the adapter saves the rows (views of one buffer) and the
-    rank-1 activation. Per expert the frozen and adapter outputs are summed at once, so
-    only the summed rows outlive the op. Backward allocates the input gradient, the rank-1
-    gradient and the adapter gradients."""
+    """Every local expert's frozen linear plus its rank-R adapter over that expert's rows,
+    ``linear(x_e, W_e) + linear(linear(drop(x_e), A_e), B_e)``: the frozen part saves no
+    input (``LinearWithFrozenWeight``); the adapter saves its input (the rows, views of
+    one buffer, or ``xa``, their dropped copy, when adapter dropout is on) and the R-wide
+    activation. Per expert the frozen and adapter outputs are summed at once, so only the
+    summed rows outlive the op. Backward allocates the input gradient, the R-wide
+    gradient and the adapter gradients (and, with dropout, the adapter input's gradient,
+    which the dropout's backward folds into the rows' gradient)."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor
-    ) -> torch.Tensor:
-        mid = x.new_empty((x.shape[0], 1))
-        ctx.save_for_backward(x, mid, a, b)
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+        rank: int = 1, xa: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        mid = x.new_empty((x.shape[0], rank))
+        ctx.dropped = xa is not None
+        ctx.save_for_backward(xa if xa is not None else x, mid, a, b)
         return x.new_empty((x.shape[0], weight.shape[1]))
 
     @staticmethod
@@ -168,8 +187,9 @@ class GroupedLoRALinear(torch.autograd.Function):
         dmid = mid.new_empty(mid.shape)
         da, db = a.new_empty(a.shape), b.new_empty(b.shape)
         dx = x.new_empty(x.shape)
+        dxa = x.new_empty(x.shape) if ctx.dropped else None
         del dmid
-        return dx, None, da, db
+        return dx, None, da, db, None, dxa
 
 
 class WeightedSwiGLU(torch.autograd.Function):
@@ -193,7 +213,7 @@ class MoE(nn.Module):
 
     def __init__(self, ctx: Any, cfg: Any) -> None:
         super().__init__()
-        from oracles.rank_sim.layers import LoRAColumn, LoRARow
+        from oracles.rank_sim.adapters import LoRAColumn, LoRARow
 
         m, t = ctx.model, ctx.layout.tp
         self.ctx = ctx
@@ -205,16 +225,31 @@ class MoE(nn.Module):
         # weights laid out (in, out) per expert; sizes only matter
         self.fc1_w = _frozen(el * h, 2 * fe)
         self.fc2_w = _frozen(el * fe, h)
-        self.fc1_a = nn.Parameter(torch.empty(el, h, dtype=BF16))
-        self.fc1_b = nn.Parameter(torch.empty(el, 2 * fe, dtype=BF16))
-        self.fc2_a = nn.Parameter(torch.empty(el, fe, dtype=BF16))
-        self.fc2_b = nn.Parameter(torch.empty(el, h, dtype=BF16))
+        spec = ctx.adapters
+        self.adapted, self.rank, self.p = spec.on("experts"), spec.rank, spec.dropout
+        if self.adapted:  # per expert: A (R x in), B (out x R); laid out (experts, R * width)
+            r = spec.rank
+            self.fc1_a = nn.Parameter(torch.empty(el, r * h, dtype=BF16))
+            self.fc1_b = nn.Parameter(torch.empty(el, r * 2 * fe, dtype=BF16))
+            self.fc2_a = nn.Parameter(torch.empty(el, r * fe, dtype=BF16))
+            self.fc2_b = nn.Parameter(torch.empty(el, r * h, dtype=BF16))
         self.shared = m.shared_expert_ffn > 0
         self.dispatcher_state: tuple[torch.Tensor, ...] = ()
         if self.shared:
-            self.sh_fc1 = LoRAColumn(h, 2 * m.shared_expert_ffn // t, cfg, t)
-            self.sh_fc2 = LoRARow(m.shared_expert_ffn // t, h, cfg, ctx.layout)
+            self.sh_fc1 = LoRAColumn(h, 2 * m.shared_expert_ffn // t, cfg, t, spec, "fc1")
+            self.sh_fc2 = LoRARow(m.shared_expert_ffn // t, h, cfg, ctx.layout, spec, "fc2")
             self.sh_gate_w = _frozen(1, h)
+
+    def experts_linear(self, x: torch.Tensor, which: int) -> torch.Tensor:
+        """The local experts' fc1 (``which`` 1) or fc2 (2), with or without adapters."""
+        weight = self.fc1_w if which == 1 else self.fc2_w
+        if not self.adapted:
+            return GroupedLinear.apply(x, weight)
+        a, b = (self.fc1_a, self.fc1_b) if which == 1 else (self.fc2_a, self.fc2_b)
+        if self.p == 0.0:
+            return GroupedLoRALinear.apply(x, weight, a, b, self.rank)
+        xa = torch.native_dropout(x, self.p, True)[0]  # adapters.adapter_input
+        return GroupedLoRALinear.apply(x, weight, a, b, self.rank, xa)
 
     def rows(self, local_tokens: int) -> int:
         return expert_rows(self.ctx.model, local_tokens, self.ep, self.ctx.routing)
@@ -280,10 +315,10 @@ class MoE(nn.Module):
         else:
             x, p = dispatched, dispatched_probs
         # experts (grouped): fc1 + LoRA, probs-weighted SwiGLU, fc2 + LoRA
-        fc1 = GroupedLoRALinear.apply(x, self.fc1_w, self.fc1_a, self.fc1_b)
+        fc1 = self.experts_linear(x, 1)
         act = self.activation(fc1, p[:, None])
         del fc1
-        out = GroupedLoRALinear.apply(act, self.fc2_w, self.fc2_a, self.fc2_b)
+        out = self.experts_linear(act, 2)
         del act
         # combine_preprocess: un-sort; then routed_experts_compute returns
         if self.local_experts > 1:

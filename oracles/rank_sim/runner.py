@@ -4,9 +4,12 @@
 World = TP x CP over torch's ``fake`` backend (FakeStore); megatron's parallel_state is
 initialised over it with the simulated rank's coordinates (TP fastest, then CP, as
 megatron orders ranks). The model is built under ``FakeTensorMode`` (no memory), then
-one step runs inside the live-storage tracker: embedding output, every layer, the
-returned hidden states gathered over SP and CP and unpacked to the logical tokens, the
-mean-square loss, and backward.
+one step runs inside the live-storage tracker: embedding output, every layer, then the
+head: by default the calibration harness (the returned hidden states gathered over SP
+and CP and unpacked to the logical tokens, the mean-square loss), otherwise an LM head
+and its loss on the rank's own tokens (``head.py``; labels allocated with the batch);
+and backward. The adapters (rank, dropout, targets: ``adapters.py``) and the CP
+attention communication (``cp_comm.py``) are inputs too; their defaults are the harness.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from oracles.rank_sim import kernels as K
+from oracles.rank_sim.adapters import AdapterSpec
+from oracles.rank_sim.cp_comm import check_cp_comm
 from oracles.rank_sim.geometry import SimModel
-from oracles.rank_sim.layers import RankContext, build_layers, gather_sp
+from oracles.rank_sim.head import HeadSpec
+from oracles.rank_sim.layers import RankContext, _config, build_layers, gather_sp
 from oracles.rank_sim.layout import RankLayout
 from oracles.rank_sim.recompute import Recompute
-from oracles.rank_sim.tracker import LiveBytesTracker
+from oracles.rank_sim.tracker import LiveBytesTracker, PhasePeak
 
 BF16 = torch.bfloat16
 
@@ -44,6 +50,7 @@ class RankResult:
     ops: int = 0
     gdn_kernel: str = field(default_factory=lambda: K.GDN_KERNEL)  # the kernel in use now
     expert_rows: int = 0  # rows the rank's local experts receive per MoE layer (MoE models)
+    step: dict[str, Any] = field(default_factory=dict)  # head, adapters, cp_comm simulated
 
     @property
     def tokens(self) -> int:
@@ -61,6 +68,7 @@ class RankResult:
             "components": self.components,
             "gdn_kernel": self.gdn_kernel,
             **({"expert_rows": self.expert_rows} if self.expert_rows else {}),
+            **({"step": self.step} if self.step else {}),
             "seconds": round(self.seconds, 2),
         }
 
@@ -110,15 +118,26 @@ def simulate_rank(
     compiled: bool = False,
     ep: int = 1,
     routing: str = "concentrated",
+    head: str | HeadSpec = "hidden",
+    lora_rank: int = 1,
+    lora_dropout: float = 0.0,
+    lora_targets: str | tuple[str, ...] = "all",
+    cp_comm: str = "all_gather",
 ) -> RankResult:
     """Forward (+ backward unless no-grad) of one rank; peaks per phase and component.
-    ``ep`` and ``routing`` apply to MoE models (oracles/rank_sim/moe.py)."""
+    ``ep`` and ``routing`` apply to MoE models (oracles/rank_sim/moe.py); ``head``
+    (hidden | logits | fused | chunked:N | linear-ce, head.py), the adapters
+    (``lora_rank``, ``lora_dropout``, ``lora_targets``: adapters.py) and ``cp_comm``
+    (all_gather | p2p | a2a: cp_comm.py) default to the calibration harness."""
     from oracles.rank_sim.moe import check_routing, expert_rows
 
     layout.check(model.gdn_layers > 0)
     model.check_tp(layout.tp)
     model.check_ep(ep, layout.tp * layout.cp)
     check_routing(routing)
+    head_spec = HeadSpec.parse(head)
+    adapters = AdapterSpec.parse(lora_rank, lora_dropout, lora_targets)
+    check_cp_comm(cp_comm, model, layout.tp, layout.cp)
     started = time.perf_counter()
     cp_group = init_groups(layout.tp, layout.cp, layout.rank, layout.tp_rank)
     tracker: LiveBytesTracker
@@ -130,29 +149,55 @@ def simulate_rank(
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
             ctx = RankContext(
-                model, layout, recompute, compiled, cp_group, set_label, ep=ep, routing=routing
-            )
+                model, layout, recompute, compiled, cp_group, set_label, ep=ep, routing=routing,
+                adapters=adapters, cp_comm=cp_comm,
+            )  # fmt: skip
             layers = build_layers(ctx)
-            tracker = LiveBytesTracker(list(layers.parameters()))
+            params = list(layers.parameters())
+            lm_head = None
+            if not head_spec.harness:
+                from oracles.rank_sim.head import Head
+
+                lm_head = Head(ctx, _config(model, layout), head_spec)
+                params += list(lm_head.parameters())
+            tracker = LiveBytesTracker(params)
             first = _count(layout, model.kinds[0])
             longest = max(layout.attn_local, layout.gdn_local)
             with tracker:
-                result = _step(ctx, layers, tracker, first, longest)
+                result = _step(ctx, layers, tracker, first, longest, lm_head)
     finally:
         release_groups()
     result.seconds = time.perf_counter() - started
     result.ops = tracker.ops
+    result.step = {"head": head_spec.label, **adapters.as_dict(), "cp_comm": cp_comm}
     if model.moe:
         rows = {expert_rows(model, ctx.local(_count(layout, k)), ep, routing) for k in model.kinds}
         result.expert_rows = max(rows)
     return result
 
 
+def _needs_input_grad(ctx: RankContext) -> bool:
+    from oracles.rank_sim.adapters import TARGETS
+
+    rc = ctx.recompute
+    return not rc.no_grad and ctx.adapters.targets != TARGETS and (rc.mlp or rc.moe)
+
+
 def _step(
-    ctx: RankContext, layers: Any, tracker: LiveBytesTracker, first: int, longest: int
+    ctx: RankContext,
+    layers: Any,
+    tracker: LiveBytesTracker,
+    first: int,
+    longest: int,
+    lm_head: Any = None,
 ) -> RankResult:
     model, layout, rc = ctx.model, ctx.layout, ctx.recompute
     grad = torch.no_grad() if rc.no_grad else torch.enable_grad()
+    labels = None
+    if lm_head is not None:  # the batch's labels: one int64 per token the rank's head sees
+        last = _count(layout, model.kinds[-1])
+        with ctx.label("labels"):
+            labels = torch.empty((last,), dtype=torch.int64)
     with grad:
         with ctx.label("embedding"):
             emb = torch.empty((first, model.hidden), dtype=BF16)
@@ -162,6 +207,12 @@ def _step(
                 emb = mappings.reduce_scatter_to_sequence_parallel_region(emb)
             x = emb
             if rc.full and not rc.no_grad:  # megatron's reentrant checkpoint needs grad
+                x = x.detach().requires_grad_(True)
+            elif _needs_input_grad(ctx):
+                # adapters behind a checkpointed region whose inputs carry no grad (e.g.
+                # only the experts adapted): make the embedding output require grad, as
+                # PEFT's enable_input_require_grads does, or megatron's reentrant
+                # checkpoint would give them none
                 x = x.detach().requires_grad_(True)
             del emb
         with ctx.label("rope"):
@@ -176,28 +227,48 @@ def _step(
                     x = K.Relayout.apply(x, ctx.local(want))
                 count = want
             x = layer(x)
-        with ctx.label("output"):
-            out = gather_sp(x, layout)
-            if layout.cp > 1:
-                counts = (
-                    layout.attention_tokens if count == layout.attn_local else layout.gdn_tokens
-                )
-                out = K.GatherTokens.apply(out, counts, ctx.cp_group)
-            # unpack the packed row to the logical tokens (shared prefixes repeated)
-            out = _unpack(out, layout.logical_tokens)
-            loss = out.square().mean()
+        if lm_head is None:
+            with ctx.label("output"):
+                out = gather_sp(x, layout)
+                if layout.cp > 1:
+                    counts = (
+                        layout.attention_tokens if count == layout.attn_local else layout.gdn_tokens
+                    )
+                    out = K.GatherTokens.apply(out, counts, ctx.cp_group)
+                # unpack the packed row to the logical tokens (shared prefixes repeated)
+                out = _unpack(out, layout.logical_tokens)
+                loss = out.square().mean()
+        else:
+            loss = lm_head(x, labels)
+            out = None
+        # the head's input (its final norm saves it anyway): backward's hook point
+        body_out = x if lm_head is not None else None
         del x
     forward = tracker.peaks["forward"]
     retained = tracker.snapshot()
     fb_peak = forward
+    head_bwd: list[PhasePeak] = []
     if not rc.no_grad:
         tracker.set_phase("backward")
         tracker.label = "backward"
+        if body_out is not None and body_out.requires_grad:
+            # the head's backward runs first; it ends when the body output's grad is made
+            tracker.label = "head_backward"
+
+            def _head_done(grad: torch.Tensor) -> None:
+                peak = tracker.peaks["backward"]
+                head_bwd.append(PhasePeak(peak.bytes, dict(peak.components)))
+                tracker.label = "backward"
+
+            body_out.register_hook(_head_done)
+        del body_out
         loss.backward()
         fb = tracker.peaks["backward"]
         fb_peak = fb if fb.bytes > forward.bytes else forward
+    else:
+        del body_out
     ctx.rope = None  # the rope tables live through backward (recompute reads them)
-    del loss, out
+    del loss, out, labels
     return RankResult(
         rank=layout.rank,
         attention_tokens=layout.attn_local,
@@ -209,6 +280,7 @@ def _step(
             "forward_peak": forward.components,
             "forward_backward_peak": fb_peak.components,
             "retained": retained.components,
+            **({"head_backward_peak": head_bwd[0].components} if head_bwd else {}),
         },
     )
 
