@@ -45,9 +45,17 @@ buffer and its bf16 cast, which the output layer's backward reads."""
 TOKEN_KEPT_BYTES = INT64 + 1 + INT64 + FP32
 """Bytes per token the loss keeps beside the logits: the int64 labels, the bool target
 mask, the int64 masked target and the fp32 per-token loss."""
-CHUNK_BACKWARD_BYTES = 2 + FP32 + FP32 + 2
-"""Bytes per logit of one recomputed chunk in the chunked head's backward: its bf16
-logits and fp32 log-softmax recomputed, then the fp32 gradient and its bf16 cast."""
+CHUNK_FORWARD_BYTES = 4 * FP32
+"""Bytes per logit of one chunk at the chunked head's forward peak (verl's
+``_fused_linear_for_ppo_fwd`` op order): the fp32 logits (the bf16 matmul output freed
+once upcast), the softmax, the log-softmax and, for the entropy, ``probs * logits``."""
+CHUNK_BACKWARD_BYTES = 5 * FP32
+"""Bytes per logit of one recomputed chunk in the chunked head's backward (verl's
+``_fused_linear_for_ppo_bwd``): the fp32 logits and softmax recomputed, the one-hot
+targets, ``one_hot - probs`` and the fp32 gradient it scales into."""
+VOCAB_DIVISOR = 128
+"""Megatron pads the vocabulary to a multiple of 128 x TP (``make_vocab_size_divisible_by``'s
+default) so that every TP rank holds an equal shard."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,11 @@ class HeadBytes:
 
 
 def vocab_shard(step: Step) -> int:
-    """Vocabulary columns of the output layer on one TP rank (``V/t``, rounded up)."""
+    """Vocabulary columns of the output layer on one TP rank: ``V/t`` of the vocabulary
+    padded to a multiple of ``VOCAB_DIVISOR x TP``."""
     tp = step.plan.layout.tp
-    return -(-step.geometry.vocab // tp)
+    multiple = VOCAB_DIVISOR * tp
+    return -(-step.geometry.vocab // multiple) * multiple // tp
 
 
 def head_input_bytes(step: Step, tokens: int) -> int:
@@ -95,9 +105,9 @@ def head_bytes(step: Step, tokens: int) -> HeadBytes:
     if head.kind == "chunked":
         assert head.chunk is not None
         chunk = min(head.chunk, tokens) * vt
-        return HeadBytes(  # one chunk's bf16 logits and fp32 log-softmax at a time
+        return HeadBytes(  # one chunk's logits at a time, recomputed in backward
             kept=hidden_kept + per_token,
-            forward=read + chunk * (LOGIT_FORWARD_BYTES + LOGIT_KEPT_BYTES),
+            forward=read + chunk * CHUNK_FORWARD_BYTES,
             backward=hidden_kept + chunk * CHUNK_BACKWARD_BYTES + grad_in,
         )
     # linear-ce: the hidden states and an fp32 log-sum-exp per token; blockwise logits only
