@@ -23,7 +23,11 @@ PEFT-ordered dropout and per-projection targets (oracles/rank_sim).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.widths import LayerWidths, moe_rows_per_token
+from cpmem.step.step import MoeRouting
 from cpmem.step.trainer import Adapter
 
 MASK_ELEMENTS = 0.5
@@ -62,3 +66,25 @@ def extra_width(geometry: ModelGeometry, adapter: Adapter, tp: int, part: str) -
         if adapter.dropout:
             total += MASK_ELEMENTS * width
     return int(total)
+
+
+def with_adapters(
+    widths: LayerWidths,
+    geometry: ModelGeometry,
+    adapter: Adapter,
+    tp: int,
+    ep: int,
+    routing: MoeRouting,
+) -> LayerWidths:
+    """Reference widths (the harness's) with what ``adapter`` keeps beyond them added to
+    the layer kind each adapted projection sits in (a routed expert's per row)."""
+    if adapter.is_harness:
+        return widths
+    rows = moe_rows_per_token(geometry, ep, routing) if geometry.is_moe else 0
+    return replace(
+        widths,
+        attention=widths.attention + extra_width(geometry, adapter, tp, "attention"),
+        gdn=widths.gdn + (extra_width(geometry, adapter, tp, "gdn") if widths.gdn else 0),
+        mlp=widths.mlp + (extra_width(geometry, adapter, tp, "mlp") if widths.mlp else 0),
+        moe=widths.moe + rows * extra_width(geometry, adapter, tp, "expert"),
+    )

@@ -16,6 +16,7 @@ from cpmem.pricing.cold import COLD_SETUP
 from cpmem.pricing.components import Component
 from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.gathered import gathered_kv_bytes
+from cpmem.pricing.adapters import with_adapters
 from cpmem.pricing.head import head_bytes
 from cpmem.pricing.registry import register_policy
 from cpmem.pricing.widths import LayerWidths, layer_widths
@@ -113,6 +114,7 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     layout = plan.layout
     b = step.dtype_bytes
     widths = layer_widths(geometry, layout.tp, layout.sp, layout.ep, "concentrated")
+    widths = with_adapters(widths, geometry, step.adapter, layout.tp, layout.ep, "concentrated")
     features = feature_width(geometry, widths, rc)
     segments = plan.grad_segments if rc.keeps_gradients else 0
     seg_bytes = structure.segment_states(step)
