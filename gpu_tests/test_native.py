@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-from cpmem.api import estimate as cpmem_estimate
-from gpu_tests.driver import CellSpec, cell_geometry, cell_plan
+from gpu_tests.driver import CellSpec, cell_estimate, cell_geometry, cell_plan
 
 REPO = Path(__file__).resolve().parent.parent
 # The driver package, run as a module from the checkout root.
@@ -65,11 +64,8 @@ def tight_figures(summary: dict[str, Any]) -> tuple[int, int]:
     geometry = cell_geometry(spec)
     plan = cell_plan(spec, geometry)
     assert list(plan.rank_tokens) == summary["plan"]["rank_tokens"]
-    layout = plan.layout
-    est = cpmem_estimate(
-        geometry, plan=plan, tp=layout.tp, cp=layout.cp, sp=layout.sp, ep=layout.ep,
-        recompute=spec.recompute, modules=spec.modules or None, policy="tight",
-    )  # fmt: skip
+    # the same step the driver ran: its head and adapters too (harness by default)
+    est = cell_estimate(spec, geometry, plan, policy="tight")
     assert est.forward_backward_bytes is not None, "the tight policy prices backward"
     return est.estimate_bytes, est.forward_backward_bytes
 

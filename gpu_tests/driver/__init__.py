@@ -24,6 +24,13 @@ prices. Rows follow the golden schema (``golden/schema.json``, rows.py); the dri
 never writes to ``golden/`` (``cpmem.golden.importer.append_rows`` does). On CPU no
 memory figure is meaningful: peaks are left empty and the row is marked ``device=cpu``.
 
+A cell can also run a trainer's step beyond the harness, as cpmem prices it
+(``cpmem.step.trainer``): ``--head logits|chunked:N`` (head.py: final norm, frozen
+output layer and cross entropy, or chunked log-probs recomputed in backward),
+``--lora-rank R`` and ``--lora-dropout P``. The defaults are the harness, measured
+exactly as before; a trainer row carries its settings in the sidecar ``trainer_step``
+column (rows.py), which golden/'s importer refuses.
+
 ``history.py`` (``python -m gpu_tests.driver.history SNAPSHOT``) analyses the snapshots
 ``--memory-history`` records: which tensors are live at the forward peak. It is not
 imported here, so that running it as a module does not import it twice.
@@ -40,7 +47,7 @@ from cpmem.plan.request import Request
 from .cli import build_parser, comparison_line, main
 from .cp_attention import Dist, Piece, RowLayout, SegmentSpan, gather_tokens
 from .engine_megatron import build_megatron_model, install_megatron_cpu_shim
-from .engine_torch import RankContext, build_torch_model, make_lora_linear
+from .engine_torch import RankContext, build_torch_model, make_lora_group, make_lora_linear
 from .gdn import (
     FLA_CHUNK,
     GDN_CHUNK,
@@ -51,6 +58,7 @@ from .gdn import (
     gdn_reference_recurrent,
     have_fla,
 )
+from .head import build_head, have_megatron_cross_entropy, head_description
 from .measure import REPETITIONS, RankSample, measure_step, run_rank
 from .paths import PACKAGE_DIR, REPO_ROOT
 from .provenance import (
@@ -66,22 +74,29 @@ from .rows import (
     APPENDED_BY,
     BYTE_COLUMNS,
     GOLDEN_COLUMNS,
+    HARNESS_STEP,
     PHASE,
+    TRAINER_COLUMN,
     aggregate,
     build_row,
     cell_tag,
+    merge_cell_rows,
+    trainer_step,
     write_rows,
 )
 from .run import finish, run_cell, worker_main
 from .spec import (
     DEVICES,
     ENGINES,
+    HEAD_CES,
+    HEADS,
     MODES,
     MODULE_SETS,
     CellSpec,
     cell_estimate,
     cell_geometry,
     cell_plan,
+    parse_head,
     parse_lengths,
     recorded_model_name,
     spec_from_args,
@@ -97,6 +112,9 @@ __all__ = [
     "FLA_CHUNK",
     "GDN_CHUNK",
     "GOLDEN_COLUMNS",
+    "HARNESS_STEP",
+    "HEADS",
+    "HEAD_CES",
     "MODES",
     "MODULE_SETS",
     "PACKAGE_DIR",
@@ -105,6 +123,7 @@ __all__ = [
     "REPO_ROOT",
     "SOURCE_PATH",
     "SOURCE_REPOSITORY",
+    "TRAINER_COLUMN",
     "CellSpec",
     "CpmemError",
     "Dist",
@@ -116,6 +135,7 @@ __all__ = [
     "RowLayout",
     "SegmentSpan",
     "aggregate",
+    "build_head",
     "build_megatron_model",
     "build_parser",
     "build_row",
@@ -136,16 +156,22 @@ __all__ = [
     "gdn_reference_recurrent",
     "git_revision",
     "have_fla",
+    "have_megatron_cross_entropy",
+    "head_description",
     "install_megatron_cpu_shim",
     "main",
+    "make_lora_group",
     "make_lora_linear",
     "measure_step",
+    "merge_cell_rows",
+    "parse_head",
     "parse_lengths",
     "provenance",
     "recorded_model_name",
     "run_cell",
     "run_rank",
     "spec_from_args",
+    "trainer_step",
     "validate_spec",
     "worker_main",
     "write_rows",

@@ -16,7 +16,7 @@ from typing import Any
 from cpmem.errors import CpmemError
 
 from .run import run_cell, worker_main
-from .spec import DEVICES, ENGINES, MODES, MODULE_SETS, int_field, spec_from_args
+from .spec import DEVICES, ENGINES, HEAD_CES, HEADS, MODES, MODULE_SETS, int_field, spec_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="CUDA: record one extra, unmeasured step of rank 0 as a memory-history snapshot"
         " (a bare file name goes into --out; analyse with python -m gpu_tests.driver.history)",
+    )
+    p.add_argument(
+        "--head",
+        default="hidden",
+        help=f"what the forward ends with: {list(HEADS)} (hidden: the harness's hidden states)",
+    )
+    p.add_argument(
+        "--head-ce",
+        default="auto",
+        help=f"the logits head's cross entropy: {list(HEAD_CES)} (auto: megatron if importable)",
+    )
+    p.add_argument("--lora-rank", default="1", help="LoRA rank of every adapter (harness: 1)")
+    p.add_argument(
+        "--lora-dropout", default="0", help="dropout on each adapter's input before A (harness: 0)"
     )
     p.add_argument("--timeout", default="900", help="seconds before worker ranks are killed")
     return p

@@ -32,8 +32,10 @@ def install_megatron_cpu_shim() -> None:
     _oracle_module().install_megatron_cpu_shim()
 
 
-def _megatron_lora(linear: Any, sp: bool) -> None:
-    """Freeze a megatron parallel linear and add a rank-1 adapter that follows its sharding.
+def _megatron_lora(linear: Any, sp: bool, rank: int = 1, dropout: float = 0.0) -> None:
+    """Freeze a megatron parallel linear and add a rank-``rank`` adapter that follows its
+    sharding (the harness: rank 1, no dropout), with torch's dropout on the adapter's
+    input before A (PEFT's order) when ``dropout`` > 0.
 
     Column-parallel: A replicated, B sharded on outputs; the rank-1 activation is gathered
     over the sequence under SP. Row-parallel: A sharded on inputs, its rank-1 partial sums
@@ -47,15 +49,15 @@ def _megatron_lora(linear: Any, sp: bool) -> None:
     weight = linear.weight
     n_out, n_in = weight.shape
     dev, dt = weight.device, weight.dtype
-    linear.lora_a = torch.nn.Parameter(torch.randn(1, n_in, device=dev, dtype=dt) * 0.02)
-    linear.lora_b = torch.nn.Parameter(torch.randn(n_out, 1, device=dev, dtype=dt) * 0.02)
+    linear.lora_a = torch.nn.Parameter(torch.randn(rank, n_in, device=dev, dtype=dt) * 0.02)
+    linear.lora_b = torch.nn.Parameter(torch.randn(n_out, rank, device=dev, dtype=dt) * 0.02)
     row = isinstance(linear, RowParallelLinear)
     base = linear.forward
     f = torch.nn.functional
 
     def forward(x: Any, *args: Any, **kwargs: Any) -> Any:
         out, bias = base(x, *args, **kwargs)
-        mid = f.linear(x, linear.lora_a)
+        mid = f.linear(f.dropout(x, dropout, training=True) if dropout else x, linear.lora_a)
         if row:
             mid = (
                 mappings.reduce_scatter_to_sequence_parallel_region(mid)
@@ -72,7 +74,8 @@ def _megatron_lora(linear: Any, sp: bool) -> None:
 
 
 def build_megatron_model(spec: CellSpec, geometry: ModelGeometry, device: Any, seq: int) -> Any:
-    """GPTModel (local spec, pre_process on, post_process off: it returns hidden states)."""
+    """GPTModel (local spec, pre_process on, post_process off: it returns hidden states;
+    a trainer cell's head is head.py's, on top)."""
     torch = load_torch()
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
@@ -126,7 +129,7 @@ def build_megatron_model(spec: CellSpec, geometry: ModelGeometry, device: Any, s
         p.requires_grad_(False)
     for m in list(model.modules()):
         if isinstance(m, ColumnParallelLinear | RowParallelLinear):
-            _megatron_lora(m, spec.sp and spec.tp > 1)
+            _megatron_lora(m, spec.sp and spec.tp > 1, spec.lora_rank, spec.lora_dropout)
     if spec.recompute == "full":
         # megatron's full recompute is reentrant: its input must require grad
         model.embedding.register_forward_hook(lambda _m, _a, out: out.detach().requires_grad_(True))

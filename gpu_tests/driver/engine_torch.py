@@ -4,7 +4,14 @@ Why: megatron-core's local spec has neither context parallelism over a packed
 shared-prefix row nor Gated DeltaNet. This decoder has attention (optional output
 gate, qk-norm, rope) and GDN mixers, a SwiGLU MLP, rank-1 LoRA on every linear
 projection (frozen random bf16 base), and the three recompute settings. It returns
-hidden states: no final norm, no LM head. TP = 1 only.
+hidden states: no final norm, no LM head (head.py adds one where a cell asks). TP = 1 only.
+
+Adapters: the harness (rank 1, no dropout) has one rank-1 adapter per projection, as
+always measured. Any other rank or dropout follows megatron's fused projections, the
+layout cpmem prices (its targets ``qkv``, ``fc1``, ``gdn_in`` are one linear each): the
+projections that read one input (q/k/v; gate/up; GDN's qkv/z/b/a) share one adapter
+input, ``A(dropout(x))`` (PEFT's order, one mask and one dropped copy), and each has its
+own ``B`` on it (``make_lora_group``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ class RankContext:
     gdn_saved_bytes: list[int] = field(default_factory=list)  # per GDN call, fallback
     gdn_fla_bytes: list[int] = field(default_factory=list)  # per GDN piece, fla's list
     count_gdn_saved: bool = False
+    # adapters beyond the harness (make_lora_group); rank 1 and 0.0: the harness's
+    lora_rank: int = 1
+    lora_dropout: float = 0.0
+
+    @property
+    def grouped_adapters(self) -> bool:
+        return not (self.lora_rank == 1 and self.lora_dropout == 0)
 
 
 def make_lora_linear(n_in: int, n_out: int, device: Any, dtype: Any) -> Any:
@@ -53,6 +67,65 @@ def make_lora_linear(n_in: int, n_out: int, device: Any, dtype: Any) -> Any:
             return f.linear(x, self.weight) + f.linear(f.linear(x, self.lora_a), self.lora_b)
 
     return LoraLinear()
+
+
+def make_lora_group(
+    n_in: int, outs: dict[str, int], device: Any, dtype: Any, rank: int, dropout: float
+) -> Any:
+    """Frozen bf16 linears of one shared input with one rank-``rank`` adapter input.
+
+    ``adapter_input(x)`` is ``A(dropout(x))`` (torch's dropout before A, PEFT's order;
+    ``x`` itself at p = 0), made once per forward; ``project(name, x, mid)`` is that
+    projection's frozen output plus its own ``B`` on ``mid``: megatron's LoRA on a fused
+    projection (its ``B`` is the stack of these). A group of one output is called as a
+    module."""
+    torch = load_torch()
+    nn = torch.nn
+    f = nn.functional
+
+    class LoraGroup(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.ParameterDict(
+                {
+                    name: nn.Parameter(
+                        torch.randn(n, n_in, device=device, dtype=dtype) * n_in**-0.5,
+                        requires_grad=False,
+                    )
+                    for name, n in outs.items()
+                }
+            )
+            self.lora_a = nn.Parameter(torch.randn(rank, n_in, device=device, dtype=dtype) * 0.02)
+            self.lora_b = nn.ParameterDict(
+                {
+                    name: nn.Parameter(torch.randn(n, rank, device=device, dtype=dtype) * 0.02)
+                    for name, n in outs.items()
+                }
+            )
+
+        def adapter_input(self, x: Any) -> Any:
+            dropped = f.dropout(x, dropout, training=True) if dropout else x
+            return f.linear(dropped, self.lora_a)
+
+        def project(self, name: str, x: Any, mid: Any) -> Any:
+            return f.linear(x, self.weight[name]) + f.linear(mid, self.lora_b[name])
+
+        def forward(self, x: Any) -> Any:
+            (name,) = self.weight.keys()
+            return self.project(name, x, self.adapter_input(x))
+
+    return LoraGroup()
+
+
+def _projections(module: Any, names: tuple[str, ...], x: Any) -> Callable[[str], Any]:
+    """``proj(name)``: projection ``name`` of ``x``, made where it is called (as the
+    harness's per-projection layout does); grouped adapters share one adapter input."""
+    group = getattr(module, "in_group", None)
+    if group is None:
+        linears = {n: getattr(module, n) for n in names}
+        return lambda name: linears[name](x)
+    mid = group.adapter_input(x)
+    return lambda name: group.project(name, x, mid)
 
 
 def _rope(x: Any, positions: Any, theta: float = 1e6) -> Any:
@@ -82,14 +155,32 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
     def norm_weight(n: int) -> Any:
         return nn.Parameter(torch.ones(n, device=device, dtype=bf16), requires_grad=False)
 
+    grouped = ctx.grouped_adapters
+
+    def linear(n_in: int, n_out: int) -> Any:
+        """One projection of its own input: the harness's, or a group of one."""
+        if grouped:
+            return make_lora_group(
+                n_in, {"out": n_out}, device, bf16, ctx.lora_rank, ctx.lora_dropout
+            )
+        return make_lora_linear(n_in, n_out, device, bf16)
+
+    def inputs(module: Any, n_in: int, outs: dict[str, int]) -> None:
+        """Projections of one shared input: per-projection (harness) or one group."""
+        if grouped:
+            module.in_group = make_lora_group(
+                n_in, outs, device, bf16, ctx.lora_rank, ctx.lora_dropout
+            )
+        else:
+            for name, n_out in outs.items():
+                setattr(module, name, make_lora_linear(n_in, n_out, device, bf16))
+
     class Attention(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             q_out = g.q_width * (2 if g.attention_output_gate else 1)
-            self.q_proj = make_lora_linear(g.hidden, q_out, device, bf16)
-            self.k_proj = make_lora_linear(g.hidden, g.kv_width, device, bf16)
-            self.v_proj = make_lora_linear(g.hidden, g.kv_width, device, bf16)
-            self.o_proj = make_lora_linear(g.q_width, g.hidden, device, bf16)
+            inputs(self, g.hidden, {"q_proj": q_out, "k_proj": g.kv_width, "v_proj": g.kv_width})
+            self.o_proj = linear(g.q_width, g.hidden)
             self.q_norm, self.k_norm = norm_weight(g.head_dim), norm_weight(g.head_dim)
 
         def core(self, q: Any, kv: Any) -> Any:
@@ -120,12 +211,13 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
 
         def forward(self, x: Any) -> Any:
             t = x.shape[0]
-            q = self.q_proj(x).view(t, g.q_heads, -1)
+            proj = _projections(self, ("q_proj", "k_proj", "v_proj"), x)
+            q = proj("q_proj").view(t, g.q_heads, -1)
             gate = None
             if g.attention_output_gate:
                 q, gate = q.split(g.head_dim, dim=-1)
-            k = self.k_proj(x).view(t, g.kv_groups, g.head_dim)
-            v = self.v_proj(x).view(t, g.kv_groups, g.head_dim)
+            k = proj("k_proj").view(t, g.kv_groups, g.head_dim)
+            v = proj("v_proj").view(t, g.kv_groups, g.head_dim)
             q = _rope(f.rms_norm(q, (g.head_dim,), self.q_norm), ctx.positions)
             k = _rope(f.rms_norm(k, (g.head_dim,), self.k_norm), ctx.positions)
             kv = torch.cat([k, v], dim=-1)
@@ -143,11 +235,12 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
         def __init__(self) -> None:
             super().__init__()
             kw, vw, hv = g.gdn_key_width, g.gdn_value_width, g.gdn_value_heads
-            self.in_proj_qkv = make_lora_linear(g.hidden, 2 * kw + vw, device, bf16)
-            self.in_proj_z = make_lora_linear(g.hidden, vw, device, bf16)
-            self.in_proj_b = make_lora_linear(g.hidden, hv, device, bf16)
-            self.in_proj_a = make_lora_linear(g.hidden, hv, device, bf16)
-            self.out_proj = make_lora_linear(vw, g.hidden, device, bf16)
+            inputs(
+                self,
+                g.hidden,
+                {"in_proj_qkv": 2 * kw + vw, "in_proj_z": vw, "in_proj_b": hv, "in_proj_a": hv},
+            )
+            self.out_proj = linear(vw, g.hidden)
             conv = torch.randn(2 * kw + vw, 1, g.gdn_conv_kernel, device=device, dtype=bf16)
             self.conv = nn.Parameter(conv * 0.5, requires_grad=False)
             self.a_log = nn.Parameter(torch.zeros(hv, device=device), requires_grad=False)
@@ -206,7 +299,8 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
             t = x.shape[0]
             kw, vw = g.gdn_key_width, g.gdn_value_width
             hk, hv = g.gdn_key_heads, g.gdn_value_heads
-            qkv = self.in_proj_qkv(x)
+            proj = _projections(self, ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), x)
+            qkv = proj("in_proj_qkv")
             width = qkv.shape[-1]
             # causal depthwise conv over the rank's own tokens (values only; shapes exact)
             conv_in = f.pad(qkv.t()[None], (g.gdn_conv_kernel - 1, 0))
@@ -216,26 +310,26 @@ def build_torch_model(geometry: ModelGeometry, ctx: RankContext, device: Any) ->
             q = q.reshape(t, hk, -1).repeat_interleave(rep, dim=1)
             k = k.reshape(t, hk, -1).repeat_interleave(rep, dim=1)
             v = v.reshape(t, hv, -1)
-            beta = torch.sigmoid(self.in_proj_b(x))
-            gl = -torch.exp(self.a_log) * f.softplus(self.in_proj_a(x).float() + self.dt_bias)
+            beta = torch.sigmoid(proj("in_proj_b"))
+            gl = -torch.exp(self.a_log) * f.softplus(proj("in_proj_a").float() + self.dt_bias)
             if ctx.count_gdn_saved:
                 with count_saved(ctx.gdn_saved_bytes):
                     o = self.mix(q, k, v, gl, beta, fla_seen=set())
             else:
                 o = self.mix(q, k, v, gl, beta)
-            z = self.in_proj_z(x).view(t, hv, -1)
+            z = proj("in_proj_z").view(t, hv, -1)
             o = f.rms_norm(o, (g.gdn_value_dim,), self.out_norm) * f.silu(z)
             return self.out_proj(o.reshape(t, vw))
 
     class Mlp(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.gate_proj = make_lora_linear(g.hidden, g.ffn, device, bf16)
-            self.up_proj = make_lora_linear(g.hidden, g.ffn, device, bf16)
-            self.down_proj = make_lora_linear(g.ffn, g.hidden, device, bf16)
+            inputs(self, g.hidden, {"gate_proj": g.ffn, "up_proj": g.ffn})
+            self.down_proj = linear(g.ffn, g.hidden)
 
         def forward(self, x: Any) -> Any:
-            return self.down_proj(f.silu(self.gate_proj(x)) * self.up_proj(x))
+            proj = _projections(self, ("gate_proj", "up_proj"), x)
+            return self.down_proj(f.silu(proj("gate_proj")) * proj("up_proj"))
 
     class Layer(nn.Module):
         def __init__(self, kind: str) -> None:

@@ -3,7 +3,9 @@
 Why it is done this way: the golden sources measured incremental allocated bytes above
 the pre-forward baseline (``max_memory_allocated`` after ``reset_peak_memory_stats``),
 forward and forward+backward, and the driver must measure the same quantity. On CPU no
-figure is recorded (None), never invented.
+figure is recorded (None), never invented. The harness's forward returns the hidden
+states and its loss (their mean square) is made after the forward figures are taken; a
+trainer cell's forward ends with its head (head.py) and returns the loss itself.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .cp_attention import Dist, RowLayout
 from .engine_megatron import build_megatron_model, install_megatron_cpu_shim
 from .engine_torch import RankContext, build_torch_model
 from .gdn import have_fla
+from .head import build_head, head_description, init_megatron_parallel_state
 from .spec import CellSpec, cell_geometry, cell_plan
 from .torchlib import load_torch
 
@@ -72,9 +75,12 @@ def measure_step(
     rep: int,
     after_forward: Callable[[], None] | None = None,
 ) -> RankSample:
-    """One forward + MSE-on-hidden backward; CUDA peaks relative to the pre-forward baseline.
+    """One forward + backward; CUDA peaks relative to the pre-forward baseline.
 
-    ``after_forward`` runs once the forward figures are taken (the history marker).
+    The harness's forward returns hidden states (loss: their mean square, made after the
+    forward figures); a forward that ends with a head (head.py) returns its scalar loss
+    (a 0-dim tensor), which backward starts from. ``after_forward`` runs once the
+    forward figures are taken (the history marker).
     """
     torch = load_torch()
     for p in adapters:
@@ -99,7 +105,7 @@ def measure_step(
             kept_requested = _requested(torch, device, "current") - base_requested
     if after_forward is not None:
         after_forward()
-    loss = hidden.float().pow(2).mean()
+    loss = hidden if hidden.dim() == 0 else hidden.float().pow(2).mean()
     loss.backward()
     if cuda:
         torch.cuda.synchronize(device)
@@ -209,7 +215,8 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
     request = Request.shared(list(spec.lengths), spec.shared_prefix)
     torch.manual_seed(spec.seed)
     dist = torch.distributed
-    needs_group = world > 1 or spec.engine == "megatron"
+    megatron_ce = spec.head == "logits" and spec.head_ce == "megatron"
+    needs_group = world > 1 or spec.engine == "megatron" or megatron_ce
     if needs_group and not dist.is_initialized():
         if world == 1:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -218,6 +225,18 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
         backend = "nccl" if device.type == "cuda" and not shared_gpu else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world)
     notes: list[str] = []
+    if spec.head != "hidden":
+        notes.append(head_description(spec))
+    if not spec.harness_adapters:
+        notes.append(
+            f"adapters: LoRA rank {spec.lora_rank}, dropout {spec.lora_dropout:g} (torch "
+            "dropout on the adapter input before A); one adapter per "
+            + (
+                "megatron projection (fused QKV, fused gate/up)"
+                if spec.engine == "megatron"
+                else "group of projections sharing an input (q/k/v, gate/up, GDN in_proj)"
+            )
+        )
     kernel = None
     forward_counts = [0, 0]  # GDN fallback, per forward: saved inside it, fla's equivalent
     if spec.engine == "megatron":
@@ -228,9 +247,12 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
         model = build_megatron_model(spec, geometry, device, rows)
         ids = torch.randint(0, geometry.vocab, (1, rows), device=device)
         pos = torch.tensor([layout.positions(0)], device=device)
+        head = build_head(spec, geometry, device)
+        labels = None if head is None else torch.randint(0, geometry.vocab, (rows,), device=device)
 
         def forward() -> Any:
-            return model(ids, pos, attention_mask=None)
+            out = model(ids, pos, attention_mask=None)
+            return out if head is None else head(out, labels)
 
         notes.append(
             "megatron local spec: one packed row under a plain causal mask (shapes as "
@@ -245,6 +267,8 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
             rank,
             Dist(rank, world, device),
             Recompute.parse(spec.recompute, spec.modules or None),
+            lora_rank=spec.lora_rank,
+            lora_dropout=spec.lora_dropout,
         )
         ctx.positions = torch.tensor(layout.positions(rank), device=device)
         fused = device.type == "cuda" and have_fla()
@@ -254,6 +278,16 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
         lo, hi = layout.rank_range(rank)
         gen = torch.Generator().manual_seed(spec.seed)
         ids = torch.randint(0, geometry.vocab, (layout.total,), generator=gen)[lo:hi].to(device)
+        head = build_head(spec, geometry, device)
+        if megatron_ce:
+            if device.type == "cpu":
+                install_megatron_cpu_shim()
+            init_megatron_parallel_state()
+        labels = None
+        if head is not None:  # random token ids over the whole row; this rank's part
+            gen_labels = torch.Generator().manual_seed(spec.seed + 1)
+            labels = torch.randint(0, geometry.vocab, (layout.total,), generator=gen_labels)
+            labels = labels[lo:hi].to(device)
 
         def forward() -> Any:
             from torch.utils.checkpoint import set_checkpoint_early_stop
@@ -261,6 +295,8 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
             # every rank must replay the same collectives when a checkpoint recomputes
             with set_checkpoint_early_stop(False):
                 out = model(ids)
+                if head is not None:
+                    out = head(out, labels)
             # forward-time sums: a full-recompute replay in backward would count again
             forward_counts[:] = [sum(gdn_counts), sum(fla_counts)]
             return out
@@ -304,6 +340,8 @@ def run_rank(spec: CellSpec, rank: int = 0, world: int = 1, local_rank: int = 0)
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "engine": spec.engine,
         "gdn_kernel": kernel,
+        "head": spec.head,
+        "head_ce": spec.head_ce or None,
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "rank_tokens": layout.rank_tokens[rank] if spec.engine == "torch" else layout.total,
         "samples": samples,

@@ -3,6 +3,16 @@
 Why: rows must follow golden/schema.json exactly (tests check the columns agree) and
 aggregate the way the sources defined their figures (maxima over every rank and both
 repetitions), so that ``cpmem.golden`` can append them unchanged.
+
+A trainer cell (a head, or adapters other than rank-1 without dropout) is not the
+harness every golden row is priced as, and the schema has no free-text column to say so.
+Its settings go into one sidecar column, ``trainer_step`` (after the golden columns),
+of the rows.csv files that hold such a row: the driver's own for that cell and the
+device scripts' merged one (trainer_check.sh writes it for every row, harness rows
+included). ``cpmem.golden.importer.append_rows`` refuses a row with an unknown column, so
+a trainer row cannot enter golden/ as if it were a harness row. The cell id also names
+the step (``:head-...``, ``:lora-r...``) where it is not the harness's; harness rows and
+ids are exactly as before.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ GOLDEN_COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 
 BYTE_COLUMNS: tuple[str, ...] = tuple(c for c in GOLDEN_COLUMNS if c.endswith("_bytes"))
+# The sidecar column of trainer cells (module docstring); never a golden column.
+TRAINER_COLUMN = "trainer_step"
 
 
 def _max(values: Sequence[int | None]) -> int | None:
@@ -107,7 +119,25 @@ def cell_tag(spec: CellSpec, geometry: ModelGeometry) -> str:
     rc = spec.recompute + (f"-{spec.modules}" if spec.modules else "")
     req = "+".join(str(n) for n in spec.lengths) + f"p{spec.shared_prefix}"
     tag = f"{short}-L{geometry.layers}:{layout}:{rc}:{req}:{spec.engine}"
+    if spec.head != "hidden":
+        tag += f":head-{spec.head.replace(':', '')}" + (f"-{spec.head_ce}" if spec.head_ce else "")
+    if not spec.harness_adapters:
+        tag += f":lora-r{spec.lora_rank}-p{spec.lora_dropout:g}"
     return "".join(c if c.isalnum() or c in "_.+:/-" else "-" for c in tag)
+
+
+def trainer_step(spec: CellSpec) -> str:
+    """The sidecar ``trainer_step`` text: head, its cross entropy, LoRA rank and dropout,
+    e.g. ``head=logits;ce=megatron;lora_rank=1;lora_dropout=0`` (the harness:
+    ``head=hidden;ce=;lora_rank=1;lora_dropout=0``)."""
+    return (
+        f"head={spec.head};ce={spec.head_ce};lora_rank={spec.lora_rank};"
+        f"lora_dropout={spec.lora_dropout:g}"
+    )
+
+
+HARNESS_STEP = "head=hidden;ce=;lora_rank=1;lora_dropout=0"
+"""``trainer_step`` of the harness (a row written without the sidecar column)."""
 
 
 def build_row(
@@ -175,25 +205,38 @@ def build_row(
         "imported_by": APPENDED_BY,
     }
     assert tuple(row) == GOLDEN_COLUMNS
-    return {k: _text(v) for k, v in row.items()}
+    out = {k: _text(v) for k, v in row.items()}
+    if not spec.is_harness:
+        out[TRAINER_COLUMN] = trainer_step(spec)
+    return out
 
 
 def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
+    """The golden columns, plus the sidecar ``trainer_step`` where any row has it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(GOLDEN_COLUMNS)
+    if any(TRAINER_COLUMN in r for r in rows):
+        columns.append(TRAINER_COLUMN)
     with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(GOLDEN_COLUMNS), lineterminator="\n")
+        writer = csv.DictWriter(fh, fieldnames=columns, lineterminator="\n", restval="")
         writer.writeheader()
         writer.writerows(rows)
 
 
-def merge_cell_rows(cells_dir: Path, out: Path) -> int:
+def merge_cell_rows(cells_dir: Path, out: Path, trainer: bool = False) -> int:
     """The device scripts' one rows.csv: every ``<cell>/rows.csv`` under ``cells_dir``
     (one driver run each) in cell-name order; nothing written when there are none.
-    Returns the number of rows."""
+    With ``trainer`` (trainer_check.sh) every row gets the sidecar ``trainer_step``
+    column (a row without one is a harness row: HARNESS_STEP). Returns the number of
+    rows."""
     rows: list[dict[str, str]] = []
     for f in sorted(cells_dir.glob("*/rows.csv")):
         with f.open(newline="", encoding="utf-8") as fh:
-            rows.extend(csv.DictReader(fh))
+            cell_rows = list(csv.DictReader(fh))
+        if trainer:
+            for r in cell_rows:
+                r[TRAINER_COLUMN] = r.get(TRAINER_COLUMN) or HARNESS_STEP
+        rows.extend(cell_rows)
     if rows:
         write_rows(out, rows)
     return len(rows)

@@ -22,16 +22,21 @@ from typing import Any
 from .measure import free_port, run_rank
 from .paths import PACKAGE_DIR
 from .provenance import provenance
-from .rows import aggregate, build_row, write_rows
+from .rows import TRAINER_COLUMN, aggregate, build_row, trainer_step, write_rows
 from .spec import CellSpec, cell_estimate, cell_geometry, cell_plan
 from .torchlib import load_torch
 
 
 def finish(spec: CellSpec, ranks: Sequence[dict[str, Any]], out: Path | None) -> dict[str, Any]:
-    """Aggregate, price with cpmem, build the row, write rows.csv + summary.json."""
+    """Aggregate, price with cpmem, build the row, write rows.csv + summary.json.
+
+    The row records the reference estimate (as every golden row does); the summary also
+    carries the tight policy's forward and forward+backward estimate of the same step
+    (``estimate_tight``) and the trainer settings (``trainer``)."""
     geometry = cell_geometry(spec)
     plan = cell_plan(spec, geometry)
     est = cell_estimate(spec, geometry, plan)
+    tight = cell_estimate(spec, geometry, plan, policy="tight")
     agg = aggregate(ranks)
     prov = provenance(spec)
     device_name = ranks[0]["device_name"]
@@ -55,6 +60,22 @@ def finish(spec: CellSpec, ranks: Sequence[dict[str, Any]], out: Path | None) ->
             "packed_tokens": plan.packed_tokens,
         },
         "estimate": est.to_dict(),
+        "estimate_tight": tight.to_dict(),
+        "trainer": {
+            "harness": spec.is_harness,
+            "head": spec.head,
+            "head_ce": spec.head_ce or None,
+            "lora_rank": spec.lora_rank,
+            "lora_dropout": spec.lora_dropout,
+            "adapter_layout": (
+                "one adapter per megatron projection (fused QKV, fused gate/up)"
+                if spec.engine == "megatron"
+                else "one rank-1 adapter per projection (the harness)"
+                if spec.harness_adapters
+                else "one adapter per group of projections sharing an input (megatron's fused layout)"
+            ),
+            TRAINER_COLUMN: trainer_step(spec),
+        },
         "aggregate": agg,
         "forward_peak_over_estimate": (peak / est.estimate_bytes) if peak is not None else None,
         "ranks": list(ranks),

@@ -21,12 +21,20 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan
 from cpmem.plan.planners import plan_request
 from cpmem.plan.request import Request
+from cpmem.step.trainer import Head
 
 ENGINES = ("auto", "megatron", "torch")
 DEVICES = ("auto", "cuda", "cpu")
 MODES = ("selective", "none", "full")
 # Selective-recompute module sets the golden schema accepts.
 MODULE_SETS = ("core_attn", "core_attn+mlp")
+# What the forward ends with (cpmem.step.trainer.Head): the harness's hidden states, a
+# frozen output layer and cross entropy, or chunked log-probs. cpmem also prices
+# ``fused`` and ``linear-ce``; the driver does not run them.
+HEADS = ("hidden", "logits", "chunked:N")
+# The logits head's cross entropy: megatron's vocab_parallel_cross_entropy or torch's
+# over an fp32 upcast; ``auto`` = megatron where megatron-core is importable.
+HEAD_CES = ("auto", "megatron", "torch")
 
 
 @dataclass(frozen=True)
@@ -49,10 +57,31 @@ class CellSpec:
     source_commit: str | None = None
     # Absolute path of a CUDA memory-history snapshot to record (measure.py), or None.
     memory_history: str | None = None
+    # The trainer's step beyond the harness (head.py, engine_*.py); the defaults are the
+    # harness exactly. ``head_ce`` is resolved ("megatron" / "torch") for the logits
+    # head and "" otherwise.
+    head: str = "hidden"
+    head_ce: str = ""
+    lora_rank: int = 1
+    lora_dropout: float = 0.0
 
     @property
     def world(self) -> int:
         return self.tp * self.cp
+
+    @property
+    def is_harness(self) -> bool:
+        """The calibration harness's step: hidden states out, rank-1 LoRA, no dropout."""
+        return self.head == "hidden" and self.lora_rank == 1 and self.lora_dropout == 0
+
+    @property
+    def harness_adapters(self) -> bool:
+        """Rank-1 adapters without dropout (the torch engine's per-projection layout)."""
+        return self.lora_rank == 1 and self.lora_dropout == 0
+
+    @property
+    def head_chunk(self) -> int | None:
+        return Head.parse(self.head).chunk
 
 
 def parse_lengths(text: str) -> tuple[int, ...]:
@@ -110,6 +139,12 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
     history = getattr(args, "memory_history", None)
     if history is not None:
         history = history_path(history, getattr(args, "out", None))
+    head = parse_head(getattr(args, "head", "hidden"))
+    head_ce = getattr(args, "head_ce", "auto")
+    if head_ce not in HEAD_CES:
+        raise InputError("head_ce", head_ce, f"must be one of {list(HEAD_CES)}")
+    lora_rank = int_field("lora_rank", getattr(args, "lora_rank", "1"), 1)
+    lora_dropout = dropout_field(getattr(args, "lora_dropout", "0"))
     spec = CellSpec(
         model=args.model,
         config=args.config,
@@ -126,8 +161,31 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
         seed=seed,
         source_commit=commit,
         memory_history=history,
+        head=head,
+        head_ce=head_ce,
+        lora_rank=lora_rank,
+        lora_dropout=lora_dropout,
     )
     return validate_spec(spec)
+
+
+def parse_head(text: str) -> str:
+    """``hidden``, ``logits`` or ``chunked:N`` (cpmem's spelling); InputError names ``head``."""
+    head = Head.parse(str(text).strip())  # raises InputError("head", ...) on a bad form
+    if head.kind not in ("hidden", "logits", "chunked"):
+        raise InputError("head", text, f"the driver measures {list(HEADS)} (cpmem prices more)")
+    return head.label
+
+
+def dropout_field(text: str) -> float:
+    """A probability in [0, 1); InputError names ``lora_dropout``."""
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise InputError("lora_dropout", text, "must be a number in [0, 1)") from None
+    if not 0 <= value < 1:  # also refuses nan
+        raise InputError("lora_dropout", text, "must be in [0, 1)")
+    return value
 
 
 def history_path(text: str, out: str | None) -> str:
@@ -165,7 +223,28 @@ def validate_spec(spec: CellSpec) -> CellSpec:
             raise InputError("engine", "megatron", f"{geometry.name} has GDN layers; use torch")
     if engine == "torch" and spec.tp != 1:
         raise InputError("tp", spec.tp, "the torch engine runs TP = 1 only (use megatron)")
-    return replace(spec, engine=engine)
+    if spec.head != "hidden" and spec.tp != 1:
+        raise InputError("head", spec.head, "the driver runs a head at TP = 1 only")
+    if spec.head != "hidden" and geometry.vocab < 1:
+        raise InputError("head", spec.head, f"{geometry.name} has no vocabulary size")
+    return replace(spec, engine=engine, head_ce=resolve_head_ce(spec))
+
+
+def resolve_head_ce(spec: CellSpec) -> str:
+    """The logits head's cross entropy ("" for every other head): ``auto`` is megatron's
+    where megatron-core is importable, else torch's; asking for megatron without it is
+    an InputError."""
+    from .head import have_megatron_cross_entropy
+
+    if spec.head != "logits":
+        if spec.head_ce not in ("", "auto"):
+            raise InputError("head_ce", spec.head_ce, "only the logits head takes a cross entropy")
+        return ""
+    if spec.head_ce in ("", "auto"):
+        return "megatron" if have_megatron_cross_entropy() else "torch"
+    if spec.head_ce == "megatron" and not have_megatron_cross_entropy():
+        raise InputError("head_ce", "megatron", "megatron-core is not importable")
+    return spec.head_ce
 
 
 def cell_geometry(spec: CellSpec) -> ModelGeometry:
@@ -192,8 +271,11 @@ def cell_plan(spec: CellSpec, geometry: ModelGeometry) -> Plan:
     return plan_request(request, layout, None, geometry)
 
 
-def cell_estimate(spec: CellSpec, geometry: ModelGeometry, plan: Plan) -> Any:
-    """cpmem's reference estimate for exactly the plan the driver measures."""
+def cell_estimate(
+    spec: CellSpec, geometry: ModelGeometry, plan: Plan, policy: str = "reference"
+) -> Any:
+    """cpmem's estimate (``policy``: reference or tight) for exactly the plan and the
+    step the driver measures: its head and adapters too (the defaults are the harness)."""
     layout = plan.layout
     return cpmem_estimate(
         geometry,
@@ -204,6 +286,10 @@ def cell_estimate(spec: CellSpec, geometry: ModelGeometry, plan: Plan) -> Any:
         ep=layout.ep,
         recompute=spec.recompute,
         modules=spec.modules or None,
+        policy=policy,
+        head=spec.head,
+        lora_rank=spec.lora_rank,
+        lora_dropout=spec.lora_dropout,
     )
 
 
