@@ -38,7 +38,9 @@ PINS = (
     "mypy>=1.10",
     "pandas-stubs",
 )
-EXTRAS = "test,report"
+# grid: Ray, for the simulated grid's Ray engine, tested in the `oracle` session
+# (tests/oracle/test_sim_grid_ray.py; about 10 s to install, docs/simulated-grid.md "Engines")
+EXTRAS = "test,report,grid"
 
 
 def _inputs_digest() -> str:
@@ -122,6 +124,8 @@ def golden(session: nox.Session) -> None:
         "--check",
         "golden/reports/tight_policy.md",
     )
+    # the peers' report (published formulas gated as external estimators, both tiers)
+    _run(session, "python", "-m", "cpmem.gate.peers", "--check", "golden/reports/peers.md")
 
 
 @nox.session(venv_backend="none")
@@ -160,9 +164,10 @@ def simulate(session: nox.Session) -> None:
 
 @nox.session(name="simulate-grid", venv_backend="none")
 def simulate_grid(session: nox.Session) -> None:
-    """The simulated grid: generate golden/simulated/ with the rank simulator
-    over local processes (resumable: finished ranks are kept; `-- --workers N` to change
-    the 2 processes), then the gate's full simulated tier for every policy, each printed;
+    """The simulated grid: generate golden/simulated/ with the rank simulator on a local
+    Ray instance (resumable: finished ranks are kept; `-- --workers N` to change the 2
+    CPUs, `-- --engine local` for local processes, `-- --address ADDR` for a Ray cluster),
+    then the gate's full simulated tier for every policy, each printed;
     fails when the data is missing or corrupted or a policy misses a declared target
     (docs/simulated-grid.md). Not in the default run, which checks a fixed subset of
     committed rows (tests/golden/test_simulated.py)."""

@@ -19,6 +19,11 @@ class SimInputError(ValueError):
     def __init__(self, field: str, value: object, why: str) -> None:
         super().__init__(f"{field}={value!r}: {why}")
         self.field = field
+        self._args = (field, value, why)
+
+    def __reduce__(self) -> tuple[type[SimInputError], tuple[str, object, str]]:
+        # a worker process's error reaches the driver whole (pickled with its arguments)
+        return (SimInputError, self._args)
 
 
 @dataclass(frozen=True)

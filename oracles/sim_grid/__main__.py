@@ -5,12 +5,14 @@ cpmem's default planner (``cpmem.api``: the plan a user of cpmem would get) for 
 configuration's per-CP-rank token counts, and hands them to the workers as plain
 numbers (``worker.py`` imports no cpmem). The skewed request is laid out explicitly
 instead (``grid.RequestSpec``). Each distinct rank of a configuration is simulated
-(ranks with equal counts and GDN pieces once, ``worker.rank_signature``), over local
-processes, with a progress line. Finished ranks are appended to ``ranks.jsonl`` as they
-complete, so an interrupted run resumes where it stopped; ``rows.csv``, the provenance
-record and ``MANIFEST.sha256`` are rewritten from it.
+(ranks with equal counts and GDN pieces once, ``worker.rank_signature``), on an engine
+(``engines.py``: local processes, or Ray tasks on a local instance or a cluster), with a
+progress line. Finished ranks are appended to ``ranks.jsonl`` as they complete, so an
+interrupted run resumes where it stopped, on either engine; ``rows.csv``, the provenance
+record and ``MANIFEST.sha256`` are rewritten from it (each file replaced whole).
 
-    python -m oracles.sim_grid [--workers 2] [--limit N] [--only REGEX] [--assemble]
+    python -m oracles.sim_grid [--workers 2] [--engine local|ray] [--address ADDR]
+                               [--limit N] [--only REGEX] [--assemble]
 """
 
 from __future__ import annotations
@@ -25,15 +27,15 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from oracles.rank_sim import SIM_VERSION
+from oracles.sim_grid.engines import ENGINES, default_engine, open_engine
 from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, grid, moe_grid
-from oracles.sim_grid.worker import rank_signature, simulate_job
+from oracles.sim_grid.worker import rank_signature
 
 RANKS = "ranks.jsonl"
 ROWS = "rows.csv"
@@ -131,6 +133,13 @@ def _load_done(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return done
 
 
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` whole: an interrupted write leaves the previous file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -209,7 +218,7 @@ def assemble(out: Path, jobs: list[dict[str, Any]], runs: list[dict[str, Any]]) 
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
-    (out / ROWS).write_text(buf.getvalue())
+    _write(out / ROWS, buf.getvalue())
     prov_path = out / PROVENANCE
     prov: dict[str, Any] = json.loads(prov_path.read_text()) if prov_path.exists() else {}
     seconds = [r["seconds"] for r in done.values()]
@@ -237,7 +246,7 @@ def assemble(out: Path, jobs: list[dict[str, Any]], runs: list[dict[str, Any]]) 
         }
     )
     prov["runs"] = prov.get("runs", []) + runs
-    prov_path.write_text(json.dumps(prov, indent=2) + "\n")
+    _write(prov_path, json.dumps(prov, indent=2) + "\n")
     write_manifest(out)
     return len(rows)
 
@@ -249,7 +258,7 @@ def manifest_files(out: Path) -> list[Path]:
 
 def write_manifest(out: Path) -> None:
     lines = [f"{_sha256(f)}  {f.relative_to(out).as_posix()}" for f in manifest_files(out)]
-    (out / MANIFEST).write_text("\n".join(lines) + "\n")
+    _write(out / MANIFEST, "\n".join(lines) + "\n")
 
 
 def _progress(done: int, total: int, started: float, extra: str) -> None:
@@ -266,8 +275,29 @@ def _progress(done: int, total: int, started: float, extra: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m oracles.sim_grid", description=__doc__)
-    ap.add_argument("--workers", type=int, default=2, help="local processes (default 2)")
+    ap = argparse.ArgumentParser(
+        prog="python -m oracles.sim_grid",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="local processes, or the CPUs of the local Ray instance (default 2)",
+    )
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="where the ranks run (default: ray when Ray is installed, else local)",
+    )
+    ap.add_argument(
+        "--address",
+        default=None,
+        help="join this Ray cluster (ray.init(address=...): auto, HOST:6379, "
+        "ray://HOST:10001) instead of starting a local instance",
+    )
     ap.add_argument("--limit", type=int, default=None, help="first N configurations only")
     ap.add_argument("--only", default=None, help="configurations whose id matches this regex")
     ap.add_argument("--out", type=Path, default=SIM_DIR, help="default golden/simulated")
@@ -281,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         "stopped before it could write its own)",
     )
     args = ap.parse_args(argv)
+    if args.address and args.engine == "local":
+        ap.error("--address joins a Ray cluster: use it with --engine ray (or no --engine)")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     everything = grid() + moe_grid()
@@ -291,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = configs[: args.limit]
     jobs = [plan_job(c) for c in configs]
     all_jobs = jobs if not (args.only or args.limit) else [plan_job(c) for c in everything]
-    run = {
+    run: dict[str, Any] = {
         "command": " ".join(["python -m oracles.sim_grid", *(argv or sys.argv[1:])]),
         "git_sha": _git_sha(),
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -321,47 +353,50 @@ def main(argv: list[str] | None = None) -> int:
     if ranks_path.exists() and not ranks_path.read_bytes().endswith(b"\n"):
         with ranks_path.open("a") as fh:  # close a line an interrupted run cut short
             fh.write("\n")
+    run["engine"] = args.engine or default_engine(args.address)
     started = time.monotonic()
+    try:  # an engine that does not start writes nothing
+        engine = open_engine(run["engine"], args.workers, args.address)
+    except KeyboardInterrupt:
+        print("\ninterrupted while the engine started; nothing written", file=sys.stderr)
+        return 130
     finished = 0
-    sim_seconds = 0.0
     interrupted = False
     try:
-        with ProcessPoolExecutor(max_workers=args.workers) as pool, (out / RANKS).open("a") as fh:
-            queue = iter(pending)
-            running: set[Future[dict[str, Any]]] = set()
-            for job in queue:  # keep the pool a little ahead, not the whole grid queued
-                running.add(pool.submit(simulate_job, job))
-                if len(running) >= 2 * args.workers:
-                    break
-            while running:
-                ready, running = wait(running, return_when=FIRST_COMPLETED)
-                for fut in ready:
-                    res = fut.result()
-                    fh.write(json.dumps(res) + "\n")
-                    fh.flush()
-                    finished += 1
-                    sim_seconds += res["seconds"]
-                    nxt = next(queue, None)
-                    if nxt is not None:
-                        running.add(pool.submit(simulate_job, nxt))
+        with engine, ranks_path.open("a") as fh:
+            run.update(engine.record())
+            run["engine_start_seconds"] = round(time.monotonic() - started, 1)
+            print(f"engine: {json.dumps(engine.record())}", file=sys.stderr)
+            for res in engine.results(pending):
+                fh.write(json.dumps(res) + "\n")  # one whole line per finished rank
+                fh.flush()
+                finished += 1
                 _progress(finished, total, started, f"last {res['config_id']}")
                 if finished % args.every == 0:
                     assemble(out, all_jobs, [])
     except KeyboardInterrupt:  # finished ranks are kept; the run resumes from them
         interrupted = True
-    wall = time.monotonic() - started
-    run.update(
-        {
-            "ranks_simulated": finished,
-            "wall_seconds": round(wall, 1),
-            "ranks_per_minute": round(60 * finished / wall, 2) if wall > 0 else None,
-            "interrupted": interrupted,
-        }
-    )
+    except Exception as e:  # record the failed run and what it finished, then fail
+        run.update(_run_end(finished, started, interrupted))
+        run["failed"] = f"{type(e).__name__}: {e}"[:500]
+        assemble(out, all_jobs, [run])
+        sys.stderr.write("\n")
+        raise
+    run.update(_run_end(finished, started, interrupted))
     n = assemble(out, all_jobs, [run])
     sys.stderr.write("\n")
-    print(f"{finished} ranks in {wall:.0f} s; {n} rows in {out / ROWS}")
-    return 0
+    print(f"{finished} ranks in {run['wall_seconds']:.0f} s; {n} rows in {out / ROWS}")
+    return 130 if interrupted else 0
+
+
+def _run_end(finished: int, started: float, interrupted: bool) -> dict[str, Any]:
+    wall = time.monotonic() - started
+    return {
+        "ranks_simulated": finished,
+        "wall_seconds": round(wall, 1),
+        "ranks_per_minute": round(60 * finished / wall, 2) if wall > 0 else None,
+        "interrupted": interrupted,
+    }
 
 
 if __name__ == "__main__":
