@@ -11,10 +11,8 @@ to its own widths (which are the harness's).
   layer on Qwen3.5-27B, the adapted inputs' width, 8.2 GiB on the seed pair's busiest
   rank).
 - Targets: a projection without an adapter keeps neither the extra rank nor the dropout
-  (a frozen megatron linear saves only its weight, ``LinearWithFrozenWeight``). What the
-  harness's widths hold for its rank-1 adapter (its ``A·x`` and the SP-gathered norm
-  output ``A`` reads) stays priced: an over-estimate where targets are narrowed, never
-  an under-estimate.
+  (a frozen megatron linear saves only its weight, ``LinearWithFrozenWeight``), and gives
+  back what the harness's rank-1 adapter pinned there (``pinned_width``).
 
 Sources: PEFT's LoRA layer (dropout on the input of ``A``); megatron-core 0.16
 ``tensor_parallel/layers.py``; docs/pricing.md ("Adapters"). The rank simulator runs
@@ -49,22 +47,61 @@ def _input_widths(geometry: ModelGeometry, tp: int) -> dict[str, tuple[str, floa
     }
 
 
-def extra_width(geometry: ModelGeometry, adapter: Adapter, tp: int, part: str) -> int:
+def pinned_width(geometry: ModelGeometry, target: str, tp: int, sp: bool, core_kept: bool) -> int:
+    """Elements per token the harness's rank-1 adapter on ``target`` pins that nothing else
+    keeps (a frozen megatron linear saves only its weight), given back where ``target``
+    has no adapter: its ``A·x`` and ``A``'s saved input, where no other saved set keeps
+    it. The input side (qkv, fc1, gdn_in): the norm output and, under SP, its gathered
+    copy; the output side: attention's kernel output (where a ``core_attn`` checkpoint
+    drops it; without one the kernel keeps it), GDN's gated-norm output, the SwiGLU's
+    output. Rank simulator, Qwen3.5-4B, 8,192 tokens, selective core_attn, per layer: an
+    MLP without adapters keeps H + F + 2 fewer at TP1 and H/2 + H + F/2 + 2 at TP2 (SP); an
+    attention layer H + Q + 2 and H/2 + H + Q/2 + 2; a GDN layer about 1.5k/t more than
+    the H + V/t + 2 priced here (left priced). Routed experts: only their A·x."""
+    s = tp if sp and tp > 1 else 1
+    gathered = geometry.hidden // s + (geometry.hidden if s > 1 else 0)
+    widths = {
+        "qkv": gathered,
+        "fc1": gathered,
+        "gdn_in": gathered,
+        "proj": 0 if core_kept else geometry.q_width // tp,
+        "gdn_out": geometry.gdn_value_width // tp,
+        "fc2": geometry.ffn // tp,
+        "experts": 0,
+    }
+    return widths[target] + (2 if target == "experts" else 1)
+
+
+def extra_width(
+    geometry: ModelGeometry,
+    adapter: Adapter,
+    tp: int,
+    part: str,
+    core_kept: bool = False,
+    sp: bool = False,
+) -> int:
     """Elements per token (per routed row for ``expert``) one layer part keeps beyond the
     harness's adapters: ``(r - 1)`` values per adapted projection (two per expert row:
-    its fc1's and fc2's), plus dropout's mask of each adapted projection's input."""
+    its fc1's and fc2's), plus dropout's mask of each adapted projection's input; where
+    the attention core's output is kept for backward anyway (``core_kept``: no
+    ``core_attn`` checkpoint drops it), the output projection's dropped copy beside it
+    (the rank simulator, Qwen3-32B-style TP2 CP2 without recompute: 17,327 B per token
+    and attention layer = the masks of H + Q/t and a bf16 copy of Q/t); less what the
+    harness's adapter pinned on each projection left without one (``pinned_width``)."""
     if adapter.is_harness:
         return 0
     total = 0.0
     for target, (where, width) in _input_widths(geometry, tp).items():
         if where != part:
             continue
-        linears = 2 if target == "experts" else 1
         if not adapter.adapts(target):
+            total -= pinned_width(geometry, target, tp, sp, core_kept)
             continue
-        total += linears * (adapter.rank - 1)
+        total += (2 if target == "experts" else 1) * (adapter.rank - 1)
         if adapter.dropout:
             total += MASK_ELEMENTS * width
+            if target == "proj" and core_kept:
+                total += width
     return int(total)
 
 
@@ -75,6 +112,8 @@ def with_adapters(
     tp: int,
     ep: int,
     routing: MoeRouting,
+    core_kept: bool,
+    sp: bool,
 ) -> LayerWidths:
     """Reference widths (the harness's) with what ``adapter`` keeps beyond them added to
     the layer kind each adapted projection sits in (a routed expert's per row)."""
@@ -83,8 +122,8 @@ def with_adapters(
     rows = moe_rows_per_token(geometry, ep, routing) if geometry.is_moe else 0
     return replace(
         widths,
-        attention=widths.attention + extra_width(geometry, adapter, tp, "attention"),
-        gdn=widths.gdn + (extra_width(geometry, adapter, tp, "gdn") if widths.gdn else 0),
-        mlp=widths.mlp + (extra_width(geometry, adapter, tp, "mlp") if widths.mlp else 0),
-        moe=widths.moe + rows * extra_width(geometry, adapter, tp, "expert"),
+        attention=widths.attention + extra_width(geometry, adapter, tp, "attention", core_kept, sp),
+        gdn=widths.gdn + (extra_width(geometry, adapter, tp, "gdn", sp=sp) if widths.gdn else 0),
+        mlp=widths.mlp + (extra_width(geometry, adapter, tp, "mlp", sp=sp) if widths.mlp else 0),
+        moe=widths.moe + rows * extra_width(geometry, adapter, tp, "expert", sp=sp),
     )

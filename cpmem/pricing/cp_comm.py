@@ -20,10 +20,21 @@ from __future__ import annotations
 from cpmem.step.step import Step
 
 
-def remote_kv_ranks(step: Step) -> int:
-    """Other CP ranks whose K/V an attention layer keeps until backward."""
+def gathered_ranks(step: Step) -> int:
+    """Other CP ranks whose K/V an attention layer gathers whole while it runs."""
     cp = step.plan.layout.cp
     return cp - 1 if step.cp_comm == "all_gather" else 0
+
+
+def kept_remote_ranks(step: Step) -> int:
+    """Other CP ranks' K/V chunks an attention kernel keeps until backward, each the
+    largest rank's size: every one under ``all_gather``, the last received under ``p2p``
+    (Transformer Engine saves that one chunk; the rank simulator's small ranks of the
+    ``p2p`` rows peak on it), none under ``a2a``."""
+    cp = step.plan.layout.cp
+    if cp == 1:
+        return 0
+    return {"all_gather": cp - 1, "p2p": 1}.get(step.cp_comm, 0)
 
 
 def kv_local_width(step: Step) -> int:

@@ -16,10 +16,10 @@ from cpmem.step.step import Step
 
 
 def keeps_gathered_kv(inputs: Step) -> bool:
-    """Whether the step keeps the gathered K/V of the other CP ranks until backward (only
-    an ``all_gather`` CP communication gathers them, ``cpmem.pricing.cp_comm``)."""
+    """Whether the step keeps other CP ranks' K/V until backward (how many:
+    ``cpmem.pricing.cp_comm.kept_remote_ranks``)."""
     layout, rc = inputs.plan.layout, inputs.recompute
-    if layout.cp == 1 or not rc.keeps_saved_sets or inputs.cp_comm != "all_gather":
+    if layout.cp == 1 or not rc.keeps_saved_sets:
         return False
     return not rc.checkpoints(Module.CORE_ATTN)
 

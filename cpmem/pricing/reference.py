@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.adapters import with_adapters
 from cpmem.pricing.cold import COLD_SETUP
 from cpmem.pricing.components import Component
+from cpmem.pricing.cp_comm import kept_remote_ranks
 from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.gathered import gathered_kv_bytes
-from cpmem.pricing.adapters import with_adapters
 from cpmem.pricing.head import head_bytes
 from cpmem.pricing.registry import register_policy
 from cpmem.pricing.widths import LayerWidths, layer_widths
@@ -114,7 +115,10 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     layout = plan.layout
     b = step.dtype_bytes
     widths = layer_widths(geometry, layout.tp, layout.sp, layout.ep, "concentrated")
-    widths = with_adapters(widths, geometry, step.adapter, layout.tp, layout.ep, "concentrated")
+    core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
+    widths = with_adapters(
+        widths, geometry, step.adapter, layout.tp, layout.ep, "concentrated", core_kept, layout.sp
+    )
     features = feature_width(geometry, widths, rc)
     segments = plan.grad_segments if rc.keeps_gradients else 0
     seg_bytes = structure.segment_states(step)
@@ -124,7 +128,8 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     gathered = outputs if layout.cp > 1 else 0
     priced, rank_priced = structure.tokens(step)
     # gathered K/V are padded to the largest rank's count: the same on every rank
-    gathered_kv = gathered_kv_bytes(step, priced, layout.cp - CALIBRATED_CP)
+    beyond = kept_remote_ranks(step) - (CALIBRATED_CP - 1)  # the widths hold one remote rank
+    gathered_kv = gathered_kv_bytes(step, priced, beyond)
 
     def components_for(tokens: int) -> dict[str, int]:
         retained = tokens * b * features

@@ -50,6 +50,10 @@ class SimulatedDataError(CpmemError, ValueError):
     """golden/simulated/ is missing, or its rows do not match its manifest."""
 
 
+HARNESS_STEP = ("hidden", 1, 0.0, "all", "all_gather")
+"""(head, lora rank, dropout, targets, CP comm) of the measured harness."""
+
+
 @dataclass(frozen=True)
 class SimRow:
     """One grid configuration: the plan the simulator was given and its per-rank peaks
@@ -79,6 +83,18 @@ class SimRow:
     busiest_rank: int
     forward_peak: int
     forward_backward_peak: int
+    head: str = "hidden"
+    lora_rank: int = 1
+    lora_dropout: float = 0.0
+    lora_targets: str = "all"
+    cp_comm: str = "all_gather"
+
+    @property
+    def is_trainer(self) -> bool:
+        """Whether the row's step is a trainer's (a head, other adapters or CP comm), not
+        the measured harness's."""
+        step = (self.head, self.lora_rank, self.lora_dropout, self.lora_targets, self.cp_comm)
+        return step != HARNESS_STEP
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -150,6 +166,11 @@ def load_rows(sim_dir: Path, ids: Iterable[str] | None = None) -> list[SimRow]:
                     busiest_rank=int(r["busiest_rank"]),
                     forward_peak=int(r["forward_peak_bytes"]),
                     forward_backward_peak=int(r["forward_backward_peak_bytes"]),
+                    head=r.get("head") or "hidden",
+                    lora_rank=int(r.get("lora_rank") or 1),
+                    lora_dropout=float(r.get("lora_dropout") or 0.0),
+                    lora_targets=r.get("lora_targets") or "all",
+                    cp_comm=r.get("cp_comm") or "all_gather",
                 )
             )
     if wanted is not None:
@@ -161,8 +182,8 @@ def load_rows(sim_dir: Path, ids: Iterable[str] | None = None) -> list[SimRow]:
 
 def row_step(row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None = None) -> Step:
     """The plan the simulator was given (its per-rank attention and GDN counts) as an
-    explicit plan, with the row's recompute path; a cold step (the allowance assumes the
-    set-up is paid)."""
+    explicit plan, with the row's recompute path and trainer's step (head, adapters, CP
+    comm); a cold step (the allowance assumes the set-up is paid)."""
     cache = cache if cache is not None else {}
     geometry = cache.get(row.model_source + row.model)
     if geometry is None:
@@ -187,6 +208,11 @@ def row_step(row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None 
         modules=row.modules or None,
         moe_routing=cast(MoeRouting, row.routing or "concentrated"),
         cold=True,
+        head=row.head,
+        lora_rank=row.lora_rank,
+        lora_dropout=row.lora_dropout,
+        lora_targets=row.lora_targets,
+        cp_comm=row.cp_comm,
     )
 
 

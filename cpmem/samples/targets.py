@@ -231,6 +231,16 @@ def _cp_non_moe(step: Step) -> bool:
     return _cp(step) and _non_moe(step)
 
 
+def _trainer(step: Step) -> bool:
+    """A trainer's step (a head, other adapters, another CP comm), not the harness's."""
+    harness = step.head.returns_hidden and step.adapter.is_harness
+    return _non_moe(step) and not (harness and step.cp_comm == "all_gather")
+
+
+def _trainer_long(step: Step) -> bool:
+    return _trainer(step) and step.plan.logical_tokens >= 2048
+
+
 SIMULATED_TARGETS: dict[str, tuple[Target, ...]] = {
     "tight": (
         Target("every dense/hybrid row, forward", _non_moe, "coverage", "forward"),
@@ -240,16 +250,23 @@ SIMULATED_TARGETS: dict[str, tuple[Target, ...]] = {
         Target("dense/hybrid >= 2,048 tokens, forward", _non_moe_long, "headroom", "forward", 0.08),
         Target("CP > 1 rows, busiest rank", _cp, "busiest"),
         Target("CP > 1 dense/hybrid rows, every rank", _cp_non_moe, "ranks"),
+        Target("trainer-step rows, forward", _trainer),
+        Target("trainer-step rows, forward+backward", _trainer, figure="forward_backward"),
+        Target("trainer-step rows >= 2,048 tokens, forward", _trainer_long, "headroom", bound=0.08),
     ),
     "reference": (
         Target("dense/hybrid rows the runtime discounts CP on", cp_discounted, "coverage"),
         Target("CP-discounted rows, busiest rank", cp_discounted, "busiest"),
+        Target("trainer-step rows, forward", _trainer),
     ),
 }
 """The simulated tier's targets per policy: ``tight`` covers every dense and
 hybrid row (forward and forward+backward) with at most 8% forward headroom on those of
 >= 2,048 tokens; ``reference`` covers every dense (non-MoE) row on which it discounts CP
-(CP > 1, selective or no recompute). A policy not listed declares none. MoE rows are
+(CP > 1, selective or no recompute). On the trainer-step rows (a head, other adapters,
+another CP comm: ``trainer_grid``) ``tight`` covers every row forward and
+forward+backward with at most 8% forward headroom on rows of >= 2,048 tokens, and
+``reference`` covers every row. A policy not listed declares none. MoE rows are
 priced and reported (coverage, headroom, busiest rank) but no target selects them: the
 simulator's MoE layer is validated only to 9.4% (``SIM_WORST_UNDER["moe"]``; 4 of the
 12 measured MoE cells within its targets, oracles/rank_sim/README.md), so a verdict

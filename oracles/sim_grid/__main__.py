@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -34,8 +35,8 @@ from typing import Any
 
 from oracles.rank_sim import SIM_VERSION
 from oracles.sim_grid.engines import ENGINES, default_engine, open_engine
-from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, grid, moe_grid
-from oracles.sim_grid.worker import rank_signature
+from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, grid, moe_grid, trainer_grid
+from oracles.sim_grid.worker import STEP_DEFAULTS, rank_signature
 
 RANKS = "ranks.jsonl"
 ROWS = "rows.csv"
@@ -49,12 +50,14 @@ COLUMNS = (
     "attention_tokens", "gdn_tokens", "rank_forward_peak_bytes",
     "rank_forward_backward_peak_bytes", "busiest_rank", "forward_peak_bytes",
     "forward_backward_peak_bytes", "simulated_ranks", "sim_seconds", "simulator",
+    "head", "lora_rank", "lora_dropout", "lora_targets", "cp_comm",
 )  # fmt: skip
 """``rows.csv``: golden/cells.csv's layout columns (model .. grad_segments; ``routing``
 is the MoE routing the simulator was given, empty for other models), the plan the
 simulator was given (planner, per-CP-rank attention / GDN tokens, '+'-joined), and the
 simulator's per-rank peaks ('+'-joined, rank order) with the busiest rank's (by forward
-peak). Peaks are incremental bytes above the pre-forward baseline without the cold
+peak), and the trainer's step the rank ran (head, adapters, CP comm; the harness's for the
+dense and MoE grids). Peaks are incremental bytes above the pre-forward baseline without the cold
 set-up (oracles/rank_sim/README.md)."""
 
 
@@ -111,6 +114,7 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
         "gdn_tokens": gdn,
         "layers": geometry.layers,
         "gdn_layers": geometry.gdn_layers,
+        **(asdict(c.trainer) if c.trainer is not None else {}),
     }
 
 
@@ -202,6 +206,7 @@ def _row(job: dict[str, Any], done: dict[tuple[str, int], dict[str, Any]]) -> di
         "simulated_ranks": len(set(reps)),
         "sim_seconds": round(sum(done[(job["config_id"], r)]["seconds"] for r in set(reps)), 2),
         "simulator": SIM_VERSION,
+        **{key: job.get(key, default) for key, default in STEP_DEFAULTS.items()},
     }
 
 
@@ -315,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--address joins a Ray cluster: use it with --engine ray (or no --engine)")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    everything = grid() + moe_grid()
+    everything = grid() + moe_grid() + trainer_grid()
     configs = list(everything)
     if args.only:
         configs = [c for c in configs if re.search(args.only, c.config_id)]

@@ -84,6 +84,25 @@ SLOTS = 5
 
 
 @dataclass(frozen=True)
+class TrainerSpec:
+    """What a trainer's step holds beyond the calibration harness: the LM head and its
+    loss, the adapters' rank, dropout and targets, attention's CP communication."""
+
+    head: str = "hidden"
+    lora_rank: int = 1
+    lora_dropout: float = 0.0
+    lora_targets: str = "all"
+    cp_comm: str = "all_gather"
+
+    @property
+    def label(self) -> str:
+        return (
+            f"head={self.head}:r{self.lora_rank}:d{self.lora_dropout:g}:"
+            f"t={self.lora_targets}:comm={self.cp_comm}"
+        )
+
+
+@dataclass(frozen=True)
 class GridConfig:
     config_id: str
     model: str
@@ -95,6 +114,7 @@ class GridConfig:
     order: int  # generation order (slot-major)
     ep: int = 1  # expert parallel (MoE configurations only)
     routing: str = ""  # MoE routing: balanced | concentrated ("" for dense models)
+    trainer: TrainerSpec | None = None  # the trainer's step; None: the measured harness
 
     @property
     def model_source(self) -> str:
@@ -137,7 +157,7 @@ def grid() -> list[GridConfig]:
 
 
 def by_id() -> dict[str, GridConfig]:
-    return {c.config_id: c for c in grid() + moe_grid()}
+    return {c.config_id: c for c in grid() + moe_grid() + trainer_grid()}
 
 
 # MoE configurations, kept out of ``grid()``: the dense grid's axes and
@@ -178,4 +198,89 @@ def moe_grid() -> list[GridConfig]:
                         GridConfig(cid, model, tp, cp, req, mode, modules, start + len(out),
                                    ep, routing)
                     )  # fmt: skip
+    return out
+
+
+# The trainer's step, kept out of ``grid()``: the harness rows stay as they are. Every
+# (model, layout) pair of the dense grid gets TRAINER_SLOTS configurations whose factors
+# rotate with the model, layout and slot indices, as the dense grid's slots do, so that
+# each level of each factor meets every model and every layout family; the request and
+# recompute path rotate too (4k-128k requests, the trainers' usual selective core_attn
+# twice as often as each other path).
+TRAINER_HEADS: tuple[str, ...] = ("logits", "fused", "chunked:4096", "linear-ce", "hidden")
+TRAINER_RANKS: tuple[int, ...] = (1, 16, 128)
+TRAINER_DROPOUTS: tuple[float, ...] = (0.0, 0.1)
+TRAINER_TARGETS: tuple[str, ...] = ("all", "attention")
+TRAINER_COMMS: tuple[str, ...] = ("all_gather", "p2p", "a2a")
+TRAINER_REQUESTS: tuple[RequestSpec, ...] = (
+    RequestSpec("single-4k", (4 * K,)),
+    RequestSpec("single-8k", (8 * K,)),
+    RequestSpec("pair-16k", (16 * K, 16 * K)),
+    RequestSpec("single-32k", (32 * K,)),
+    RequestSpec("pair-32k-prefix-8k", (32 * K, 32 * K), 8 * K),
+    RequestSpec("pack4-uneven", (12 * K, 2 * K, 6 * K + 512, 1 * K + 300)),
+    RequestSpec("single-128k", (128 * K,)),
+)
+TRAINER_RECOMPUTE: tuple[tuple[str, str], ...] = (
+    ("selective", "core_attn"),
+    ("none", ""),
+    ("selective", "core_attn"),
+    ("selective", "core_attn+mlp"),
+    ("full", ""),
+)
+TRAINER_SLOTS = 4
+A2A_HEADS: dict[str, tuple[int, int]] = {
+    "qwen3.5-27b": (24, 4),
+    "qwen3.5-4b": (16, 4),
+    "qwen3-1.7b": (16, 8),
+    "qwen3.5-9b": (16, 4),
+    "llama-3.1-8b-style": (32, 8),
+    "qwen3-32b-style": (64, 8),
+    "qwen3-next-style-dense": (16, 2),
+}
+"""(query heads, KV heads) of each grid model (its config), for Ulysses' divisibility:
+the heads per TP rank must divide by CP, else the configuration's ring runs ``p2p``."""
+
+
+def _a2a_runs(model: str, tp: int, cp: int) -> bool:
+    q, kv = A2A_HEADS[model]
+    kv_rank = kv // tp if kv >= tp else 1
+    return (q // tp) % cp == 0 and kv_rank % cp == 0
+
+
+def trainer_spec(mi: int, li: int, slot: int, model: str, tp: int, cp: int) -> TrainerSpec:
+    """The slot's trainer step for model ``mi`` at layout ``li``; never the harness."""
+    head = TRAINER_HEADS[(mi + 2 * li + slot) % len(TRAINER_HEADS)]
+    rank = TRAINER_RANKS[(mi + li + 2 * slot) % len(TRAINER_RANKS)]
+    dropout = TRAINER_DROPOUTS[(li + slot) % len(TRAINER_DROPOUTS)]
+    targets = TRAINER_TARGETS[(mi + slot + li // 2) % len(TRAINER_TARGETS)]
+    comm = "all_gather"
+    if cp > 1:
+        comm = TRAINER_COMMS[(mi + li + slot) % len(TRAINER_COMMS)]
+        if comm == "a2a" and not _a2a_runs(model, tp, cp):
+            comm = "p2p"
+    spec = TrainerSpec(head, rank, dropout, targets, comm)
+    if spec == TrainerSpec():  # the harness is the dense grid's
+        spec = TrainerSpec(head, 16, dropout, targets, comm)
+    return spec
+
+
+def trainer_grid() -> list[GridConfig]:
+    """The trainer-step configurations, ids ``<dense id>:<trainer label>``; their
+    generation order continues after ``moe_grid()``."""
+    start = len(grid()) + len(moe_grid())
+    out: list[GridConfig] = []
+    models = list(MODELS)
+    for slot in range(TRAINER_SLOTS):
+        for li, (tp, cp) in enumerate(LAYOUTS):
+            for mi, model in enumerate(models):
+                req = TRAINER_REQUESTS[(2 * mi + li + 3 * slot) % len(TRAINER_REQUESTS)]
+                mode, modules = TRAINER_RECOMPUTE[(mi + 3 * li + slot) % len(TRAINER_RECOMPUTE)]
+                spec = trainer_spec(mi, li, slot, model, tp, cp)
+                rc = mode + (f":{modules}" if modules else "")
+                cid = f"{model}:tp{tp}:cp{cp}:{req.name}:{rc}:{spec.label}"
+                out.append(
+                    GridConfig(cid, model, tp, cp, req, mode, modules, start + len(out),
+                               trainer=spec)
+                )  # fmt: skip
     return out

@@ -110,3 +110,71 @@ def test_committed_rows_hold_the_grids_plans() -> None:
         )
         assert len(row.rank_forward) == row.cp == len(row.rank_forward_backward)
         assert row.forward_peak == max(row.rank_forward)
+
+
+# ---------------------------------------------------------------- the trainer's step rows
+
+
+def test_trainer_grid_is_a_designed_subset_meeting_every_model_and_layout() -> None:
+    """At least 300 rows; every level of every trainer factor meets every model and every
+    layout (the rotation's promise, docs: golden/simulated/README.md); no row is the
+    harness; 4k-128k requests."""
+    from oracles.sim_grid.grid import (
+        TRAINER_DROPOUTS,
+        TRAINER_HEADS,
+        TRAINER_RANKS,
+        TRAINER_TARGETS,
+        TrainerSpec,
+        trainer_grid,
+    )
+
+    t = trainer_grid()
+    assert len(t) >= 300 and len({c.config_id for c in t}) == len(t)
+    assert not {c.config_id for c in t} & {c.config_id for c in grid()}
+    assert all(c.trainer is not None and c.trainer != TrainerSpec() for c in t)
+    specs = [(c, c.trainer) for c in t if c.trainer is not None]
+    for factor, levels in (
+        ("head", TRAINER_HEADS),
+        ("lora_rank", TRAINER_RANKS),
+        ("lora_dropout", TRAINER_DROPOUTS),
+        ("lora_targets", TRAINER_TARGETS),
+    ):
+        assert {getattr(s, factor) for _, s in specs} == set(levels), factor
+        assert len({(c.model, getattr(s, factor)) for c, s in specs}) == len(MODELS) * len(levels)
+        assert len({(c.tp, c.cp, getattr(s, factor)) for c, s in specs}) == len(LAYOUTS) * len(
+            levels
+        ), factor
+    comms = {s.cp_comm for c, s in specs if c.cp > 1}
+    assert comms == {"all_gather", "p2p", "a2a"}
+    assert all(s.cp_comm == "all_gather" for c, s in specs if c.cp == 1)
+    tokens = {sum(c.request.lengths) for c in t}
+    assert min(tokens) == 4096 and max(tokens) == 128 * 1024
+
+
+def test_a2a_rows_have_heads_that_divide() -> None:
+    """The grid's own head table is each model's (the configs and presets cpmem reads), and
+    every a2a row has its heads per TP rank divisible by CP (Ulysses)."""
+    from oracles.sim_grid.grid import A2A_HEADS, SIM_DIR, trainer_grid
+
+    for model, src in MODELS.items():
+        g = load_model(model) if src == "preset" else load_model(config=SIM_DIR / src)
+        assert A2A_HEADS[model] == (g.q_heads, g.kv_groups), model
+    for c in trainer_grid():
+        if c.trainer is not None and c.trainer.cp_comm == "a2a":
+            q, kv = A2A_HEADS[c.model]
+            kv_rank = kv // c.tp if kv >= c.tp else 1
+            assert (q // c.tp) % c.cp == 0 and kv_rank % c.cp == 0, c.config_id
+
+
+def test_a_trainer_job_carries_its_step() -> None:
+    from oracles.sim_grid.grid import trainer_grid
+
+    c = next(c for c in trainer_grid() if c.trainer is not None and c.trainer.head == "logits")
+    job = plan_job(c)
+    assert c.trainer is not None
+    assert (job["head"], job["lora_rank"], job["cp_comm"]) == (
+        "logits",
+        c.trainer.lora_rank,
+        c.trainer.cp_comm,
+    )
+    assert "head" not in plan_job(grid()[0])  # a harness job simulates as it always did

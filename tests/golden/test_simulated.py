@@ -53,12 +53,18 @@ def test_simulated_data_is_intact() -> None:
 
 def test_subset_is_spread() -> None:
     rows = load_rows(simulated_dir(), _pin()["rows"])
-    assert 24 <= len(rows) <= 60
+    assert 24 <= len(rows) <= 70
     assert {r.cp for r in rows} == {1, 2, 4, 8}
     assert {r.tp for r in rows} >= {1, 2, 4}
     assert any(r.tp > 1 and r.cp > 1 for r in rows)
     assert len({r.model for r in rows}) >= 6
     assert any(r.planner.startswith("explicit") for r in rows)
+    trainer = [r for r in rows if r.is_trainer]  # the trainer's step: every level of each
+    assert len(trainer) >= 20
+    assert {r.head for r in trainer} == {"hidden", "logits", "fused", "chunked:4096", "linear-ce"}
+    assert {r.cp_comm for r in trainer} == {"all_gather", "p2p", "a2a"}
+    assert {r.lora_rank for r in trainer} == {1, 16, 128}
+    assert {(r.lora_dropout, r.lora_targets) for r in trainer} >= {(0.0, "all"), (0.1, "attention")}
 
 
 def _validated_worst_under() -> dict[str, dict[str, float]]:

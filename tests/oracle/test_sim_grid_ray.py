@@ -26,9 +26,10 @@ from oracles.sim_grid.grid import REPO, SIM_DIR
 ONLY = (
     r"^(qwen3-1\.7b:tp(1|2):cp(1|2):(single-8k|single-2k|pair-16k)"
     r"|llama-3\.1-8b-style:tp1:cp1:pair-32k-prefix-8k|qwen3\.5-4b:tp1:cp1:single-2k):"
+    r"(?!.*head=)"
 )
-"""Attention-only, hybrid and config-file models, CP 1 and 2, TP 1 and 2: 6 configurations,
-7 distinct ranks of about 1-2 s each."""
+"""Attention-only, hybrid and config-file models, CP 1 and 2, TP 1 and 2, the harness's
+step (no trainer rows): 6 configurations, 7 distinct ranks of about 1-2 s each."""
 RANKS = 7
 
 needs_ray = pytest.mark.skipif(

@@ -128,7 +128,7 @@ def cp_kv_width(step: Step) -> int:
     """Elements per token of other CP ranks' K/V (and CP exchange buffers) an attention
     layer holds while it runs: the gathered K/V under ``all_gather``, the ring's chunks in
     flight under ``p2p``, the exchanged q/k/v under ``a2a`` (``cpmem.pricing.cp_comm``)."""
-    remote = gathered_kv_width(step, cp_comm.remote_kv_ranks(step))
+    remote = gathered_kv_width(step, cp_comm.gathered_ranks(step))
     return remote + cp_comm.forward_in_flight_width(step)
 
 
@@ -142,11 +142,12 @@ def cp_gathered_kv_bytes(step: Step, busiest: int, tokens: int | None = None) ->
     4B CP 2 cells without recompute, where it is 0.6% of the peak. For a rank of
     ``tokens`` below the largest, its own slot of the padded buffer too (the widths hold
     only its ``tokens``): the simulator's small ranks of the skewed CP 4/8 rows without
-    recompute are 2-3% under without it. None under ``p2p`` and ``a2a``, which keep no
-    other rank's K/V."""
+    recompute are 2-3% under without it. Under ``p2p`` the one chunk the ring's kernel
+    keeps, under ``a2a`` none (``cpmem.pricing.cp_comm.kept_remote_ranks``)."""
     own_padding = 0 if tokens is None else max(0, busiest - tokens)
-    remote = gathered_kv_bytes(step, busiest, step.plan.layout.cp - 1)
-    return remote + gathered_kv_bytes(step, own_padding, 1)
+    remote = gathered_kv_bytes(step, busiest, cp_comm.kept_remote_ranks(step))
+    own = gathered_kv_bytes(step, own_padding, 1) if step.cp_comm == "all_gather" else 0
+    return remote + own
 
 
 def rope_table_bytes(step: Step, tokens: int) -> int:

@@ -50,16 +50,18 @@ def tight_widths(
     sp = layout.sp if sp is None else sp
     common = common_width(geometry, tp, sp)
     core = attention.core_width(geometry, tp, not step.compiled and step.recompute.keeps_everything)
-    core += adapters.extra_width(geometry, step.adapter, tp, "attention")
+    rc = step.recompute
+    core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
+    core += adapters.extra_width(geometry, step.adapter, tp, "attention", core_kept, sp)
     mlp_core = mlp.core_width(geometry, tp, step.compiled)
-    mlp_core += adapters.extra_width(geometry, step.adapter, tp, "mlp")
+    mlp_core += adapters.extra_width(geometry, step.adapter, tp, "mlp", sp=sp)
     gdn_width = gdn.saved_width(geometry, common, tp)
     if gdn_width:
-        gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn")
+        gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn", sp=sp)
     moe_width = moe.saved_width(geometry, tp, sp, layout.ep, step.moe_routing, step.compiled)
     if moe_width:
         rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing)
-        moe_width += rows * adapters.extra_width(geometry, step.adapter, tp, "expert")
+        moe_width += rows * adapters.extra_width(geometry, step.adapter, tp, "expert", sp=sp)
     return TightWidths(
         common=common,
         attention_core=core,
@@ -165,6 +167,18 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
         ffn_phase = moe.checkpointed_width(w)
     mixer_phase = attention.backward_phase(step, w) if mixer == "attention" else 0
     return max(ffn_phase, mixer_phase)
+
+
+def a2a_padding_bytes(step: Step, w: TightWidths, busiest: int, tokens: int) -> int:
+    """Under ``a2a`` the all-to-all pads every rank's share to the largest, so the
+    attention cores a rank keeps (``[CP·s, h/CP]`` after the exchange) are the busiest
+    rank's size: a rank of ``tokens`` below it keeps the difference too. Rank simulator,
+    Qwen3-1.7B TP1 CP2 4,096 tokens laid out 3,584 + 512 without recompute: the 512-token
+    rank peaks at 3.5 GiB."""
+    if step.cp_comm != "a2a" or tokens >= busiest or not step.recompute.keeps_saved_sets:
+        return 0
+    layers = step.geometry.attention_layers
+    return (busiest - tokens) * layers * w.attention_core * step.dtype_bytes
 
 
 def priced_tokens(step: Step) -> int:
@@ -277,6 +291,10 @@ def structural_terms(
     outputs = step.outputs
     gathered_outputs = gathered_outputs_bytes(step, busiest)
     transient = tokens * b * forward_transient_width(geometry, w, step)
+    if "attention" in geometry.mixers:
+        # p2p's ring and a2a's exchange pad every rank's share to the largest: a smaller
+        # rank's buffers are the busiest's size (the rank simulator pads them likewise)
+        transient += max(0, busiest - tokens) * b * cp_comm.forward_in_flight_width(step)
     if one_layer:
         # the outputs are formed after the last layer's pass: the forward peak is the
         # larger of the two on top of the layer inputs, not their sum; under full
@@ -288,7 +306,8 @@ def structural_terms(
         Component.SEGMENT_STATES: seg,
         Component.OUTPUTS: outputs,
         Component.GATHERED_OUTPUTS: gathered_outputs,
-        Component.RETAINED_ACTIVATIONS: tokens * b * kept_width(geometry, w, step),
+        Component.RETAINED_ACTIVATIONS: tokens * b * kept_width(geometry, w, step)
+        + a2a_padding_bytes(step, w, busiest, tokens),
         Component.LAYER_TRANSIENT: transient,
     }
     rope = attention.rope_table_bytes(step, tokens)
