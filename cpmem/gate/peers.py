@@ -23,7 +23,8 @@ from cpmem.gate.external_simulated import (
 from cpmem.gate.run import run_gate
 from cpmem.gate.simulated import price_rows
 from cpmem.golden.files import default_golden_dir
-from cpmem.reports.peers import AS_PUBLISHED, PEERS, POLICIES, Collected, Point, render, run_cli
+from cpmem.reports.kept import kept_report_cli
+from cpmem.reports.peers import AS_PUBLISHED, PEERS, POLICIES, Collected, Point, render
 from cpmem.samples.rows import central, simulated_dir
 
 __all__ = ["collect", "main"]
@@ -100,7 +101,9 @@ def collect(golden_dir: Path | None = None) -> Collected:
 
 def main(argv: Sequence[str] | None = None, emit: Callable[[str], None] = print) -> int:
     """``python -m cpmem.gate.peers [--write PATH | --check PATH]``."""
-    return run_cli(argv, lambda: render(collect()), emit)
+    return kept_report_cli(
+        argv, lambda: (render(collect()), True), "python -m cpmem.gate.peers", emit
+    )
 
 
 if __name__ == "__main__":

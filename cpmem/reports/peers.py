@@ -14,12 +14,9 @@ run time: cpmem never imports an oracle.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cpmem.reports.tables import pct, table
@@ -35,7 +32,6 @@ __all__ = [
     "Point",
     "Stats",
     "render",
-    "run_cli",
     "stats",
 ]
 
@@ -359,38 +355,3 @@ def render(data: Collected) -> str:
         ),
     ]
     return "\n".join(lines) + "\n"
-
-
-def run_cli(
-    argv: Sequence[str] | None,
-    make_text: Callable[[], str],
-    emit: Callable[[str], None] = print,
-    prog: str = "python -m cpmem.gate.peers",
-) -> int:
-    """Print the report; ``--write PATH`` writes it, ``--check PATH`` compares with it.
-    Non-zero when the checked file is stale."""
-    p = argparse.ArgumentParser(prog=prog, description=run_cli.__doc__)
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--write", type=Path, metavar="PATH", help="write the report to PATH")
-    group.add_argument(
-        "--check", type=Path, metavar="PATH", help="fail when PATH differs from the report"
-    )
-    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    text = make_text()
-    emit(text.rstrip("\n"))
-    status = 0
-    if args.write is not None:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(text, encoding="utf-8")
-        emit(f"wrote {args.write}")
-    if args.check is not None:
-        stored = args.check.read_text(encoding="utf-8") if args.check.is_file() else None
-        if stored != text:
-            emit(
-                f"STALE: {args.check} differs from the report above "
-                f"(regenerate: {prog} --write {args.check})"
-            )
-            status = 1
-        else:
-            emit(f"{args.check} is up to date")
-    return status

@@ -5,15 +5,13 @@ fails when the written report is stale."""
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from cpmem.calibration.crossval import LeaveOut, cross_validate
 from cpmem.calibration.fitting import evaluate, fit_margin, target_cells
 from cpmem.pricing.tight.calibrated import MARGIN, Margin
+from cpmem.reports.kept import kept_report_cli
 from cpmem.reports.tables import pct, table
 from cpmem.samples.cells import Sample, measured_samples
 from cpmem.samples.targets import TIGHT_TARGETS, measure_target, target_of
@@ -163,33 +161,12 @@ def render_report(samples: Sequence[Sample]) -> tuple[str, bool]:
 def main(argv: Sequence[str] | None = None, emit: Callable[[str], None] = print) -> int:
     """Print the report; ``--write PATH`` writes it, ``--check PATH`` compares with it.
     Non-zero when a cell is uncovered, a target missed, or the checked file is stale."""
-    p = argparse.ArgumentParser(
-        prog="python -m cpmem.reports.tight_report", description=main.__doc__
+    return kept_report_cli(
+        argv,
+        lambda: render_report(measured_samples()),
+        "python -m cpmem.reports.tight_report",
+        emit,
     )
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--write", type=Path, metavar="PATH", help="write the report to PATH")
-    group.add_argument(
-        "--check", type=Path, metavar="PATH", help="fail when PATH differs from the report"
-    )
-    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    text, ok = render_report(measured_samples())
-    emit(text.rstrip("\n"))
-    status = 0 if ok else 1
-    if args.write is not None:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(text, encoding="utf-8")
-        emit(f"wrote {args.write}")
-    if args.check is not None:
-        stored = args.check.read_text(encoding="utf-8") if args.check.is_file() else None
-        if stored != text:
-            emit(
-                f"STALE: {args.check} differs from the report above "
-                f"(regenerate: python -m cpmem.reports.tight_report --write {args.check})"
-            )
-            status = 1
-        else:
-            emit(f"{args.check} is up to date")
-    return status
 
 
 if __name__ == "__main__":
