@@ -126,6 +126,15 @@ def golden(session: nox.Session) -> None:
     )
     # the peers' report (published formulas gated as external estimators, both tiers)
     _run(session, "python", "-m", "cpmem.gate.peers", "--check", "golden/reports/peers.md")
+    # static memory and the device budget against every recorded baseline and budget
+    _run(
+        session,
+        "python",
+        "-m",
+        "cpmem.gate.static_check",
+        "--check",
+        "golden/reports/static_memory.md",
+    )
 
 
 @nox.session(venv_backend="none")

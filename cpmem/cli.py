@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cpmem.admission.admission import admit_step, usable_budget
+from cpmem.admission.admission import Decision, admit_step, usable_budget
 from cpmem.api import describe_step, price_step
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
@@ -109,6 +110,16 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
         default="all_gather",
         help=HELP["--cp-comm"],
     )
+    whole = p.add_argument_group("the whole device (static memory and the device's budget)")
+    whole.add_argument("--dp", type=int, default=1, help=HELP["--dp"])
+    whole.add_argument(
+        "--optimizer", choices=("adam", "sgd", "none"), default="adam", help=HELP["--optimizer"]
+    )
+    whole.add_argument(
+        "--distributed-optimizer", action="store_true", help=HELP["--distributed-optimizer"]
+    )
+    whole.add_argument("--device", help=HELP["--device"])
+    whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
     ex = p.add_argument_group("explicit plan (a runtime that knows its layout)")
     ex.add_argument("--logical-tokens", type=int, help=HELP["--logical-tokens"])
     ex.add_argument("--packed-tokens", type=int, help=HELP["--packed-tokens"])
@@ -152,7 +163,21 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "lora_targets": args.lora_targets,
         "cp_comm": args.cp_comm,
         "allow_long": args.allow_long,
+        "dp": args.dp,
+        "optimizer": args.optimizer,
+        "distributed_optimizer": args.distributed_optimizer,
+        "device": args.device,
+        "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
     }
+
+
+def _whole_bytes(field: str, value: float | None) -> int | None:
+    """A byte count given as a number (``1.5e11`` included): a whole, finite one."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or value != int(value):
+        raise InputError(field, value, "must be a whole number of bytes")
+    return int(value)
 
 
 def _warn(warnings: Sequence[str]) -> None:
@@ -185,7 +210,30 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
         fb = est.forward_backward_bytes
         parts.append(["forward+backward", f"{fb:,}", fmt_gib(fb), "", "the whole step"])
     lines += ["", *table(["component", "bytes", "GiB", "share", ""], parts, right=(1, 2, 3))]
+    if est.static is not None:
+        lines += ["", *render_static(est)]
     return "\n".join(lines)
+
+
+def render_static(est: Estimate) -> list[str]:
+    """The static memory under the activations and, with a device, what it leaves."""
+    assert est.static is not None
+    rows = [[name, f"{b:,}", fmt_gib(b)] for name, b in est.static.components.items() if b]
+    rows.append(["static", f"{est.static.total:,}", fmt_gib(est.static.total)])
+    whole = est.estimate_bytes + est.static.total
+    rows.append(["static + estimate", f"{whole:,}", fmt_gib(whole)])
+    lines = table(["static memory (per rank)", "bytes", "GiB"], rows, right=(1, 2))
+    budget = est.device_budget
+    if budget is not None:
+        left = budget.budget_bytes - est.estimate_bytes
+        lines.append(
+            f"device {budget.device.name} ({budget.device.total_bytes:,} B): reserve "
+            f"{fmt_gib(budget.reserve_bytes)} GiB, outside PyTorch "
+            f"{fmt_gib(budget.non_torch_bytes)} GiB, budget for activations "
+            f"{fmt_gib(budget.budget_bytes)} GiB, "
+            + (f"{fmt_gib(left)} GiB left" if left >= 0 else f"{fmt_gib(-left)} GiB SHORT")
+        )
+    return lines
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -202,22 +250,64 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_admit(args: argparse.Namespace) -> int:
+def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | None:
+    """The budget the command line gives: ``--budget-gib``, or the runtime's free and
+    reserved bytes with the device's total; None: derive it from the device
+    (``--device`` / ``--device-total-bytes`` alone)."""
+    runtime = (args.free_bytes, args.reusable_reserved_bytes)
     if args.budget_gib is not None:
         if not args.budget_gib >= 0 or args.budget_gib == float("inf"):
             raise InputError("budget-gib", args.budget_gib, "must be a finite number >= 0")
-        budget = int(args.budget_gib * GIB)
-    else:
-        parts = (args.free_bytes, args.reusable_reserved_bytes, args.device_total_bytes)
-        if any(v is None for v in parts):
+        return int(args.budget_gib * GIB)
+    if any(v is not None for v in runtime):
+        if any(v is None for v in runtime) or args.device_total_bytes is None:
             raise InputError(
                 "budget",
                 None,
-                "give --budget-gib, or all of --free-bytes, --reusable-reserved-bytes, "
-                "--device-total-bytes",
+                "give all of --free-bytes, --reusable-reserved-bytes, --device-total-bytes",
             )
-        budget = usable_budget(*parts)
-    step = describe_step(**_step_arguments(args))
+        arguments["device_total_bytes"] = None  # the runtime's figures, not a device's
+        return usable_budget(*runtime, args.device_total_bytes)
+    if args.device is None and args.device_total_bytes is None:
+        raise InputError(
+            "budget",
+            None,
+            "give --budget-gib, --device NAME (or --device-total-bytes N), or the runtime's "
+            "--free-bytes, --reusable-reserved-bytes and --device-total-bytes",
+        )
+    return None
+
+
+def render_whole_device(decision: Decision) -> list[str]:
+    """The device's bytes on every rank, the busiest marked."""
+    whole = decision.whole_device()
+    rows = [
+        [name, f"{whole[key]:,}", fmt_gib(float(str(whole[key])))]
+        for name, key in (
+            ("static", "static_bytes"),
+            ("activations", "activations_bytes"),
+            ("head", "head_bytes"),
+            ("reserve (3%)", "reserve_bytes"),
+            ("outside PyTorch", "non_torch_bytes"),
+            ("free", "free_bytes"),
+            ("device total", "device_total_bytes"),
+        )
+    ]
+    lines = table([f"device {whole['device']}, busiest rank", "bytes", "GiB"], rows, right=(1, 2))
+    per_rank = whole["per_rank_bytes"]
+    assert isinstance(per_rank, list)
+    marks = [
+        f"{r}: {fmt_gib(b)} GiB" + (" (busiest)" if r == whole["busiest_rank"] else "")
+        for r, b in enumerate(per_rank)
+    ]
+    lines.append("  static + activations per rank: " + ", ".join(marks))
+    return lines
+
+
+def cmd_admit(args: argparse.Namespace) -> int:
+    arguments = _step_arguments(args)
+    budget = _admit_budget(args, arguments)
+    step = describe_step(**arguments)
     _warn(step.warnings)
     decision = admit_step(step, budget, policy=args.policy, figure=args.figure)
     warnings = list(step.warnings)
@@ -261,6 +351,9 @@ def cmd_admit(args: argparse.Namespace) -> int:
             print(f"  split into {decision.parts} sub-forwards")
         if decision.suggestion:
             print(f"  suggestion: {decision.suggestion}")
+        if decision.device_budget is not None:
+            for line in render_whole_device(decision):
+                print("  " + line)
     return 0 if decision.action != "refuse" else 3
 
 
@@ -312,7 +405,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-gib", type=float, help=HELP["--budget-gib"])
     p.add_argument("--free-bytes", type=float, help=HELP["--free-bytes"])
     p.add_argument("--reusable-reserved-bytes", type=float, help=HELP["--reusable-reserved-bytes"])
-    p.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
     p.add_argument(
         "--figure",
         choices=("forward", "forward_backward"),

@@ -50,7 +50,13 @@ HELP: dict[str, str] = {
     "--free-bytes": "free device bytes per rank (with the two flags below instead of "
     "--budget-gib: usable = free + reusable reserved - a 3%% reserve of the device total)",
     "--reusable-reserved-bytes": "bytes the caching allocator holds and can reuse",
-    "--device-total-bytes": "the device's total memory in bytes",
+    "--device-total-bytes": "the device's total memory in bytes, as the runtime reports it "
+    "(a device without a preset; with --free-bytes: the runtime's own budget rule)",
+    "--device": "a device preset (a100-80gb, h100, h200, b200, mi300x): admit against what it "
+    "leaves once the static memory is allocated; estimate reports that budget",
+    "--dp": "data-parallel ranks (a distributed optimizer shards its states over them)",
+    "--optimizer": "how the adapters are trained: adam (default), sgd, none (static memory)",
+    "--distributed-optimizer": "megatron's distributed optimizer: master copy and moments / dp",
     "--figure": "admit on the forward peak or the whole step (forward_backward; policies "
     "that price it, e.g. tight)",
 }

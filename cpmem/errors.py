@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -35,6 +37,43 @@ class PlanningError(CpmemError):
         super().__init__(message)
 
 
+class CollectiveTimeoutError(CpmemError, RuntimeError):
+    """An admission collective did not complete on this rank within its timeout: a peer
+    of the group exited, is stuck before the collective, or its connection broke.
+
+    The group is unusable afterwards: abort the step (docs/admission.md, "When a rank
+    dies"). Not a PlanningError: nothing about the request was wrong, and no rank
+    decided. A RuntimeError, as torch's own collective errors are.
+    ``timeout`` is None where the process group's own timeout applied.
+    """
+
+    def __init__(
+        self, collective: str, ranks: Sequence[int], rank: int, timeout: float | None, cause: str
+    ) -> None:
+        self.collective = collective
+        self.ranks = list(ranks)
+        self.rank = rank
+        self.timeout = timeout
+        self.cause = cause
+        within = "the process group's timeout" if timeout is None else f"timeout={timeout:g} s"
+        super().__init__(
+            f"admission collective {collective} on group of {len(self.ranks)} ranks "
+            f"{self.ranks} (this is rank {rank}) got no answer within {within}: a peer rank "
+            f"exited or is stuck; the group is unusable, abort the step (torch: {cause})"
+        )
+
+
+def require_positive_seconds(field: str, value: Any) -> float:
+    """Return ``value`` as a float if it is a finite number of seconds > 0, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(field, value, "must be a number of seconds")
+    if math.isnan(value) or math.isinf(value):
+        raise InputError(field, value, "must be finite")
+    if value <= 0:
+        raise InputError(field, value, "must be > 0")
+    return float(value)
+
+
 def require_positive_int(field: str, value: Any) -> int:
     """Return ``value`` as an int if it is a positive integer, else raise InputError."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -48,6 +87,17 @@ def require_nonnegative_int(field: str, value: Any) -> int:
     """Return ``value`` as an int if it is a non-negative integer, else raise InputError."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(field, value, "must be a non-negative integer")
+    if value < 0:
+        raise InputError(field, value, "must be >= 0")
+    return value
+
+
+def require_bytes(field: str, value: Any) -> float:
+    """Return ``value`` if it is a finite, non-negative number of bytes, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(field, value, "must be a number of bytes")
+    if math.isnan(value) or math.isinf(value):
+        raise InputError(field, value, "must be finite")
     if value < 0:
         raise InputError(field, value, "must be >= 0")
     return value

@@ -10,53 +10,44 @@ prices (``cpmem.step``): admission never prices a different request.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal, Unpack
 
-from cpmem.admission.comm import Communicator, LocalCommunicator, agree_on_bytes, collective_plan
-from cpmem.errors import InputError
+from cpmem.admission.comm import (
+    Communicator,
+    LocalCommunicator,
+    agree_on_bytes,
+    bounded,
+    collective_plan,
+)
+from cpmem.errors import InputError, require_bytes
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.planners import EXECUTABLE
 from cpmem.plan.request import Request, Segment
 from cpmem.pricing.components import retained_bytes
+from cpmem.pricing.device_budget import DeviceBudget, device_budget, runtime_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
+from cpmem.pricing.static import static_memory
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.recompute import Mode, Module, Recompute
 from cpmem.step.step import Step
 
-RESERVE_FRACTION = 0.03
 Action = Literal["fit", "split", "refuse"]
 Figure = Literal["forward", "forward_backward"]
 FIGURES: tuple[Figure, ...] = ("forward", "forward_backward")
 MAX_SPLIT = 64
 
 
-def usable_budget(
-    free_bytes: float, reusable_reserved_bytes: float, device_total_bytes: float
-) -> int:
-    """free + reusable reserved - 3% of device memory. All inputs explicit (no GPU query)."""
-    for name, value in (
-        ("free_bytes", free_bytes),
-        ("reusable_reserved_bytes", reusable_reserved_bytes),
-        ("device_total_bytes", device_total_bytes),
-    ):
-        check_bytes(name, value)
-    usable = free_bytes + reusable_reserved_bytes - RESERVE_FRACTION * device_total_bytes
-    return max(0, int(usable))  # less than nothing usable is still nothing
+usable_budget = runtime_budget
+"""free + reusable reserved - 3% of the device's total (``cpmem.pricing.device_budget``)."""
 
 
 def check_bytes(name: str, value: float) -> None:
     """A byte count must be a finite, non-negative number."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(name, value, "must be a number of bytes")
-    if math.isnan(value) or math.isinf(value):
-        raise InputError(name, value, "must be finite")
-    if value < 0:
-        raise InputError(name, value, "must be >= 0")
+    require_bytes(name, value)
 
 
 @dataclass(frozen=True)
@@ -97,6 +88,9 @@ class Decision:
     considered: tuple[tuple[str, int], ...]
     suggestion: str | None = None
     planners: tuple[tuple[str, str], ...] = ()  # variant -> the planner its layout assumes
+    device_budget: DeviceBudget | None = None
+    """The device the budget was derived from, with the static memory under it (None:
+    the budget was given)."""
 
     @property
     def fits(self) -> bool:
@@ -120,6 +114,30 @@ class Decision:
             ],
             "suggestion": self.suggestion,
             "estimate": self.estimate.to_dict(),
+            **({"whole_device": self.whole_device()} if self.device_budget else {}),
+        }
+
+    def whole_device(self) -> dict[str, object]:
+        """The device's bytes on the busiest rank: static, the step's activations and its
+        head (together the required figure), the runtime's reserve, the memory outside
+        PyTorch, and what is left free; and every rank's static + activations."""
+        whole = self.device_budget
+        assert whole is not None
+        est = self.estimate
+        head = est.components.get("head", 0) + est.components.get("head_kept", 0)
+        static = whole.static.total
+        return {
+            "device": whole.device.name,
+            "device_total_bytes": whole.device.total_bytes,
+            "busiest_rank": est.busiest_rank,
+            "static_bytes": static,
+            "static_components": dict(whole.static.components),
+            "activations_bytes": max(0, self.required_bytes - head),
+            "head_bytes": min(head, self.required_bytes),
+            "reserve_bytes": whole.reserve_bytes,
+            "non_torch_bytes": whole.non_torch_bytes,
+            "free_bytes": self.available_bytes - self.required_bytes,
+            "per_rank_bytes": [static + b for b in est.per_rank_bytes],
         }
 
 
@@ -169,35 +187,63 @@ def admit(
     model: str | ModelGeometry | None = None,
     lengths: Sequence[int] | None = None,
     *,
-    budget_bytes: float,
+    budget_bytes: float | None = None,
     policy: str = "reference",
     figure: Figure = "forward",
     comm: Communicator | None = None,
+    timeout: float | None = None,
     **options: Unpack[StepArguments],
 ) -> Decision:
     """Admit the step ``cpmem.api.estimate`` prices for the same arguments (``options``
-    are ``describe_step``'s) against ``budget_bytes`` of this rank.
+    are ``describe_step``'s) against ``budget_bytes`` of this rank, or, without one,
+    against what the step's ``device`` leaves once its static memory is allocated.
 
     The step is described inside the first collective, so a bad input on one rank raises
-    on every rank instead of leaving the others waiting.
+    on every rank instead of leaving the others waiting. ``timeout`` (seconds; None: the
+    communicator's own) bounds every collective: a peer that exited or is stuck raises
+    ``CollectiveTimeoutError`` here (docs/admission.md, "When a rank dies").
     """
-    comm = comm or LocalCommunicator()
+    comm, bad_timeout = _bounded(comm, timeout)
 
     def described() -> Step:
-        check_bytes("budget_bytes", budget_bytes)
-        return describe_step(model, lengths, **options)
+        if bad_timeout is not None:
+            raise bad_timeout
+        step = describe_step(model, lengths, **options)
+        step_budget(step, budget_bytes)
+        return step
 
     step = collective_plan(comm, described)
     return admit_step(step, budget_bytes, policy=policy, figure=figure, comm=comm)
 
 
+def step_budget(step: Step, budget_bytes: float | None) -> tuple[int, DeviceBudget | None]:
+    """The rank's budget: ``budget_bytes`` as given, or the step's device's budget for
+    the activations (its total less the reserve, the memory outside PyTorch and the
+    step's static memory: ``cpmem.pricing.device_budget``)."""
+    device = step.settings.device
+    if budget_bytes is not None:
+        if device is not None:
+            raise InputError(
+                "budget_bytes", budget_bytes, f"give a budget or a device ({device.name}), not both"
+            )
+        check_bytes("budget_bytes", budget_bytes)
+        return int(budget_bytes), None
+    if device is None:
+        raise InputError(
+            "budget_bytes", None, "give a budget, or a device (device= / --device) to derive it"
+        )
+    whole = device_budget(device, static_memory(step.settings))
+    return whole.budget_bytes, whole
+
+
 def admit_step(
     step: Step,
-    budget_bytes: float,
+    budget_bytes: float | None = None,
     *,
     policy: str = "reference",
     figure: Figure = "forward",
     comm: Communicator | None = None,
+    timeout: float | None = None,
 ) -> Decision:
     """Fit (cost-optimal plan, then memory-minimal plan), split (2, 4, 8, ...), or refuse.
 
@@ -205,15 +251,38 @@ def admit_step(
     default planner). The memory-minimal alternatives are layouts a runtime executes
     (``EXECUTABLE``: the measured runtime's chunks, Megatron's zigzag), never a rule only
     cpmem applies; ``Decision.planners`` names the planner behind each variant. A step
-    with an explicit plan (no request) is fit or refused as it stands.
+    with an explicit plan (no request) is fit or refused as it stands. ``timeout`` as
+    in ``admit``. Without ``budget_bytes`` the budget is the step's device's
+    (``step_budget``), and the decision carries the whole device's breakdown.
     """
-    comm = comm or LocalCommunicator()
+    comm, bad_timeout = _bounded(comm, timeout)
+    resolved: list[tuple[int, DeviceBudget | None]] = []
+
+    def checked() -> None:
+        """The inputs every rank checks inside the first collective."""
+        if bad_timeout is not None:
+            raise bad_timeout
+        resolved.append(step_budget(step, budget_bytes))
+
     pricer = Pricer(policy, figure)
     if step.request is None:
-        return _admit_fixed(step, budget_bytes, pricer, comm)
+        decision = _admit_fixed(step, lambda: resolved[0][0], pricer, comm, checked)
+    else:
+        decision = _admit_request(step, lambda: resolved[0][0], pricer, comm, checked)
+    return replace(decision, device_budget=resolved[0][1])
+
+
+def _admit_request(
+    step: Step,
+    budget: Callable[[], int],
+    pricer: Pricer,
+    comm: Communicator,
+    checked: Callable[[], None],
+) -> Decision:
+    """Admission of a step planned from a request (``admit_step``)."""
 
     def candidates() -> list[tuple[str, int, Estimate]]:
-        check_bytes("budget_bytes", budget_bytes)
+        checked()
         cost_optimal = pricer.estimate(step)
         out = [("cost-optimal", pricer.required(cost_optimal), cost_optimal)]
         if step.plan.layout.cp > 1:
@@ -229,7 +298,7 @@ def admit_step(
     found = collective_plan(comm, candidates)
     planners = tuple((variant, est.planner) for variant, _, est in found)
     considered: list[tuple[str, int]] = []
-    available = comm.min_int(int(budget_bytes))
+    available = comm.min_int(budget())
     best_fit = _first_fit(comm, found, available, considered)
     if best_fit is not None:
         variant, required, est = best_fit
@@ -237,9 +306,11 @@ def admit_step(
             "fit", required, available, 1, variant, est, tuple(considered), planners=planners
         )
 
+    request = step.request
+    assert request is not None  # admit_step admits a step without one as it stands
     parts = 2
     while parts <= MAX_SPLIT:
-        pieces = split_request(step.request, parts)
+        pieces = split_request(request, parts)
         if pieces is None:
             break
 
@@ -281,6 +352,19 @@ def admit_step(
         suggestion=suggest(step, available, pricer),
         planners=planners,
     )
+
+
+def _bounded(
+    comm: Communicator | None, timeout: float | None
+) -> tuple[Communicator, InputError | None]:
+    """The communicator bounded by ``timeout``, or, for a timeout it refuses, the
+    communicator as given and the error to raise inside the first collective (so the
+    peers of a rank with a bad timeout raise too instead of waiting for it)."""
+    comm = comm or LocalCommunicator()
+    try:
+        return bounded(comm, timeout), None
+    except InputError as exc:
+        return comm, exc
 
 
 def _variant(build: Callable[[], Step]) -> Step | None:
@@ -338,15 +422,21 @@ def suggest(step: Step, available: int, pricer: Pricer) -> str:
     return f"shorten the sequences (longest is {longest} tokens) or add devices"
 
 
-def _admit_fixed(step: Step, budget_bytes: float, pricer: Pricer, comm: Communicator) -> Decision:
+def _admit_fixed(
+    step: Step,
+    budget: Callable[[], int],
+    pricer: Pricer,
+    comm: Communicator,
+    checked: Callable[[], None],
+) -> Decision:
     """Admit a plan the runtime already fixed (no alternatives, no split): fit or refuse."""
 
     def priced() -> Estimate:
-        check_bytes("budget_bytes", budget_bytes)
+        checked()
         return pricer.estimate(step)
 
     est = collective_plan(comm, priced)
-    required, available = agree_on_bytes(comm, pricer.required(est), int(budget_bytes))
+    required, available = agree_on_bytes(comm, pricer.required(est), budget())
     action: Action = "fit" if required <= available else "refuse"
     suggestion = None
     if action == "refuse":

@@ -3,7 +3,9 @@
 Required bytes are all-reduced with MAX, available bytes with MIN, and planning
 errors are exchanged so that a failure on one rank raises on every rank (its own
 error there, an error naming it elsewhere) instead of leaving the others hanging
-in the next collective.
+in the next collective. A communicator that can bound its collectives offers
+``with_timeout(seconds)`` (``bounded``): a peer that exited or is stuck then raises
+``CollectiveTimeoutError`` on the others instead of blocking them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from cpmem.errors import PlanningError
+from cpmem.errors import InputError, PlanningError, require_positive_seconds
 
 T = TypeVar("T")
 
@@ -46,6 +48,27 @@ class LocalCommunicator:
 
     def gather_errors(self, error: str | None) -> list[str | None]:
         return [error]
+
+    def with_timeout(self, seconds: float) -> LocalCommunicator:
+        """Nothing waits on a peer: the same communicator."""
+        require_positive_seconds("timeout", seconds)
+        return self
+
+
+def bounded(comm: Communicator, timeout: float | None) -> Communicator:
+    """``comm`` with every collective bounded by ``timeout`` seconds (None: as given).
+
+    The communicator must offer ``with_timeout(seconds)`` (LocalCommunicator and
+    TorchCommunicator do); a timeout it cannot honour is refused, never ignored.
+    """
+    if timeout is None:
+        return comm
+    seconds = require_positive_seconds("timeout", timeout)
+    method = getattr(comm, "with_timeout", None)
+    if method is None:
+        raise InputError("timeout", timeout, f"{type(comm).__name__} has no with_timeout(seconds)")
+    result: Communicator = method(seconds)
+    return result
 
 
 def collective_plan(comm: Communicator, build: Callable[[], T]) -> T:

@@ -4,8 +4,13 @@ Why: admission must reach the same fit/split/refuse on every rank of the TP x CP
 group that prices one request, and a planning failure on one rank must raise on
 all of them instead of leaving the others blocked in their next collective.
 :mod:`cpmem.admission.comm` states the protocol; this module runs it on a process group:
-MAX / MIN all-reduces of int64 byte counts and an ``all_gather_object`` of
-planning errors.
+MAX / MIN all-reduces of int64 byte counts and an all-gather of planning errors
+(their lengths, then, only where a rank failed, their UTF-8 bytes).
+
+Every collective is issued asynchronously and waited on with the communicator's
+``timeout`` (None: the process group's own): a peer that exited (gloo reports the
+closed connection at once) or is stuck raises ``CollectiveTimeoutError`` naming the
+collective, the group and the timeout, instead of blocking this rank.
 
 The group is megatron-core's tensor-and-context-parallel group when megatron's
 ``parallel_state`` is initialized in this process, otherwise one built with
@@ -15,12 +20,19 @@ communicator is built, so ``import cpmem`` never needs them.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
-from cpmem.errors import InputError, require_positive_int
+from cpmem.errors import (
+    CollectiveTimeoutError,
+    InputError,
+    require_positive_int,
+    require_positive_seconds,
+)
 
 __all__ = ["TorchCommunicator", "tensor_and_context_group", "torch_communicator"]
 
@@ -110,9 +122,10 @@ class TorchCommunicator:
     """The three collectives of :class:`cpmem.admission.comm.Communicator` on one process group.
 
     ``rank`` and ``size`` are within the group, so errors name the group rank.
+    ``timeout`` (seconds; None: the process group's own) bounds every collective.
     """
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, *, timeout: float | None = None) -> None:
         dist = _dist()
         self._dist = dist
         self._group = group if group is not None else dist.group.WORLD
@@ -120,6 +133,9 @@ class TorchCommunicator:
         self._size = int(dist.get_world_size(self._group))
         if self._rank < 0:
             raise InputError("group", group, "this process is not a member of the group")
+        self._timeout = None if timeout is None else require_positive_seconds("timeout", timeout)
+        self._members = [int(r) for r in dist.get_process_group_ranks(self._group)]
+        self._global_rank = int(dist.get_rank())
         torch = importlib.import_module("torch")
         self._torch = torch
         # NCCL reduces only CUDA tensors; gloo (and the rest) take CPU tensors
@@ -140,25 +156,92 @@ class TorchCommunicator:
     def group(self) -> Any:
         return self._group
 
-    def _all_reduce(self, value: int, op: Any) -> int:
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    def with_timeout(self, seconds: float | None) -> TorchCommunicator:
+        """The same group, every collective bounded by ``seconds`` (None: the group's own)."""
+        bounded = copy.copy(self)
+        bounded._timeout = None if seconds is None else require_positive_seconds("timeout", seconds)
+        return bounded
+
+    def _run(self, collective: str, issue: Callable[[], Any]) -> None:
+        """Issue one async collective and wait for it within the timeout."""
+        try:
+            work = issue()
+            if self._timeout is None:
+                done = work.wait()
+            else:
+                done = work.wait(timeout=timedelta(seconds=self._timeout))
+        except RuntimeError as exc:  # torch's DistBackendError is a RuntimeError
+            raise CollectiveTimeoutError(
+                collective, self._members, self._global_rank, self._timeout, _cause(exc)
+            ) from exc
+        if done is False:  # a backend that reports a timed-out wait instead of raising
+            raise CollectiveTimeoutError(
+                collective, self._members, self._global_rank, self._timeout, "wait timed out"
+            )
+
+    def _all_reduce(self, value: int, op: Any, name: str) -> int:
         tensor = self._torch.tensor([int(value)], dtype=self._torch.int64, device=self._device)
-        self._dist.all_reduce(tensor, op=op, group=self._group)
+        self._run(
+            f"all_reduce({name})",
+            lambda: self._dist.all_reduce(tensor, op=op, group=self._group, async_op=True),
+        )
         return int(tensor.item())
 
+    def _all_gather(self, collective: str, tensor: Any) -> list[Any]:
+        out = [self._torch.empty_like(tensor) for _ in range(self._size)]
+        self._run(
+            collective,
+            lambda: self._dist.all_gather(out, tensor, group=self._group, async_op=True),
+        )
+        return out
+
     def max_int(self, value: int) -> int:
-        return self._all_reduce(value, self._dist.ReduceOp.MAX)
+        return self._all_reduce(value, self._dist.ReduceOp.MAX, "MAX")
 
     def min_int(self, value: int) -> int:
-        return self._all_reduce(value, self._dist.ReduceOp.MIN)
+        return self._all_reduce(value, self._dist.ReduceOp.MIN, "MIN")
 
     def gather_errors(self, error: str | None) -> list[str | None]:
-        gathered: list[Any] = [None] * self._size
-        self._dist.all_gather_object(gathered, error, group=self._group)
-        return [None if e is None else str(e) for e in gathered]
+        """Every rank's error (None: it succeeded): lengths first (-1 for None), then,
+        only if some rank failed, the messages' UTF-8 bytes padded to the longest."""
+        torch = self._torch
+        payload = None if error is None else str(error).encode("utf-8")
+        length = torch.tensor(
+            [-1 if payload is None else len(payload)], dtype=torch.int64, device=self._device
+        )
+        sizes = [int(t.item()) for t in self._all_gather("all_gather(error lengths)", length)]
+        longest = max(sizes)
+        if longest <= 0:  # every rank agrees: nobody has bytes to send
+            return [None if n < 0 else "" for n in sizes]
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        if payload:
+            padded[: len(payload)] = torch.tensor(list(payload), dtype=torch.uint8)
+        chunks = self._all_gather("all_gather(errors)", padded.to(self._device))
+        return [
+            None if n < 0 else bytes(c[:n].cpu().tolist()).decode("utf-8", "replace")
+            for n, c in zip(sizes, chunks, strict=True)
+        ]
+
+
+def _cause(exc: BaseException) -> str:
+    """torch's reason in a few words: its first sentence, without gloo's source location."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if text.startswith("[") and "] " in text:  # "[.../gloo/transport/tcp/pair.cc:553] ..."
+        text = text.split("] ", 1)[1]
+    return text.split(". ", 1)[0][:200]
 
 
 def torch_communicator(
-    tp: int | None = None, cp: int | None = None, *, ranks: Sequence[int] | None = None
+    tp: int | None = None,
+    cp: int | None = None,
+    *,
+    ranks: Sequence[int] | None = None,
+    timeout: float | None = None,
 ) -> TorchCommunicator:
-    """A communicator over this process's TP x CP group (see tensor_and_context_group)."""
-    return TorchCommunicator(tensor_and_context_group(tp, cp, ranks=ranks))
+    """A communicator over this process's TP x CP group (see tensor_and_context_group),
+    every collective bounded by ``timeout`` seconds (None: the process group's own)."""
+    return TorchCommunicator(tensor_and_context_group(tp, cp, ranks=ranks), timeout=timeout)

@@ -55,6 +55,7 @@ from cpmem.gate.claims import claims_for
 from cpmem.gate.estimator import Estimator
 from cpmem.gate.power import power
 from cpmem.gate.request_path import request_path
+from cpmem.gate.static_check import budget_check, static_check
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.reports.tables import pct
@@ -78,6 +79,8 @@ def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[
         "power": power(cells, steps, policy),
         **fitting_checks(cells, policy),
         "targets": targets_check(cells, steps, est, targets_for(policy)),
+        "static": static_check(cells),
+        "budget": budget_check(cells),
     }
     passed = all(ch["passed"] for ch in checks.values())
     report: dict[str, Any] = {
@@ -164,6 +167,14 @@ def summary_line(report: Mapping[str, Any]) -> str:
                 + ("" if t["met"] else " MISSED")
                 for t in tg["targets"]
             )
+        )
+    st, bu = ch.get("static"), ch.get("budget")
+    if st and bu:
+        parts.append(
+            f"static memory within 3% of {st['within']}/{st['checked']} recorded baselines "
+            f"({st['checked'] - st['within']} declared); budget rule on {bu['checked']} cells: "
+            f"max error {pct(bu['max_abs_error_from_baseline'])} from the recorded baseline, "
+            f"{pct(bu['max_abs_error_from_static'])} from the estimated static memory"
         )
     line = "; ".join(parts)
     if failed:

@@ -15,11 +15,15 @@ class ParallelLayout:
     cp: int = 1
     sp: bool = False
     ep: int = 1
+    dp: int = 1
+    """Data-parallel replicas: they price nothing of a step's activations; a distributed
+    optimizer shards its states over them (``cpmem.pricing.static``)."""
 
     def __post_init__(self) -> None:
         require_positive_int("tp", self.tp)
         require_positive_int("cp", self.cp)
         require_positive_int("ep", self.ep)
+        require_positive_int("dp", self.dp)
 
     @property
     def sp_active(self) -> bool:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpmem.pricing.components import check_names, retained_bytes
+from cpmem.pricing.device_budget import DeviceBudget
+from cpmem.pricing.static import StaticMemory
 from cpmem.step.step import Step
 from cpmem.step.trainer import Adapter, Head
 from cpmem.units import gib
@@ -45,6 +47,12 @@ class Estimate:
     """What the head holds at its forward peak on the busiest rank (0 without a head):
     its share of the estimate is the ``head`` component, what it holds beyond the layer
     transient the forward's other moment holds."""
+    static: StaticMemory | None = None
+    """The rank's static memory under the activations (``cpmem.pricing.static``): the
+    same for every policy, attached by ``cpmem.pricing.registry.price``."""
+    device_budget: DeviceBudget | None = None
+    """What the step's device leaves the activations once the static memory is
+    allocated (None: the step names no device)."""
 
     def __post_init__(self) -> None:
         # plain names (``Component`` values) for JSON, CSV and comparisons alike
@@ -102,6 +110,10 @@ class Estimate:
             out["forward_backward_bytes"] = self.forward_backward_bytes
             out["forward_backward_gib"] = round(gib(self.forward_backward_bytes), 6)
             out["forward_backward_components"] = dict(self.forward_backward_components or {})
+        if self.static is not None:
+            out.update(self.static.to_dict())
+        if self.device_budget is not None:
+            out["device_budget"] = self.device_budget.to_dict()
         if self.notes:
             out["notes"] = list(self.notes)
         return out

@@ -7,9 +7,12 @@ ones), so a policy may import the registry without an import circle.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from cpmem.errors import InputError
+from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.static import static_memory
 from cpmem.step.step import Step
 
 Policy = Callable[[Step], Estimate]
@@ -25,14 +28,19 @@ def register_policy(name: str) -> Callable[[Policy], Policy]:
 
 
 def price(inputs: Step, policy: str = "reference") -> Estimate:
-    """Price ``inputs`` with the named policy."""
+    """Price ``inputs`` with the named policy; the static memory (and the device's budget,
+    where the step names a device) beside its activations, the same for every policy."""
     try:
         fn = POLICIES[policy]
     except KeyError:
         raise InputError(
             "policy", policy, f"unknown policy; choose one of {sorted(POLICIES)}"
         ) from None
-    return fn(inputs)
+    est = fn(inputs)
+    static = static_memory(inputs.settings)
+    device = inputs.settings.device
+    budget = None if device is None else device_budget(device, static)
+    return replace(est, static=static, device_budget=budget)
 
 
 def policy_names() -> list[str]:

@@ -115,6 +115,7 @@ def render(report: Mapping[str, Any]) -> str:
             f"mutants caught {sum(m['caught'] for m in muts)}/{len(muts)}",
         ],
         *_fitting_rows(ch, status),
+        *_static_rows(ch, status),
         [
             "targets",
             status(tg),
@@ -245,6 +246,31 @@ def render(report: Mapping[str, Any]) -> str:
         ]
     lines += ["", report["summary"]]
     return "\n".join(lines)
+
+
+def _static_rows(ch: Mapping[str, Any], status: Any) -> list[list[str]]:
+    """The static-memory and budget checks, where the report has them."""
+    if "static" not in ch or "budget" not in ch:
+        return []
+    st, bu = ch["static"], ch["budget"]
+    declared = ", ".join(f"{k} {n}" for k, n in st["declared"].items() if n) or "none"
+    return [
+        [
+            "static",
+            status(st),
+            f"{st['checked']} recorded baselines",
+            f"{st['within']} within 3% (max error {pct(st['max_abs_error'])}); declared: "
+            f"{declared}",
+        ],
+        [
+            "budget",
+            status(bu),
+            f"{bu['checked']} recorded budgets",
+            f"max error {pct(bu['max_abs_error_from_baseline'])} from the recorded baseline "
+            f"({bu['from_baseline_checked']} cells, bound 1%), "
+            f"{pct(bu['max_abs_error_from_static'])} from the estimated static (bound 3%)",
+        ],
+    ]
 
 
 def _fitting_rows(ch: Mapping[str, Any], status: Any) -> list[list[str]]:

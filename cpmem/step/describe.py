@@ -18,10 +18,18 @@ from cpmem.model.load import load_model
 from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.request import Request
+from cpmem.step.device import Device, resolve_device
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import Recompute
 from cpmem.step.step import MoeRouting, Step, StepSettings
-from cpmem.step.trainer import Adapter, Head, check_cp_comm, parse_targets
+from cpmem.step.trainer import (
+    Adapter,
+    Head,
+    Optimizer,
+    check_cp_comm,
+    check_optimizer,
+    parse_targets,
+)
 
 
 class SettingsArguments(TypedDict, total=False):
@@ -47,6 +55,11 @@ class SettingsArguments(TypedDict, total=False):
     lora_dropout: float
     lora_targets: str | Sequence[str]
     cp_comm: str
+    dp: int
+    optimizer: str
+    distributed_optimizer: bool
+    device: str | Device | None
+    device_total_bytes: int | None
 
 
 class StepArguments(SettingsArguments, total=False):
@@ -86,6 +99,11 @@ def describe_settings(
     lora_dropout: float = 0.0,
     lora_targets: str | Sequence[str] = "all",
     cp_comm: str = "all_gather",
+    dp: int = 1,
+    optimizer: str = "adam",
+    distributed_optimizer: bool = False,
+    device: str | Device | None = None,
+    device_total_bytes: int | None = None,
 ) -> StepSettings:
     """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
     geometry), the layout (SP defaults to on when TP > 1, as Megatron runs it), the
@@ -94,9 +112,12 @@ def describe_settings(
     holds beyond the harness (``cpmem.step.trainer``): the ``head`` (``hidden``,
     ``logits``, ``fused``, ``chunked:N``, ``linear-ce``), the adapters' ``lora_rank``,
     ``lora_dropout`` and ``lora_targets`` (``all``, ``attention``, ``mlp`` or projection
-    names), and the attention's ``cp_comm`` (``all_gather``, ``p2p``, ``a2a``)."""
+    names), and the attention's ``cp_comm`` (``all_gather``, ``p2p``, ``a2a``); how the
+    adapters are trained (``optimizer``: ``adam``, ``sgd``, ``none``; a
+    ``distributed_optimizer`` over ``dp`` data-parallel ranks), and the ``device`` (a
+    preset name, ``cpmem.step.device.DEVICES``) or its ``device_total_bytes``."""
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
-    layout = ParallelLayout(tp=tp, cp=cp, sp=(tp > 1) if sp is None else sp, ep=ep)
+    layout = ParallelLayout(tp=tp, cp=cp, sp=(tp > 1) if sp is None else sp, ep=ep, dp=dp)
     rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
     return StepSettings(
@@ -113,6 +134,8 @@ def describe_settings(
         head=Head.parse(head),
         adapter=Adapter(lora_rank, lora_dropout, parse_targets(lora_targets)),
         cp_comm=check_cp_comm(cp_comm),
+        optimizer=Optimizer(check_optimizer(optimizer), distributed_optimizer),
+        device=resolve_device(device, device_total_bytes),
     )
 
 

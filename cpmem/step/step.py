@@ -21,9 +21,10 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan
 from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
+from cpmem.step.device import Device
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.recompute import Recompute
-from cpmem.step.trainer import Adapter, CpComm, Head, check_cp_comm
+from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
 
 MoeRouting = Literal["concentrated", "balanced"]
 MOE_ROUTINGS: tuple[MoeRouting, ...] = ("concentrated", "balanced")
@@ -41,6 +42,9 @@ class StepSettings:
     sequences longer than the model's ``max_position_embeddings`` with a warning.
     ``head``, ``adapter`` and ``cp_comm`` are what a trainer's step holds beyond the
     calibration harness (``cpmem.step.trainer``); their defaults are the harness.
+    ``optimizer`` (with ``layout.dp``) and ``device`` price the whole device: the static
+    memory under the activations (``cpmem.pricing.static``) and the budget it leaves
+    (``cpmem.pricing.device_budget``); no activation figure reads them.
     """
 
     geometry: ModelGeometry
@@ -57,6 +61,8 @@ class StepSettings:
     adapter: Adapter = Adapter()
     cp_comm: CpComm = "all_gather"
     dtype_bytes: int = BF16_BYTES
+    optimizer: Optimizer = Optimizer()
+    device: Device | None = None
 
     def __post_init__(self) -> None:
         self.geometry.check_tp(self.layout.tp)

@@ -18,6 +18,8 @@ HeadKind = Literal["hidden", "logits", "fused", "chunked", "linear-ce"]
 HEAD_KINDS: tuple[HeadKind, ...] = get_args(HeadKind)
 CpComm = Literal["all_gather", "p2p", "a2a"]
 CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
+OptimizerKind = Literal["adam", "sgd", "none"]
+OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
 
 ADAPTER_TARGETS: tuple[str, ...] = ("qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts")
 """The projections an adapter can sit on: attention's fused QKV input and output
@@ -138,6 +140,32 @@ def parse_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
             choices = [*TARGET_GROUPS, *ADAPTER_TARGETS]
             raise InputError("lora_targets", item, f"unknown target; use {choices}")
     return tuple(t for t in ADAPTER_TARGETS if t in names)
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """How the adapters are trained: ``adam`` (the default), ``sgd`` with momentum, or
+    ``none`` (no gradients or states: the measured harness before its first backward).
+    ``distributed``: megatron's distributed optimizer shards the fp32 master copy and the
+    states over the data-parallel ranks (``ParallelLayout.dp``)."""
+
+    kind: OptimizerKind = "adam"
+    distributed: bool = False
+
+    def __post_init__(self) -> None:
+        check_optimizer(self.kind)
+        if not isinstance(self.distributed, bool):
+            raise InputError("distributed_optimizer", self.distributed, "must be true or false")
+
+    @property
+    def label(self) -> str:
+        return self.kind + (" (distributed)" if self.distributed and self.kind != "none" else "")
+
+
+def check_optimizer(kind: str) -> OptimizerKind:
+    if kind not in OPTIMIZERS:
+        raise InputError("optimizer", kind, f"must be one of {list(OPTIMIZERS)}")
+    return kind
 
 
 def check_cp_comm(cp_comm: str) -> CpComm:

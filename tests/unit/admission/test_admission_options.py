@@ -132,6 +132,44 @@ ROWS = [
     Row("gdn_rank_tokens", M4, {**EXPLICIT, "cp": 2}, None, [5000, 3192], lengths=None),
 ]
 
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """``option`` moves the static memory or the device: the budget admission derives from
+    the step's device (no ``budget_bytes`` given) moves as ``estimate``'s does."""
+
+    option: str
+    common: dict[str, Any]
+    before: Any
+    after: Any
+    model: str = M4
+
+    def arguments(self, value: Any, lengths: list[int]) -> dict[str, Any]:
+        return {"lengths": lengths, "allow_long": True, **self.common, self.option: value}
+
+    def budget(self, value: Any) -> int:
+        est = estimate(self.model, **self.arguments(value, [2048]))
+        assert est.device_budget is not None and est.static is not None
+        return est.device_budget.budget_bytes
+
+    def admitted(self, value: Any, lengths: list[int]) -> Decision:
+        return admit(self.model, **self.arguments(value, lengths))
+
+    def required(self, value: Any, lengths: list[int]) -> int:
+        return estimate(self.model, **self.arguments(value, lengths)).estimate_bytes
+
+
+H200 = {"device": "h200"}
+DEVICE_ROWS = [
+    # a distributed optimizer shards the master copy and Adam's moments over DP
+    DeviceRow("dp", {**H200, "distributed_optimizer": True, "lora_rank": 64}, 1, 8),
+    DeviceRow("distributed_optimizer", {**H200, "dp": 8, "lora_rank": 64}, False, True),
+    # without an optimizer no gradients or master copies exist
+    DeviceRow("optimizer", {**H200, "lora_rank": 64}, "none", "adam"),
+    DeviceRow("device", {}, "h100", "h200"),
+    DeviceRow("device_total_bytes", {}, 80_000_000_000, 90_000_000_000),
+]
+
 EXEMPT = {
     # alternative inputs, not options: the same step given another way (a request instead
     # of lengths + shared_prefix, a ready plan instead of its counts);
@@ -147,8 +185,8 @@ def keywords(typed_dict: Any) -> set[str]:
 
 def test_the_table_names_every_keyword() -> None:
     """Every keyword estimate accepts has a row here or a stated exemption."""
-    rows = {r.option for r in ROWS}
-    assert len(rows) == len(ROWS), "an option has two rows"
+    rows = {r.option for r in ROWS} | {r.option for r in DEVICE_ROWS}
+    assert len(rows) == len(ROWS) + len(DEVICE_ROWS), "an option has two rows"
     assert not rows & set(EXEMPT)
     assert rows | set(EXEMPT) == keywords(StepArguments)
     assert keywords(SettingsArguments) <= keywords(StepArguments)
@@ -217,6 +255,44 @@ def test_an_option_changes_the_admission_answer(row: Row) -> None:
     other = row.admitted(large, budget)
     assert (other.action, other.variant) != ("fit", fits.variant)
     assert dict(other.considered)[fits.variant] == larger
+
+
+@pytest.mark.parametrize("row", DEVICE_ROWS, ids=lambda r: r.option)
+def test_a_device_option_moves_the_budget_alike(row: DeviceRow) -> None:
+    """Admission without a budget admits against the budget ``estimate`` reports for the
+    step's device, before and after the option changes (and the two differ)."""
+    before, after = row.budget(row.before), row.budget(row.after)
+    assert before != after, f"{row.option} does not move the device budget in this row"
+    for value, budget in ((row.before, before), (row.after, after)):
+        d = row.admitted(value, [2048])
+        assert d.available_bytes == budget and d.device_budget is not None
+        assert d.whole_device()["free_bytes"] == budget - d.required_bytes
+
+
+@pytest.mark.parametrize("row", DEVICE_ROWS, ids=lambda r: r.option)
+def test_a_device_option_changes_the_admission_answer(row: DeviceRow) -> None:
+    """A sequence whose activations fit the larger budget but not the smaller one (found
+    by bisection on its length): fit under one setting, not under the other."""
+    (small, tight_value), (large, roomy_value) = sorted(
+        ((row.budget(row.before), row.before), (row.budget(row.after), row.after)),
+        key=lambda pair: pair[0],
+    )
+    lo, hi = 1, 1 << 23  # required(lo) <= large < required(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if row.required(roomy_value, [mid]) <= large else (lo, mid)
+    need = row.required(roomy_value, [lo])
+    assert small < need <= large, "no length separates the two budgets"
+    assert row.admitted(roomy_value, [lo]).action == "fit"
+    other = row.admitted(tight_value, [lo])
+    assert (other.action, other.variant) != ("fit", "cost-optimal")
+
+
+def test_a_budget_and_a_device_together_are_refused() -> None:
+    with pytest.raises(InputError, match=r"budget_bytes.*not both"):
+        admit(M4, [2048], budget_bytes=HUGE, device="h200")
+    with pytest.raises(InputError, match=r"budget_bytes.*give a budget, or a device"):
+        admit(M4, [2048])
 
 
 def test_alternative_inputs_are_admitted_as_estimated() -> None:
