@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from cpmem.admission.admission import Decision, admit_step, usable_budget
@@ -16,6 +17,7 @@ from cpmem.errors import CpmemError, InputError
 from cpmem.model.presets import PRESETS
 from cpmem.plan.plan import Plan
 from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
+from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names
 from cpmem.reports.tables import table
@@ -120,6 +122,16 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     )
     whole.add_argument("--device", help=HELP["--device"])
     whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
+    pipe = p.add_argument_group("pipeline parallelism (every stage's schedule priced)")
+    pipe.add_argument("--pp", type=int, default=1, help=HELP["--pp"])
+    pipe.add_argument("--vpp", type=int, default=1, help=HELP["--vpp"])
+    pipe.add_argument("--microbatches", type=int, default=None, help=HELP["--microbatches"])
+    pipe.add_argument("--stage-layers", help=HELP["--stage-layers"])
+    pipe.add_argument("--first-stage-layers", type=int, help=HELP["--first-stage-layers"])
+    pipe.add_argument("--last-stage-layers", type=int, help=HELP["--last-stage-layers"])
+    mbs = pipe.add_mutually_exclusive_group()
+    mbs.add_argument("--microbatch-lengths", help=HELP["--microbatch-lengths"])
+    mbs.add_argument("--microbatch-file", help=HELP["--microbatch-file"])
     ex = p.add_argument_group("explicit plan (a runtime that knows its layout)")
     ex.add_argument("--logical-tokens", type=int, help=HELP["--logical-tokens"])
     ex.add_argument("--packed-tokens", type=int, help=HELP["--packed-tokens"])
@@ -168,7 +180,60 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "distributed_optimizer": args.distributed_optimizer,
         "device": args.device,
         "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
+        "pp": args.pp,
+        "vpp": args.vpp,
+        "stage_layers": None
+        if args.stage_layers is None
+        else parse_int_list("stage_layers", args.stage_layers),
+        "first_stage_layers": args.first_stage_layers,
+        "last_stage_layers": args.last_stage_layers,
+        **_microbatch_arguments(args),
     }
+
+
+def _microbatch_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``--microbatches M`` (one request repeated), or every micro-batch's request:
+    ``--microbatch-lengths "4096,4096;2048;8192"`` or ``--microbatch-file F`` (a JSON list
+    of length lists or of ``{"lengths": [...], "shared_prefix": n}``)."""
+    given: list[Any] | None = None
+    if args.microbatch_lengths is not None:
+        given = [
+            parse_int_list("microbatch_lengths", part)
+            for part in args.microbatch_lengths.split(";")
+        ]
+    elif args.microbatch_file is not None:
+        given = _microbatch_file(args.microbatch_file)
+    out: dict[str, Any] = {}
+    if args.microbatches is not None:
+        out["microbatches"] = args.microbatches
+    if given is not None:
+        if args.lengths is not None:
+            raise InputError(
+                "microbatch_lengths", "+lengths", "give the micro-batches or --lengths, not both"
+            )
+        out["microbatch_requests"] = given
+    return out
+
+
+def _microbatch_file(path: str) -> list[Any]:
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError("microbatch_file", path, f"cannot be read as JSON ({exc})") from exc
+    if not isinstance(raw, list) or not raw:
+        raise InputError("microbatch_file", path, "must hold a non-empty JSON list")
+    out: list[Any] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, dict):
+            lengths, prefix = item.get("lengths"), item.get("shared_prefix", 0)
+        else:
+            lengths, prefix = item, 0
+        if not isinstance(lengths, list) or not all(isinstance(n, int) for n in lengths):
+            raise InputError(f"microbatch_file[{i}]", item, "needs a list of integer lengths")
+        if not isinstance(prefix, int):
+            raise InputError(f"microbatch_file[{i}].shared_prefix", prefix, "must be an integer")
+        out.append(Request.shared(lengths, prefix))
+    return out
 
 
 def _whole_bytes(field: str, value: float | None) -> int | None:
@@ -210,6 +275,18 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
         fb = est.forward_backward_bytes
         parts.append(["forward+backward", f"{fb:,}", fmt_gib(fb), "", "the whole step"])
     lines += ["", *table(["component", "bytes", "GiB", "share", ""], parts, right=(1, 2, 3))]
+    if est.stage_bytes:
+        stages = [
+            [
+                f"{s}",
+                f"{b:,}",
+                fmt_gib(b),
+                "<- busiest" if s == est.busiest_stage else "",
+            ]
+            for s, b in enumerate(est.stage_bytes)
+        ]
+        lines += ["", *table(["stage", "bytes", "GiB", ""], stages, right=(0, 1, 2))]
+        lines.append(f"busiest stage {est.busiest_stage}: its peak is the {est.pipeline_op}")
     if est.static is not None:
         lines += ["", *render_static(est)]
     return "\n".join(lines)

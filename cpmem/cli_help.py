@@ -54,6 +54,19 @@ HELP: dict[str, str] = {
     "(a device without a preset; with --free-bytes: the runtime's own budget rule)",
     "--device": "a device preset (a100-80gb, h100, h200, b200, mi300x): admit against what it "
     "leaves once the static memory is allocated; estimate reports that budget",
+    "--pp": "pipeline stages (megatron's 1F1B; the busiest stage's figure, every stage's in "
+    "stage_bytes)",
+    "--vpp": "virtual stages per pipeline stage (megatron's interleaved 1F1B)",
+    "--microbatches": "micro-batches per step, each the request given (default 1)",
+    "--stage-layers": "layers per stage (pp counts) or per virtual stage (pp x vpp), "
+    "comma-separated (default: even)",
+    "--first-stage-layers": "layers on the first stage (megatron's "
+    "num_layers_in_first_pipeline_stage; the other stages share the rest evenly)",
+    "--last-stage-layers": "layers on the last stage (num_layers_in_last_pipeline_stage)",
+    "--microbatch-lengths": "every micro-batch's sequence lengths: "
+    "'4096,4096;2048;8192' (instead of --lengths)",
+    "--microbatch-file": "a JSON list of the micro-batches' requests: [[4096, 4096], "
+    '{"lengths": [2048, 2048], "shared_prefix": 512}]',
     "--dp": "data-parallel ranks (a distributed optimizer shards its states over them)",
     "--optimizer": "how the adapters are trained: adam (default), sgd, none (static memory)",
     "--distributed-optimizer": "megatron's distributed optimizer: master copy and moments / dp",

@@ -308,7 +308,8 @@ def _admit_request(
 
     request = step.request
     assert request is not None  # admit_step admits a step without one as it stands
-    parts = 2
+    # a pipeline step is not split: its micro-batches are the trainer's split already
+    parts = 2 if not step.settings.pipeline.active else MAX_SPLIT + 1
     while parts <= MAX_SPLIT:
         pieces = split_request(request, parts)
         if pieces is None:

@@ -51,6 +51,11 @@ class Component(StrEnum):
     """A policy's multiplicative margin on its sum."""
     MARGIN_ALLOWANCE = "margin_allowance"
     """A policy's fixed allowance."""
+    PIPELINE_IN_FLIGHT = "pipeline_in_flight"
+    """Under pipeline parallelism: the retained bytes of the other micro-batches' model
+    chunks a stage holds in flight (``cpmem.pricing.pipeline``)."""
+    PIPELINE_BUFFERS = "pipeline_buffers"
+    """The activation a stage sends on, or the gradient it receives, while it moves."""
     FORWARD_PEAK_EXCESS = "forward_peak_excess"
     """Where the forward peak exceeds the backward's: the step's peak is the forward's."""
 
@@ -64,6 +69,7 @@ RETAINED: frozenset[Component] = frozenset(
         Component.CP_GATHERED_KV,
         Component.ROPE_TABLES,
         Component.HEAD_KEPT,
+        Component.PIPELINE_IN_FLIGHT,
     }
 )
 """What a forward keeps until its backward: kept once per part of a split request."""

@@ -53,6 +53,14 @@ class Estimate:
     device_budget: DeviceBudget | None = None
     """What the step's device leaves the activations once the static memory is
     allocated (None: the step names no device)."""
+    busiest_stage: int = 0
+    """Under pipeline parallelism: the stage whose busiest rank holds ``estimate_bytes``
+    (``cpmem.pricing.pipeline``); 0 without stages."""
+    stage_bytes: tuple[int, ...] = ()
+    """Every stage's forward figure (its busiest rank's); empty without stages."""
+    stage_forward_backward_bytes: tuple[int, ...] | None = None
+    pipeline_op: str = ""
+    """The op at the busiest stage's peak and how many model chunks it held in flight."""
 
     def __post_init__(self) -> None:
         # plain names (``Component`` values) for JSON, CSV and comparisons alike
@@ -110,6 +118,12 @@ class Estimate:
             out["forward_backward_bytes"] = self.forward_backward_bytes
             out["forward_backward_gib"] = round(gib(self.forward_backward_bytes), 6)
             out["forward_backward_components"] = dict(self.forward_backward_components or {})
+        if self.stage_bytes:
+            out["busiest_stage"] = self.busiest_stage
+            out["stage_bytes"] = list(self.stage_bytes)
+            if self.stage_forward_backward_bytes is not None:
+                out["stage_forward_backward_bytes"] = list(self.stage_forward_backward_bytes)
+            out["pipeline_op"] = self.pipeline_op
         if self.static is not None:
             out.update(self.static.to_dict())
         if self.device_budget is not None:

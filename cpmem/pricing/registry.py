@@ -12,6 +12,7 @@ from dataclasses import replace
 from cpmem.errors import InputError
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import static_memory
 from cpmem.step.step import Step
 
@@ -36,8 +37,8 @@ def price(inputs: Step, policy: str = "reference") -> Estimate:
         raise InputError(
             "policy", policy, f"unknown policy; choose one of {sorted(POLICIES)}"
         ) from None
-    est = fn(inputs)
-    static = static_memory(inputs.settings)
+    est = price_pipeline(inputs, fn) if inputs.settings.pipeline.active else fn(inputs)
+    static = static_memory(inputs.settings, stage=est.busiest_stage)
     device = inputs.settings.device
     budget = None if device is None else device_budget(device, static)
     return replace(est, static=static, device_budget=budget)

@@ -26,6 +26,7 @@ module by ``cpmem.gate.static_check``: every recorded baseline within 3%.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -85,13 +86,19 @@ class StaticMemory:
         return {"static_bytes": self.total, "static_components": dict(self.components)}
 
 
-def adapter_parameters(geometry: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
+def adapter_parameters(
+    geometry: ModelGeometry,
+    adapter: Adapter,
+    layout: ParallelLayout,
+    layers: Sequence[int] | None = None,
+) -> int:
     """Trainable parameters of one rank's adapters: per adapted projection ``r`` times
     its input and output widths on the rank. A column-parallel base (QKV, fc1, GDN's in
     projection) shards ``B``'s output over TP and holds ``A`` whole; a row-parallel one
     (the output projections, fc2) shards ``A``'s input and holds ``B`` whole; a routed
     expert's two linears are adapted once per expert on the rank (``experts``), the
-    shared expert's as an MLP's (``fc1``, ``fc2``)."""
+    shared expert's as an MLP's (``fc1``, ``fc2``). ``layers``: the layers the rank
+    holds (all by default)."""
     g, tp, r = geometry, layout.tp, adapter.rank
     h = g.hidden
     q_out = g.q_width * (2 if g.attention_output_gate else 1) + 2 * g.kv_width
@@ -102,7 +109,8 @@ def adapter_parameters(geometry: ModelGeometry, adapter: Adapter, layout: Parall
         "dense": {"fc1": h + 2 * g.ffn // tp, "fc2": g.ffn // tp + h},
     }
     total = 0
-    for mixer, mlp in zip(g.mixers, g.mlps, strict=True):
+    held = range(g.layers) if layers is None else layers
+    for mixer, mlp in ((g.mixers[i], g.mlps[i]) for i in held):
         for target, width in per_kind[mixer].items():
             total += r * width if adapter.adapts(target) else 0
         if mlp == "dense":
@@ -117,18 +125,25 @@ def adapter_parameters(geometry: ModelGeometry, adapter: Adapter, layout: Parall
     return total
 
 
-def static_memory(settings: StepSettings, *, stepped: bool | None = None) -> StaticMemory:
-    """One rank's static bytes for a step run under ``settings``. ``stepped``: whether
-    an optimizer step has run before it (by default: the step is warm), which decides
-    whether the optimizer's moments exist yet."""
+def static_memory(
+    settings: StepSettings, *, stepped: bool | None = None, stage: int = 0
+) -> StaticMemory:
+    """One rank's static bytes for a step run under ``settings``, on pipeline ``stage``
+    (its layers; the embedding on the first, the output layer on the last). ``stepped``:
+    whether an optimizer step has run before it (by default: the step is warm), which
+    decides whether the optimizer's moments exist yet."""
     g, layout, opt = settings.geometry, settings.layout, settings.optimizer
-    trainable = adapter_parameters(g, settings.adapter, layout)
+    pipe = settings.pipeline
+    layers = [i for c in range(pipe.vpp) for i in pipe.chunk_layers(g.layers, stage, c)]
+    trainable = adapter_parameters(g, settings.adapter, layout, layers)
     trains = opt.kind != "none"
     stepped = (not settings.cold) if stepped is None else stepped
     states = trainable * (MASTER_BYTES if trains else 0)
     states += trainable * MOMENT_BYTES[opt.kind] if stepped else 0
     components = {
-        StaticComponent.BASE_WEIGHTS: rank_weights(g, layout).total,
+        StaticComponent.BASE_WEIGHTS: rank_weights(
+            g, layout, layers, first=stage == 0, last=stage == pipe.pp - 1
+        ).total,
         StaticComponent.ADAPTER_PARAMS: trainable * ADAPTER_PARAM_BYTES,
         StaticComponent.ADAPTER_GRADS: trainable * GRAD_BYTES if trains else 0,
         StaticComponent.OPTIMIZER_STATES: _sharded(states, layout.dp, opt),

@@ -23,6 +23,7 @@ of every recorded baseline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
@@ -92,22 +93,30 @@ class Weights:
 
 
 def rank_weights(
-    geometry: ModelGeometry, layout: ParallelLayout, layers: range | None = None
+    geometry: ModelGeometry,
+    layout: ParallelLayout,
+    layers: Sequence[int] | None = None,
+    *,
+    first: bool = True,
+    last: bool = True,
 ) -> Weights:
     """One rank's frozen base weights. ``layers``: the layers this rank holds (all by
-    default); the embedding and the output layer are held with the whole model."""
+    default); ``first`` / ``last``: whether it is the first / last pipeline stage, which
+    holds the embedding / the output layer and the final norm (tied embeddings: megatron
+    keeps a copy of the embedding on the last stage for the output layer)."""
     tp, ep = layout.tp, layout.ep
     held = range(geometry.layers) if layers is None else layers
     params = 0.0
     for i in held:
         params += mixer_parameters(geometry, geometry.mixers[i]).on_rank(tp, ep)
         params += mlp_parameters(geometry, geometry.mlps[i]).on_rank(tp, ep)
-    vocab_rows = padded_vocab(geometry, tp) // tp * geometry.hidden
+    matrix = padded_vocab(geometry, tp) // tp * geometry.hidden * WEIGHT_BYTES
+    tied = geometry.tied_embeddings
     return Weights(
-        embedding=vocab_rows * WEIGHT_BYTES,
-        output_layer=0 if geometry.tied_embeddings else vocab_rows * WEIGHT_BYTES,
+        embedding=matrix if first or (last and tied) else 0,
+        output_layer=matrix if last and not tied else 0,
         layers=int(params) * WEIGHT_BYTES,
-        final_norm=geometry.hidden * WEIGHT_BYTES,
+        final_norm=geometry.hidden * WEIGHT_BYTES if last else 0,
     )
 
 

@@ -19,6 +19,7 @@ from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.request import Request
 from cpmem.step.device import Device, resolve_device
+from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import Recompute
 from cpmem.step.step import MoeRouting, Step, StepSettings
@@ -60,6 +61,12 @@ class SettingsArguments(TypedDict, total=False):
     distributed_optimizer: bool
     device: str | Device | None
     device_total_bytes: int | None
+    pp: int
+    vpp: int
+    microbatches: int
+    stage_layers: Sequence[int] | None
+    first_stage_layers: int | None
+    last_stage_layers: int | None
 
 
 class StepArguments(SettingsArguments, total=False):
@@ -74,6 +81,7 @@ class StepArguments(SettingsArguments, total=False):
     busiest_tokens: int | None
     segments: int | None
     gdn_rank_tokens: Sequence[int] | None
+    microbatch_requests: Sequence[Request | Sequence[int]] | None
 
 
 def describe_settings(
@@ -104,6 +112,12 @@ def describe_settings(
     distributed_optimizer: bool = False,
     device: str | Device | None = None,
     device_total_bytes: int | None = None,
+    pp: int = 1,
+    vpp: int = 1,
+    microbatches: int = 1,
+    stage_layers: Sequence[int] | None = None,
+    first_stage_layers: int | None = None,
+    last_stage_layers: int | None = None,
 ) -> StepSettings:
     """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
     geometry), the layout (SP defaults to on when TP > 1, as Megatron runs it), the
@@ -115,7 +129,10 @@ def describe_settings(
     names), and the attention's ``cp_comm`` (``all_gather``, ``p2p``, ``a2a``); how the
     adapters are trained (``optimizer``: ``adam``, ``sgd``, ``none``; a
     ``distributed_optimizer`` over ``dp`` data-parallel ranks), and the ``device`` (a
-    preset name, ``cpmem.step.device.DEVICES``) or its ``device_total_bytes``."""
+    preset name, ``cpmem.step.device.DEVICES``) or its ``device_total_bytes``; pipeline
+    stages (``pp``, ``vpp`` virtual stages, ``microbatches`` per step, the stages' layers:
+    even, megatron's ``first_stage_layers`` / ``last_stage_layers``, or ``stage_layers``
+    per stage or per virtual stage; ``cpmem.step.pipeline``)."""
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
     layout = ParallelLayout(tp=tp, cp=cp, sp=(tp > 1) if sp is None else sp, ep=ep, dp=dp)
     rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
@@ -136,6 +153,19 @@ def describe_settings(
         cp_comm=check_cp_comm(cp_comm),
         optimizer=Optimizer(check_optimizer(optimizer), distributed_optimizer),
         device=resolve_device(device, device_total_bytes),
+        pipeline=Pipeline(
+            pp,
+            vpp,
+            microbatches,
+            stage_layer_counts(
+                geometry.layers,
+                pp,
+                vpp,
+                first=first_stage_layers,
+                last=last_stage_layers,
+                explicit=stage_layers,
+            ),
+        ),
     )
 
 
@@ -152,6 +182,7 @@ def describe_step(
     busiest_tokens: int | None = None,
     segments: int | None = None,
     gdn_rank_tokens: Sequence[int] | None = None,
+    microbatch_requests: Sequence[Request | Sequence[int]] | None = None,
     **settings: Unpack[SettingsArguments],
 ) -> Step:
     """One step, from exactly one of:
@@ -167,8 +198,12 @@ def describe_step(
     - a ready ``plan``.
 
     ``settings`` are ``describe_settings``'s keywords (model layout, recompute, execution
-    flags, profiles, planner, outputs).
+    flags, profiles, planner, outputs). Under pipeline parallelism
+    ``microbatch_requests`` gives every micro-batch its own request (a ``Request`` or
+    sequence lengths), in place of one request repeated ``microbatches`` times.
     """
+    if microbatch_requests is not None:
+        return _microbatched(model, lengths, request, microbatch_requests, settings)
     s = describe_settings(model, **settings)
     counts = {
         "logical_tokens": logical_tokens,
@@ -196,6 +231,31 @@ def describe_step(
             raise InputError("lengths", None, "give lengths, a request or a plan")
         request = Request.shared(list(lengths), shared_prefix)
     return s.step(request)
+
+
+def _microbatched(
+    model: str | ModelGeometry | None,
+    lengths: Sequence[int] | None,
+    request: Request | None,
+    given: Sequence[Request | Sequence[int]],
+    settings: SettingsArguments,
+) -> Step:
+    """A pipeline step whose micro-batches each have a request (the first is the step's)."""
+    if lengths is not None or request is not None:
+        raise InputError(
+            "microbatch_requests", "+lengths", "give the micro-batches' requests or one request"
+        )
+    if not given:
+        raise InputError("microbatch_requests", [], "needs at least one request")
+    requests = tuple(r if isinstance(r, Request) else Request.shared(list(r), 0) for r in given)
+    count = settings.get("microbatches")
+    if count is not None and count not in (1, len(requests)):
+        raise InputError(
+            "microbatches", count, f"differs from the {len(requests)} micro-batch requests"
+        )
+    counted: SettingsArguments = {**settings, "microbatches": len(requests)}
+    s = describe_settings(model, **counted)
+    return s.step(requests[0], microbatches=requests if len(requests) > 1 else ())
 
 
 def _explicit_step(

@@ -22,6 +22,7 @@ from cpmem.plan.plan import Plan
 from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.step.device import Device
+from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.recompute import Recompute
 from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
@@ -63,9 +64,12 @@ class StepSettings:
     dtype_bytes: int = BF16_BYTES
     optimizer: Optimizer = Optimizer()
     device: Device | None = None
+    pipeline: Pipeline = Pipeline()
 
     def __post_init__(self) -> None:
         self.geometry.check_tp(self.layout.tp)
+        if self.pipeline.active:
+            self.pipeline.virtual_layers(self.geometry.layers)  # the layers cut as asked
         check_cp_comm(self.cp_comm)
         if self.cp_comm == "a2a" and self.layout.cp > 1:
             self._check_a2a_heads()
@@ -94,7 +98,12 @@ class StepSettings:
                 f"needs the heads per TP rank ({q} query, {kv} KV) divisible by cp={cp}",
             )
 
-    def step(self, request: Request, planner: str | None = None) -> Step:
+    def step(
+        self,
+        request: Request,
+        planner: str | None = None,
+        microbatches: tuple[Request, ...] = (),
+    ) -> Step:
         """``request`` planned under these settings (``planner`` overrides the settings'
         planner), with the checks every planned step gets: sequences within the model's
         positions (or a warning under ``allow_long``) and no CP rank left empty (a warning
@@ -103,7 +112,19 @@ class StepSettings:
         chosen = self.planner if planner is None else planner
         plan = plan_request(request, self.layout, chosen, self.geometry)
         warnings += check_ranks(plan, request.real_tokens)
-        return Step(self, plan, request, tuple(warnings))
+        if microbatches:
+            if len(microbatches) != self.pipeline.microbatches:
+                raise InputError(
+                    "microbatch_requests",
+                    len(microbatches),
+                    f"gives {len(microbatches)} requests for {self.pipeline.microbatches} "
+                    "micro-batches",
+                )
+            if microbatches[0] != request:
+                raise InputError("microbatch_requests", None, "the first must be the request")
+            for other in microbatches[1:]:
+                warnings += self.step(other, planner).warnings
+        return Step(self, plan, request, tuple(warnings), microbatches)
 
     def step_for_plan(self, plan: Plan) -> Step:
         """A plan the runtime already fixed (an explicit plan), under these settings."""
@@ -129,6 +150,18 @@ class Step:
     plan: Plan
     request: Request | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    microbatches: tuple[Request, ...] = ()
+    """Under pipeline parallelism, every micro-batch's request where they differ (the
+    first is ``request``); empty: ``request`` repeated ``pipeline.microbatches`` times."""
+
+    @property
+    def microbatch_steps(self) -> tuple[Step, ...]:
+        """One step per micro-batch, each planned as this one is."""
+        count = self.settings.pipeline.microbatches
+        if not self.microbatches:
+            return (self,) * count
+        planner = self.plan.planner
+        return tuple(self.settings.step(r, planner) for r in self.microbatches)
 
     @property
     def geometry(self) -> ModelGeometry:
@@ -196,7 +229,7 @@ class Step:
 
     def replanned(self, planner: str) -> Step:
         """The same request laid out by ``planner`` (admission's alternative layouts)."""
-        return self.settings.step(self._request("replanned"), planner)
+        return self.settings.step(self._request("replanned"), planner, self.microbatches)
 
     def for_request(self, request: Request) -> Step:
         """Another request under the same settings (split parts, queue prefixes)."""
@@ -204,7 +237,8 @@ class Step:
 
     def with_settings(self, **changes: Any) -> Step:
         """The same request planned under changed settings (another CP, recompute...)."""
-        return self.settings.replace(**changes).step(self._request("with_settings"))
+        changed = self.settings.replace(**changes)
+        return changed.step(self._request("with_settings"), microbatches=self.microbatches)
 
     def _request(self, what: str) -> Request:
         if self.request is None:

@@ -63,6 +63,7 @@ class Row:
     figure: Figure = "forward"
     lengths: list[int] | None = field(default_factory=lambda: [2048, 2048])
     refused_before: bool = False  # ``before`` is an input both estimate and admit refuse
+    planned: bool | None = None  # planned from requests (None: from ``lengths``)
 
     def arguments(self, value: Any) -> dict[str, Any]:
         args = dict(self.common)
@@ -130,6 +131,22 @@ ROWS = [
     ),
     Row("segments", M4, {**EXPLICIT, "cp": 2}, 2, 8, lengths=None),
     Row("gdn_rank_tokens", M4, {**EXPLICIT, "cp": 2}, None, [5000, 3192], lengths=None),
+    # pipeline stages: the busiest stage's schedule (cpmem.pricing.pipeline)
+    Row("pp", M4, {"microbatches": 4}, 1, 2),
+    Row("vpp", M4, {"pp": 2, "microbatches": 4}, 1, 2),
+    Row("microbatches", M4, {"pp": 2}, 1, 2),
+    Row("stage_layers", M4, {"pp": 2, "microbatches": 2}, [16, 16], [20, 12]),
+    Row("first_stage_layers", M4, {"pp": 4, "microbatches": 4}, None, 14),
+    Row("last_stage_layers", M4, {"pp": 4, "microbatches": 1}, None, 11),
+    Row(
+        "microbatch_requests",
+        M4,
+        {"pp": 2},
+        [[2048, 2048], [2048]],
+        [[2048, 2048], [8192]],
+        lengths=None,
+        planned=True,
+    ),
 ]
 
 
@@ -227,7 +244,8 @@ def test_an_option_moves_estimate_and_admission_alike(row: Row) -> None:
     before, after = row.estimated(row.before), row.estimated(row.after)
     assert before != after, f"{row.option} does not change the estimate in this row"
     d_before, d_after = row.admitted(row.before), row.admitted(row.after)
-    variant = "explicit" if row.lengths is None else "cost-optimal"
+    planned = row.lengths is not None if row.planned is None else row.planned
+    variant = "cost-optimal" if planned else "explicit"
     for d, figure in ((d_before, before), (d_after, after)):
         assert d.action == "fit" and d.variant == variant
         assert d.required_bytes == figure

@@ -1,0 +1,187 @@
+"""A pipeline-parallel step: every stage's peak over its schedule, for any policy.
+
+A stage runs its micro-batches' forwards and backwards in megatron's order
+(``cpmem.step.pipeline``); each forward of a (micro-batch, model chunk) keeps its
+retained bytes (``components.RETAINED``) until that chunk's backward. So at each op the
+stage holds the retained bytes of every chunk in flight and the op's own figure (the
+policy's estimate of that chunk's layers for that micro-batch: its forward peak, or its
+forward+backward figure at a backward), and a chunk that sends its output on (any but the
+last virtual stage) holds that activation (``[tokens / (tp under SP), H]``, bf16) while
+it is sent and, at its backward, the gradient it receives. A stage's peak is the largest
+of those moments; the step's figure is the busiest stage's (``estimate_bytes``), every
+stage's is in ``stage_bytes``.
+
+Each (micro-batch, chunk) is priced by the policy as a model of the chunk's layers: the
+first virtual stage's chunk is where the embedding feeds the layers, the last holds the
+head and the returned outputs; every other chunk returns nothing (its output leaves the
+stage). Per CP rank, an in-flight chunk's retained bytes are its busiest rank's scaled by
+that rank's share of the chunk's figure (exact on the busiest rank).
+
+With ``pp = 1`` nothing here runs: ``cpmem.pricing.registry.price`` prices the step as
+it always has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from cpmem.pricing.components import Component, retained_bytes
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.widths import sp_divisor
+from cpmem.step.pipeline import Op
+from cpmem.step.step import Step
+from cpmem.step.trainer import Head
+
+Policy = Callable[[Step], Estimate]
+
+
+@dataclass(frozen=True)
+class Moment:
+    """An op on the busiest rank with what the stage held: the chunk's own estimate,
+    the in-flight chunks' retained bytes and the send/receive buffer."""
+
+    bytes: int
+    rank: int
+    op: Op
+    in_flight: int
+    estimate: Estimate
+    kept: int
+    buffer: int
+
+    def components(self, figure: str) -> dict[str, int]:
+        """What the stage held at this moment on ``rank``: the chunk's own components
+        (its forward's, or at a backward its forward+backward's) scaled to the rank, the
+        send/receive buffer, and the in-flight chunks' retained bytes."""
+        est = self.estimate
+        base = est.components
+        if figure == "forward_backward" and self.op.kind == "backward":
+            base = est.forward_backward_components or {}
+        scale = est.per_rank_bytes[self.rank] / est.estimate_bytes if est.estimate_bytes else 0
+        out = {k: int(v * scale) for k, v in base.items()}
+        out[str(Component.PIPELINE_BUFFERS)] = self.buffer
+        out[str(Component.PIPELINE_IN_FLIGHT)] = self.bytes - sum(out.values())
+        return out
+
+
+@dataclass(frozen=True)
+class StagePeak:
+    """One stage's figures per CP rank (forward; forward+backward where the policy prices
+    it) and the busiest rank's peak moments."""
+
+    stage: int
+    forward: tuple[int, ...]
+    forward_backward: tuple[int, ...] | None
+    forward_moment: Moment
+    forward_backward_moment: Moment | None
+
+
+def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
+    """The step of one micro-batch's model chunk on ``stage``: its layers only, the head
+    and outputs on the last virtual stage, no outputs elsewhere."""
+    pipe = step.settings.pipeline
+    layers = pipe.chunk_layers(step.geometry.layers, stage, chunk)
+    g = step.geometry
+    geometry = replace(
+        g,
+        mixers=g.mixers[layers.start : layers.stop],
+        mlps=g.mlps[layers.start : layers.stop],
+    )
+    last = pipe.is_last(stage, chunk)
+    settings = step.settings.replace(
+        geometry=geometry,
+        pipeline=type(pipe)(),
+        head=step.head if last else Head(),
+        output_bytes=step.settings.output_bytes if last else 0,
+    )
+    return replace(microbatch, settings=settings)
+
+
+def _buffer(step: Step, tokens: int) -> int:
+    """The activation a chunk sends on (or whose gradient it receives), on one rank."""
+    layout = step.plan.layout
+    return tokens // sp_divisor(layout.tp, layout.sp) * step.geometry.hidden * step.dtype_bytes
+
+
+def stage_peak(step: Step, microbatches: list[Step], stage: int, policy: Policy) -> StagePeak:
+    """``stage``'s peak over its schedule."""
+    pipe = step.settings.pipeline
+    cp = step.plan.layout.cp
+    priced = {
+        (m, c): policy(chunk_step(step, mb, stage, c))
+        for m, mb in enumerate(microbatches)
+        for c in range(pipe.vpp)
+    }
+    with_backward = all(e.forward_backward_bytes is not None for e in priced.values())
+
+    def share(est: Estimate, rank: int) -> float:
+        return est.per_rank_bytes[rank] / est.estimate_bytes if est.estimate_bytes else 0.0
+
+    fwd, fb = [0] * cp, [0] * cp
+    best: dict[str, Moment] = {}
+    live: list[tuple[int, int]] = []
+    for op in pipe.schedule(stage):
+        key = (op.microbatch, op.chunk)
+        est = priced[key]
+        last = pipe.is_last(stage, op.chunk)
+        sends = 0 if last else _buffer(step, microbatches[op.microbatch].plan.busiest_tokens)
+        held = [k for k in live if k != key]
+        for r in range(cp):
+            kept = sum(int(retained_bytes(priced[k]) * share(priced[k], r)) for k in held)
+            buffer = int(sends * share(est, r))
+            own = est.per_rank_bytes[r]
+            if op.kind == "backward" and est.forward_backward_bytes is not None:
+                own = int(est.forward_backward_bytes * share(est, r))
+            moment = kept + own + buffer
+            figures = (("forward", fwd), ("forward_backward", fb))
+            for figure, peaks in figures if op.kind == "forward" else figures[1:]:
+                peaks[r] = max(peaks[r], moment)
+                if figure not in best or moment > best[figure].bytes:
+                    best[figure] = Moment(moment, r, op, len(held) + 1, est, kept, buffer)
+        if op.kind == "forward":
+            live.append(key)
+        else:
+            live.remove(key)
+    return StagePeak(
+        stage,
+        tuple(fwd),
+        tuple(fb) if with_backward else None,
+        best["forward"],
+        best.get("forward_backward") if with_backward else None,
+    )
+
+
+def price_pipeline(step: Step, policy: Policy) -> Estimate:
+    """The busiest stage's figure, with every stage's."""
+    pipe = step.settings.pipeline
+    microbatches = list(step.microbatch_steps)
+    stages = [stage_peak(step, microbatches, s, policy) for s in range(pipe.pp)]
+    busiest = max(stages, key=lambda p: max(p.forward))
+    moment = busiest.forward_moment
+    fb_moment = busiest.forward_backward_moment
+    fbs = [p.forward_backward for p in stages]
+    return replace(
+        moment.estimate,
+        estimate_bytes=moment.bytes,
+        components=moment.components("forward"),
+        per_rank_bytes=busiest.forward,
+        busiest_rank=moment.rank,
+        busiest_tokens=microbatches[moment.op.microbatch].plan.rank_tokens[moment.rank],
+        packed_tokens=step.plan.packed_tokens,
+        logical_tokens=step.plan.logical_tokens,
+        grad_segments=step.plan.grad_segments,
+        model=step.geometry.name,
+        forward_backward_bytes=None if fb_moment is None else fb_moment.bytes,
+        forward_backward_components=(
+            None if fb_moment is None else fb_moment.components("forward_backward")
+        ),
+        stage_bytes=tuple(max(p.forward) for p in stages),
+        stage_forward_backward_bytes=(
+            None if any(f is None for f in fbs) else tuple(max(f or (0,)) for f in fbs)
+        ),
+        busiest_stage=busiest.stage,
+        pipeline_op=(
+            f"{moment.op.kind} of micro-batch {moment.op.microbatch}, chunk "
+            f"{moment.op.chunk}, {moment.in_flight} in flight"
+        ),
+    )

@@ -1,0 +1,118 @@
+"""Pipeline stages: the layers each holds, what its schedule keeps in flight, and what
+it holds beyond its layers. Expected figures come from the schedule's published facts
+(1F1B holds min(pp - s, M) micro-batches on stage s; Megatron-LM's interleaved factor
+1 + (pp - 1)/(pp v) on the first stage) and from single-stage estimates priced here."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpmem.api import estimate
+from cpmem.errors import InputError
+from cpmem.pricing.components import retained_bytes
+from cpmem.step.pipeline import Pipeline, stage_layer_counts
+
+M4 = "qwen3.5-4b"  # 32 layers, tied embeddings
+M17 = "qwen3-1.7b"  # 28 layers
+
+
+def test_pp1_is_the_step_as_it_was() -> None:
+    plain = estimate(M4, [4096], cp=2, policy="tight")
+    one = estimate(M4, [4096], cp=2, policy="tight", pp=1, microbatches=1)
+    assert one == plain and not one.stage_bytes
+
+
+def test_stage_layers_even_first_last_and_explicit() -> None:
+    assert Pipeline(4).virtual_layers(32)[1] == range(8, 16)
+    assert stage_layer_counts(32, 4, first=5, last=3) == (5, 12, 12, 3)
+    assert stage_layer_counts(32, 2, 2, explicit=[20, 12]) == (10, 6, 10, 6)
+    assert Pipeline(2, 2, layers=(10, 6, 10, 6)).chunk_layers(32, 1, 1) == range(26, 32)
+    for kwargs, field in (
+        ({"pp": 3}, "pp"),  # 32 layers do not divide into 3
+        ({"pp": 4, "vpp": 3}, "vpp"),
+        ({"pp": 1, "vpp": 2}, "vpp"),
+        ({"pp": 4, "first_stage_layers": 7, "last_stage_layers": 4}, "first_stage_layers"),
+        ({"pp": 2, "stage_layers": [16, 15]}, "stage_layers"),
+        ({"pp": 2, "microbatches": 0}, "microbatches"),
+    ):
+        with pytest.raises(InputError) as err:
+            estimate(M4, [4096], **kwargs)  # type: ignore[arg-type]
+        assert err.value.field == field, kwargs
+
+
+@pytest.mark.parametrize("policy", ["reference", "tight"])
+def test_1f1b_holds_min_pp_minus_s_microbatches(policy: str) -> None:
+    """Stage s's forward peak holds min(pp - s, M) micro-batches: each one in flight
+    beyond the current adds what one micro-batch keeps through the stage's 8 of the
+    model's 32 layers, a quarter of the whole model's retained bytes (the Qwen3.5-4B's
+    stages each hold 6 GDN and 2 attention layers)."""
+    pp, m = 4, 8
+    est = estimate(M4, [4096], pp=pp, microbatches=m, policy=policy)
+    single = estimate(M4, [4096], pp=pp, microbatches=1, policy=policy)
+    quarter = retained_bytes(estimate(M4, [4096], policy=policy)) / 4
+    assert est.busiest_stage == 0 and est.pipeline_op.endswith(f"{min(pp, m)} in flight")
+    for s in (1, 2):  # middle stages: no embedding, no head
+        extra = est.stage_bytes[s] - single.stage_bytes[s]
+        assert extra == pytest.approx((min(pp - s, m) - 1) * quarter, rel=0.01)
+
+
+def test_interleaving_scales_the_first_stage_as_megatron_lm() -> None:
+    """Megatron-LM's theoretical_memory_usage: interleaving scales the first stage's
+    activations by 1 + (pp - 1)/(pp v) over pp micro-batches of its layers."""
+    pp, v, m = 4, 2, 8
+    flat = estimate(M4, [4096], pp=pp, microbatches=m)
+    inter = estimate(M4, [4096], pp=pp, vpp=v, microbatches=m)
+    kept_flat = flat.components["retained_activations"] + flat.components["pipeline_in_flight"]
+    kept_inter = inter.components["retained_activations"] + inter.components["pipeline_in_flight"]
+    assert kept_inter / kept_flat == pytest.approx(1 + (pp - 1) / (pp * v), rel=0.02)
+
+
+def test_uneven_stages_move_the_peak() -> None:
+    even = estimate(M4, [4096], pp=4, microbatches=4)
+    heavy_first = estimate(M4, [4096], pp=4, microbatches=4, first_stage_layers=14)
+    assert heavy_first.stage_bytes[0] > even.stage_bytes[0]
+    assert heavy_first.stage_bytes[1] < even.stage_bytes[1]  # 6 layers instead of 8
+
+
+def test_the_last_stage_holds_the_head() -> None:
+    hidden = estimate(M17, [4096], pp=2, microbatches=1)
+    logits = estimate(M17, [4096], pp=2, microbatches=1, head="logits")
+    assert logits.stage_bytes[0] == hidden.stage_bytes[0]
+    whole = estimate(M17, [4096], head="logits")
+    assert logits.stage_bytes[1] - hidden.stage_bytes[1] >= whole.head_bytes * 0.9
+
+
+def test_differing_microbatches_each_have_their_own_plan() -> None:
+    """A long micro-batch in flight raises every stage that holds it: the same four
+    micro-batches in two orders give the same worst stage figure only if it holds them."""
+    short = estimate(M4, pp=2, cp=2, microbatch_requests=[[2048], [2048], [2048]])
+    mixed = estimate(M4, pp=2, cp=2, microbatch_requests=[[2048], [8192], [2048]])
+    assert mixed.estimate_bytes > short.estimate_bytes
+    assert mixed.logical_tokens == 2048  # the step's own request is the first micro-batch
+    with pytest.raises(InputError) as err:
+        estimate(M4, pp=2, microbatches=3, microbatch_requests=[[1024], [2048]])
+    assert err.value.field == "microbatches"
+
+
+def test_each_stage_holds_its_own_weights() -> None:
+    est = estimate("qwen3.5-27b", [4096], pp=4, microbatches=4)  # untied
+    from cpmem.pricing.static import static_memory
+    from cpmem.step.describe import describe_settings
+
+    settings = describe_settings("qwen3.5-27b", pp=4, microbatches=4)
+    stages = [static_memory(settings, stage=s).components["base_weights"] for s in range(4)]
+    whole = static_memory(describe_settings("qwen3.5-27b")).components["base_weights"]
+    vocab = 248_320 * 5120 * 2
+    # the embedding on the first, the output layer and the final norm on the last
+    assert stages[3] == stages[0] + 5120 * 2
+    assert stages[1] == stages[2] == (whole - 2 * vocab - 5120 * 2) // 4
+    assert sum(stages) == whole
+    assert est.static is not None and est.static.components["base_weights"] == stages[0]
+
+
+def test_json_names_the_stages() -> None:
+    out = estimate(M4, [4096], pp=2, microbatches=2, policy="tight").to_dict()
+    assert out["busiest_stage"] == 0 and len(out["stage_bytes"]) == 2
+    assert out["estimate_bytes"] == max(out["stage_bytes"])
+    assert len(out["stage_forward_backward_bytes"]) == 2
+    assert sum(out["components"].values()) == out["estimate_bytes"]
