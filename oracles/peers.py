@@ -119,6 +119,13 @@ def megatron_activation_bytes(d: dict[str, Any], *, head: bool) -> float:
       the final norm's output), and the whole multiplied by 1.05. This branch does
       not look at the recompute mode: full recompute is priced like selective.
 
+    Pipeline stages (``pp``, ``vpp``, ``microbatches`` where the step has them; the
+    figure is the first stage's): the layers' term covers the stage's ``L/pp`` layers
+    for ``pp`` micro-batches in flight (so ``L`` layer-micro-batches), the embedding
+    terms are kept for ``pp`` micro-batches, interleaving multiplies everything by
+    ``1 + (pp - 1)/(pp v)``, 1F1B with fewer micro-batches than stages by ``M / pp``,
+    and the output layer's term is added only at ``pp = 1`` (it is the last stage's).
+
     What it leaves out: CP (there is no CP division; the whole packed sequence is
     priced on every rank), the attention-score term (flash attention, selective
     recompute), LoRA, Gated DeltaNet (every layer priced as an attention layer),
@@ -133,13 +140,16 @@ def megatron_activation_bytes(d: dict[str, Any], *, head: bool) -> float:
     t = int(d["tp"])
     ffn = megatron_ffn(cfg)
     vocab = padded_vocab(int(cfg["vocab_size"]), t)
-    embedding = 8 * s + s * h  # token ids (int64) + embedding dropout mask (1 B)
+    pp, v, m = int(d.get("pp", 1)), int(d.get("vpp", 1)), int(d.get("microbatches", 1))
+    embedding = (8 * s + s * h) * pp  # token ids (int64) + embedding dropout mask (1 B)
+    schedule = 1 + (pp - 1) / (pp * v) if v > 1 else (min(1, m / pp) if pp > 1 else 1)
+    head = head and pp == 1
     if _sp_on(d) and d["recompute"] == "selective":
-        act = layers * s * h * (18 + 4 * ffn / h) + embedding
+        act = (layers * s * h * (18 + 4 * ffn / h) + embedding) * schedule
         if head:
             act += 4 * s * h * (1 + vocab / h)
         return act / t
-    act = layers * s * h * (10 + 24 / t) + embedding
+    act = (layers * s * h * (10 + 24 / t) + embedding) * schedule
     if head:
         act += 2 * (s * vocab / t + s * h)
     return act * NO_SP_OVERHEAD

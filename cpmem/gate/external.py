@@ -125,7 +125,12 @@ def _describe_step(
     recorded: str,
 ) -> dict[str, Any]:
     g, plan = step.geometry, step.plan
+    pipe = step.settings.pipeline
+    stages = (
+        {"pp": pipe.pp, "vpp": pipe.vpp, "microbatches": pipe.microbatches} if pipe.active else {}
+    )
     return {
+        **stages,
         "cell_id": cell_id,
         "model": model,
         "config": hf_config(g),

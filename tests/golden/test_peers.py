@@ -85,6 +85,21 @@ def test_megatron_with_sp_and_selective_recompute() -> None:
     assert _close(peers.megatron_theoretical_with_head(d), (body + head) / t)
 
 
+def test_megatrons_pipeline_factor() -> None:
+    """Megatron-LM's first stage: the L layers' term and the embedding terms for pp
+    micro-batches in flight, x (1 + (pp - 1)/(pp v)) interleaved, x min(1, M/pp) for
+    1F1B, no output-layer term (it is the last stage's)."""
+    cid = "tp:eager_control:Qwen3-1.7B:tp2:selective:core_attn:eager:4096+4096"
+    s, t = 6964, 2
+    layers = L17 * s * H17 * (18 + 4 * F17 / H17)
+    d = _cell(cid)
+    for pp, v, m, factor in ((4, 1, 8, 1.0), (4, 1, 2, 0.5), (4, 2, 8, 1 + 3 / 8)):
+        staged = {**d, "pp": pp, "vpp": v, "microbatches": m}
+        expected = (layers + (8 * s + s * H17) * pp) * factor / t
+        assert _close(peers.megatron_theoretical(staged), expected)
+        assert _close(peers.megatron_theoretical_with_head(staged), expected)
+
+
 def test_megatron_without_sp() -> None:
     """``compute_activation_memory_without_sp`` (TP 1 cannot run SP): s·h·(10 + 24/t) a
     layer, the same embedding terms, the head 2·(s·V/t + s·h), the whole x 1.05; no CP
