@@ -88,30 +88,11 @@ def cpmem_counts(args: argparse.Namespace, lengths: list[int]) -> tuple[dict[str
     return counts, f"cpmem default planner ({plan.planner})"
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from oracles.rank_sim.runner import simulate_rank
-
-    if args.config:
-        model: SimModel = load_config(args.config)
-    elif args.model:
-        model = get_model(args.model)
-    else:
-        raise SimInputError("model", None, "give --model or --config")
-    if args.layers:
-        model = model.truncated(args.layers)
-    model.check_tp(args.tp)
-    model.check_ep(args.ep, args.tp * max(args.cp, 1))
-    check_routing(args.routing)
-    moe = {"ep": args.ep, "routing": args.routing} if model.moe else {}
-    head = HeadSpec.parse(args.head)
-    adapters = AdapterSpec.parse(args.lora_rank, args.lora_dropout, args.lora_targets)
-    check_cp_comm(args.cp_comm, model, args.tp, max(args.cp, 1))
-    step = {"head": head.label, **adapters.as_dict(), "cp_comm": args.cp_comm}
-    step_kw = {"head": head, "lora_rank": adapters.rank, "lora_dropout": adapters.dropout,
-               "lora_targets": adapters.targets, "cp_comm": args.cp_comm}  # fmt: skip
-    rc = Recompute.parse(args.recompute, args.modules)
-    lengths = _ints("lengths", args.lengths)
-    explicit = _ints("rank_tokens", args.rank_tokens)
+def request_counts(
+    args: argparse.Namespace, lengths: list[int] | None, explicit: list[int] | None
+) -> tuple[dict[str, Any], str, list[tuple[int, int | None]]]:
+    """One request's per-CP-rank counts (``--rank-tokens``, else cpmem's default planner
+    for ``lengths``), where they came from, and its row's segments."""
     if args.cp < 1:
         raise SimInputError("cp", args.cp, "must be >= 1")
     if lengths is not None and args.cp > sum(lengths):
@@ -140,6 +121,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # each rank's count is padded to TP on its own, so the ranks together may hold more
     # than the packed row: the extra are padding tokens (1-token roots) at the row's end
     segs += [(1, None)] * max(0, sum(counts["gdn_tokens"]) - sum(t for t, _ in segs))
+    return counts, source, segs
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from oracles.rank_sim.runner import simulate_rank
+
+    if args.config:
+        model: SimModel = load_config(args.config)
+    elif args.model:
+        model = get_model(args.model)
+    else:
+        raise SimInputError("model", None, "give --model or --config")
+    if args.layers:
+        model = model.truncated(args.layers)
+    model.check_tp(args.tp)
+    model.check_ep(args.ep, args.tp * max(args.cp, 1))
+    check_routing(args.routing)
+    moe = {"ep": args.ep, "routing": args.routing} if model.moe else {}
+    head = HeadSpec.parse(args.head)
+    adapters = AdapterSpec.parse(args.lora_rank, args.lora_dropout, args.lora_targets)
+    check_cp_comm(args.cp_comm, model, args.tp, max(args.cp, 1))
+    step = {"head": head.label, **adapters.as_dict(), "cp_comm": args.cp_comm}
+    step_kw = {"head": head, "lora_rank": adapters.rank, "lora_dropout": adapters.dropout,
+               "lora_targets": adapters.targets, "cp_comm": args.cp_comm}  # fmt: skip
+    rc = Recompute.parse(args.recompute, args.modules)
+    if _pipeline_mode(args):
+        return run_stages(args, model, rc, moe, step, step_kw)
+    lengths = _ints("lengths", args.lengths)
+    explicit = _ints("rank_tokens", args.rank_tokens)
+    counts, source, segs = request_counts(args, lengths, explicit)
     ranks = [args.rank] if args.rank is not None else list(range(args.cp))
     results = []
     for r in ranks:
@@ -165,15 +176,174 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "ranks": results,
         "busiest_rank": busiest,
-        "provenance": {
-            "torch": _version("torch"),
-            "megatron-core": _version("megatron-core"),
-            "fla": _version("fla-core"),
-            "gdn_kernel": K.GDN_KERNEL,
-            "simulator": SIM_VERSION,
-            "cold_setup_added": False,
-        },
+        "provenance": _provenance(),
     }
+
+
+def _provenance() -> dict[str, Any]:
+    return {
+        "torch": _version("torch"),
+        "megatron-core": _version("megatron-core"),
+        "fla": _version("fla-core"),
+        "gdn_kernel": K.GDN_KERNEL,
+        "simulator": SIM_VERSION,
+        "cold_setup_added": False,
+    }
+
+
+PIPELINE_FLAGS = ("pp", "stage", "vpp", "microbatches", "microbatch_lengths",
+                  "microbatch_rank_tokens", "stage_layers", "microbatch_group_size")  # fmt: skip
+
+
+def _pipeline_mode(args: argparse.Namespace) -> bool:
+    return args.keep_pipeline_outputs or any(getattr(args, f) is not None for f in PIPELINE_FLAGS)
+
+
+def _microbatch_requests(
+    args: argparse.Namespace,
+) -> list[tuple[dict[str, Any], str, list[tuple[int, int | None]]]]:
+    """Each micro-batch's counts, laid out as one request is: ``--microbatch-lengths``
+    (one sequence each, cpmem's default planner), ``--microbatch-rank-tokens`` (explicit
+    per-CP-rank counts, micro-batches separated by ``;``), or the one request of
+    ``--lengths`` / ``--rank-tokens`` repeated ``--microbatches`` times."""
+    per_lengths = _ints("microbatch_lengths", args.microbatch_lengths)
+    per_ranks = (
+        [_ints("microbatch_rank_tokens", part) for part in args.microbatch_rank_tokens.split(";")]
+        if args.microbatch_rank_tokens is not None
+        else None
+    )
+    given = [n for n, v in (("--microbatch-lengths", per_lengths),
+                            ("--microbatch-rank-tokens", per_ranks)) if v is not None]  # fmt: skip
+    if len(given) > 1 or (given and (args.lengths or args.rank_tokens)):
+        raise SimInputError(
+            "microbatches", None, "give one of --microbatch-lengths, --microbatch-rank-tokens, "
+            "or --lengths / --rank-tokens (repeated --microbatches times)",
+        )  # fmt: skip
+    if given and args.shared_prefix:
+        raise SimInputError(
+            "shared_prefix", args.shared_prefix, "applies to --lengths only (one request)"
+        )
+    if per_lengths is not None:
+        requests = [request_counts(args, [n], None) for n in per_lengths]
+    elif per_ranks is not None:
+        requests = [request_counts(args, None, counts) for counts in per_ranks]
+    else:
+        one = request_counts(
+            args, _ints("lengths", args.lengths), _ints("rank_tokens", args.rank_tokens)
+        )
+        m = 1 if args.microbatches is None else args.microbatches
+        if m < 1:
+            raise SimInputError("microbatches", m, "must be >= 1")
+        return [one] * m
+    if args.microbatches is not None and args.microbatches != len(requests):
+        raise SimInputError(
+            "microbatches", args.microbatches, f"but {len(requests)} micro-batches were given"
+        )
+    return requests
+
+
+def run_stages(
+    args: argparse.Namespace,
+    model: SimModel,
+    rc: Recompute,
+    moe: dict[str, Any],
+    step: dict[str, Any],
+    step_kw: dict[str, Any],
+) -> dict[str, Any]:
+    """Pipeline stages (oracles/rank_sim/pipeline/stage.py): every stage (or ``--stage``) of every
+    CP rank (or ``--rank``), each running megatron's schedule over the micro-batches."""
+    from oracles.rank_sim.pipeline import check_pipeline, simulate_stage, stage_layer_counts
+
+    pp = 1 if args.pp is None else args.pp
+    vpp = 1 if args.vpp is None else args.vpp
+    stage_layers = _ints("stage_layers", args.stage_layers)
+    requests = _microbatch_requests(args)
+    chunks, group = check_pipeline(
+        pp, 0 if args.stage is None else args.stage, vpp, len(requests), args.microbatch_group_size
+    )
+    counts_per_stage = stage_layer_counts(model, pp, chunks, stage_layers)
+    stages = [args.stage] if args.stage is not None else list(range(pp))
+    ranks = [args.rank] if args.rank is not None else list(range(args.cp))
+    results = []
+    for r in ranks:
+        layouts = [
+            contiguous_layout(
+                segs,
+                tuple(c["attention_tokens"]),
+                tuple(c["gdn_tokens"]),
+                tp=args.tp,
+                rank=r,
+                logical_tokens=c["logical_tokens"],
+                sp=not args.no_sp,
+            )
+            for c, _, segs in requests
+        ]
+        for s in stages:
+            res = simulate_stage(
+                model, layouts, rc, pp=pp, stage=s, vpp=vpp, stage_layers=counts_per_stage,
+                microbatch_group_size=group, deallocate_outputs=not args.keep_pipeline_outputs,
+                compiled=args.compiled, **moe, **step_kw,
+            )  # fmt: skip
+            results.append(res.as_dict(ops=not args.no_ops))
+    busiest = max(results, key=lambda x: x["forward_backward_peak_bytes"])
+    schedule = results[0]["schedule"]
+    return {
+        "model": model.name,
+        "recompute": rc.label,
+        "compiled": args.compiled,
+        "step": step,
+        "layout": {
+            "tp": args.tp,
+            "cp": args.cp,
+            "sequence_parallel": args.tp > 1 and not args.no_sp,
+            **moe,
+            "microbatches": [{"source": source, **c} for c, source, _ in requests],
+        },
+        "pipeline": {
+            "pp": pp,
+            "vpp": chunks,
+            "microbatches": len(requests),
+            "microbatch_group_size": group,
+            "stage_layers": list(counts_per_stage),
+            "schedule": schedule,
+            "deallocate_outputs": not args.keep_pipeline_outputs,
+            "order_from": "megatron.core.pipeline_parallel.schedules "
+            "(get_pp_rank_microbatches, get_schedule_table)",
+        },
+        "stages": results,
+        "busiest": {
+            "stage": busiest["stage"],
+            "rank": busiest["rank"],
+            "forward_backward_peak_bytes": busiest["forward_backward_peak_bytes"],
+        },
+        "provenance": _provenance(),
+    }
+
+
+def _print_stages(out: dict[str, Any]) -> None:
+    pl, st = out["pipeline"], out["step"]
+    print(
+        f"{out['model']}  {out['recompute']}  tp={out['layout']['tp']} cp={out['layout']['cp']}"
+        f"  pp={pl['pp']} vpp={pl['vpp']} {pl['schedule']}, {pl['microbatches']} micro-batches,"
+        f" layers per virtual stage {pl['stage_layers']}"
+    )
+    print(
+        f"  head {st['head']}, LoRA rank {st['lora_rank']} dropout {st['lora_dropout']} on "
+        f"{'+'.join(st['lora_targets'])}, cp_comm {st['cp_comm']}"
+    )
+    for r in out["stages"]:
+        fw, fb = r["forward_peak"], r["forward_backward_peak"]
+        print(
+            f"  stage {r['stage']} rank {r['rank']}: forward {r['forward_peak_bytes'] / GIB:.3f} GiB"
+            f" ({fw['in_flight_chunks']} in flight, forward of mb {fw['microbatch']} chunk"
+            f" {fw['chunk']})  forward+backward {r['forward_backward_peak_bytes'] / GIB:.3f} GiB"
+            f" ({fb['kind']} of mb {fb['microbatch']} chunk {fb['chunk']})  ({r['seconds']} s)"
+        )
+    b = out["busiest"]
+    print(
+        f"  busiest: stage {b['stage']} rank {b['rank']}; parameters and cold kernel set-up "
+        "(~58 MiB) not included"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +388,42 @@ def main(argv: list[str] | None = None) -> int:
         help=f"CP attention communication: {' | '.join(CP_COMMS)} (default all_gather)",
     )
     ap.add_argument("--rank", type=int, default=None, help="simulate this CP rank only")
+    pipe = ap.add_argument_group(
+        "pipeline stages", "any of these runs pipeline stages (oracles/rank_sim/pipeline/stage.py)"
+    )
+    pipe.add_argument("--pp", type=int, default=None, help="pipeline stages (default 1)")
+    pipe.add_argument("--stage", type=int, default=None, help="simulate this stage only")
+    pipe.add_argument("--vpp", type=int, default=None, help="model chunks per stage (default 1)")
+    pipe.add_argument(
+        "--microbatches", type=int, default=None, help="micro-batches (default 1, or as listed)"
+    )
+    pipe.add_argument(
+        "--microbatch-lengths",
+        default=None,
+        help="one sequence length per micro-batch, each laid out as --lengths (cpmem's planner)",
+    )
+    pipe.add_argument(
+        "--microbatch-rank-tokens",
+        default=None,
+        help="explicit per-CP-rank counts per micro-batch, micro-batches separated by ';'",
+    )
+    pipe.add_argument(
+        "--stage-layers",
+        default=None,
+        help="layers per virtual stage (chunk c of stage s is virtual stage c*pp+s); default even",
+    )
+    pipe.add_argument(
+        "--microbatch-group-size",
+        type=int,
+        default=None,
+        help="megatron's microbatch_group_size_per_vp_stage (default pp)",
+    )
+    pipe.add_argument(
+        "--keep-pipeline-outputs",
+        action="store_true",
+        help="keep sent outputs' storage (megatron's deallocate_pipeline_outputs off)",
+    )
+    pipe.add_argument("--no-ops", action="store_true", help="leave the per-op list out of JSON")
     ap.add_argument("--layers", type=int, default=None, help="first N layers only")
     ap.add_argument(
         "--gdn-kernel",
@@ -239,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.json:
         print(json.dumps(out, indent=2))
+        return 0
+    if "stages" in out:
+        _print_stages(out)
         return 0
     lay = out["layout"]
     st = out["step"]
