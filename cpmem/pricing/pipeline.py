@@ -2,7 +2,8 @@
 
 A stage runs its micro-batches' forwards and backwards in megatron's order
 (``cpmem.step.pipeline``); each forward of a (micro-batch, model chunk) keeps its
-retained bytes (``components.RETAINED``) until that chunk's backward. So at each op the
+retained bytes (``components.RETAINED``, with the policy's multiplicative margin) until that chunk's
+backward. So at each op the
 stage holds the retained bytes of every chunk in flight and the op's own figure (the
 policy's estimate of that chunk's layers for that micro-batch: its forward peak, or its
 forward+backward figure at a backward), and a chunk that sends its output on (any but the
@@ -103,6 +104,16 @@ def _buffer(step: Step, tokens: int) -> int:
     return tokens // sp_divisor(layout.tp, layout.sp) * step.geometry.hidden * step.dtype_bytes
 
 
+def in_flight_bytes(est: Estimate) -> int:
+    """What an in-flight chunk keeps until its backward: its retained bytes, with the
+    policy's multiplicative margin on them (``margin_factor`` over the rest of the sum),
+    as the policy applies it to the bytes of the chunk it runs."""
+    factor = est.components.get(str(Component.MARGIN_FACTOR), 0)
+    allowance = est.components.get(str(Component.MARGIN_ALLOWANCE), 0)
+    base = est.estimate_bytes - factor - allowance
+    return int(retained_bytes(est) * (1 + factor / base)) if base > 0 else retained_bytes(est)
+
+
 def stage_peak(step: Step, microbatches: list[Step], stage: int, policy: Policy) -> StagePeak:
     """``stage``'s peak over its schedule."""
     pipe = step.settings.pipeline
@@ -127,7 +138,7 @@ def stage_peak(step: Step, microbatches: list[Step], stage: int, policy: Policy)
         sends = 0 if last else _buffer(step, microbatches[op.microbatch].plan.busiest_tokens)
         held = [k for k in live if k != key]
         for r in range(cp):
-            kept = sum(int(retained_bytes(priced[k]) * share(priced[k], r)) for k in held)
+            kept = sum(int(in_flight_bytes(priced[k]) * share(priced[k], r)) for k in held)
             buffer = int(sends * share(est, r))
             own = est.per_rank_bytes[r]
             if op.kind == "backward" and est.forward_backward_bytes is not None:

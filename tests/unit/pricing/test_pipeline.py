@@ -45,11 +45,15 @@ def test_1f1b_holds_min_pp_minus_s_microbatches(policy: str) -> None:
     """Stage s's forward peak holds min(pp - s, M) micro-batches: each one in flight
     beyond the current adds what one micro-batch keeps through the stage's 8 of the
     model's 32 layers, a quarter of the whole model's retained bytes (the Qwen3.5-4B's
-    stages each hold 6 GDN and 2 attention layers)."""
+    stages each hold 6 GDN and 2 attention layers), with the policy's multiplicative
+    margin (its margin_factor over the rest of its sum)."""
     pp, m = 4, 8
     est = estimate(M4, [4096], pp=pp, microbatches=m, policy=policy)
     single = estimate(M4, [4096], pp=pp, microbatches=1, policy=policy)
-    quarter = retained_bytes(estimate(M4, [4096], policy=policy)) / 4
+    whole = estimate(M4, [4096], policy=policy)
+    factor = whole.components["margin_factor"]
+    rest = whole.estimate_bytes - factor - whole.components.get("margin_allowance", 0)
+    quarter = retained_bytes(whole) / 4 * (1 + factor / rest)
     assert est.busiest_stage == 0 and est.pipeline_op.endswith(f"{min(pp, m)} in flight")
     for s in (1, 2):  # middle stages: no embedding, no head
         extra = est.stage_bytes[s] - single.stage_bytes[s]
