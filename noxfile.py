@@ -157,8 +157,10 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Speed figures of planning, pricing and width selection (not a pass/fail test)."""
+    """Speed figures of planning, pricing, width selection and the capacity table (not a
+    pass/fail test)."""
     _run(session, "python", "benchmarks/bench_planning.py", *session.posargs)
+    _run(session, "python", "benchmarks/bench_capacity.py")
 
 
 @nox.session(venv_backend="none")

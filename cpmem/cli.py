@@ -1,4 +1,4 @@
-"""The ``cpmem`` command: estimate, admit, models (and the golden/gate/report tools)."""
+"""The ``cpmem`` command: estimate, admit, capacity, models (and the golden/gate/report tools)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.admission.admission import Decision, admit_step, usable_budget
+from cpmem.admission.capacity import DEFAULT_PACK, Capacity, Fit, capacity
 from cpmem.api import describe_step, price_step
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
@@ -20,6 +21,11 @@ from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names
+from cpmem.reports.capacity_plot import (
+    check_plot_path,
+    require_matplotlib,
+    write_capacity_plot,
+)
 from cpmem.reports.tables import table
 from cpmem.step.recompute import MODES
 from cpmem.units import GIB, fmt_gib
@@ -434,6 +440,194 @@ def cmd_admit(args: argparse.Namespace) -> int:
     return 0 if decision.action != "refuse" else 3
 
 
+def _add_capacity_args(p: argparse.ArgumentParser) -> None:
+    """``capacity``'s flags: the layouts and pack it searches, and the step settings
+    ``estimate`` takes (the same flags and defaults), less the request and the layout."""
+    p.add_argument("--layouts", help=HELP["--layouts"])
+    p.add_argument("--pack", type=int, default=DEFAULT_PACK, help=HELP["--pack"])
+    p.add_argument(
+        "--figure",
+        choices=("forward", "forward_backward"),
+        default="forward",
+        help=HELP["capacity --figure"],
+    )
+    p.add_argument("--plot", help=HELP["--plot"])
+    p.add_argument("--policy", default="reference", help=policy_help())
+    p.add_argument("--ep", type=int, default=1, help=HELP["--ep"])
+    sp = p.add_mutually_exclusive_group()
+    sp.add_argument(
+        "--sp", dest="sp", action="store_const", const=True, default=None, help=HELP["--sp"]
+    )
+    sp.add_argument("--no-sp", dest="sp", action="store_const", const=False, help=HELP["--no-sp"])
+    p.add_argument("--recompute", choices=MODES, default="selective", help=HELP["--recompute"])
+    p.add_argument("--modules", default=None, help=HELP["--modules"])
+    p.add_argument("--planner", choices=PLANNER_CHOICES, default=None, help=HELP["--planner"])
+    p.add_argument("--compiled", action="store_true", help=HELP["--compiled"])
+    p.add_argument(
+        "--moe-routing",
+        choices=("concentrated", "balanced"),
+        default="concentrated",
+        help=HELP["--moe-routing"],
+    )
+    p.add_argument("--profiles", help=HELP["--profiles"])
+    p.add_argument("--head", default="hidden", help=HELP["--head"])
+    p.add_argument("--lora-rank", type=int, default=1, help=HELP["--lora-rank"])
+    p.add_argument("--lora-dropout", type=float, default=0.0, help=HELP["--lora-dropout"])
+    p.add_argument("--lora-targets", default="all", help=HELP["--lora-targets"])
+    p.add_argument(
+        "--cp-comm",
+        choices=("all_gather", "p2p", "a2a"),
+        default="all_gather",
+        help=HELP["--cp-comm"],
+    )
+    whole = p.add_argument_group("the whole device (static memory and the device's budget)")
+    whole.add_argument("--dp", type=int, default=1, help=HELP["--dp"])
+    whole.add_argument(
+        "--optimizer", choices=("adam", "sgd", "none"), default="adam", help=HELP["--optimizer"]
+    )
+    whole.add_argument(
+        "--distributed-optimizer", action="store_true", help=HELP["--distributed-optimizer"]
+    )
+    whole.add_argument("--device", help=HELP["capacity --device"])
+    whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
+    p.add_argument("--json", action="store_true", help=HELP["--json"])
+
+
+def _capacity_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``describe_settings``'s keywords from ``capacity``'s command line, mapped as
+    ``_step_arguments`` maps them for ``estimate``."""
+    return {
+        "config": args.config,
+        "fused_swiglu": args.fused,
+        "sp": args.sp,
+        "ep": args.ep,
+        "recompute": args.recompute,
+        "modules": args.modules,
+        "planner": args.planner,
+        "compiled": args.compiled,
+        "moe_routing": args.moe_routing,
+        "profiles": args.profiles,
+        "head": args.head,
+        "lora_rank": args.lora_rank,
+        "lora_dropout": args.lora_dropout,
+        "lora_targets": args.lora_targets,
+        "cp_comm": args.cp_comm,
+        "dp": args.dp,
+        "optimizer": args.optimizer,
+        "distributed_optimizer": args.distributed_optimizer,
+        "device": args.device,
+        "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
+    }
+
+
+def render_capacity(found: Capacity) -> str:
+    """One row per layout: the longest sequence, the pack, the budget and the static."""
+    dev = found.device
+    lines = [
+        f"{found.model} on {dev.name} ({fmt_gib(dev.total_bytes)} GiB; "
+        f"{fmt_gib(found.usable_bytes)} GiB after the 3% reserve and "
+        f"{fmt_gib(found.non_torch_bytes)} GiB outside PyTorch)  policy={found.policy}  "
+        f"figure={found.figure}",
+        f"recompute {found.recompute}  head {found.head}  {found.adapter}",
+        "",
+    ]
+    rows = []
+    marks: set[str] = set()
+    for lay in found.layouts:
+        note = []
+        if lay.beyond_positions:
+            note.append("*")
+        if lay.single.guard_lowered or lay.pack.guard_lowered:
+            note.append("!")
+        marks.update(note)
+        rows.append(
+            [
+                str(lay.tp),
+                str(lay.cp),
+                "on" if lay.sp else "off",
+                _fit_tokens(lay.single),
+                fmt_gib(lay.required_at_longest),
+                _fit_pack(lay.pack),
+                fmt_gib(lay.budget_bytes),
+                fmt_gib(lay.static_bytes),
+                " ".join(note),
+            ]
+        )
+    headers = [
+        "TP",
+        "CP",
+        "SP",
+        "longest sequence",
+        "GiB at it",
+        f"pack ({found.pack} x length = tokens)",
+        "budget GiB",
+        "static GiB",
+        "",
+    ]
+    if not marks:  # no notes: no empty column
+        headers, rows = headers[:-1], [row[:-1] for row in rows]
+    lines += table(headers, rows, right=(0, 1, 3, 4, 5, 6, 7), style="rule")
+    lines += [
+        "",
+        f"budget: what the device leaves the step's {found.figure} figure on the busiest rank "
+        "(its total less the 3% reserve, the memory outside PyTorch and the layout's static "
+        "memory); the pack: equal sequences, no shared prefix",
+    ]
+    if "*" in marks:
+        lines.append(
+            f"*: longer than max_position_embeddings ({found.max_position_embeddings:,}) of "
+            f"{found.model}, priced as --allow-long prices it"
+        )
+    if "!" in marks:
+        lines.append(
+            "!: a shorter length than the bisection's first answer did not fit (the figure is "
+            "not monotone in the length there, e.g. the chunked planner under CP); the answer "
+            "is the longest below it"
+        )
+    if any(lay.single.at_cap or lay.pack.at_cap for lay in found.layouts):
+        lines.append(f">=: still fits at the search's cap ({found.cap:,} tokens per sequence)")
+    for ex in found.excluded:
+        lines.append(f"excluded {ex.tp}x{ex.cp}: {ex.reason}")
+    return "\n".join(lines)
+
+
+def _fit_tokens(fit: Fit) -> str:
+    if fit.length is None:
+        return "-"
+    return (">=" if fit.at_cap else "") + f"{fit.length:,}"
+
+
+def _fit_pack(fit: Fit) -> str:
+    if fit.length is None:
+        return "-"
+    return f"{fit.sequences} x {_fit_tokens(fit)} = {fit.tokens:,}"
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    plot = None
+    if args.plot is not None:  # checked before the search runs
+        require_matplotlib()
+        plot = check_plot_path(args.plot)
+    found = capacity(
+        args.model,
+        layouts=args.layouts,
+        pack=args.pack,
+        policy=args.policy,
+        figure=args.figure,
+        **_capacity_settings(args),
+    )
+    written = None if plot is None else write_capacity_plot(found, plot)
+    if args.json:
+        out = found.to_dict()
+        out["plot"] = None if written is None else str(written)
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_capacity(found))
+        if written is not None:
+            print(f"plot: {written}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for g in PRESETS.values():
@@ -489,6 +683,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=HELP["--figure"],
     )
     p.set_defaults(handler=cmd_admit)
+
+    p = sub.add_parser(
+        "capacity",
+        help="the longest sequence and the largest pack that fit a device, per TP x CP layout",
+    )
+    _add_model_args(p)
+    _add_capacity_args(p)
+    p.set_defaults(handler=cmd_capacity)
 
     p = sub.add_parser("models", help="list the built-in model geometries")
     p.add_argument("--json", action="store_true", help=HELP["--json"])

@@ -72,6 +72,16 @@ HELP: dict[str, str] = {
     "--distributed-optimizer": "megatron's distributed optimizer: master copy and moments / dp",
     "--figure": "admit on the forward peak or the whole step (forward_backward; policies "
     "that price it, e.g. tight)",
+    "--layouts": "capacity: the TP x CP layouts to search, comma-separated TPxCP, e.g. "
+    "1x1,2x1,1x2 (default: every TP x CP <= 8 of sizes 1, 2, 4, 8 the model's heads allow)",
+    "--pack": "capacity: how many equal sequences the pack holds (default 2)",
+    "capacity --figure": "capacity: fit the forward peak (default) or the whole step "
+    "(forward_backward; policies that price it, e.g. tight)",
+    "capacity --device": "a device preset (a100-80gb, h100, h200, b200, mi300x), or give "
+    "--device-total-bytes; one is required: capacity fits what it leaves once each "
+    "layout's static memory is allocated",
+    "--plot": "capacity: also write a PNG of memory per rank against sequence length, one "
+    "curve per layout, with the device's line (needs the report extra: matplotlib)",
 }
 
 
