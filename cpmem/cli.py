@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -490,6 +490,13 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
     )
     whole.add_argument("--device", help=HELP["capacity --device"])
     whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
+    pipe = p.add_argument_group("pipeline parallelism (every layout with these stages)")
+    pipe.add_argument("--pp", type=int, default=1, help=HELP["--pp"])
+    pipe.add_argument("--vpp", type=int, default=1, help=HELP["--vpp"])
+    pipe.add_argument("--microbatches", type=int, default=None, help=HELP["--microbatches"])
+    pipe.add_argument("--stage-layers", help=HELP["--stage-layers"])
+    pipe.add_argument("--first-stage-layers", type=int, help=HELP["--first-stage-layers"])
+    pipe.add_argument("--last-stage-layers", type=int, help=HELP["--last-stage-layers"])
     p.add_argument("--json", action="store_true", help=HELP["--json"])
 
 
@@ -517,7 +524,24 @@ def _capacity_settings(args: argparse.Namespace) -> dict[str, Any]:
         "distributed_optimizer": args.distributed_optimizer,
         "device": args.device,
         "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
+        "pp": args.pp,
+        "vpp": args.vpp,
+        "stage_layers": None
+        if args.stage_layers is None
+        else parse_int_list("stage_layers", args.stage_layers),
+        "first_stage_layers": args.first_stage_layers,
+        "last_stage_layers": args.last_stage_layers,
+        **({} if args.microbatches is None else {"microbatches": args.microbatches}),
     }
+
+
+def _stages_label(settings: Mapping[str, Any]) -> str:
+    pp = int(settings.get("pp", 1))
+    if pp == 1:
+        return ""
+    vpp, m = int(settings.get("vpp", 1)), int(settings.get("microbatches", 1))
+    chunks = f", {vpp} chunks a stage" if vpp > 1 else ""
+    return f"  pp {pp}{chunks}, {m} micro-batches (the busiest stage's figure and static)"
 
 
 def render_capacity(found: Capacity) -> str:
@@ -528,7 +552,8 @@ def render_capacity(found: Capacity) -> str:
         f"{fmt_gib(found.usable_bytes)} GiB after the 3% reserve and "
         f"{fmt_gib(found.non_torch_bytes)} GiB outside PyTorch)  policy={found.policy}  "
         f"figure={found.figure}",
-        f"recompute {found.recompute}  head {found.head}  {found.adapter}",
+        f"recompute {found.recompute}  head {found.head}  {found.adapter}"
+        + _stages_label(found.settings),
         "",
     ]
     rows = []

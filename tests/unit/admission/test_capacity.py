@@ -342,3 +342,17 @@ def test_capacity_flags_have_help_and_match_estimate() -> None:
         "--microbatch-file",
     }
     assert set(estimate_flags) - set(capacity_flags) <= not_settings
+
+
+def test_pipeline_stages_pass_through_to_every_probe() -> None:
+    """With --pp the figure is the busiest stage's and the static its own: the answer fits
+    as estimate prices the same pipeline step and one token more does not."""
+    found = capacity("qwen3.5-27b", device="h200", layouts="1x1", pp=4, microbatches=8)
+    (lay,) = found.layouts
+    length = lay.longest_sequence
+    assert length is not None
+    staged = {"pp": 4, "microbatches": 8, "device": "h200"}
+    assert _fits("qwen3.5-27b", [length], 1, 1, **staged)
+    assert not _fits("qwen3.5-27b", [length + 1], 1, 1, **staged)
+    flat = capacity("qwen3.5-27b", device="h200", layouts="1x1").layouts[0]
+    assert lay.static_bytes < flat.static_bytes  # a quarter of the layers (and one vocab matrix)
