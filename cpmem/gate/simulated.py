@@ -95,6 +95,13 @@ class Priced:
         return sims[self.policy_busiest] >= (1 - BUSIEST_TOLERANCE) * max(sims)
 
     @property
+    def stage_agrees(self) -> bool:
+        """The stage the policy prices as its busiest is the simulator's, or a stage whose
+        simulated forward peak is within 1% of it."""
+        sims = self.row.stage_forward or (self.row.forward_peak,)
+        return sims[self.estimate.busiest_stage] >= (1 - BUSIEST_TOLERANCE) * max(sims)
+
+    @property
     def uncovered_ranks(self) -> list[int]:
         """CP ranks whose own forward figure is below their simulated peak (with the
         family's allowance): a policy that repeats the busiest figure covers every rank
@@ -121,6 +128,9 @@ def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
         return {**out, "met": False, "failing": [], "problem": "selects no grid row"}
     if target.kind == "busiest":
         failing = [p.row.config_id for p in sel if not p.busiest_agrees]
+        return {**out, "met": not failing, "agreeing": len(sel) - len(failing), "failing": failing}
+    if target.kind == "stage":
+        failing = [p.row.config_id for p in sel if not p.stage_agrees]
         return {**out, "met": not failing, "agreeing": len(sel) - len(failing), "failing": failing}
     if target.kind == "ranks":
         failing = [p.row.config_id for p in sel if p.uncovered_ranks]

@@ -47,7 +47,7 @@ def summary_line(report: Mapping[str, Any]) -> str:
 
 def _target_figure(t: Mapping[str, Any]) -> str:
     """One target's figure: agreement, rank-samples covered, or the headroom range."""
-    if t["kind"] == "busiest":
+    if t["kind"] in ("busiest", "stage"):
         return f"{t.get('agreeing')}/{t['rows']} agree"
     if t["kind"] == "ranks":
         return f"{t.get('ranks_covered')}/{t.get('rank_samples')} rank-samples covered"

@@ -19,7 +19,7 @@ from cpmem.golden.files import default_golden_dir
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
 from cpmem.pricing.cold import COLD_SETUP
-from cpmem.step.describe import describe_step
+from cpmem.step.describe import SettingsArguments, describe_step
 from cpmem.step.step import MoeRouting, Step
 
 SIM_SUBDIR = "simulated"
@@ -88,6 +88,19 @@ class SimRow:
     lora_dropout: float = 0.0
     lora_targets: str = "all"
     cp_comm: str = "all_gather"
+    pp: int = 1
+    vpp: int = 1
+    microbatches: int = 1
+    stage_layers: tuple[int, ...] = ()
+    microbatch_lengths: tuple[tuple[int, ...], ...] = ()
+    """Every micro-batch's lengths where they differ (empty: ``lengths`` repeated)."""
+    stage_forward: tuple[int, ...] = ()
+    stage_forward_backward: tuple[int, ...] = ()
+    busiest_stage: int = 0
+
+    @property
+    def is_pipeline(self) -> bool:
+        return self.pp > 1
 
     @property
     def is_trainer(self) -> bool:
@@ -171,6 +184,18 @@ def load_rows(sim_dir: Path, ids: Iterable[str] | None = None) -> list[SimRow]:
                     lora_dropout=float(r.get("lora_dropout") or 0.0),
                     lora_targets=r.get("lora_targets") or "all",
                     cp_comm=r.get("cp_comm") or "all_gather",
+                    pp=int(r.get("pp") or 1),
+                    vpp=int(r.get("vpp") or 1),
+                    microbatches=int(r.get("microbatches") or 1),
+                    stage_layers=_ints(r.get("stage_layers") or ""),
+                    microbatch_lengths=tuple(
+                        _ints(part)
+                        for part in (r.get("microbatch_lengths") or "").split(";")
+                        if part
+                    ),
+                    stage_forward=_ints(r.get("stage_forward_peak_bytes") or ""),
+                    stage_forward_backward=_ints(r.get("stage_forward_backward_peak_bytes") or ""),
+                    busiest_stage=int(r.get("busiest_stage") or 0),
                 )
             )
     if wanted is not None:
@@ -183,7 +208,9 @@ def load_rows(sim_dir: Path, ids: Iterable[str] | None = None) -> list[SimRow]:
 def row_step(row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None = None) -> Step:
     """The plan the simulator was given (its per-rank attention and GDN counts) as an
     explicit plan, with the row's recompute path and trainer's step (head, adapters, CP
-    comm); a cold step (the allowance assumes the set-up is paid)."""
+    comm); a cold step (the allowance assumes the set-up is paid). A pipeline row adds
+    its stages; where its micro-batches differ, each is planned from its lengths, as the
+    grid's generator planned them."""
     cache = cache if cache is not None else {}
     geometry = cache.get(row.model_source + row.model)
     if geometry is None:
@@ -193,6 +220,29 @@ def row_step(row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None 
             else load_model(config=sim_dir / row.model_source)
         )
         cache[row.model_source + row.model] = geometry
+    settings: SettingsArguments = {
+        "tp": row.tp,
+        "cp": row.cp,
+        "sp": row.sequence_parallel,
+        "ep": row.ep,
+        "recompute": row.mode,
+        "modules": row.modules or None,
+        "moe_routing": cast(MoeRouting, row.routing or "concentrated"),
+        "cold": True,
+        "head": row.head,
+        "lora_rank": row.lora_rank,
+        "lora_dropout": row.lora_dropout,
+        "lora_targets": row.lora_targets,
+        "cp_comm": row.cp_comm,
+    }
+    if row.is_pipeline:
+        settings["pp"], settings["vpp"] = row.pp, row.vpp
+        settings["stage_layers"] = row.stage_layers or None
+        if row.microbatch_lengths:  # each micro-batch planned as the generator planned it
+            return describe_step(
+                geometry, microbatch_requests=[list(m) for m in row.microbatch_lengths], **settings
+            )
+        settings["microbatches"] = row.microbatches
     return describe_step(
         geometry,
         logical_tokens=row.logical_tokens,
@@ -200,19 +250,7 @@ def row_step(row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None 
         segments=row.grad_segments,
         rank_tokens=row.attention_tokens,
         gdn_rank_tokens=row.gdn_tokens,
-        tp=row.tp,
-        cp=row.cp,
-        sp=row.sequence_parallel,
-        ep=row.ep,
-        recompute=row.mode,
-        modules=row.modules or None,
-        moe_routing=cast(MoeRouting, row.routing or "concentrated"),
-        cold=True,
-        head=row.head,
-        lora_rank=row.lora_rank,
-        lora_dropout=row.lora_dropout,
-        lora_targets=row.lora_targets,
-        cp_comm=row.cp_comm,
+        **settings,
     )
 
 

@@ -15,7 +15,7 @@ from cpmem.pricing.reference import cp_discounted
 from cpmem.step.step import Step
 
 Figure = Literal["forward", "forward_backward"]
-Kind = Literal["coverage", "headroom", "busiest", "ranks"]
+Kind = Literal["coverage", "headroom", "busiest", "ranks", "stage"]
 BUSIEST_TOLERANCE = 0.01
 """A policy's busiest rank may be a rank whose simulated forward peak is within 1% of
 the simulator's busiest."""
@@ -31,8 +31,9 @@ class Target:
     peak it is held against. ``kind``: every selected one covered (``coverage``),
     ``estimate / peak - 1`` at most ``bound`` on every one (``headroom``), and, on the
     simulated tier only, the policy's busiest CP rank agreeing with the simulator's
-    (``busiest``) or every CP rank's own forward figure covering that rank's simulated
-    peak (``ranks``). A target that selects nothing is missed (it would prove nothing).
+    (``busiest``), every CP rank's own forward figure covering that rank's simulated
+    peak (``ranks``), or the policy's busiest pipeline stage agreeing with the
+    simulator's (``stage``). A target that selects nothing is missed (it would prove nothing).
     """
 
     name: str
@@ -55,6 +56,8 @@ class Target:
             return f"busiest rank within {BUSIEST_TOLERANCE:.0%}"
         if self.kind == "ranks":
             return "every rank covered"
+        if self.kind == "stage":
+            return f"busiest stage within {BUSIEST_TOLERANCE:.0%}"
         return "coverage 100%"
 
 
@@ -241,6 +244,16 @@ def _trainer_long(step: Step) -> bool:
     return _trainer(step) and step.plan.logical_tokens >= 2048
 
 
+def _pipeline(step: Step) -> bool:
+    """A pipeline-parallel row (``pipeline_grid``)."""
+    return step.settings.pipeline.active
+
+
+def _pipeline_long(step: Step) -> bool:
+    """A pipeline row whose every micro-batch holds >= 2,048 tokens."""
+    return _pipeline(step) and all(mb.plan.logical_tokens >= 2048 for mb in step.microbatch_steps)
+
+
 SIMULATED_TARGETS: dict[str, tuple[Target, ...]] = {
     "tight": (
         Target("every dense/hybrid row, forward", _non_moe, "coverage", "forward"),
@@ -253,6 +266,15 @@ SIMULATED_TARGETS: dict[str, tuple[Target, ...]] = {
         Target("trainer-step rows, forward", _trainer),
         Target("trainer-step rows, forward+backward", _trainer, figure="forward_backward"),
         Target("trainer-step rows >= 2,048 tokens, forward", _trainer_long, "headroom", bound=0.08),
+        Target("pipeline rows, forward", _pipeline),
+        Target("pipeline rows, forward+backward", _pipeline, figure="forward_backward"),
+        Target("pipeline rows, busiest stage", _pipeline, "stage"),
+        Target(
+            "pipeline rows >= 2,048 tokens a micro-batch, forward",
+            _pipeline_long,
+            "headroom",
+            bound=0.08,
+        ),
     ),
     "reference": (
         Target("dense/hybrid rows the runtime discounts CP on", cp_discounted, "coverage"),
