@@ -70,36 +70,20 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lengths", help=HELP["--lengths"])
-    p.add_argument("--shared-prefix", type=int, default=0, help=HELP["--shared-prefix"])
-    p.add_argument("--tp", type=int, default=1, help=HELP["--tp"])
-    p.add_argument("--cp", type=int, default=1, help=HELP["--cp"])
+def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device") -> None:
+    """The step settings every pricing command takes (``describe_settings``'s keywords
+    but the layout's TP and CP): ``estimate`` and ``admit`` through ``_add_request_args``,
+    ``capacity`` through ``_add_capacity_args``; ``_settings_arguments`` maps them."""
     p.add_argument("--ep", type=int, default=1, help=HELP["--ep"])
     sp = p.add_mutually_exclusive_group()
     sp.add_argument(
-        "--sp",
-        dest="sp",
-        action="store_const",
-        const=True,
-        default=None,
-        help=HELP["--sp"],
+        "--sp", dest="sp", action="store_const", const=True, default=None, help=HELP["--sp"]
     )
     sp.add_argument("--no-sp", dest="sp", action="store_const", const=False, help=HELP["--no-sp"])
     p.add_argument("--recompute", choices=MODES, default="selective", help=HELP["--recompute"])
     p.add_argument("--modules", default=None, help=HELP["--modules"])
     p.add_argument("--policy", default="reference", help=policy_help())
-    p.add_argument(
-        "--planner",
-        choices=PLANNER_CHOICES,
-        default=None,
-        help=HELP["--planner"],
-    )
-    p.add_argument(
-        "--allow-long",
-        action="store_true",
-        help=HELP["--allow-long"],
-    )
+    p.add_argument("--planner", choices=PLANNER_CHOICES, default=None, help=HELP["--planner"])
     p.add_argument("--compiled", action="store_true", help=HELP["--compiled"])
     p.add_argument(
         "--moe-routing",
@@ -126,7 +110,7 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     whole.add_argument(
         "--distributed-optimizer", action="store_true", help=HELP["--distributed-optimizer"]
     )
-    whole.add_argument("--device", help=HELP["--device"])
+    whole.add_argument("--device", help=HELP[device_help])
     whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
     pipe = p.add_argument_group("pipeline parallelism (every stage's schedule priced)")
     pipe.add_argument("--pp", type=int, default=1, help=HELP["--pp"])
@@ -135,7 +119,50 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     pipe.add_argument("--stage-layers", help=HELP["--stage-layers"])
     pipe.add_argument("--first-stage-layers", type=int, help=HELP["--first-stage-layers"])
     pipe.add_argument("--last-stage-layers", type=int, help=HELP["--last-stage-layers"])
-    mbs = pipe.add_mutually_exclusive_group()
+
+
+def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``describe_settings``'s keywords from ``_add_settings_args``'s flags."""
+    return {
+        "config": args.config,
+        "fused_swiglu": args.fused,
+        "sp": args.sp,
+        "ep": args.ep,
+        "recompute": args.recompute,
+        "modules": args.modules,
+        "planner": args.planner,
+        "compiled": args.compiled,
+        "moe_routing": args.moe_routing,
+        "profiles": args.profiles,
+        "head": args.head,
+        "lora_rank": args.lora_rank,
+        "lora_dropout": args.lora_dropout,
+        "lora_targets": args.lora_targets,
+        "cp_comm": args.cp_comm,
+        "dp": args.dp,
+        "optimizer": args.optimizer,
+        "distributed_optimizer": args.distributed_optimizer,
+        "device": args.device,
+        "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
+        "pp": args.pp,
+        "vpp": args.vpp,
+        "stage_layers": None
+        if args.stage_layers is None
+        else parse_int_list("stage_layers", args.stage_layers),
+        "first_stage_layers": args.first_stage_layers,
+        "last_stage_layers": args.last_stage_layers,
+        **({} if args.microbatches is None else {"microbatches": args.microbatches}),
+    }
+
+
+def _add_request_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lengths", help=HELP["--lengths"])
+    p.add_argument("--shared-prefix", type=int, default=0, help=HELP["--shared-prefix"])
+    p.add_argument("--tp", type=int, default=1, help=HELP["--tp"])
+    p.add_argument("--cp", type=int, default=1, help=HELP["--cp"])
+    p.add_argument("--allow-long", action="store_true", help=HELP["--allow-long"])
+    _add_settings_args(p)
+    mbs = p.add_mutually_exclusive_group()
     mbs.add_argument("--microbatch-lengths", help=HELP["--microbatch-lengths"])
     mbs.add_argument("--microbatch-file", help=HELP["--microbatch-file"])
     ex = p.add_argument_group("explicit plan (a runtime that knows its layout)")
@@ -156,8 +183,7 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
     )
     return {
         "model": args.model,
-        "config": args.config,
-        "fused_swiglu": args.fused,
+        **_settings_arguments(args),
         "lengths": lengths,
         "shared_prefix": args.shared_prefix,
         "logical_tokens": args.logical_tokens,
@@ -167,32 +193,7 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "segments": args.segments,
         "tp": args.tp,
         "cp": args.cp,
-        "sp": args.sp,
-        "ep": args.ep,
-        "recompute": args.recompute,
-        "modules": args.modules,
-        "planner": args.planner,
-        "compiled": args.compiled,
-        "moe_routing": args.moe_routing,
-        "profiles": args.profiles,
-        "head": args.head,
-        "lora_rank": args.lora_rank,
-        "lora_dropout": args.lora_dropout,
-        "lora_targets": args.lora_targets,
-        "cp_comm": args.cp_comm,
         "allow_long": args.allow_long,
-        "dp": args.dp,
-        "optimizer": args.optimizer,
-        "distributed_optimizer": args.distributed_optimizer,
-        "device": args.device,
-        "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
-        "pp": args.pp,
-        "vpp": args.vpp,
-        "stage_layers": None
-        if args.stage_layers is None
-        else parse_int_list("stage_layers", args.stage_layers),
-        "first_stage_layers": args.first_stage_layers,
-        "last_stage_layers": args.last_stage_layers,
         **_microbatch_arguments(args),
     }
 
@@ -452,87 +453,8 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
         help=HELP["capacity --figure"],
     )
     p.add_argument("--plot", help=HELP["--plot"])
-    p.add_argument("--policy", default="reference", help=policy_help())
-    p.add_argument("--ep", type=int, default=1, help=HELP["--ep"])
-    sp = p.add_mutually_exclusive_group()
-    sp.add_argument(
-        "--sp", dest="sp", action="store_const", const=True, default=None, help=HELP["--sp"]
-    )
-    sp.add_argument("--no-sp", dest="sp", action="store_const", const=False, help=HELP["--no-sp"])
-    p.add_argument("--recompute", choices=MODES, default="selective", help=HELP["--recompute"])
-    p.add_argument("--modules", default=None, help=HELP["--modules"])
-    p.add_argument("--planner", choices=PLANNER_CHOICES, default=None, help=HELP["--planner"])
-    p.add_argument("--compiled", action="store_true", help=HELP["--compiled"])
-    p.add_argument(
-        "--moe-routing",
-        choices=("concentrated", "balanced"),
-        default="concentrated",
-        help=HELP["--moe-routing"],
-    )
-    p.add_argument("--profiles", help=HELP["--profiles"])
-    p.add_argument("--head", default="hidden", help=HELP["--head"])
-    p.add_argument("--lora-rank", type=int, default=1, help=HELP["--lora-rank"])
-    p.add_argument("--lora-dropout", type=float, default=0.0, help=HELP["--lora-dropout"])
-    p.add_argument("--lora-targets", default="all", help=HELP["--lora-targets"])
-    p.add_argument(
-        "--cp-comm",
-        choices=("all_gather", "p2p", "a2a"),
-        default="all_gather",
-        help=HELP["--cp-comm"],
-    )
-    whole = p.add_argument_group("the whole device (static memory and the device's budget)")
-    whole.add_argument("--dp", type=int, default=1, help=HELP["--dp"])
-    whole.add_argument(
-        "--optimizer", choices=("adam", "sgd", "none"), default="adam", help=HELP["--optimizer"]
-    )
-    whole.add_argument(
-        "--distributed-optimizer", action="store_true", help=HELP["--distributed-optimizer"]
-    )
-    whole.add_argument("--device", help=HELP["capacity --device"])
-    whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
-    pipe = p.add_argument_group("pipeline parallelism (every layout with these stages)")
-    pipe.add_argument("--pp", type=int, default=1, help=HELP["--pp"])
-    pipe.add_argument("--vpp", type=int, default=1, help=HELP["--vpp"])
-    pipe.add_argument("--microbatches", type=int, default=None, help=HELP["--microbatches"])
-    pipe.add_argument("--stage-layers", help=HELP["--stage-layers"])
-    pipe.add_argument("--first-stage-layers", type=int, help=HELP["--first-stage-layers"])
-    pipe.add_argument("--last-stage-layers", type=int, help=HELP["--last-stage-layers"])
+    _add_settings_args(p, device_help="capacity --device")
     p.add_argument("--json", action="store_true", help=HELP["--json"])
-
-
-def _capacity_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """``describe_settings``'s keywords from ``capacity``'s command line, mapped as
-    ``_step_arguments`` maps them for ``estimate``."""
-    return {
-        "config": args.config,
-        "fused_swiglu": args.fused,
-        "sp": args.sp,
-        "ep": args.ep,
-        "recompute": args.recompute,
-        "modules": args.modules,
-        "planner": args.planner,
-        "compiled": args.compiled,
-        "moe_routing": args.moe_routing,
-        "profiles": args.profiles,
-        "head": args.head,
-        "lora_rank": args.lora_rank,
-        "lora_dropout": args.lora_dropout,
-        "lora_targets": args.lora_targets,
-        "cp_comm": args.cp_comm,
-        "dp": args.dp,
-        "optimizer": args.optimizer,
-        "distributed_optimizer": args.distributed_optimizer,
-        "device": args.device,
-        "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
-        "pp": args.pp,
-        "vpp": args.vpp,
-        "stage_layers": None
-        if args.stage_layers is None
-        else parse_int_list("stage_layers", args.stage_layers),
-        "first_stage_layers": args.first_stage_layers,
-        "last_stage_layers": args.last_stage_layers,
-        **({} if args.microbatches is None else {"microbatches": args.microbatches}),
-    }
 
 
 def _stages_label(settings: Mapping[str, Any]) -> str:
@@ -639,7 +561,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         pack=args.pack,
         policy=args.policy,
         figure=args.figure,
-        **_capacity_settings(args),
+        **_settings_arguments(args),
     )
     written = None if plot is None else write_capacity_plot(found, plot)
     if args.json:
