@@ -7,7 +7,10 @@ numbers (``worker.py`` imports no cpmem). The skewed request is laid out explici
 instead (``grid.RequestSpec``). Each distinct rank of a configuration is simulated
 (ranks with equal counts and GDN pieces once, ``worker.rank_signature``), on an engine
 (``engines.py``: local processes, or Ray tasks on a local instance or a cluster), with a
-progress line. Finished ranks are appended to ``ranks.jsonl`` as they complete, so an
+progress line. A pipeline configuration (``grid.pipeline_grid``) plans every micro-batch
+as cpmem does (``describe_step(..., pp=, vpp=, microbatch_requests=)``, its
+``microbatch_steps``) and simulates every stage of every distinct CP rank, keyed
+``stage * cp + cp_rank``. Finished ranks are appended to ``ranks.jsonl`` as they complete, so an
 interrupted run resumes where it stopped, on either engine; ``rows.csv``, the provenance
 record and ``MANIFEST.sha256`` are rewritten from it (each file replaced whole).
 
@@ -35,8 +38,8 @@ from typing import Any
 
 from oracles.rank_sim import SIM_VERSION
 from oracles.sim_grid.engines import ENGINES, default_engine, open_engine
-from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, grid, moe_grid, trainer_grid
-from oracles.sim_grid.worker import STEP_DEFAULTS, rank_signature
+from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, everything
+from oracles.sim_grid.worker import STEP_DEFAULTS, is_pipeline, job_signature
 
 RANKS = "ranks.jsonl"
 ROWS = "rows.csv"
@@ -51,6 +54,8 @@ COLUMNS = (
     "rank_forward_backward_peak_bytes", "busiest_rank", "forward_peak_bytes",
     "forward_backward_peak_bytes", "simulated_ranks", "sim_seconds", "simulator",
     "head", "lora_rank", "lora_dropout", "lora_targets", "cp_comm",
+    "pp", "vpp", "microbatches", "stage_layers", "microbatch_lengths",
+    "stage_forward_peak_bytes", "stage_forward_backward_peak_bytes", "busiest_stage",
 )  # fmt: skip
 """``rows.csv``: golden/cells.csv's layout columns (model .. grad_segments; ``routing``
 is the MoE routing the simulator was given, empty for other models), the plan the
@@ -58,7 +63,18 @@ simulator was given (planner, per-CP-rank attention / GDN tokens, '+'-joined), a
 simulator's per-rank peaks ('+'-joined, rank order) with the busiest rank's (by forward
 peak), and the trainer's step the rank ran (head, adapters, CP comm; the harness's for the
 dense and MoE grids). Peaks are incremental bytes above the pre-forward baseline without the cold
-set-up (oracles/rank_sim/README.md)."""
+set-up (oracles/rank_sim/README.md).
+
+Pipeline columns (every row; a row without stages has pp 1, vpp 1, microbatches 1, empty
+``stage_layers`` and ``microbatch_lengths``, its own peaks as the one stage's, busiest
+stage 0): ``stage_layers`` the layers per virtual stage ('+'-joined, index chunk * pp +
+stage; empty: even), ``microbatch_lengths`` every micro-batch's lengths (';'-joined, each
+'+'-joined) where they differ (empty: each is ``lengths``), ``stage_forward_peak_bytes`` /
+``stage_forward_backward_peak_bytes`` each stage's busiest CP rank ('+'-joined, stage
+order) and ``busiest_stage`` (largest forward peak). On a pipeline row the per-rank peaks,
+``busiest_rank`` and ``forward_peak_bytes`` / ``forward_backward_peak_bytes`` are the
+busiest stage's; ``lengths`` .. ``grad_segments`` and the plan (``attention_tokens``,
+``gdn_tokens``) are the first micro-batch's."""
 
 
 def _round_up(n: int, m: int) -> int:
@@ -72,6 +88,8 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
     from cpmem.plan.request import Request
 
     geometry = api.load_model(config=c.config_path) if c.config_path else api.load_model(c.model)
+    if c.pipeline is not None:
+        return _plan_pipeline(c, geometry)
     request = Request.shared(list(c.request.lengths), c.request.shared_prefix)
     mult = c.tp  # under SP (on with TP, as Megatron runs it) each rank pads to TP
     if c.request.skew and c.cp > 1:
@@ -118,10 +136,87 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
     }
 
 
+def _plan_pipeline(c: GridConfig, geometry: Any) -> dict[str, Any]:
+    """A pipeline configuration: every micro-batch planned as cpmem plans it
+    (``Step.microbatch_steps``), the layers per virtual stage as cpmem cuts them (None:
+    even); the job's top-level counts are the first micro-batch's."""
+    from cpmem import api
+    from cpmem.plan.request import Request
+
+    spec = c.pipeline
+    assert spec is not None
+    split = spec.split
+    settings: dict[str, Any] = {
+        "tp": c.tp, "cp": c.cp, "ep": c.ep, "pp": spec.pp, "vpp": spec.vpp, "allow_long": True,
+        "stage_layers": list(split.stages) if split.stages else None,
+        "first_stage_layers": split.first, "last_stage_layers": split.last,
+    }  # fmt: skip
+    lengths = spec.microbatch_lengths
+    if spec.differ:
+        step = api.describe_step(
+            geometry, microbatch_requests=[list(x) for x in lengths], **settings
+        )
+    else:
+        step = api.describe_step(
+            geometry, request=Request.shared(list(lengths[0]), 0),
+            microbatches=spec.microbatches, **settings,
+        )  # fmt: skip
+    plans = []
+    for mb_lengths, mb in zip(lengths, step.microbatch_steps, strict=True):
+        g = mb.plan.groups[0]
+        attn, gdn = list(g.attention_tokens), list(g.gdn_tokens)
+        assert mb.request is not None and list(mb.request.sequence_lengths) == list(mb_lengths)
+        plans.append(
+            {
+                "lengths": list(mb_lengths),
+                "shared_prefix": 0,
+                "logical_tokens": mb.request.logical_tokens,
+                "packed_tokens": g.packed_tokens,
+                "grad_segments": mb.request.grad_segments,
+                "planner": mb.plan.planner,
+                "attention_tokens": attn,
+                "gdn_tokens": gdn if geometry.is_hybrid else list(attn),
+            }
+        )
+    layers = step.settings.pipeline.layers
+    first = plans[0]
+    return {
+        "config_id": c.config_id,
+        "model": c.model,
+        "config_path": str(c.config_path) if c.config_path else None,
+        "tp": c.tp,
+        "cp": c.cp,
+        "mode": c.mode,
+        "modules": c.modules,
+        "ep": c.ep,
+        "routing": c.routing,
+        "request": c.request.name,
+        **{k: first[k] for k in ("lengths", "shared_prefix", "logical_tokens", "packed_tokens",
+                                 "grad_segments", "planner", "attention_tokens", "gdn_tokens")},
+        "layers": geometry.layers,
+        "gdn_layers": geometry.gdn_layers,
+        "pp": spec.pp,
+        "vpp": spec.vpp,
+        "microbatches": spec.microbatches,
+        "stage_layers": list(layers) if layers is not None else None,
+        "microbatch_differ": spec.differ,
+        "microbatch_plans": plans,
+    }  # fmt: skip
+
+
 def representatives(job: dict[str, Any]) -> list[int]:
-    """For each CP rank, the lowest rank with its signature (that one is simulated)."""
+    """For each CP rank, the lowest rank with its signature (that one is simulated); on a
+    pipeline job the signature covers every micro-batch."""
     first: dict[tuple[object, ...], int] = {}
-    return [first.setdefault(rank_signature(job, r), r) for r in range(job["cp"])]
+    return [first.setdefault(job_signature(job, r), r) for r in range(job["cp"])]
+
+
+def rank_keys(job: dict[str, Any]) -> list[int]:
+    """The ranks.jsonl keys the job needs: its distinct CP ranks, on a pipeline job each at
+    every stage (``stage * cp + cp_rank``)."""
+    reps = sorted(set(representatives(job)))
+    stages = job["pp"] if is_pipeline(job) else 1
+    return [s * job["cp"] + r for s in range(stages) for r in reps]
 
 
 def _load_done(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
@@ -166,10 +261,16 @@ def _git_sha() -> str:
 
 def _row(job: dict[str, Any], done: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
     reps = representatives(job)
-    results = [done[(job["config_id"], rep)] for rep in reps]
+    cp, stages = job["cp"], (job["pp"] if is_pipeline(job) else 1)
+    per_stage = [[done[(job["config_id"], s * cp + rep)] for rep in reps] for s in range(stages)]
+    stage_fwd = [max(r["forward_peak_bytes"] for r in rs) for rs in per_stage]
+    stage_fb = [max(r["forward_backward_peak_bytes"] for r in rs) for rs in per_stage]
+    busiest_stage = stage_fwd.index(max(stage_fwd))
+    results = per_stage[busiest_stage]
     fwd = [r["forward_peak_bytes"] for r in results]
     fb = [r["forward_backward_peak_bytes"] for r in results]
     busiest = fwd.index(max(fwd))
+    keys = rank_keys(job)
     tokens = [max(a, g) for a, g in zip(job["attention_tokens"], job["gdn_tokens"], strict=True)]
     mode, modules = job["mode"], job["modules"]
     return {
@@ -203,10 +304,22 @@ def _row(job: dict[str, Any], done: dict[tuple[str, int], dict[str, Any]]) -> di
         "busiest_rank": busiest,
         "forward_peak_bytes": max(fwd),
         "forward_backward_peak_bytes": max(fb),
-        "simulated_ranks": len(set(reps)),
-        "sim_seconds": round(sum(done[(job["config_id"], r)]["seconds"] for r in set(reps)), 2),
+        "simulated_ranks": len(keys),
+        "sim_seconds": round(sum(done[(job["config_id"], k)]["seconds"] for k in keys), 2),
         "simulator": SIM_VERSION,
         **{key: job.get(key, default) for key, default in STEP_DEFAULTS.items()},
+        "pp": job.get("pp", 1),
+        "vpp": job.get("vpp", 1),
+        "microbatches": job.get("microbatches", 1),
+        "stage_layers": "+".join(map(str, job.get("stage_layers") or ())),
+        "microbatch_lengths": (
+            ";".join("+".join(map(str, mb["lengths"])) for mb in job["microbatch_plans"])
+            if job.get("microbatch_differ")
+            else ""
+        ),
+        "stage_forward_peak_bytes": "+".join(map(str, stage_fwd)),
+        "stage_forward_backward_peak_bytes": "+".join(map(str, stage_fb)),
+        "busiest_stage": busiest_stage,
     }
 
 
@@ -214,11 +327,7 @@ def assemble(out: Path, jobs: list[dict[str, Any]], runs: list[dict[str, Any]]) 
     """Rewrite rows.csv (complete configurations, grid order), the provenance record and
     the manifest from ranks.jsonl; returns the number of rows."""
     done = _load_done(out)
-    rows = [
-        _row(j, done)
-        for j in jobs
-        if all((j["config_id"], r) in done for r in set(representatives(j)))
-    ]
+    rows = [_row(j, done) for j in jobs if all((j["config_id"], r) in done for r in rank_keys(j))]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
@@ -238,7 +347,8 @@ def assemble(out: Path, jobs: list[dict[str, Any]], runs: list[dict[str, Any]]) 
             "gdn_kernel": "stand-in (oracles/rank_sim/README.md)",
             "cold_setup_added": False,
             "planner": "cpmem default planner (cpmem.plan.planners.plan_request), "
-            "skew rows explicit:whole-first",
+            "skew rows explicit:whole-first, pipeline rows every micro-batch planned as "
+            "cpmem's Step.microbatch_steps",
             "configs_sha256": {
                 str(p.relative_to(out)): _sha256(p)
                 for p in sorted((out / "configs").glob("*.json"))
@@ -320,14 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--address joins a Ray cluster: use it with --engine ray (or no --engine)")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    everything = grid() + moe_grid() + trainer_grid()
-    configs = list(everything)
+    configs = everything()
     if args.only:
         configs = [c for c in configs if re.search(args.only, c.config_id)]
     if args.limit is not None:
         configs = configs[: args.limit]
     jobs = [plan_job(c) for c in configs]
-    all_jobs = jobs if not (args.only or args.limit) else [plan_job(c) for c in everything]
+    all_jobs = jobs if not (args.only or args.limit) else [plan_job(c) for c in everything()]
     run: dict[str, Any] = {
         "command": " ".join(["python -m oracles.sim_grid", *(argv or sys.argv[1:])]),
         "git_sha": _git_sha(),
@@ -342,10 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     done = _load_done(out)
     pending = [
-        {**j, "rank": r}
-        for j in jobs
-        for r in sorted(set(representatives(j)))
-        if (j["config_id"], r) not in done
+        {**j, "rank": r} for j in jobs for r in rank_keys(j) if (j["config_id"], r) not in done
     ]
     total = len(pending)
     print(

@@ -7,6 +7,10 @@ the requests and the four recompute paths with the model and layout index, so th
 model meets every request kind and every recompute path, and every CP size > 1 meets the
 skewed request (busiest rank far above packed/CP). Slot 0 of every (model, layout) comes
 first in generation order, then slot 1, ...: a partial run covers every model and layout.
+
+The MoE preset (``moe_grid``), the trainer's step (``trainer_grid``) and pipeline stages
+(``pipeline_grid``: PP 2/4/8, V 1/2, M PP/2 PP/8, even and uneven stages, micro-batches
+that differ) follow in that order; each says how its subset was chosen.
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ class GridConfig:
     ep: int = 1  # expert parallel (MoE configurations only)
     routing: str = ""  # MoE routing: balanced | concentrated ("" for dense models)
     trainer: TrainerSpec | None = None  # the trainer's step; None: the measured harness
+    pipeline: PipelineSpec | None = None  # pipeline stages; None: pp = 1, one micro-batch
 
     @property
     def model_source(self) -> str:
@@ -157,7 +162,12 @@ def grid() -> list[GridConfig]:
 
 
 def by_id() -> dict[str, GridConfig]:
-    return {c.config_id: c for c in grid() + moe_grid() + trainer_grid()}
+    return {c.config_id: c for c in everything()}
+
+
+def everything() -> list[GridConfig]:
+    """Every grid's configurations in generation order."""
+    return grid() + moe_grid() + trainer_grid() + pipeline_grid()
 
 
 # MoE configurations, kept out of ``grid()``: the dense grid's axes and
@@ -283,4 +293,201 @@ def trainer_grid() -> list[GridConfig]:
                     GridConfig(cid, model, tp, cp, req, mode, modules, start + len(out),
                                trainer=spec)
                 )  # fmt: skip
+    return out
+
+
+# Pipeline stages, kept out of the grids above: their rows stay as they are (each is the
+# case pp = 1). A designed subset, not the product, chosen to fit ~30 minutes on 2 cores
+# (the simulation's time grows with layers x M x distinct CP ranks, not with tokens):
+# each of the 14 (PP, V, M) schedules (PP in {2, 4, 8}, V in {1, 2}, M in {PP, 2 PP, 8}:
+# M 2/4/8 at PP 2, 4/8 at PP 4, 8/16 at PP 8) gets PIPELINE_SLOTS[M] configurations (13 at
+# M <= 4, 10 at M = 8, 7 at M = 16) whose model, TP x CP layout, micro-batch set,
+# recompute path and stage split rotate with the schedule and slot indices, as the dense
+# grid's slots do, so that each schedule meets several models, layouts, sets and paths.
+# Models whose layer counts divide (32 and 28 layers; the 64-layer models only where
+# M <= 4); every second slot uneven (megatron's first/last-stage counts or an explicit
+# per-stage list), and every slot whose even split does not divide (the 1.7B's 28 layers
+# at PP 8 or at PP 4 x V 2). Every micro-batch holds 2k-8k tokens; three of the seven
+# micro-batch sets differ from one micro-batch to the next (cycled over M).
+PIPELINE_SCHEDULES: tuple[tuple[int, int, int], ...] = (
+    (2, 1, 2), (2, 1, 4), (2, 1, 8), (2, 2, 2), (2, 2, 4), (2, 2, 8),
+    (4, 1, 4), (4, 1, 8), (4, 2, 4), (4, 2, 8),
+    (8, 1, 8), (8, 1, 16), (8, 2, 8), (8, 2, 16),
+)  # fmt: skip
+"""(PP, V, M). Interleaving (V = 2) needs M >= PP and M % PP == 0 (megatron's
+``microbatch_group_size_per_vp_stage`` = PP): every M here is a multiple of PP."""
+PIPELINE_MODELS: tuple[str, ...] = (
+    "qwen3.5-4b", "qwen3-1.7b", "llama-3.1-8b-style", "qwen3.5-9b",
+)  # fmt: skip
+"""32, 28, 32, 32 layers: hybrid, attention-only, attention-only (config), hybrid (config)."""
+PIPELINE_LARGE_MODELS: tuple[str, ...] = ("qwen3.5-27b", "qwen3-32b-style")
+"""64 layers; only in schedules of M <= 4 (PIPELINE_LARGE_M)."""
+PIPELINE_LARGE_M = 4
+PIPELINE_LAYERS: dict[str, int] = {
+    "qwen3.5-4b": 32, "qwen3-1.7b": 28, "llama-3.1-8b-style": 32, "qwen3.5-9b": 32,
+    "qwen3.5-27b": 64, "qwen3-32b-style": 64,
+}  # fmt: skip
+"""Each pipeline model's layers (its config; tests/oracle/test_sim_grid_pipeline.py holds
+them to the simulator's)."""
+PIPELINE_LAYOUTS: tuple[tuple[int, int], ...] = (
+    (1, 1), (2, 1), (1, 2), (2, 2), (1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4),
+)  # fmt: skip
+"""(TP, CP) rotation: TP x CP in {1, 2}^2 four times as often as TP 4 or CP 4."""
+PIPELINE_SLOTS: dict[int, int] = {2: 13, 4: 13, 8: 10, 16: 7}
+"""Configurations per schedule, by M: fewer where M is large (the time grows with M)."""
+PIPELINE_WIDE_M = 8
+"""TP 4 and CP 4 only in schedules of M <= 8 (CP 4 may need 4 distinct ranks' stages)."""
+
+
+@dataclass(frozen=True)
+class MicrobatchSet:
+    """The micro-batches of one step: ``cycle`` is repeated over the M micro-batches (each
+    entry one micro-batch's sequence lengths, no shared prefix)."""
+
+    name: str
+    cycle: tuple[tuple[int, ...], ...]
+
+    def lengths(self, microbatches: int) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.cycle[i % len(self.cycle)] for i in range(microbatches))
+
+    @property
+    def differ(self) -> bool:
+        return len(set(self.cycle)) > 1
+
+
+MICROBATCH_SETS: tuple[MicrobatchSet, ...] = (
+    MicrobatchSet("mb-4k", ((4 * K,),)),
+    MicrobatchSet("mbs-cycle-a", ((8 * K,), (2 * K,), (4 * K, 4 * K), (6000,))),
+    MicrobatchSet("mb-8k", ((8 * K,),)),
+    MicrobatchSet("mbs-ramp", ((2 * K,), (4 * K,), (6 * K,), (8 * K,))),
+    MicrobatchSet("mb-2k", ((2 * K,),)),
+    MicrobatchSet("mbs-cycle-b", ((2 * K, 2 * K), (6 * K,), (3000, 1500, 2500), (8 * K,))),
+    MicrobatchSet("mb-pack3", ((3000, 2000, 1500),)),
+)
+"""Four sets whose micro-batches are equal (``mb-*``) and three whose micro-batches
+differ (``mbs-*``: packs of 1-3 sequences, 2,048-8,192 tokens each)."""
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """How the layers are cut over the stages: even (all None), megatron's
+    ``num_layers_in_first/last_pipeline_stage`` (the other stages share the rest evenly),
+    or an explicit count per stage (each stage's count cut evenly over its V chunks)."""
+
+    first: int | None = None
+    last: int | None = None
+    stages: tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        if self.stages is not None:
+            return "stages=" + "+".join(map(str, self.stages))
+        parts = [
+            f"first{self.first}" if self.first else "",
+            f"last{self.last}" if self.last else "",
+        ]
+        return "-".join(p for p in parts if p) or "even"
+
+    @property
+    def even(self) -> bool:
+        return self.first is None and self.last is None and self.stages is None
+
+    def per_stage(self, layers: int, pp: int) -> tuple[int, ...] | None:
+        """Layers per stage (megatron's rule restated), None where it does not cut."""
+        if self.stages is not None:
+            return self.stages if len(self.stages) == pp and sum(self.stages) == layers else None
+        head, tail = self.first or 0, self.last or 0
+        middle = pp - (self.first is not None) - (self.last is not None)
+        rest = layers - head - tail
+        if middle <= 0 or rest <= 0 or rest % middle:
+            return None
+        return (
+            ((head,) if self.first else ()) + (rest // middle,) * middle + ((tail,) if self.last else ())
+        )  # fmt: skip
+
+
+UNEVEN_SPLITS: dict[tuple[int, int], tuple[StageSplit, ...]] = {
+    (32, 2): (StageSplit(first=14), StageSplit(last=12)),
+    (32, 4): (StageSplit(first=2), StageSplit(first=6, last=6), StageSplit(stages=(7, 9, 9, 7))),
+    (32, 8): (StageSplit(first=2, last=6), StageSplit(stages=(3, 4, 4, 4, 4, 4, 4, 5))),
+    (28, 2): (StageSplit(first=12), StageSplit(last=10)),
+    (28, 4): (StageSplit(first=4), StageSplit(first=6, last=6), StageSplit(stages=(5, 8, 8, 7))),
+    (28, 8): (StageSplit(first=2, last=2), StageSplit(stages=(3, 3, 4, 4, 4, 4, 3, 3))),
+    (64, 2): (StageSplit(first=30), StageSplit(last=28)),
+    (64, 4): (StageSplit(first=10), StageSplit(first=14, last=14)),
+    (64, 8): (StageSplit(first=2, last=2), StageSplit(stages=(6, 8, 8, 8, 8, 8, 8, 10))),
+}
+"""Uneven splits per (layers, PP): the first stage lighter (it holds the embedding), the
+last lighter (the head), or both; those whose stages do not cut evenly over V chunks are
+skipped at V = 2."""
+
+
+def _splits(layers: int, pp: int, vpp: int) -> tuple[StageSplit, ...]:
+    out = []
+    for s in UNEVEN_SPLITS[(layers, pp)]:
+        per = s.per_stage(layers, pp)
+        if per is not None and len(set(per)) > 1 and all(n % vpp == 0 for n in per):
+            out.append(s)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """PP stages of V chunks, the step's micro-batches (``microbatch_lengths``, one length
+    tuple each) and the stage split."""
+
+    pp: int
+    vpp: int
+    microbatch_set: MicrobatchSet
+    microbatches: int
+    split: StageSplit = StageSplit()
+
+    @property
+    def microbatch_lengths(self) -> tuple[tuple[int, ...], ...]:
+        return self.microbatch_set.lengths(self.microbatches)
+
+    @property
+    def differ(self) -> bool:
+        return len(set(self.microbatch_lengths)) > 1
+
+    @property
+    def label(self) -> str:
+        return f"pp{self.pp}:v{self.vpp}:m{self.microbatches}:{self.split.label}"
+
+
+def pipeline_grid() -> list[GridConfig]:
+    """The pipeline configurations, ids ``<model>:tpT:cpC:<micro-batch set>:<recompute>:
+    ppP:vV:mM:<split>`` (split ``even``, ``firstN``, ``lastN``, ``firstN-lastN`` or
+    ``stages=a+b+...``); their generation order continues after ``trainer_grid()``. The
+    config's ``request`` is its first micro-batch under the set's name."""
+    start = len(grid()) + len(moe_grid()) + len(trainer_grid())
+    out: list[GridConfig] = []
+    seen: set[str] = set()
+    for si, (pp, vpp, m) in enumerate(PIPELINE_SCHEDULES):
+        models = PIPELINE_MODELS + (PIPELINE_LARGE_MODELS if m <= PIPELINE_LARGE_M else ())
+        layouts = PIPELINE_LAYOUTS if m <= PIPELINE_WIDE_M else PIPELINE_LAYOUTS[:8]
+        for slot in range(PIPELINE_SLOTS[m]):
+            model = models[(slot + 3 * si) % len(models)]
+            tp, cp = layouts[(7 * slot + si) % len(layouts)]
+            mbs = MICROBATCH_SETS[(slot + 2 * si) % len(MICROBATCH_SETS)]
+            mode, modules = RECOMPUTE[(slot + si + slot // 4) % len(RECOMPUTE)]
+            layers = PIPELINE_LAYERS[model]
+            options = _splits(layers, pp, vpp)
+            even_ok = layers % (pp * vpp) == 0
+            if even_ok and (slot % 2 == 0 or not options):
+                split = StageSplit()
+            else:
+                split = options[(slot // 2 + si) % len(options)]
+            spec = PipelineSpec(pp, vpp, mbs, m, split)
+            first = spec.microbatch_lengths[0]
+            request = RequestSpec(mbs.name, first)
+            rc = mode + (f":{modules}" if modules else "")
+            cid = f"{model}:tp{tp}:cp{cp}:{mbs.name}:{rc}:{spec.label}"
+            if cid in seen:
+                continue
+            seen.add(cid)
+            out.append(
+                GridConfig(cid, model, tp, cp, request, mode, modules, start + len(out),
+                           pipeline=spec)
+            )  # fmt: skip
     return out

@@ -8,6 +8,11 @@ the rank runs (``STEP_DEFAULTS``: ``head``, ``lora_rank``, ``lora_dropout``,
 exactly as before they existed, and its result carries no ``step`` key. The packed row
 is cut as the simulator cuts it (``oracles.rank_sim.layout``: contiguous runs in rank
 order, padding as 1-token roots).
+
+A pipeline job (``pp`` > 1: the pipeline grid) carries every micro-batch's plan
+(``microbatch_plans``: lengths, counts, as above) and the stages' layers; its ``rank`` is
+the key ``stage * cp + cp_rank``: one stage of one CP rank, simulated over the step's
+micro-batches with ``oracles.rank_sim.pipeline.simulate_stage``.
 """
 
 from __future__ import annotations
@@ -60,6 +65,30 @@ def rank_signature(job: dict[str, Any], rank: int) -> tuple[object, ...]:
     return (lay.attn_local, lay.gdn_local, lay.gdn_pieces)
 
 
+def is_pipeline(job: dict[str, Any]) -> bool:
+    return int(job.get("pp", 1)) > 1
+
+
+def microbatch_jobs(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pipeline job's micro-batches, each a job of its own counts (the job's layout)."""
+    keep: dict[str, Any] = {k: job[k] for k in ("tp", "cp", "cp_comm") if k in job}
+    return [{**mb, **keep} for mb in job["microbatch_plans"]]
+
+
+def job_signature(job: dict[str, Any], cp_rank: int) -> tuple[object, ...]:
+    """``rank_signature``; of a pipeline job, the tuple of its micro-batches' (a CP rank's
+    stages depend on every micro-batch's counts and pieces)."""
+    if not is_pipeline(job):
+        return rank_signature(job, cp_rank)
+    return tuple(rank_signature(mb, cp_rank) for mb in microbatch_jobs(job))
+
+
+def stage_of(job: dict[str, Any], key: int) -> tuple[int, int]:
+    """(stage, CP rank) of a pipeline job's rank key ``stage * cp + cp_rank``."""
+    stage, cp_rank = divmod(key, int(job["cp"]))
+    return stage, cp_rank
+
+
 def simulate_job(job: dict[str, Any]) -> dict[str, Any]:
     """Run the job's rank; returns its peaks (bytes, no cold set-up added) and seconds."""
     warnings.filterwarnings("ignore")
@@ -69,6 +98,8 @@ def simulate_job(job: dict[str, Any]) -> dict[str, Any]:
     rc = Recompute.parse(job["mode"], job["modules"] or None)
     moe = {"ep": job["ep"], "routing": job["routing"]} if job.get("routing") else {}
     step = job_step(job)
+    if is_pipeline(job):
+        return simulate_pipeline_job(job, rc, moe, step)
     res = simulate_rank(job_model(job), job_layout(job, rank), rc, **moe, **step)
     out = {
         "config_id": job["config_id"],
@@ -79,5 +110,43 @@ def simulate_job(job: dict[str, Any]) -> dict[str, Any]:
         "seconds": round(res.seconds, 2),
     }
     if any(key in job for key in STEP_DEFAULTS):  # say which step was simulated
+        out["step"] = res.step
+    return out
+
+
+def simulate_pipeline_job(
+    job: dict[str, Any], rc: Recompute, moe: dict[str, Any], step: dict[str, Any]
+) -> dict[str, Any]:
+    """One stage of one CP rank over the job's micro-batches (megatron's schedule)."""
+    from oracles.rank_sim.pipeline import simulate_stage
+
+    stage, cp_rank = stage_of(job, job["rank"])
+    layouts = [job_layout(mb, cp_rank) for mb in microbatch_jobs(job)]
+    res = simulate_stage(
+        job_model(job), layouts, rc, pp=job["pp"], stage=stage, vpp=job["vpp"],
+        stage_layers=job.get("stage_layers"), **moe, **step,
+    )  # fmt: skip
+    fw, fb = res.forward_peak, res.forward_backward_peak
+    out = {
+        "config_id": job["config_id"],
+        "rank": job["rank"],
+        "stage": stage,
+        "cp_rank": cp_rank,
+        "forward_peak_bytes": res.forward_peak_bytes,
+        "forward_backward_peak_bytes": res.forward_backward_peak_bytes,
+        "retained_bytes": res.retained_bytes,
+        "schedule": res.schedule,
+        "warmup": res.warmup,
+        "forward_peak": {
+            "microbatch": fw.microbatch,
+            "chunk": fw.chunk,
+            "in_flight_microbatches": fw.in_flight_microbatches,
+            "in_flight_chunks": fw.in_flight_chunks,
+        },
+        "forward_backward_peak": {"kind": fb.kind, "microbatch": fb.microbatch, "chunk": fb.chunk},
+        "parameter_bytes": res.parameter_bytes,
+        "seconds": round(res.seconds, 2),
+    }
+    if any(key in job for key in STEP_DEFAULTS):
         out["step"] = res.step
     return out
