@@ -58,6 +58,15 @@ class Pipeline:
         require_positive_int("microbatches", self.microbatches)
         if self.vpp > 1 and self.pp == 1:
             raise InputError("vpp", self.vpp, "virtual stages need pp > 1")
+        if self.vpp > 1 and self.microbatches % self.pp:
+            # megatron's interleaved schedule refuses a group of micro-batches smaller than
+            # pp, and a last group short of pp (forward_backward_pipelining_with_interleaving)
+            raise InputError(
+                "microbatches",
+                self.microbatches,
+                f"interleaving (vpp {self.vpp}) needs a multiple of pp ({self.pp}), as "
+                "megatron's schedule does",
+            )
         if self.layers is not None:
             if len(self.layers) != self.pp * self.vpp:
                 raise InputError(

@@ -26,14 +26,15 @@ def test_stage_layers_even_first_last_and_explicit() -> None:
     assert Pipeline(4).virtual_layers(32)[1] == range(8, 16)
     assert stage_layer_counts(32, 4, first=5, last=3) == (5, 12, 12, 3)
     assert stage_layer_counts(32, 2, 2, explicit=[20, 12]) == (10, 6, 10, 6)
-    assert Pipeline(2, 2, layers=(10, 6, 10, 6)).chunk_layers(32, 1, 1) == range(26, 32)
+    assert Pipeline(2, 2, 2, layers=(10, 6, 10, 6)).chunk_layers(32, 1, 1) == range(26, 32)
     for kwargs, field in (
         ({"pp": 3}, "pp"),  # 32 layers do not divide into 3
-        ({"pp": 4, "vpp": 3}, "vpp"),
+        ({"pp": 4, "vpp": 3, "microbatches": 4}, "vpp"),
         ({"pp": 1, "vpp": 2}, "vpp"),
         ({"pp": 4, "first_stage_layers": 7, "last_stage_layers": 4}, "first_stage_layers"),
         ({"pp": 2, "stage_layers": [16, 15]}, "stage_layers"),
         ({"pp": 2, "microbatches": 0}, "microbatches"),
+        ({"pp": 4, "vpp": 2, "microbatches": 6}, "microbatches"),  # megatron refuses it
     ):
         with pytest.raises(InputError) as err:
             estimate(M4, [4096], **kwargs)  # type: ignore[arg-type]
