@@ -270,6 +270,8 @@ def render(data: Collected) -> str:
     simulated_subsets = (
         ("dense/hybrid rows", lambda cid: not data.moe_row(cid)),
         ("MoE rows", data.moe_row),
+        # Megatron-LM's pipeline factor against the busiest stage (oracles/peers.py)
+        ("pipeline rows", lambda cid: int(data.rows[cid].get("pp", 1)) > 1),
     )
     n_cells, n_rows = len(data.cells), len(data.rows)
     lines = [

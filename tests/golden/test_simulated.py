@@ -65,6 +65,10 @@ def test_subset_is_spread() -> None:
     assert {r.cp_comm for r in trainer} == {"all_gather", "p2p", "a2a"}
     assert {r.lora_rank for r in trainer} == {1, 16, 128}
     assert {(r.lora_dropout, r.lora_targets) for r in trainer} >= {(0.0, "all"), (0.1, "attention")}
+    staged = [r for r in rows if r.is_pipeline]  # pipeline rows: 1F1B and interleaved, even,
+    assert len(staged) >= 6 and {r.pp for r in staged} == {2, 4, 8}  # uneven, mixed lengths
+    assert {r.vpp for r in staged} == {1, 2} and any(r.microbatch_lengths for r in staged)
+    assert any(r.stage_layers for r in staged) and any(r.tp > 1 for r in staged)
 
 
 def _validated_worst_under() -> dict[str, dict[str, float]]:
