@@ -1,0 +1,197 @@
+"""The command line's human tables: an estimate with its static memory and stages, the
+whole device under an admission decision, a capacity table (``cpmem estimate``, ``admit``,
+``capacity``; their JSON is each result's ``to_dict``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cpmem.admission.admission import Decision
+from cpmem.admission.capacity import Capacity, Fit
+from cpmem.plan.plan import Plan
+from cpmem.pricing.estimate import Estimate
+from cpmem.reports.tables import table
+from cpmem.units import fmt_gib
+
+
+def render_estimate(est: Estimate, plan: Plan) -> str:
+    """The human table: per-rank bytes, then the busiest rank's breakdown."""
+    lines = [
+        f"{est.model}  policy={est.policy}  recompute={est.recompute}  "
+        f"tp={est.tp} cp={est.cp} sp={'on' if est.sp else 'off'}  planner={est.planner}",
+        f"logical tokens {est.logical_tokens:,}  packed {est.packed_tokens:,}  "
+        f"grad segments {est.grad_segments}",
+        f"head {est.head.label}  {est.adapter.label}  cp_comm {est.cp_comm}",
+        "",
+    ]
+    ranks = []
+    for r, b in enumerate(est.per_rank_bytes):
+        mark = "<- busiest" if r == est.busiest_rank else ""
+        ranks.append([f"{r}", f"{plan.rank_tokens[r]:,}", f"{b:,}", fmt_gib(b), mark])
+    lines += table(["rank", "tokens", "bytes", "GiB", ""], ranks, right=(0, 1, 2, 3))
+    parts = []
+    for name, b in est.components.items():
+        share = b / est.estimate_bytes if est.estimate_bytes else 0.0
+        parts.append([name, f"{b:,}", fmt_gib(b), f"{share:.1%}", ""])
+    busiest = f"busiest rank {est.busiest_rank}, {est.busiest_tokens:,} tokens priced"
+    parts.append(["estimate", f"{est.estimate_bytes:,}", fmt_gib(est.estimate_bytes), "", busiest])
+    if est.forward_backward_bytes is not None:
+        fb = est.forward_backward_bytes
+        parts.append(["forward+backward", f"{fb:,}", fmt_gib(fb), "", "the whole step"])
+    lines += ["", *table(["component", "bytes", "GiB", "share", ""], parts, right=(1, 2, 3))]
+    if est.stage_bytes:
+        stages = [
+            [
+                f"{s}",
+                f"{b:,}",
+                fmt_gib(b),
+                "<- busiest" if s == est.busiest_stage else "",
+            ]
+            for s, b in enumerate(est.stage_bytes)
+        ]
+        lines += ["", *table(["stage", "bytes", "GiB", ""], stages, right=(0, 1, 2))]
+        lines.append(f"busiest stage {est.busiest_stage}: its peak is the {est.pipeline_op}")
+    if est.static is not None:
+        lines += ["", *render_static(est)]
+    return "\n".join(lines)
+
+
+def render_static(est: Estimate) -> list[str]:
+    """The static memory under the activations and, with a device, what it leaves."""
+    assert est.static is not None
+    rows = [[name, f"{b:,}", fmt_gib(b)] for name, b in est.static.components.items() if b]
+    rows.append(["static", f"{est.static.total:,}", fmt_gib(est.static.total)])
+    whole = est.estimate_bytes + est.static.total
+    rows.append(["static + estimate", f"{whole:,}", fmt_gib(whole)])
+    lines = table(["static memory (per rank)", "bytes", "GiB"], rows, right=(1, 2))
+    budget = est.device_budget
+    if budget is not None:
+        left = budget.budget_bytes - est.estimate_bytes
+        lines.append(
+            f"device {budget.device.name} ({budget.device.total_bytes:,} B): reserve "
+            f"{fmt_gib(budget.reserve_bytes)} GiB, outside PyTorch "
+            f"{fmt_gib(budget.non_torch_bytes)} GiB, budget for activations "
+            f"{fmt_gib(budget.budget_bytes)} GiB, "
+            + (f"{fmt_gib(left)} GiB left" if left >= 0 else f"{fmt_gib(-left)} GiB SHORT")
+        )
+    return lines
+
+
+def render_whole_device(decision: Decision) -> list[str]:
+    """The device's bytes on every rank, the busiest marked."""
+    whole = decision.whole_device()
+    rows = [
+        [name, f"{whole[key]:,}", fmt_gib(float(str(whole[key])))]
+        for name, key in (
+            ("static", "static_bytes"),
+            ("activations", "activations_bytes"),
+            ("head", "head_bytes"),
+            ("reserve (3%)", "reserve_bytes"),
+            ("outside PyTorch", "non_torch_bytes"),
+            ("free", "free_bytes"),
+            ("device total", "device_total_bytes"),
+        )
+    ]
+    lines = table([f"device {whole['device']}, busiest rank", "bytes", "GiB"], rows, right=(1, 2))
+    per_rank = whole["per_rank_bytes"]
+    assert isinstance(per_rank, list)
+    marks = [
+        f"{r}: {fmt_gib(b)} GiB" + (" (busiest)" if r == whole["busiest_rank"] else "")
+        for r, b in enumerate(per_rank)
+    ]
+    lines.append("  static + activations per rank: " + ", ".join(marks))
+    return lines
+
+
+def stages_label(settings: Mapping[str, Any]) -> str:
+    pp = int(settings.get("pp", 1))
+    if pp == 1:
+        return ""
+    vpp, m = int(settings.get("vpp", 1)), int(settings.get("microbatches", 1))
+    chunks = f", {vpp} chunks a stage" if vpp > 1 else ""
+    return f"  pp {pp}{chunks}, {m} micro-batches (the busiest stage's figure and static)"
+
+
+def render_capacity(found: Capacity) -> str:
+    """One row per layout: the longest sequence, the pack, the budget and the static."""
+    dev = found.device
+    lines = [
+        f"{found.model} on {dev.name} ({fmt_gib(dev.total_bytes)} GiB; "
+        f"{fmt_gib(found.usable_bytes)} GiB after the 3% reserve and "
+        f"{fmt_gib(found.non_torch_bytes)} GiB outside PyTorch)  policy={found.policy}  "
+        f"figure={found.figure}",
+        f"recompute {found.recompute}  head {found.head}  {found.adapter}"
+        + stages_label(found.settings),
+        "",
+    ]
+    rows = []
+    marks: set[str] = set()
+    for lay in found.layouts:
+        note = []
+        if lay.beyond_positions:
+            note.append("*")
+        if lay.single.guard_lowered or lay.pack.guard_lowered:
+            note.append("!")
+        marks.update(note)
+        rows.append(
+            [
+                str(lay.tp),
+                str(lay.cp),
+                "on" if lay.sp else "off",
+                fit_tokens(lay.single),
+                fmt_gib(lay.required_at_longest),
+                fit_pack(lay.pack),
+                fmt_gib(lay.budget_bytes),
+                fmt_gib(lay.static_bytes),
+                " ".join(note),
+            ]
+        )
+    headers = [
+        "TP",
+        "CP",
+        "SP",
+        "longest sequence",
+        "GiB at it",
+        f"pack ({found.pack} x length = tokens)",
+        "budget GiB",
+        "static GiB",
+        "",
+    ]
+    if not marks:  # no notes: no empty column
+        headers, rows = headers[:-1], [row[:-1] for row in rows]
+    lines += table(headers, rows, right=(0, 1, 3, 4, 5, 6, 7), style="rule")
+    lines += [
+        "",
+        f"budget: what the device leaves the step's {found.figure} figure on the busiest rank "
+        "(its total less the 3% reserve, the memory outside PyTorch and the layout's static "
+        "memory); the pack: equal sequences, no shared prefix",
+    ]
+    if "*" in marks:
+        lines.append(
+            f"*: longer than max_position_embeddings ({found.max_position_embeddings:,}) of "
+            f"{found.model}, priced as --allow-long prices it"
+        )
+    if "!" in marks:
+        lines.append(
+            "!: a shorter length than the bisection's first answer did not fit (the figure is "
+            "not monotone in the length there, e.g. the chunked planner under CP); the answer "
+            "is the longest below it"
+        )
+    if any(lay.single.at_cap or lay.pack.at_cap for lay in found.layouts):
+        lines.append(f">=: still fits at the search's cap ({found.cap:,} tokens per sequence)")
+    for ex in found.excluded:
+        lines.append(f"excluded {ex.tp}x{ex.cp}: {ex.reason}")
+    return "\n".join(lines)
+
+
+def fit_tokens(fit: Fit) -> str:
+    if fit.length is None:
+        return "-"
+    return (">=" if fit.at_cap else "") + f"{fit.length:,}"
+
+
+def fit_pack(fit: Fit) -> str:
+    if fit.length is None:
+        return "-"
+    return f"{fit.sequences} x {fit_tokens(fit)} = {fit.tokens:,}"
