@@ -81,6 +81,22 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _identity(c: GridConfig) -> dict[str, Any]:
+    """What names a job: its configuration, layout, recompute and request."""
+    return {
+        "config_id": c.config_id,
+        "model": c.model,
+        "config_path": str(c.config_path) if c.config_path else None,
+        "tp": c.tp,
+        "cp": c.cp,
+        "mode": c.mode,
+        "modules": c.modules,
+        "ep": c.ep,
+        "routing": c.routing,
+        "request": c.request.name,
+    }
+
+
 def plan_job(c: GridConfig) -> dict[str, Any]:
     """The configuration's plan as plain numbers (cpmem's default planner, or the skewed
     explicit layout)."""
@@ -112,16 +128,7 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
     if not geometry.is_hybrid:
         gdn = list(attn)  # no GDN layer: one count per rank
     return {
-        "config_id": c.config_id,
-        "model": c.model,
-        "config_path": str(c.config_path) if c.config_path else None,
-        "tp": c.tp,
-        "cp": c.cp,
-        "mode": c.mode,
-        "modules": c.modules,
-        "ep": c.ep,
-        "routing": c.routing,
-        "request": c.request.name,
+        **_identity(c),
         "lengths": list(c.request.lengths),
         "shared_prefix": c.request.shared_prefix,
         "logical_tokens": request.logical_tokens,
@@ -181,16 +188,7 @@ def _plan_pipeline(c: GridConfig, geometry: Any) -> dict[str, Any]:
     layers = step.settings.pipeline.layers
     first = plans[0]
     return {
-        "config_id": c.config_id,
-        "model": c.model,
-        "config_path": str(c.config_path) if c.config_path else None,
-        "tp": c.tp,
-        "cp": c.cp,
-        "mode": c.mode,
-        "modules": c.modules,
-        "ep": c.ep,
-        "routing": c.routing,
-        "request": c.request.name,
+        **_identity(c),
         **{k: first[k] for k in ("lengths", "shared_prefix", "logical_tokens", "packed_tokens",
                                  "grad_segments", "planner", "attention_tokens", "gdn_tokens")},
         "layers": geometry.layers,
