@@ -45,11 +45,6 @@ usable_budget = runtime_budget
 """free + reusable reserved - 3% of the device's total (``cpmem.pricing.device_budget``)."""
 
 
-def check_bytes(name: str, value: float) -> None:
-    """A byte count must be a finite, non-negative number."""
-    require_bytes(name, value)
-
-
 @dataclass(frozen=True)
 class Pricer:
     """How a decision prices a step: the policy and the figure it admits on."""
@@ -226,7 +221,7 @@ def step_budget(step: Step, budget_bytes: float | None) -> tuple[int, DeviceBudg
             raise InputError(
                 "budget_bytes", budget_bytes, f"give a budget or a device ({device.name}), not both"
             )
-        check_bytes("budget_bytes", budget_bytes)
+        require_bytes("budget_bytes", budget_bytes)
         return int(budget_bytes), None
     if device is None:
         raise InputError(

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Unpack
 
-from cpmem.admission.admission import Figure, Pricer, check_bytes
+from cpmem.admission.admission import Figure, Pricer
 from cpmem.admission.comm import Communicator, LocalCommunicator, collective_plan
-from cpmem.errors import InputError
+from cpmem.errors import InputError, require_bytes
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import round_up
 from cpmem.plan.plan import explicit_plan
@@ -58,7 +58,7 @@ def select_width(
     comm = comm or LocalCommunicator()
 
     def validate() -> StepSettings:
-        check_bytes("budget_bytes", budget_bytes)
+        require_bytes("budget_bytes", budget_bytes)
         if not queue:
             raise InputError("queue", [], "needs at least one request")
         return describe_settings(model, **settings)
