@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
@@ -99,6 +100,16 @@ def adapter_parameters(
     expert's two linears are adapted once per expert on the rank (``experts``), the
     shared expert's as an MLP's (``fc1``, ``fc2``). ``layers``: the layers the rank
     holds (all by default)."""
+    held = tuple(range(geometry.layers) if layers is None else layers)
+    return _adapter_parameters(geometry, adapter, layout, held)
+
+
+@lru_cache(maxsize=1024)
+def _adapter_parameters(
+    geometry: ModelGeometry, adapter: Adapter, layout: ParallelLayout, held: tuple[int, ...]
+) -> int:
+    """``adapter_parameters`` over the ``held`` layers (cached: every estimate prices its
+    static memory)."""
     g, tp, r = geometry, layout.tp, adapter.rank
     h = g.hidden
     q_out = g.q_width * (2 if g.attention_output_gate else 1) + 2 * g.kv_width
@@ -109,7 +120,6 @@ def adapter_parameters(
         "dense": {"fc1": h + 2 * g.ffn // tp, "fc2": g.ffn // tp + h},
     }
     total = 0
-    held = range(g.layers) if layers is None else layers
     for mixer, mlp in ((g.mixers[i], g.mlps[i]) for i in held):
         for target, width in per_kind[mixer].items():
             total += r * width if adapter.adapts(target) else 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
@@ -105,11 +106,8 @@ def rank_weights(
     holds the embedding / the output layer and the final norm (tied embeddings: megatron
     keeps a copy of the embedding on the last stage for the output layer)."""
     tp, ep = layout.tp, layout.ep
-    held = range(geometry.layers) if layers is None else layers
-    params = 0.0
-    for i in held:
-        params += mixer_parameters(geometry, geometry.mixers[i]).on_rank(tp, ep)
-        params += mlp_parameters(geometry, geometry.mlps[i]).on_rank(tp, ep)
+    held = tuple(range(geometry.layers) if layers is None else layers)
+    params = _layer_parameters(geometry, tp, ep, held)
     matrix = padded_vocab(geometry, tp) // tp * geometry.hidden * WEIGHT_BYTES
     tied = geometry.tied_embeddings
     return Weights(
@@ -118,6 +116,17 @@ def rank_weights(
         layers=int(params) * WEIGHT_BYTES,
         final_norm=geometry.hidden * WEIGHT_BYTES if last else 0,
     )
+
+
+@lru_cache(maxsize=1024)
+def _layer_parameters(geometry: ModelGeometry, tp: int, ep: int, held: tuple[int, ...]) -> float:
+    """The parameters of the ``held`` layers on one rank (cached: every estimate prices
+    its static memory, and a geometry's layers do not change)."""
+    params = 0.0
+    for i in held:
+        params += mixer_parameters(geometry, geometry.mixers[i]).on_rank(tp, ep)
+        params += mlp_parameters(geometry, geometry.mlps[i]).on_rank(tp, ep)
+    return params
 
 
 def total_parameters(geometry: ModelGeometry) -> int:
