@@ -54,6 +54,10 @@ class Component(StrEnum):
     PIPELINE_IN_FLIGHT = "pipeline_in_flight"
     """Under pipeline parallelism: the retained bytes of the other micro-batches' model
     chunks a stage holds in flight (``cpmem.pricing.pipeline``)."""
+    PIPELINE_INPUTS = "pipeline_inputs"
+    """Under pipeline parallelism: the activation each model chunk off the first virtual
+    stage received, kept until that chunk's backward (megatron's ``input_tensors``): one
+    layer input per chunk in flight, the current one's included."""
     PIPELINE_BUFFERS = "pipeline_buffers"
     """The activation a stage sends on, or the gradient it receives, while it moves."""
     FORWARD_PEAK_EXCESS = "forward_peak_excess"
@@ -70,6 +74,7 @@ RETAINED: frozenset[Component] = frozenset(
         Component.ROPE_TABLES,
         Component.HEAD_KEPT,
         Component.PIPELINE_IN_FLIGHT,
+        Component.PIPELINE_INPUTS,
     }
 )
 """What a forward keeps until its backward: kept once per part of a split request."""

@@ -2,15 +2,20 @@
 
 A stage runs its micro-batches' forwards and backwards in megatron's order
 (``cpmem.step.pipeline``); each forward of a (micro-batch, model chunk) keeps its
-retained bytes (``components.RETAINED``, with the policy's multiplicative margin) until that chunk's
-backward. So at each op the
-stage holds the retained bytes of every chunk in flight and the op's own figure (the
-policy's estimate of that chunk's layers for that micro-batch: its forward peak, or its
-forward+backward figure at a backward), and a chunk that sends its output on (any but the
-last virtual stage) holds that activation (``[tokens / (tp under SP), H]``, bf16) while
-it is sent and, at its backward, the gradient it receives. A stage's peak is the largest
-of those moments; the step's figure is the busiest stage's (``estimate_bytes``), every
-stage's is in ``stage_bytes``.
+retained bytes (``components.RETAINED``, with the policy's multiplicative margin) until
+that chunk's backward, and a chunk off the first virtual stage also keeps the activation
+it received (megatron's ``input_tensors``: the gradient of that input is what its
+backward sends back) where its layers keep their saved sets (under full recompute the
+chunk's first checkpoint keeps that input as its layer input, already in the retained
+bytes). So at each op the stage holds the retained bytes and received
+inputs of every chunk in flight, the op's own figure (the policy's estimate of that
+chunk's layers for that micro-batch: its forward peak, or its forward+backward figure at
+a backward) and its own received input, and a chunk that sends its output on (any but
+the last virtual stage) holds that activation while it is sent and, at its backward, the
+gradient it receives. Every activation that crosses a stage is one layer input on the
+rank: ``[rank tokens / (tp under SP), H]``, bf16. A stage's peak is the largest of those
+moments; the step's figure is the busiest stage's (``estimate_bytes``), every stage's is
+in ``stage_bytes``.
 
 Each (micro-batch, chunk) is priced by the policy as a model of the chunk's layers: the
 first virtual stage's chunk is where the embedding feeds the layers, the last holds the
@@ -40,7 +45,8 @@ Policy = Callable[[Step], Estimate]
 @dataclass(frozen=True)
 class Moment:
     """An op on the busiest rank with what the stage held: the chunk's own estimate,
-    the in-flight chunks' retained bytes and the send/receive buffer."""
+    the in-flight chunks' retained bytes, the received inputs and the send/receive
+    buffer."""
 
     bytes: int
     rank: int
@@ -48,6 +54,7 @@ class Moment:
     in_flight: int
     estimate: Estimate
     kept: int
+    inputs: int
     buffer: int
 
     def components(self, figure: str) -> dict[str, int]:
@@ -60,6 +67,7 @@ class Moment:
             base = est.forward_backward_components or {}
         scale = est.per_rank_bytes[self.rank] / est.estimate_bytes if est.estimate_bytes else 0
         out = {k: int(v * scale) for k, v in base.items()}
+        out[str(Component.PIPELINE_INPUTS)] = self.inputs
         out[str(Component.PIPELINE_BUFFERS)] = self.buffer
         out[str(Component.PIPELINE_IN_FLIGHT)] = self.bytes - sum(out.values())
         return out
@@ -98,10 +106,13 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
     return replace(microbatch, settings=settings)
 
 
-def _buffer(step: Step, tokens: int) -> int:
-    """The activation a chunk sends on (or whose gradient it receives), on one rank."""
-    layout = step.plan.layout
-    return tokens // sp_divisor(layout.tp, layout.sp) * step.geometry.hidden * step.dtype_bytes
+def stage_activation(microbatch: Step, rank: int) -> int:
+    """One activation crossing a stage boundary on CP rank ``rank``: the layer input of
+    the micro-batch's rows there (what a chunk receives, sends on, or gets the gradient
+    of), ``[rank tokens / (tp under SP), H]`` in the step's dtype."""
+    layout = microbatch.plan.layout
+    rows = microbatch.plan.rank_tokens[rank] // sp_divisor(layout.tp, layout.sp)
+    return rows * microbatch.geometry.hidden * microbatch.dtype_bytes
 
 
 def in_flight_bytes(est: Estimate) -> int:
@@ -128,27 +139,37 @@ def stage_peak(step: Step, microbatches: list[Step], stage: int, policy: Policy)
     def share(est: Estimate, rank: int) -> float:
         return est.per_rank_bytes[rank] / est.estimate_bytes if est.estimate_bytes else 0.0
 
+    # where layers keep their saved sets, a chunk's received input is kept beside them;
+    # a full recompute's first checkpoint keeps it as its layer input (already retained)
+    keeps_input = step.recompute.keeps_saved_sets
+
+    def received(key: tuple[int, int], rank: int) -> int:
+        """The input a chunk off the first virtual stage keeps until its backward."""
+        if not keeps_input or pipe.is_first(stage, key[1]):
+            return 0
+        return stage_activation(microbatches[key[0]], rank)
+
     fwd, fb = [0] * cp, [0] * cp
     best: dict[str, Moment] = {}
     live: list[tuple[int, int]] = []
     for op in pipe.schedule(stage):
         key = (op.microbatch, op.chunk)
         est = priced[key]
-        last = pipe.is_last(stage, op.chunk)
-        sends = 0 if last else _buffer(step, microbatches[op.microbatch].plan.busiest_tokens)
+        sends = not pipe.is_last(stage, op.chunk)
         held = [k for k in live if k != key]
         for r in range(cp):
             kept = sum(int(in_flight_bytes(priced[k]) * share(priced[k], r)) for k in held)
-            buffer = int(sends * share(est, r))
+            inputs = sum(received(k, r) for k in held) + received(key, r)
+            buffer = stage_activation(microbatches[op.microbatch], r) if sends else 0
             own = est.per_rank_bytes[r]
             if op.kind == "backward" and est.forward_backward_bytes is not None:
                 own = int(est.forward_backward_bytes * share(est, r))
-            moment = kept + own + buffer
+            moment = kept + inputs + own + buffer
             figures = (("forward", fwd), ("forward_backward", fb))
             for figure, peaks in figures if op.kind == "forward" else figures[1:]:
                 peaks[r] = max(peaks[r], moment)
                 if figure not in best or moment > best[figure].bytes:
-                    best[figure] = Moment(moment, r, op, len(held) + 1, est, kept, buffer)
+                    best[figure] = Moment(moment, r, op, len(held) + 1, est, kept, inputs, buffer)
         if op.kind == "forward":
             live.append(key)
         else:

@@ -47,7 +47,8 @@ def test_1f1b_holds_min_pp_minus_s_microbatches(policy: str) -> None:
     beyond the current adds what one micro-batch keeps through the stage's 8 of the
     model's 32 layers, a quarter of the whole model's retained bytes (the Qwen3.5-4B's
     stages each hold 6 GDN and 2 attention layers), with the policy's multiplicative
-    margin (its margin_factor over the rest of its sum)."""
+    margin (its margin_factor over the rest of its sum), and the layer input that micro-
+    batch's chunk received (4,096 x 2,560 bf16)."""
     pp, m = 4, 8
     est = estimate(M4, [4096], pp=pp, microbatches=m, policy=policy)
     single = estimate(M4, [4096], pp=pp, microbatches=1, policy=policy)
@@ -55,10 +56,36 @@ def test_1f1b_holds_min_pp_minus_s_microbatches(policy: str) -> None:
     factor = whole.components["margin_factor"]
     rest = whole.estimate_bytes - factor - whole.components.get("margin_allowance", 0)
     quarter = retained_bytes(whole) / 4 * (1 + factor / rest)
+    received = 4096 * 2560 * 2
     assert est.busiest_stage == 0 and est.pipeline_op.endswith(f"{min(pp, m)} in flight")
     for s in (1, 2):  # middle stages: no embedding, no head
         extra = est.stage_bytes[s] - single.stage_bytes[s]
-        assert extra == pytest.approx((min(pp - s, m) - 1) * quarter, rel=0.01)
+        assert extra == pytest.approx((min(pp - s, m) - 1) * (quarter + received), rel=1e-3)
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_a_later_stage_keeps_each_chunks_received_input(cp: int) -> None:
+    """megatron keeps the activation a chunk off the first virtual stage received until
+    that chunk's backward sends its gradient back (``input_tensors``): on stage 1 of a
+    1F1B pp=4 step, three micro-batches are in flight at its busiest forward, so it holds
+    three layer inputs of its rank's rows ([rows, H] bf16; 2,048 rows a rank at CP 2), and
+    the first stage (the embedding's) none. Under full recompute the chunk's first
+    checkpoint keeps that input as its layer input, so nothing is added."""
+    from cpmem.pricing import pipeline
+    from cpmem.pricing.registry import price
+    from cpmem.step.describe import describe_step
+
+    def stage(s: int, recompute: str) -> dict[str, int]:
+        step = describe_step(M4, [4096], cp=cp, pp=4, microbatches=8, recompute=recompute)
+        peak = pipeline.stage_peak(
+            step, list(step.microbatch_steps), s, lambda x: price(x, "tight")
+        )
+        return peak.forward_moment.components("forward")
+
+    rows = 4096 // cp
+    assert stage(1, "selective")["pipeline_inputs"] == 3 * rows * 2560 * 2
+    assert stage(0, "selective")["pipeline_inputs"] == 0
+    assert stage(1, "full")["pipeline_inputs"] == 0
 
 
 def test_interleaving_scales_the_first_stage_as_megatron_lm() -> None:
