@@ -14,7 +14,9 @@ collective, the group and the timeout, instead of blocking this rank.
 
 The group is megatron-core's tensor-and-context-parallel group when megatron's
 ``parallel_state`` is initialized in this process, otherwise one built with
-``torch.distributed.new_group``. torch (and megatron) are imported only when a
+``torch.distributed.new_group``; with pipeline stages (``pp > 1``) it is the whole
+TP x CP x PP block of the rank (``cpmem.admission.groups``), since every stage prices
+the same step. torch (and megatron) are imported only when a
 communicator is built, so ``import cpmem`` never needs them.
 """
 
@@ -27,6 +29,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from cpmem.admission.groups import block_of, model_parallel_blocks
 from cpmem.errors import (
     CollectiveTimeoutError,
     InputError,
@@ -34,7 +37,12 @@ from cpmem.errors import (
     require_positive_seconds,
 )
 
-__all__ = ["TorchCommunicator", "tensor_and_context_group", "torch_communicator"]
+__all__ = [
+    "TorchCommunicator",
+    "model_parallel_group",
+    "tensor_and_context_group",
+    "torch_communicator",
+]
 
 
 def _dist() -> Any:
@@ -116,6 +124,53 @@ def tensor_and_context_group(
         if start <= me < start + block:
             mine = group
     return mine
+
+
+def model_parallel_group(tp: int, cp: int, pp: int) -> Any:
+    """This process's TP x CP x PP block (one model replica: every stage of it).
+
+    - megatron initialized: its own groups decide the block (whatever its rank order):
+      the ranks ``a + b - me`` for ``a`` in this rank's pipeline group and ``b`` in its
+      tensor-and-context group (both vary independent dimensions of the layout); the
+      sizes must match ``tp``, ``cp`` and ``pp``; every process shares its block
+      (one all-gather over the world) so that all of them create every block's group;
+    - otherwise: megatron's default order (``groups.model_parallel_blocks``).
+
+    Every process of the world must call this with the same sizes (torch's
+    ``new_group`` requires it).
+    """
+    dist = _dist()
+    ps = _megatron_parallel_state()
+    world, me = dist.get_world_size(), dist.get_rank()
+    if ps is None:
+        blocks = model_parallel_blocks(world, tp, cp, pp)
+    else:
+        sizes = (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_context_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+        )
+        if sizes != (tp, cp, pp):
+            raise InputError(
+                "tp x cp x pp",
+                f"{tp}x{cp}x{pp}",
+                "megatron's groups are {}x{}x{}".format(*sizes),
+            )
+        stage_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+        inner = tensor_and_context_group(tp, cp)
+        inner_ranks = dist.get_process_group_ranks(inner) if inner is not None else [me]
+        mine = tuple(sorted(a + b - me for a in stage_ranks for b in inner_ranks))
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, mine)
+        blocks = tuple(sorted(set(every)))
+    if len(blocks) == 1:
+        return dist.group.WORLD
+    own: Any = None
+    for members in blocks:  # every process creates every group, in the same order
+        group = dist.new_group(list(members))
+        if members == block_of(me, blocks):
+            own = group
+    return own
 
 
 class TorchCommunicator:
@@ -239,9 +294,17 @@ def torch_communicator(
     tp: int | None = None,
     cp: int | None = None,
     *,
+    pp: int = 1,
     ranks: Sequence[int] | None = None,
     timeout: float | None = None,
 ) -> TorchCommunicator:
     """A communicator over this process's TP x CP group (see tensor_and_context_group),
-    every collective bounded by ``timeout`` seconds (None: the process group's own)."""
-    return TorchCommunicator(tensor_and_context_group(tp, cp, ranks=ranks), timeout=timeout)
+    or with ``pp > 1`` over its TP x CP x PP block (``model_parallel_group``), every
+    collective bounded by ``timeout`` seconds (None: the process group's own)."""
+    if require_positive_int("pp", pp) > 1:
+        if ranks is not None:
+            raise InputError("ranks", list(ranks), "give either ranks or pp, not both")
+        group = model_parallel_group(tp or 1, cp or 1, pp)
+    else:
+        group = tensor_and_context_group(tp, cp, ranks=ranks)
+    return TorchCommunicator(group, timeout=timeout)

@@ -240,6 +240,64 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     return out
 
 
+def pipeline_worker(
+    rank: int, world: int, port: int, tp: int, cp: int, pp: int, megatron: bool
+) -> dict[str, Any]:
+    """One rank of a TP x CP x PP job: admission over its whole block, every stage
+    pricing the same pipeline step from its own budget."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from cpmem.admission.admission import admit
+    from cpmem.admission.comm import LocalCommunicator
+    from cpmem.admission.torch_comm import torch_communicator
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=INIT_TIMEOUT_S),
+    )
+    if megatron:
+        from megatron.core import parallel_state
+
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+        )
+    comm = torch_communicator(tp, cp, pp=pp)
+    g, n = comm.rank, comm.size
+    step = {"tp": tp, "cp": cp, "pp": pp, "policy": "tight"}
+
+    def admit_mbs(mbs: list[list[int]], budget: int, on: Any) -> Any:
+        return admit("qwen3.5-4b", microbatch_requests=mbs, budget_bytes=budget, comm=on, **step)
+
+    mbs = [[4096], [2048, 2048], [3072]]
+    need = admit_mbs(mbs, 2**62, LocalCommunicator()).required_bytes
+    out: dict[str, Any] = {
+        "rank": rank,
+        "group_rank": g,
+        "group_size": n,
+        "group_ranks": sorted(dist.get_process_group_ranks(comm.group)),
+        "need": need,
+    }
+    budgets = [need + r * 64 * MIB for r in range(n)]
+    out["fit"] = _outcome(lambda: admit_mbs(mbs, budgets[(g + 1) % n], comm))
+    short = [need + 2**30] * n
+    short[n - 1] = need - 1
+    out["short"] = _outcome(lambda: admit_mbs(mbs, short[g], comm))
+    # a rank that sees a longer micro-batch: the block requires the largest figure
+    mine = [*mbs[:-1], [3072 + 1024 * g]]
+    out["max_need"] = admit_mbs([*mbs[:-1], [3072 + 1024 * (n - 1)]], 2**62, LocalCommunicator())
+    out["max_need"] = out["max_need"].required_bytes
+    out["max"] = _outcome(lambda: admit_mbs(mine, 2**62, comm))
+    dist.barrier()
+    return out
+
+
 # --------------------------------------------------------------------------- parent
 
 
@@ -249,11 +307,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run_group(world: int, tp: int, cp: int, megatron: bool = False) -> list[dict[str, Any]]:
-    """Start ``world`` worker processes; fail (never hang) if any does not finish in time."""
+def _run_group(
+    world: int, tp: int, cp: int, megatron: bool = False, pp: int = 1
+) -> list[dict[str, Any]]:
+    """Start ``world`` worker processes (the pipeline worker with ``pp > 1``); fail (never
+    hang) if any does not finish in time."""
     port = _free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    spec = {"world": world, "port": port, "tp": tp, "cp": cp, "megatron": megatron}
+    spec = {"world": world, "port": port, "tp": tp, "cp": cp, "pp": pp, "megatron": megatron}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, json.dumps({**spec, "rank": r})],
@@ -286,8 +347,8 @@ def _run_group(world: int, tp: int, cp: int, megatron: bool = False) -> list[dic
                 p.kill()
                 p.wait()
     wall = time.perf_counter() - start
-    print(f"\n[world={world} tp={tp} cp={cp} megatron={megatron}] wall {wall:.2f} s")
-    for res in sorted(results, key=lambda x: x["rank"]):
+    print(f"\n[world={world} tp={tp} cp={cp} pp={pp} megatron={megatron}] wall {wall:.2f} s")
+    for res in sorted(results, key=lambda x: x["rank"]) if pp == 1 else ():
         print(
             f"  rank {res['rank']} group {res['group_ranks']} (group rank {res['group_rank']}): "
             f"fit={res['fit'].get('action')} short={res['short'].get('action')} "
@@ -386,6 +447,26 @@ def test_megatron_tensor_and_context_group() -> None:
     _check(results, 2, 2)
 
 
+@pytest.mark.parametrize("megatron", [False, True], ids=["default-order", "megatron"])
+def test_every_stage_of_a_replica_takes_the_same_decision(megatron: bool) -> None:
+    """TP 1 x CP 2 x PP 2 over 8 ranks (two data-parallel replicas): admission agrees over
+    each replica's 4 ranks, which are not contiguous (megatron's order tp-cp-ep-dp-pp),
+    from different budgets and different micro-batches; the two replicas decide apart."""
+    if megatron:
+        pytest.importorskip("megatron.core.parallel_state")
+    results = _run_group(8, 1, 2, megatron=megatron, pp=2)
+    groups = _by_group(results)
+    assert sorted(groups) == [(0, 1, 4, 5), (2, 3, 6, 7)]
+    for ranks in groups.values():
+        assert sorted(r["group_rank"] for r in ranks) == [0, 1, 2, 3]
+        need = ranks[0]["need"]
+        for name in ("fit", "short", "max"):
+            assert len({json.dumps(r[name], sort_keys=True) for r in ranks}) == 1, name
+        assert ranks[0]["fit"]["action"] == "fit" and ranks[0]["fit"]["available"] == need
+        assert ranks[0]["short"] == {**ranks[0]["short"], "action": "refuse", "available": need - 1}
+        assert ranks[0]["max"]["required"] == ranks[0]["max_need"] > need
+
+
 def test_import_does_not_need_torch() -> None:
     """torch is imported lazily: importing the module must not pull it in."""
     code = "import sys, cpmem.admission.torch_comm; sys.exit('torch' in sys.modules)"
@@ -394,9 +475,11 @@ def test_import_does_not_need_torch() -> None:
 
 if __name__ == "__main__":
     _spec = json.loads(sys.argv[1])
-    _res = worker(
-        _spec["rank"], _spec["world"], _spec["port"], _spec["tp"], _spec["cp"], _spec["megatron"]
-    )
+    _args = (_spec["rank"], _spec["world"], _spec["port"], _spec["tp"], _spec["cp"])
+    if _spec["pp"] > 1:
+        _res = pipeline_worker(*_args, _spec["pp"], _spec["megatron"])
+    else:
+        _res = worker(*_args, _spec["megatron"])
     print("RESULT " + json.dumps(_res), flush=True)
     # Skip interpreter teardown: torch 2.13's gloo threads intermittently abort in C++
     # destructors at exit ("terminate called without an active exception") after all
