@@ -16,6 +16,8 @@ counts, TP padding included, as an explicit plan), and checks:
   (1 - worst error).
 - **headroom** ``estimate / (sim + cold) - 1`` (against the simulator's central figure,
   not the allowance), reported by model, CP, TP and length;
+- **every stage** (pipeline rows): each stage's own forward and forward+backward figure
+  (``stage_bytes``) covers that stage's simulated peak with the allowance;
 - **busiest rank**: on CP > 1 rows the rank the policy names as its busiest is the
   simulator's busiest, or within 1% of it (simulated forward peaks).
 
@@ -102,6 +104,31 @@ class Priced:
         return sims[self.estimate.busiest_stage] >= (1 - BUSIEST_TOLERANCE) * max(sims)
 
     @property
+    def uncovered_stages(self) -> list[str]:
+        """Pipeline stages whose own figure (``stage_bytes``; forward+backward
+        ``stage_forward_backward_bytes``) is below that stage's simulated peak with the
+        family's allowance, as ``"s<stage>"`` / ``"s<stage>:fb"``: ``stage_bytes`` is a
+        figure per stage, so each must cover its stage, not only the busiest."""
+        fam = family(self.step.geometry)
+        est, row = self.estimate, self.row
+        figures: list[tuple[str, Figure, tuple[int, ...] | None, tuple[int, ...]]] = [
+            ("", "forward", est.stage_bytes, row.stage_forward),
+            (
+                ":fb",
+                "forward_backward",
+                est.stage_forward_backward_bytes,
+                row.stage_forward_backward,
+            ),
+        ]
+        return [
+            f"s{s}{suffix}"
+            for suffix, figure, got, sims in figures
+            if got is not None
+            for s, (g, sim) in enumerate(zip(got, sims, strict=True))
+            if g < required(sim, figure, fam)
+        ]
+
+    @property
     def uncovered_ranks(self) -> list[int]:
         """CP ranks whose own forward figure is below their simulated peak (with the
         family's allowance): a policy that repeats the busiest figure covers every rank
@@ -132,6 +159,17 @@ def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
     if target.kind == "stage":
         failing = [p.row.config_id for p in sel if not p.stage_agrees]
         return {**out, "met": not failing, "agreeing": len(sel) - len(failing), "failing": failing}
+    if target.kind == "stages":
+        failing = [p.row.config_id for p in sel if p.uncovered_stages]
+        figures = sum(len(p.row.stage_forward) + len(p.row.stage_forward_backward) for p in sel)
+        short = sum(len(p.uncovered_stages) for p in sel)
+        return {
+            **out,
+            "met": not failing,
+            "stage_figures": figures,
+            "stages_covered": figures - short,
+            "failing": failing,
+        }
     if target.kind == "ranks":
         failing = [p.row.config_id for p in sel if p.uncovered_ranks]
         samples = sum(len(p.row.rank_forward) for p in sel)

@@ -51,6 +51,8 @@ def _target_figure(t: Mapping[str, Any]) -> str:
         return f"{t.get('agreeing')}/{t['rows']} agree"
     if t["kind"] == "ranks":
         return f"{t.get('ranks_covered')}/{t.get('rank_samples')} rank-samples covered"
+    if t["kind"] == "stages":
+        return f"{t.get('stages_covered')}/{t.get('stage_figures')} stage figures covered"
     low, high = (pct(t.get(k), signed=True, none="n/a") for k in ("min_headroom", "max_headroom"))
     return f"min {low}, max {high}"
 

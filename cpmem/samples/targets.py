@@ -15,7 +15,7 @@ from cpmem.pricing.reference import cp_discounted
 from cpmem.step.step import Step
 
 Figure = Literal["forward", "forward_backward"]
-Kind = Literal["coverage", "headroom", "busiest", "ranks", "stage"]
+Kind = Literal["coverage", "headroom", "busiest", "ranks", "stage", "stages"]
 BUSIEST_TOLERANCE = 0.01
 """A policy's busiest rank may be a rank whose simulated forward peak is within 1% of
 the simulator's busiest."""
@@ -32,8 +32,9 @@ class Target:
     ``estimate / peak - 1`` at most ``bound`` on every one (``headroom``), and, on the
     simulated tier only, the policy's busiest CP rank agreeing with the simulator's
     (``busiest``), every CP rank's own forward figure covering that rank's simulated
-    peak (``ranks``), or the policy's busiest pipeline stage agreeing with the
-    simulator's (``stage``). A target that selects nothing is missed (it would prove nothing).
+    peak (``ranks``), the policy's busiest pipeline stage agreeing with the
+    simulator's (``stage``), or every stage's own figure (``stage_bytes``, forward and
+    forward+backward) covering that stage's simulated peak (``stages``). A target that selects nothing is missed (it would prove nothing).
     """
 
     name: str
@@ -58,6 +59,8 @@ class Target:
             return "every rank covered"
         if self.kind == "stage":
             return f"busiest stage within {BUSIEST_TOLERANCE:.0%}"
+        if self.kind == "stages":
+            return "every stage covered"
         return "coverage 100%"
 
 
@@ -269,6 +272,7 @@ SIMULATED_TARGETS: dict[str, tuple[Target, ...]] = {
         Target("pipeline rows, forward", _pipeline),
         Target("pipeline rows, forward+backward", _pipeline, figure="forward_backward"),
         Target("pipeline rows, busiest stage", _pipeline, "stage"),
+        Target("pipeline rows, every stage", _pipeline, "stages"),
         Target(
             "pipeline rows >= 2,048 tokens a micro-batch, forward",
             _pipeline_long,

@@ -142,3 +142,25 @@ def _write() -> None:
 
 if __name__ == "__main__" and "--write" in sys.argv:
     _write()
+
+
+def test_every_stage_is_held_to_its_own_simulated_peak() -> None:
+    """``stage_bytes`` is a figure per stage: a stage priced one byte under its own
+    simulated peak with the allowance is named, whatever the busiest stage's figure."""
+    from dataclasses import replace
+
+    from cpmem.gate.simulated import price_rows
+
+    sim_dir = simulated_dir()
+    row = next(r for r in load_rows(sim_dir) if r.is_pipeline and r.pp == 4)
+    (priced,) = price_rows("tight", [row], sim_dir)
+    fam = family(priced.step.geometry)
+    need = [required(s, "forward", fam) for s in row.stage_forward]
+    fb = priced.estimate.stage_forward_backward_bytes
+    at = replace(priced.estimate, stage_bytes=tuple(need))
+    assert replace(priced, estimate=at).uncovered_stages == []
+    under = replace(at, stage_bytes=(*need[:2], need[2] - 1, need[3]))
+    assert replace(priced, estimate=under).uncovered_stages == ["s2"]
+    assert fb is not None
+    fb_under = replace(at, stage_forward_backward_bytes=(0, *fb[1:]))
+    assert replace(priced, estimate=fb_under).uncovered_stages == ["s0:fb"]
