@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 from cpmem.errors import InputError, require_nonnegative_int, require_positive_int
@@ -99,7 +100,17 @@ class ModelGeometry:
     def layers(self) -> int:
         return len(self.mixers)
 
-    @property
+    @cached_property
+    def layer_kinds(self) -> tuple[tuple[str, str, int], ...]:
+        """The distinct (mixer, MLP) layer kinds with how many layers are of each, in the
+        order they first appear: what a sum or max over layers reads (computed once per
+        geometry; a pricing call would otherwise walk every layer)."""
+        counts: dict[tuple[str, str], int] = {}
+        for pair in zip(self.mixers, self.mlps, strict=True):
+            counts[pair] = counts.get(pair, 0) + 1
+        return tuple((mixer, mlp, n) for (mixer, mlp), n in counts.items())
+
+    @cached_property
     def gdn_layers(self) -> int:
         return sum(1 for k in self.mixers if k == "gdn")
 
@@ -107,7 +118,7 @@ class ModelGeometry:
     def attention_layers(self) -> int:
         return self.layers - self.gdn_layers
 
-    @property
+    @cached_property
     def moe_layers(self) -> int:
         return sum(1 for k in self.mlps if k == "moe")
 

@@ -48,15 +48,15 @@ def static_floor_layers(geometry: ModelGeometry) -> int:
 
 def feature_width(geometry: ModelGeometry, widths: LayerWidths, recompute: Recompute) -> int:
     """Elements retained per token over all layers, for one recompute setting."""
-    layers = list(zip(geometry.mixers, geometry.mlps, strict=True))
-    per_layer = [widths.mixer(mix) + widths.ffn(ffn) for mix, ffn in layers]
+    kinds = [(widths.mixer(mix) + widths.ffn(ffn), n) for mix, ffn, n in geometry.layer_kinds]
+    widest = max(width for width, _ in kinds)
     if recompute.full:
         # each layer keeps its input; backward recomputes one layer at a time
-        return geometry.layers * widths.layer_input + max(per_layer)
+        return geometry.layers * widths.layer_input + widest
     if not recompute.keeps_gradients:
         # nothing is kept; one layer's forward transients are live at a time
-        return max(per_layer)
-    features = sum(per_layer)
+        return widest
+    features = sum(width * n for width, n in kinds)
     if recompute.checkpoints(Module.MLP) and "dense" in geometry.mlps:
         dense = sum(1 for k in geometry.mlps if k == "dense")
         features -= (dense - 1) * (widths.mlp - widths.layer_input)

@@ -75,10 +75,6 @@ def tight_widths(
     )
 
 
-def _layers(geometry: ModelGeometry) -> list[tuple[str, str]]:
-    return list(zip(geometry.mixers, geometry.mlps, strict=True))
-
-
 def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token kept over all layers at the end of forward (what backward
     finds): every layer's saved set, less what a selective recompute drops; under full
@@ -89,7 +85,7 @@ def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
         return geometry.layers * w.layer_input
     if not rc.keeps_gradients:
         return w.layer_input
-    total = sum(w.mixer(m) + w.ffn(f) for m, f in _layers(geometry))
+    total = sum((w.mixer(m) + w.ffn(f)) * n for m, f, n in geometry.layer_kinds)
     dense = sum(1 for kind in geometry.mlps if kind == "dense")
     if rc.checkpoints(Module.MLP) and dense:
         total -= dense * (w.mlp - w.layer_input)
@@ -137,7 +133,7 @@ def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> 
     GDN layer, once the MLP is done, the mixer's backward; in an attention layer the
     flash backward beside its recomputed mixer. The widest layer of the model."""
     widest = 0
-    for m, f in _layers(geometry):
+    for m, f, _ in geometry.layer_kinds:
         mixer = attention.recompute_width(step, w) if m == "attention" else w.mixer(m)
         ffn_backward = mlp.backward_buffers(geometry, w) if f == "dense" else 0
         widest = max(widest, mixer + w.ffn(f) + ffn_backward)

@@ -177,3 +177,14 @@ def test_check_tp(model, tp, message):
     else:
         with pytest.raises(InputError, match=message):
             g.check_tp(tp)
+
+
+def test_layer_kinds_count_every_layer_once():
+    """The distinct (mixer, MLP) kinds sums and maxima over layers read: Qwen3.5-35B-A3B
+    is 30 GDN and 10 attention layers, every one with routed experts; the 27B is dense
+    with the same 3:1 interleave over 64 layers."""
+    moe = get_preset("qwen3.5-35b-a3b")
+    assert moe.layer_kinds == (("gdn", "moe", 30), ("attention", "moe", 10))
+    dense = get_preset("qwen3.5-27b")
+    assert dense.layer_kinds == (("gdn", "dense", 48), ("attention", "dense", 16))
+    assert (dense.gdn_layers, dense.attention_layers, dense.moe_layers) == (48, 16, 0)
