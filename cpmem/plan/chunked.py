@@ -58,8 +58,12 @@ owned-token cost between about 0.00058 and 0.00083 ms; the 1.7B's is 0.00082), t
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.request import Request, Segment
@@ -159,6 +163,24 @@ class _Row:
             total += (hi - lo) * sp.above + (hi * (hi + 1) - lo * (lo + 1)) // 2
         return total
 
+    def chunk_work(self, edges: Sequence[int]) -> list[int]:
+        """``work`` of every chunk ``[edges[k], edges[k + 1])`` at once: the spans are
+        contiguous and in position order, so each span adds its pairs to the run of
+        chunks it overlaps (the same integer sums as ``work`` chunk by chunk; int64
+        holds them: a million-token row has about 5e11 pairs)."""
+        edge = np.asarray(edges, dtype=np.int64)
+        starts, ends = edge[:-1], edge[1:]
+        out = np.zeros(len(starts), dtype=np.int64)
+        for sp in self.spans:
+            first = int(np.searchsorted(ends, sp.start, side="right"))  # ends after its start
+            stop = int(np.searchsorted(starts, sp.end, side="left"))  # starts before its end
+            if first >= stop:
+                continue
+            lo = np.maximum(starts[first:stop], sp.start) - sp.start
+            hi = np.minimum(ends[first:stop], sp.end) - sp.start
+            out[first:stop] += (hi - lo) * sp.above + (hi * (hi + 1) - lo * (lo + 1)) // 2
+        return [int(w) for w in out.tolist()]
+
     def needed_outside(self, s: int, e: int) -> list[tuple[int, int]]:
         """Key positions outside [s, e) that tokens in [s, e) attend to, as merged ranges."""
         ranges: list[tuple[int, int]] = []
@@ -204,18 +226,17 @@ def _initial_bounds(row: _Row, edges: list[int], cp: int) -> list[int]:
     m = len(edges) - 1
     if m < cp:
         return [min(r, m) for r in range(cp + 1)]
+    works = row.chunk_work(edges)
     unit = [
-        row.costs.pair * row.work(edges[k], edges[k + 1])
-        + row.costs.owned * (edges[k + 1] - edges[k])
-        for k in range(m)
+        row.costs.pair * w + row.costs.owned * (b - a)
+        for w, (a, b) in zip(works, itertools.pairwise(edges), strict=True)
     ]
     total = sum(unit)
-    cum = [0]
-    for u in unit:
-        cum.append(cum[-1] + u)
+    cum = list(itertools.accumulate(unit, initial=0))
     bounds = [0]
     for k in range(1, cp):
-        b = next((i for i in range(1, m) if cum[i] * cp >= k * total), m)
+        # the first chunk index i in [1, m) with cum[i] * cp >= k * total (cum ascends)
+        b = bisect.bisect_left(cum, -(-k * total // cp), 1, m)
         bounds.append(min(max(b, bounds[-1] + 1), m - (cp - k)))
     bounds.append(m)
     return bounds

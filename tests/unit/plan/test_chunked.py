@@ -7,6 +7,7 @@ planner); the cost constants from runtime-layout.md's figures.
 from __future__ import annotations
 
 import csv
+import itertools
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,18 @@ def test_worst_takes_the_largest_busiest_count_of_every_planner() -> None:
 def test_the_chunk_planner_needs_the_geometry() -> None:
     with pytest.raises(InputError, match="planner='chunked'"):
         plan_request(Request.pair(64, 64), ParallelLayout(cp=2), "chunked")
+
+
+def test_one_sweep_prices_every_chunk_as_its_own_work() -> None:
+    """``chunk_work`` (one pass over the spans) is ``work`` chunk by chunk, on a prefix
+    tree whose spans straddle chunk edges, and each chunk's causal pairs add up to the
+    row's: a single 4,096-token sequence holds 4,096 x 4,097 / 2 pairs."""
+    from cpmem.plan.chunked import _Row
+    from cpmem.plan.request import Request
+
+    costs = chunk_costs(get_preset("qwen3-1.7b"))
+    tree = _Row(Request.shared([3000, 2500, 1900], 1228), costs)
+    edges = chunk_edges(tree.n, 4)
+    assert tree.chunk_work(edges) == [tree.work(a, b) for a, b in itertools.pairwise(edges)]
+    single = _Row(Request.independent([4096]), costs)
+    assert sum(single.chunk_work(chunk_edges(4096, 2))) == 4096 * 4097 // 2
