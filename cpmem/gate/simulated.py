@@ -142,6 +142,21 @@ class Priced:
         ]
 
 
+OWN_FIGURE_KEYS = {
+    "stages": ("stage_figures", "stages_covered"),
+    "ranks": ("rank_samples", "ranks_covered"),
+}
+"""The report's keys for a target that holds each row's own figures to their peaks."""
+
+
+def _own_figures(p: Priced, kind: str) -> tuple[int, int]:
+    """How many own figures a row has and how many fall short: its stages' (forward and
+    forward+backward) for ``stages``, its CP ranks' forward for ``ranks``."""
+    if kind == "stages":
+        return len(p.row.stage_forward) + len(p.row.stage_forward_backward), len(p.uncovered_stages)
+    return len(p.row.rank_forward), len(p.uncovered_ranks)
+
+
 def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
     sel = [p for p in priced if target.selects(p.step)]
     out: dict[str, Any] = {
@@ -159,26 +174,17 @@ def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
     if target.kind == "stage":
         failing = [p.row.config_id for p in sel if not p.stage_agrees]
         return {**out, "met": not failing, "agreeing": len(sel) - len(failing), "failing": failing}
-    if target.kind == "stages":
-        failing = [p.row.config_id for p in sel if p.uncovered_stages]
-        figures = sum(len(p.row.stage_forward) + len(p.row.stage_forward_backward) for p in sel)
-        short = sum(len(p.uncovered_stages) for p in sel)
+    if target.kind in OWN_FIGURE_KEYS:
+        counts = [_own_figures(p, target.kind) for p in sel]
+        figures = sum(n for n, _ in counts)
+        failing = [p.row.config_id for p, (_, short) in zip(sel, counts, strict=True) if short]
+        total_key, covered_key = OWN_FIGURE_KEYS[target.kind]
+        covered = figures - sum(short for _, short in counts)
         return {
             **out,
             "met": not failing,
-            "stage_figures": figures,
-            "stages_covered": figures - short,
-            "failing": failing,
-        }
-    if target.kind == "ranks":
-        failing = [p.row.config_id for p in sel if p.uncovered_ranks]
-        samples = sum(len(p.row.rank_forward) for p in sel)
-        short = sum(len(p.uncovered_ranks) for p in sel)
-        return {
-            **out,
-            "met": not failing,
-            "rank_samples": samples,
-            "ranks_covered": samples - short,
+            total_key: figures,
+            covered_key: covered,
             "failing": failing,
         }
     if any(p.got(target.figure) is None for p in sel):

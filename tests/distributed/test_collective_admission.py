@@ -63,9 +63,23 @@ def _outcome(fn: Any) -> dict[str, Any]:
     }
 
 
+def _init_gloo(rank: int, world: int, port: int) -> None:
+    """This process joins the gloo group on 127.0.0.1; a hang fails in INIT_TIMEOUT_S."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=INIT_TIMEOUT_S),
+    )
+
+
 def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -> dict[str, Any]:
     """One rank: init gloo, build the TP x CP communicator, run every scenario."""
-    from datetime import timedelta
 
     import torch.distributed as dist
 
@@ -78,15 +92,7 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
     from cpmem.plan.request import Request
 
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=INIT_TIMEOUT_S),
-    )
-    timings["init"] = round(time.perf_counter() - t0, 4)
+    _timed(timings, "init", lambda: _init_gloo(rank, world, port))
     if megatron:
         from megatron.core import parallel_state
 
@@ -245,7 +251,6 @@ def pipeline_worker(
 ) -> dict[str, Any]:
     """One rank of a TP x CP x PP job: admission over its whole block, every stage
     pricing the same pipeline step from its own budget."""
-    from datetime import timedelta
 
     import torch.distributed as dist
 
@@ -253,13 +258,7 @@ def pipeline_worker(
     from cpmem.admission.comm import LocalCommunicator
     from cpmem.admission.torch_comm import torch_communicator
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=INIT_TIMEOUT_S),
-    )
+    _init_gloo(rank, world, port)
     if megatron:
         from megatron.core import parallel_state
 
