@@ -162,21 +162,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results.append(res.as_dict())
     busiest = max(results, key=lambda x: x["forward_backward_peak_bytes"])["rank"]
     return {
-        "model": model.name,
-        "recompute": rc.label,
-        "compiled": args.compiled,
-        "step": step,
-        "layout": {
-            "tp": args.tp,
-            "cp": args.cp,
-            "sequence_parallel": args.tp > 1 and not args.no_sp,
-            **moe,
-            "source": source,
-            **counts,
-        },
+        **_header(model, rc, args, step),
+        "layout": {**_layout(args, moe), "source": source, **counts},
         "ranks": results,
         "busiest_rank": busiest,
         "provenance": _provenance(),
+    }
+
+
+def _header(model: Any, rc: Any, args: argparse.Namespace, step: Any) -> dict[str, Any]:
+    """What every simulation's JSON opens with: the model, recompute, mode and step."""
+    return {"model": model.name, "recompute": rc.label, "compiled": args.compiled, "step": step}
+
+
+def _layout(args: argparse.Namespace, moe: dict[str, Any]) -> dict[str, Any]:
+    """The TP x CP layout the simulation ran, with its MoE routing where it has one."""
+    return {
+        "tp": args.tp,
+        "cp": args.cp,
+        "sequence_parallel": args.tp > 1 and not args.no_sp,
+        **moe,
     }
 
 
@@ -288,15 +293,9 @@ def run_stages(
     busiest = max(results, key=lambda x: x["forward_backward_peak_bytes"])
     schedule = results[0]["schedule"]
     return {
-        "model": model.name,
-        "recompute": rc.label,
-        "compiled": args.compiled,
-        "step": step,
+        **_header(model, rc, args, step),
         "layout": {
-            "tp": args.tp,
-            "cp": args.cp,
-            "sequence_parallel": args.tp > 1 and not args.no_sp,
-            **moe,
+            **_layout(args, moe),
             "microbatches": [{"source": source, **c} for c, source, _ in requests],
         },
         "pipeline": {
