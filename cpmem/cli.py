@@ -91,7 +91,8 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
         help=HELP["--moe-routing"],
     )
     p.add_argument("--profiles", help=HELP["--profiles"])
-    p.add_argument("--head", default="hidden", help=HELP["--head"])
+    p.add_argument("--step", choices=("first", "steady"), default="steady", help=HELP["--step"])
+    p.add_argument("--head", default="logits", help=HELP["--head"])
     p.add_argument("--lora-rank", type=int, default=1, help=HELP["--lora-rank"])
     p.add_argument("--lora-dropout", type=float, default=0.0, help=HELP["--lora-dropout"])
     p.add_argument("--lora-targets", default="all", help=HELP["--lora-targets"])
@@ -133,6 +134,7 @@ def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "compiled": args.compiled,
         "moe_routing": args.moe_routing,
         "profiles": args.profiles,
+        "step": args.step,
         "head": args.head,
         "lora_rank": args.lora_rank,
         "lora_dropout": args.lora_dropout,

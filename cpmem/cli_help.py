@@ -28,9 +28,13 @@ HELP: dict[str, str] = {
     "--compiled": "the layers run under torch.compile (changes what attention and MLP keep)",
     "--moe-routing": "how the MoE router spreads tokens over EP ranks: concentrated (top-k "
     "rows of a token on one rank, the safe default) or balanced (the caller's promise)",
-    "--head": "what the forward ends with: hidden (the hidden states returned, the measured "
-    "harness; default), logits (megatron's vocabulary-parallel output layer and cross "
-    "entropy), fused (megatron's fused vocabulary-parallel cross entropy), chunked:N "
+    "--step": "which step of the process: steady (default: any step after the first, the "
+    "optimizer's moments and the kernel workspaces allocated) or first (a freshly started "
+    "process: no moments yet, its kernel set-up paid in the activations; the measured "
+    "harness's step); admit --device and capacity decide on the larger of the two",
+    "--head": "what the forward ends with: logits (default: megatron's vocabulary-parallel "
+    "output layer and cross entropy, a trainer's step), hidden (the hidden states returned, "
+    "the measured harness), fused (megatron's fused vocabulary-parallel cross entropy), chunked:N "
     "(log-probs N tokens at a time, each chunk recomputed in backward), linear-ce (a fused "
     "linear cross entropy that never materialises the logits)",
     "--lora-rank": "LoRA adapter rank (default 1, the measured harness)",

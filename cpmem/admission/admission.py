@@ -303,8 +303,10 @@ def _admit_request(
 
     request = step.request
     assert request is not None  # admit_step admits a step without one as it stands
-    # a pipeline step is not split: its micro-batches are the trainer's split already
-    parts = 2 if not step.settings.pipeline.active else MAX_SPLIT + 1
+    # a step of several micro-batches (over stages or one after another) is not split:
+    # its micro-batches are the trainer's split already
+    pipe = step.settings.pipeline
+    parts = MAX_SPLIT + 1 if pipe.active or pipe.microbatches > 1 else 2
     while parts <= MAX_SPLIT:
         pieces = split_request(request, parts)
         if pieces is None:

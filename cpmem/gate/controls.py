@@ -119,7 +119,9 @@ class ControlRequest:
         )
 
     def price(self, policy: str = "reference") -> Estimate:
-        """Through the planner-facing API, so planner changes move controls too."""
+        """Through the planner-facing API, so planner changes move controls too; the
+        calibration harness's step (the first of its process, the hidden states
+        returned), the step every measured cell ran."""
         return estimate(
             self.model,
             list(self.lengths),
@@ -132,6 +134,8 @@ class ControlRequest:
             modules=self.modules or None,
             policy=policy,
             moe_routing=self.moe_routing,
+            step="first",
+            head="hidden",
         )
 
 

@@ -35,6 +35,7 @@ from cpmem.reports.tables import pct, table
 from cpmem.samples.cells import cell_settings
 from cpmem.step.describe import describe_settings
 from cpmem.step.device import resolve_device
+from cpmem.step.step import StepKind
 
 STATIC_TOLERANCE = 0.03
 BUDGET_FROM_BASELINE_TOLERANCE = 0.01
@@ -48,11 +49,12 @@ def runtime_static(cell: MeasuredCell, *, cold: bool) -> StaticMemory:
     """The measured runtime's static memory for ``cell``'s model and layout: its model's
     own adapters trained by a never-stepped Adam, and the harness's bf16 slot."""
     rank = RUNTIME_MOE_LORA_RANK if cell.ep > 1 else RUNTIME_DENSE_LORA_RANK
+    kind: StepKind = "first" if cold else "steady"
     own_settings = cell_settings(cell)
-    own_settings["cold"], own_settings["lora_rank"], own_settings["optimizer"] = cold, rank, "adam"
+    own_settings["step"], own_settings["lora_rank"], own_settings["optimizer"] = kind, rank, "adam"
     own = static_memory(describe_settings(cell.model, **own_settings), stepped=False)
     slot_settings = cell_settings(cell)
-    slot_settings["cold"], slot_settings["lora_rank"] = cold, HARNESS_SLOT_RANK
+    slot_settings["step"], slot_settings["lora_rank"] = kind, HARNESS_SLOT_RANK
     slot_settings["optimizer"] = "none"
     slot = static_memory(describe_settings(cell.model, **slot_settings))
     components = dict(own.components)

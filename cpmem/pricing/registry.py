@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from cpmem.errors import InputError
+from cpmem.pricing.accumulation import price_accumulation
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.pipeline import price_pipeline
@@ -37,7 +38,12 @@ def price(inputs: Step, policy: str = "reference") -> Estimate:
         raise InputError(
             "policy", policy, f"unknown policy; choose one of {sorted(POLICIES)}"
         ) from None
-    est = price_pipeline(inputs, fn) if inputs.settings.pipeline.active else fn(inputs)
+    if inputs.settings.pipeline.active:
+        est = price_pipeline(inputs, fn)
+    elif inputs.microbatches:  # gradient accumulation: one micro-batch after another
+        est = price_accumulation(inputs, fn)
+    else:
+        est = fn(inputs)
     static = static_memory(inputs.settings, stage=est.busiest_stage)
     device = inputs.settings.device
     budget = None if device is None else device_budget(device, static)

@@ -11,9 +11,11 @@ how the adapters are trained (``StepSettings.optimizer``), each term named:
 - ``optimizer_states``: the fp32 master copy of every trainable parameter, made when
   megatron's mixed-precision optimizer is built (before the first forward), and the
   optimizer's moments (Adam: two, SGD: momentum), made at the first optimizer step;
-  both divided over the data-parallel ranks under the distributed optimizer. Megatron-LM's
-  distributed-optimizer guide: 18 B per parameter for bf16 parameters with fp32
-  gradients, ``6 + 12/d`` with the distributed optimizer;
+  both divided over the data-parallel x context-parallel ranks under the distributed
+  optimizer (megatron-core shards it over ``intra_dp_cp_group``:
+  ``megatron/core/optimizer/__init__.py``, ``distrib_optimizer.py`` cuts each buffer into
+  ``d = dp x cp`` slices). Megatron-LM's distributed-optimizer guide: 18 B per parameter
+  for bf16 parameters with fp32 gradients, ``6 + 12/d`` with the distributed optimizer;
 - ``kernel_workspaces``: what a process keeps once its first step has run (cuBLAS
   workspaces): 96 MiB, the step every measured process's baseline takes after its first
   repetition (``WARM_WORKSPACES``); priced on a warm step only, since a cold step's
@@ -156,11 +158,18 @@ def static_memory(
         ).total,
         StaticComponent.ADAPTER_PARAMS: trainable * ADAPTER_PARAM_BYTES,
         StaticComponent.ADAPTER_GRADS: trainable * GRAD_BYTES if trains else 0,
-        StaticComponent.OPTIMIZER_STATES: _sharded(states, layout.dp, opt),
+        StaticComponent.OPTIMIZER_STATES: _sharded(states, optimizer_shards(layout), opt),
         StaticComponent.KERNEL_WORKSPACES: 0 if settings.cold else WARM_WORKSPACES,
     }
     return StaticMemory({str(k): int(v) for k, v in components.items()})
 
 
-def _sharded(states: int, dp: int, opt: Optimizer) -> int:
-    return -(-states // dp) if opt.distributed else states
+def optimizer_shards(layout: ParallelLayout) -> int:
+    """The ranks megatron's distributed optimizer shards a parameter's state over: its
+    data-parallel x context-parallel group (``intra_dp_cp_group``, one optimizer
+    instance), since CP ranks hold the same parameters as data-parallel ones."""
+    return layout.dp * layout.cp
+
+
+def _sharded(states: int, shards: int, opt: Optimizer) -> int:
+    return -(-states // shards) if opt.distributed else states

@@ -36,7 +36,8 @@ def cell_was_cold(cell: MeasuredCell) -> bool:
 
 
 def cell_settings(cell: MeasuredCell) -> SettingsArguments:
-    """The settings the cell ran under, as ``describe_step``'s keywords."""
+    """The settings the cell ran under, as ``describe_step``'s keywords: the harness's
+    step (its returned hidden states, rank-1 adapters), first of its process or not."""
     return {
         "tp": cell.tp,
         "cp": cell.cp,
@@ -46,7 +47,8 @@ def cell_settings(cell: MeasuredCell) -> SettingsArguments:
         "modules": cell.modules or None,
         "compiled": cell.compiled,
         "moe_routing": cell_routing(cell),
-        "cold": cell_was_cold(cell),
+        "step": "first" if cell_was_cold(cell) else "steady",
+        "head": "hidden",
     }
 
 

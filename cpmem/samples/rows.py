@@ -228,7 +228,7 @@ def row_step(row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None 
         "recompute": row.mode,
         "modules": row.modules or None,
         "moe_routing": cast(MoeRouting, row.routing or "concentrated"),
-        "cold": True,
+        "step": "first",
         "head": row.head,
         "lora_rank": row.lora_rank,
         "lora_dropout": row.lora_dropout,

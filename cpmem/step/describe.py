@@ -22,7 +22,7 @@ from cpmem.step.device import Device, resolve_device
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import Recompute
-from cpmem.step.step import MoeRouting, Step, StepSettings
+from cpmem.step.step import STEP_KINDS, MoeRouting, Step, StepKind, StepSettings
 from cpmem.step.trainer import (
     Adapter,
     Head,
@@ -47,7 +47,7 @@ class SettingsArguments(TypedDict, total=False):
     planner: str | None
     compiled: bool
     moe_routing: MoeRouting
-    cold: bool
+    step: StepKind
     profiles: ProfileStore | str | Path | None
     output_bytes: int | None
     allow_long: bool
@@ -98,11 +98,11 @@ def describe_settings(
     planner: str | None = None,
     compiled: bool = False,
     moe_routing: MoeRouting = "concentrated",
-    cold: bool = True,
+    step: StepKind = "steady",
     profiles: ProfileStore | str | Path | None = None,
     output_bytes: int | None = None,
     allow_long: bool = False,
-    head: str | Head = "hidden",
+    head: str | Head = "logits",
     lora_rank: int = 1,
     lora_dropout: float = 0.0,
     lora_targets: str | Sequence[str] = "all",
@@ -121,14 +121,18 @@ def describe_settings(
 ) -> StepSettings:
     """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
     geometry), the layout (SP defaults to on when TP > 1, as Megatron runs it), the
-    recompute setting, the execution flags, learned ``profiles`` (a store or the path of
-    its JSON file), the planner (None: the model's default), and what a trainer's step
-    holds beyond the harness (``cpmem.step.trainer``): the ``head`` (``hidden``,
-    ``logits``, ``fused``, ``chunked:N``, ``linear-ce``), the adapters' ``lora_rank``,
+    recompute setting, the execution flags, which of the process's steps (``step``:
+    ``steady``, any step after the first, by default; ``first``, the first of a freshly
+    started process, as the calibration harness measured it), learned ``profiles`` (a
+    store or the path of its JSON file), the planner (None: the model's default), and
+    what a trainer's step holds beyond the harness (``cpmem.step.trainer``): the ``head``
+    (``logits`` by default, megatron's output layer and its cross entropy; ``hidden``, the
+    harness's returned hidden states; ``fused``, ``chunked:N``, ``linear-ce``), the
+    adapters' ``lora_rank``,
     ``lora_dropout`` and ``lora_targets`` (``all``, ``attention``, ``mlp`` or projection
     names), and the attention's ``cp_comm`` (``all_gather``, ``p2p``, ``a2a``); how the
     adapters are trained (``optimizer``: ``adam``, ``sgd``, ``none``; a
-    ``distributed_optimizer`` over ``dp`` data-parallel ranks), and the ``device`` (a
+    ``distributed_optimizer`` over the ``dp`` x ``cp`` ranks, as megatron-core shards it), and the ``device`` (a
     preset name, ``cpmem.step.device.DEVICES``) or its ``device_total_bytes``; pipeline
     stages (``pp``, ``vpp`` virtual stages, ``microbatches`` per step, the stages' layers:
     even, megatron's ``first_stage_layers`` / ``last_stage_layers``, or ``stage_layers``
@@ -143,7 +147,7 @@ def describe_settings(
         recompute=rc,
         compiled=compiled,
         moe_routing=moe_routing,
-        cold=cold,
+        cold=check_step_kind(step) == "first",
         profiles=store,
         planner=planner,
         output_bytes=output_bytes,
@@ -167,6 +171,13 @@ def describe_settings(
             ),
         ),
     )
+
+
+def check_step_kind(step: str) -> StepKind:
+    """``first`` or ``steady`` (``cpmem.step.step.StepKind``)."""
+    if step not in STEP_KINDS:
+        raise InputError("step", step, f"must be one of {list(STEP_KINDS)}")
+    return step
 
 
 def describe_step(
@@ -198,13 +209,12 @@ def describe_step(
     - a ready ``plan``.
 
     ``settings`` are ``describe_settings``'s keywords (model layout, recompute, execution
-    flags, profiles, planner, outputs). Under pipeline parallelism
-    ``microbatch_requests`` gives every micro-batch its own request (a ``Request`` or
-    sequence lengths), in place of one request repeated ``microbatches`` times.
+    flags, profiles, planner, outputs). ``microbatch_requests`` gives every micro-batch
+    of the step its own request (a ``Request`` or sequence lengths), in place of one
+    request repeated ``microbatches`` times: over pipeline stages, or one after another
+    at ``pp = 1`` (gradient accumulation, priced at its largest micro-batch); with it,
+    the step's own request, prefix or plan counts are refused.
     """
-    if microbatch_requests is not None:
-        return _microbatched(model, lengths, request, microbatch_requests, settings)
-    s = describe_settings(model, **settings)
     counts = {
         "logical_tokens": logical_tokens,
         "packed_tokens": packed_tokens,
@@ -212,6 +222,19 @@ def describe_step(
         "busiest_tokens": busiest_tokens,
         "gdn_rank_tokens": gdn_rank_tokens,
     }
+    if microbatch_requests is not None:
+        given = {**counts, "segments": segments, "plan": plan}
+        also = [n for n, v in given.items() if v is not None]
+        also += ["shared_prefix"] if shared_prefix else []
+        if also:
+            raise InputError(
+                "microbatch_requests",
+                "+" + "+".join(also),
+                "every micro-batch's request is its own (lengths and shared_prefix each); "
+                f"give them or {', '.join(also)}, not both",
+            )
+        return _microbatched(model, lengths, request, microbatch_requests, settings)
+    s = describe_settings(model, **settings)
     explicit = any(v is not None for v in counts.values())
     sources = [
         n for n, v in (("lengths", lengths), ("request", request), ("plan", plan)) if v is not None

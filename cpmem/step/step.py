@@ -29,6 +29,13 @@ from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
 
 MoeRouting = Literal["concentrated", "balanced"]
 MOE_ROUTINGS: tuple[MoeRouting, ...] = ("concentrated", "balanced")
+StepKind = Literal["first", "steady"]
+STEP_KINDS: tuple[StepKind, ...] = ("first", "steady")
+"""Which of a process's steps is priced. ``steady``: any step after the first, what a
+trainer runs thousands of times (the optimizer's state as it stands after its first
+update, the kernel workspaces its first step left); ``first``: the first step of a
+freshly started process (its kernel set-up not yet paid, no optimizer moments yet), as
+every measured cell of the calibration harness ran its first repetition."""
 BF16_BYTES = 2
 
 
@@ -38,8 +45,9 @@ class StepSettings:
 
     ``planner`` None: the model's default planner. ``output_bytes`` None: the hidden
     states the calibration harness returns (logical tokens x hidden x dtype bytes).
-    ``cold``: the step is the first of its process (kernel set-up not yet paid), the
-    safe default for admission, since a planner rarely knows. ``allow_long`` prices
+    ``cold``: the step is the first of its process (``StepKind`` ``first``: its kernel
+    set-up not yet paid, no optimizer moments yet); the default is a steady step, the one
+    a trainer runs in steady state (``step_kind``). ``allow_long`` prices
     sequences longer than the model's ``max_position_embeddings`` with a warning.
     ``head``, ``adapter`` and ``cp_comm`` are what a trainer's step holds beyond the
     calibration harness (``cpmem.step.trainer``); their defaults are the harness.
@@ -53,7 +61,7 @@ class StepSettings:
     recompute: Recompute = Recompute()
     compiled: bool = False
     moe_routing: MoeRouting = "concentrated"
-    cold: bool = True
+    cold: bool = False
     profiles: ProfileStore | None = None
     planner: str | None = None
     output_bytes: int | None = None
@@ -73,6 +81,8 @@ class StepSettings:
         check_cp_comm(self.cp_comm)
         if self.cp_comm == "a2a" and self.layout.cp > 1:
             self._check_a2a_heads()
+        if not isinstance(self.cold, bool):
+            raise InputError("cold", self.cold, "must be true or false")
         if self.moe_routing not in MOE_ROUTINGS:
             raise InputError(
                 "moe_routing", self.moe_routing, f"must be one of {list(MOE_ROUTINGS)}"
@@ -83,6 +93,11 @@ class StepSettings:
             or self.output_bytes < 0
         ):
             raise InputError("output_bytes", self.output_bytes, "must be an integer >= 0")
+
+    @property
+    def step_kind(self) -> StepKind:
+        """``first`` for the first step of a process, ``steady`` for any later one."""
+        return "first" if self.cold else "steady"
 
     def _check_a2a_heads(self) -> None:
         """Ulysses all-to-all splits each TP rank's heads over the CP group."""

@@ -11,6 +11,20 @@ import pytest
 from cpmem import cli
 from cpmem.cli import main
 
+HARNESS_FLAGS = ["--head", "hidden", "--step", "first"]
+"""The calibration harness's step: every recorded figure below was priced for it."""
+TRAINER = [
+    "estimate",
+    "--model",
+    "qwen3.5-27b",
+    "--lengths",
+    "4096,4096",
+    "--shared-prefix",
+    "1228",
+    "--cp",
+    "2",
+]
+"""The README's first command: the seed pair as a trainer's steady step prices it."""
 EXAMPLE = [
     "estimate",
     "--model",
@@ -23,7 +37,23 @@ EXAMPLE = [
     "2",
     "--recompute",
     "selective",
+    *HARNESS_FLAGS,
 ]
+
+
+def test_the_default_is_a_trainers_steady_step_with_its_head(capsys):
+    """The README's first command: no flags but the request give megatron's output layer
+    and cross entropy (the head) and a steady step's static memory (Adam's moments)."""
+    assert main([*TRAINER, "--json"]) == 0
+    trainer = json.loads(capsys.readouterr().out)
+    assert main([*EXAMPLE, "--json"]) == 0
+    harness = json.loads(capsys.readouterr().out)
+    assert trainer["head"] == "logits" and harness["head"] == "hidden"
+    # the head's fp32 softmax over the 4,096 tokens and the 248,320-entry vocabulary
+    # (megatron-core's cross entropy keeps it until backward: 4 B per logit)
+    assert trainer["components"]["head_kept"] >= 4096 * 248_320 * 4
+    moments = trainer["static_components"]["optimizer_states"]
+    assert moments == 3 * harness["static_components"]["optimizer_states"]  # master + 2
 
 
 def test_documented_example(capsys):
@@ -74,6 +104,7 @@ def test_recorded_cell_from_explicit_flags(capsys):
         "--segments",
         "3",
         "--json",
+        *HARNESS_FLAGS,
     ]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["estimate_bytes"] == 16_618_671_308
@@ -95,6 +126,7 @@ def test_rank_tokens_flag(capsys):
         "--segments",
         "3",
         "--json",
+        *HARNESS_FLAGS,
     ]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
@@ -305,7 +337,8 @@ def test_the_issue_request_is_no_longer_fit_at_the_default_layout(capsys):
     """`cpmem admit` on the measured 1.7B pair (forward peak 13.93 GiB) with 13 GiB: the
     default layout (5,120 on the busiest rank) does not fit; only a layout another runtime
     executes (Megatron's zigzag) would, and the output says which."""
-    code = main(["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13", "--json"])
+    argv = ["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13", "--json", *HARNESS_FLAGS]
+    code = main(argv)
     out = json.loads(capsys.readouterr().out)
     considered = {c["variant"]: c for c in out["considered"]}
     cost_optimal = considered["cost-optimal"]
@@ -319,7 +352,7 @@ def test_the_issue_request_is_no_longer_fit_at_the_default_layout(capsys):
         "balanced",
     )
     assert set(considered) == {"cost-optimal", "memory-minimal:balanced"}
-    main(["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13"])
+    main(["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13", *HARNESS_FLAGS])
     text = capsys.readouterr().out
     assert "fits only if the runtime lays the request out as balanced" in text
     assert "planner chunked" in text

@@ -23,7 +23,7 @@ from cpmem.units import fmt_gib
 
 GIB = 1 << 30
 ISSUE_GIB = 21.024  # the estimate the issue reports
-REQUEST = ["--model", "qwen3.5-4b", "--lengths", "2048,2048", "--cp", "2"]
+REQUEST = ["--model", "qwen3.5-4b", "--lengths", "2048,2048", "--cp", "2", "--head", "hidden"]
 PROFILE = {
     "qwen3.5-4b|tp1|cp2|selective|core_attn|eager": {"bytes_per_token": 10000000, "tokens": 4096}
 }

@@ -5,7 +5,7 @@ One row per keyword of ``describe_step`` / ``describe_settings`` (the ``StepArgu
 ``SettingsArguments`` TypedDicts), with a guard that the table names every keyword, so a
 new option cannot reach ``estimate`` without this test asking whether admission sees it.
 Each row says which model and policy make the option matter (the reference prices no
-MoE routing, no EP, no compiled widths and no warm step; ``tight`` does).
+MoE routing, no EP, no compiled widths and no steady step's activations; ``tight`` does).
 """
 
 from __future__ import annotations
@@ -103,9 +103,10 @@ ROWS = [
     # torch.compile fuses the 1.7B's unfused SwiGLU (tight's widths)
     Row("compiled", M17, {}, False, True, policy="tight"),
     Row("moe_routing", MOE, {"ep": 4}, "concentrated", "balanced", policy="tight", lengths=[4096]),
-    Row("cold", M17, {}, True, False, policy="tight", figure="forward_backward"),
+    Row("step", M17, {}, "first", "steady", policy="tight", figure="forward_backward"),
     Row("profiles", M4, {"cp": 2}, None, PROFILE),
-    Row("output_bytes", M4, {}, None, 1 << 30),
+    # the returned outputs are the harness's hidden states (a head returns none)
+    Row("output_bytes", M4, {"head": "hidden"}, None, 1 << 30),
     # a sequence past max_position_embeddings (40,960 on the 1.7B): refused without it
     Row("allow_long", M17, {}, False, True, lengths=[41_000], refused_before=True),
     Row("fused_swiglu", M17, {}, None, True),
@@ -115,10 +116,18 @@ ROWS = [
     Row("lora_dropout", M4, {}, 0.0, 0.1, policy="tight"),
     Row("lora_targets", M4, {"lora_rank": 64}, "all", "attention", policy="tight"),
     # 1.7B (8 KV heads): p2p keeps no other rank's K/V without a core_attn checkpoint
-    Row("cp_comm", M17, {"cp": 2, "recompute": "none"}, "all_gather", "p2p", policy="tight"),
+    Row(
+        "cp_comm",
+        M17,
+        {"cp": 2, "recompute": "none", "head": "hidden"},
+        "all_gather",
+        "p2p",
+        policy="tight",
+    ),
     Row("config", None, {}, QWEN3_CONFIG, {**QWEN3_CONFIG, "intermediate_size": 8192}),
     # the counts of a plan the runtime fixed (admitted as it stands: variant "explicit")
-    Row("logical_tokens", M4, {**EXPLICIT, "cp": 2}, 8192, 9000, lengths=None),
+    # the logical tokens size the returned hidden states
+    Row("logical_tokens", M4, {**EXPLICIT, "cp": 2, "head": "hidden"}, 8192, 9000, lengths=None),
     Row("packed_tokens", M4, {**EXPLICIT, "cp": 2}, 8192, 6000, policy="global", lengths=None),
     Row("rank_tokens", M4, {**EXPLICIT, "cp": 2}, [4096, 4096], [5120, 3072], lengths=None),
     Row(

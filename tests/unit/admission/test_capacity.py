@@ -187,7 +187,8 @@ def test_more_cp_never_shortens_the_longest_sequence_on_a_dense_model(recompute:
 
 
 def test_positions_cap_and_nothing_fits_are_reported() -> None:
-    found = capacity("qwen3-1.7b", device="h200", layouts="1x1")
+    # the harness's step (no head): the 1.7B then fits beyond its positions on an H200
+    found = capacity("qwen3-1.7b", device="h200", layouts="1x1", head="hidden")
     single = found.layouts[0].single
     limit = M17.max_position_embeddings
     assert limit is not None and single.length is not None and single.length > limit
@@ -298,7 +299,7 @@ def test_cli_table_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_marks_beyond_positions(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["capacity", "--model", "qwen3-1.7b", "--device", "h200", "--layouts", "1x1"]
-    assert cli.main(argv) == 0
+    assert cli.main([*argv, "--head", "hidden"]) == 0
     out = capsys.readouterr().out
     assert "*: longer than max_position_embeddings (40,960)" in out
 

@@ -50,9 +50,10 @@ def test_1f1b_holds_min_pp_minus_s_microbatches(policy: str) -> None:
     margin (its margin_factor over the rest of its sum), and the layer input that micro-
     batch's chunk received (4,096 x 2,560 bf16)."""
     pp, m = 4, 8
-    est = estimate(M4, [4096], pp=pp, microbatches=m, policy=policy)
-    single = estimate(M4, [4096], pp=pp, microbatches=1, policy=policy)
-    whole = estimate(M4, [4096], policy=policy)
+    harness = {"policy": policy, "head": "hidden"}  # no head: every stage's layers alike
+    est = estimate(M4, [4096], pp=pp, microbatches=m, **harness)
+    single = estimate(M4, [4096], pp=pp, microbatches=1, **harness)
+    whole = estimate(M4, [4096], **harness)
     factor = whole.components["margin_factor"]
     rest = whole.estimate_bytes - factor - whole.components.get("margin_allowance", 0)
     quarter = retained_bytes(whole) / 4 * (1 + factor / rest)
@@ -107,7 +108,7 @@ def test_uneven_stages_move_the_peak() -> None:
 
 
 def test_the_last_stage_holds_the_head() -> None:
-    hidden = estimate(M17, [4096], pp=2, microbatches=1)
+    hidden = estimate(M17, [4096], pp=2, microbatches=1, head="hidden")
     logits = estimate(M17, [4096], pp=2, microbatches=1, head="logits")
     assert logits.stage_bytes[0] == hidden.stage_bytes[0]
     whole = estimate(M17, [4096], head="logits")

@@ -66,7 +66,7 @@ def test_weights_shard_over_tp_except_the_replicated_parts() -> None:
 
 def _bytes_per_trainable(**settings: object) -> float:
     """Static bytes per adapter parameter beyond the frozen base (rank 64 adapters)."""
-    one = describe_settings("qwen3.5-4b", lora_rank=64, cold=False, **settings)  # type: ignore[arg-type]
+    one = describe_settings("qwen3.5-4b", lora_rank=64, step="steady", **settings)  # type: ignore[arg-type]
     trainable = adapter_parameters(one.geometry, one.adapter, one.layout)
     s = static_memory(one)
     base = s.components["base_weights"] + s.components["kernel_workspaces"]
@@ -79,6 +79,10 @@ def test_adam_holds_megatrons_18_bytes_per_parameter() -> None:
     assert _bytes_per_trainable() == 18
     assert _bytes_per_trainable(dp=4, distributed_optimizer=True) == pytest.approx(6 + 12 / 4)
     assert _bytes_per_trainable(dp=4) == 18  # without it, DP replicates the states
+    # megatron-core shards the states over DP x CP (intra_dp_cp_group), CP ranks holding
+    # the same parameters as data-parallel ones
+    assert _bytes_per_trainable(dp=2, cp=2, distributed_optimizer=True) == pytest.approx(6 + 12 / 4)
+    assert _bytes_per_trainable(cp=2) == 18
     assert _bytes_per_trainable(optimizer="sgd") == 2 + 4 + 4 + 4  # momentum, not two moments
     assert _bytes_per_trainable(optimizer="none") == 2
 
@@ -86,7 +90,7 @@ def test_adam_holds_megatrons_18_bytes_per_parameter() -> None:
 def test_moments_appear_at_the_first_optimizer_step() -> None:
     """Adam's moments are made at the first step: a cold step (the first of its process)
     holds the master copy but not the moments."""
-    settings = describe_settings("qwen3.5-4b", lora_rank=64)
+    settings = describe_settings("qwen3.5-4b", lora_rank=64, step="first")
     trainable = adapter_parameters(settings.geometry, settings.adapter, settings.layout)
     cold, warm = static_memory(settings), static_memory(settings, stepped=True)
     moments = warm.components["optimizer_states"] - cold.components["optimizer_states"]

@@ -9,10 +9,12 @@ states) must cover each and stay within the stated bound of it.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import HARNESS
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
@@ -21,8 +23,11 @@ from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.pricing.tight.calibrated import LOSS_BACKWARD_OUTPUTS
 from cpmem.pricing.tight.compose import priced_tokens, structural_terms, tight_widths
 from cpmem.pricing.tight.policy import price_tight
-from cpmem.step.describe import describe_step
+from cpmem.step.describe import describe_step as _describe_step
 from cpmem.step.step import Step
+
+# every figure here is recorded for the calibration harness's step (tests/unit/harness.py)
+describe_step = partial(_describe_step, **HARNESS)
 
 CONFIGS = Path(__file__).resolve().parents[3] / "golden" / "simulated" / "configs"
 TOKENS = 8192
@@ -45,7 +50,7 @@ def _inputs(
     g: ModelGeometry, mode: str, modules: str | None = None, ranks: tuple[int, ...] = (TOKENS,)
 ) -> Step:
     plan = _plan(ParallelLayout(tp=1, cp=len(ranks), sp=False), ranks)
-    return _step(g, plan, recompute=mode, modules=modules, cold=False)
+    return _step(g, plan, recompute=mode, modules=modules, step="steady")
 
 
 def _plan(layout: ParallelLayout, ranks: tuple[int, ...]) -> Plan:
@@ -158,7 +163,7 @@ def _moe_inputs(
         modules=modules,
         compiled=compiled,
         moe_routing=routing,
-        cold=False,
+        step="steady",
     )
 
 
@@ -240,7 +245,7 @@ def test_gathered_outputs_are_padded_to_the_largest_rank() -> None:
         rank_tokens=ranks,
         gdn_rank_tokens=ranks,
     )
-    inputs = _step(g, plan, recompute="full", cold=False)
+    inputs = _step(g, plan, recompute="full", step="steady")
     fwd, _ = structural_terms(inputs)
     assert fwd["outputs"] + fwd["gathered_outputs"] == 385_875_968
     assert fwd["retained_activations"] + fwd["layer_transient"] == 456_130_560
@@ -275,7 +280,7 @@ def test_loss_backward_runs_over_the_returned_outputs_under_cp() -> None:
     g = _model("qwen3-1.7b")
     # the two sequences' segments matter only to GDN layers: one segment will do here
     plan = _plan(ParallelLayout(tp=4, cp=4, sp=True), (9728, 6656, 9728, 6656))
-    inputs = _step(g, plan, recompute="none", cold=False)
+    inputs = _step(g, plan, recompute="none", step="steady")
     _, fb = structural_terms(inputs)
     outputs = 32_768 * g.hidden * 2
     assert inputs.outputs == outputs
@@ -320,7 +325,7 @@ def test_attention_no_grad_pass_is_the_simulators(model: str, tp: int, sim: int)
 
     g = _model(model)
     plan = _plan(ParallelLayout(tp=tp, cp=1, sp=True), (TOKENS,))
-    inputs = _step(g, plan, recompute="full", cold=False)
+    inputs = _step(g, plan, recompute="full", step="steady")
     assert g.kv_groups < tp
     assert nograd_width(g, tight_widths(g, inputs), inputs) == sim
 
@@ -334,7 +339,7 @@ def test_ungated_query_copy_only_where_a_rank_holds_several_groups() -> None:
     (8 groups per rank) the copy as well (it priced the copy at every TP)."""
     g = _model("qwen3-32b-style")
     plan = _plan(ParallelLayout(tp=8, cp=1, sp=True), (4096,))
-    inputs = _step(g, plan, recompute="selective", modules="core_attn", cold=False)
+    inputs = _step(g, plan, recompute="selective", modules="core_attn", step="steady")
     sim = 80_899_072 / 4096 / 2
     q_t = g.q_width // 8
     w = tight_widths(g, inputs)
@@ -353,7 +358,7 @@ def test_each_cp_rank_is_priced_at_its_own_tokens() -> None:
     largest rank."""
     g = _model("qwen3-1.7b")
     plan = _plan(ParallelLayout(tp=4, cp=4, sp=True), (9728, 6656, 9728, 6656))
-    est = price_tight(_step(g, plan, recompute="none", cold=False))
+    est = price_tight(_step(g, plan, recompute="none", step="steady"))
     sims = (10_342_590_976, 7_521_551_872, 10_342_590_976, 7_521_551_872)
     assert est.per_rank_bytes[0] == est.per_rank_bytes[2] == est.estimate_bytes
     assert est.per_rank_bytes[1] == est.per_rank_bytes[3] < est.estimate_bytes
