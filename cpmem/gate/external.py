@@ -9,9 +9,13 @@ Two ways in:
   optionally ``forward_backward_bytes``, for estimators in other languages, which
   read the descriptions written by ``cpmem golden export`` (JSON lines).
 
-The description is built from ``cell_step`` (the one conversion of a cell), so an
-external estimator sees exactly the layout cpmem prices. It lives here, not in
-``cpmem/golden``, because it needs the model geometry and the plan.
+The description (``step_description``) is built from the step cpmem prices
+(``cell_step``, the one conversion of a cell; ``row_step``, of a grid row), never from
+the recorded row beside it: every field of the step's settings (layout, recompute,
+execution flags, the head, adapters and CP comm of a trainer's step, optimizer, device,
+pipeline stages) and of its plan, every micro-batch's included, so an external
+estimator sees exactly what cpmem prices. It lives here, not in ``cpmem/golden``,
+because it needs the model geometry and the plan.
 
 Checks that apply: golden (the data is intact), coverage (forward, and
 forward+backward when the estimator gives it), and a headroom report per model and
@@ -40,6 +44,7 @@ from cpmem.gate.checks import coverage_summary, forward_backward_row, golden_che
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.request import Request
 from cpmem.reports.tables import pct
 from cpmem.samples.cells import cell_step, is_measured
 from cpmem.samples.rows import SimRow, row_step, simulated_dir
@@ -55,6 +60,7 @@ __all__ = [
     "load_estimator",
     "price_with",
     "read_estimates_csv",
+    "step_description",
 ]
 
 ExternalEstimate = tuple[int, int | None]  # (forward bytes, forward+backward bytes or None)
@@ -114,54 +120,128 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
     return cfg
 
 
-def _describe_step(
+def _request_shape(request: Request) -> tuple[list[int], int]:
+    """A request's sequence lengths and the prefix every sequence shares (the root
+    segment of its one prefix tree; 0 when its sequences share nothing)."""
+    trees = request.trees
+    shared = trees[0].tokens if len(trees) == 1 and trees[0].children else 0
+    return request.sequence_lengths, shared
+
+
+def _per_rank(counts: Iterable[Sequence[int]]) -> list[int]:
+    """Per CP rank, its counts summed over the plan's forward groups."""
+    return [sum(col) for col in zip(*counts, strict=True)]
+
+
+def _plan_keys(step: Step, lengths: Sequence[int], shared_prefix: int) -> dict[str, Any]:
+    """One forward's request and plan: the keys a description and each of its
+    ``microbatch_plans`` carry."""
+    plan, groups = step.plan, step.plan.groups
+    if step.request is not None:
+        lengths, shared_prefix = _request_shape(step.request)
+    return {
+        "lengths": list(lengths),
+        "shared_prefix": shared_prefix,
+        "logical_tokens": plan.logical_tokens,
+        "packed_tokens": plan.packed_tokens,
+        "real_tokens": sum(g.real_tokens for g in groups),
+        "rank_tokens": list(plan.rank_tokens),
+        "attention_rank_tokens": _per_rank(g.attention_tokens for g in groups),
+        "gdn_rank_tokens": _per_rank(g.gdn_tokens for g in groups),
+        "busiest_tokens": plan.busiest_tokens,
+        "segments": plan.grad_segments,
+        "rank_segments": list(plan.rank_segments),
+        "forward_groups": len(groups),
+    }
+
+
+def step_description(
     step: Step,
     *,
     cell_id: str,
     model: str,
-    dtype: str,
-    lengths: Sequence[int],
-    shared_prefix: int,
-    recorded: str,
+    lengths: Sequence[int] | None = None,
+    shared_prefix: int = 0,
+    dtype: str = "bf16",
+    recorded: str = "all",
 ) -> dict[str, Any]:
-    g, plan = step.geometry, step.plan
-    pipe = step.settings.pipeline
-    stages = (
-        {"pp": pipe.pp, "vpp": pipe.vpp, "microbatches": pipe.microbatches} if pipe.active else {}
-    )
+    """``step`` as an external estimator sees it: every field of its settings and its
+    plan, as plain JSON (the keys are listed in docs/external-estimators.md).
+
+    ``lengths`` and ``shared_prefix`` are the request behind a plan the runtime fixed (a
+    recorded cell or grid row: the step holds counts, not the request); a step planned
+    from a request describes that request, and ``lengths`` given beside it must be its
+    lengths. ``dtype`` names the recorded activation dtype and ``recorded`` says which
+    CP ranks' counts were recorded (``rank_tokens_recorded``).
+    """
+    if step.request is not None:
+        own, own_prefix = _request_shape(step.request)
+        if lengths is not None and (list(lengths) != own or shared_prefix != own_prefix):
+            raise InputError(
+                "lengths",
+                list(lengths),
+                f"differ from the step's request ({own}, shared prefix {own_prefix})",
+            )
+    elif lengths is None:
+        raise InputError("lengths", None, "a step with an explicit plan needs its request's")
+    s, g, layout = step.settings, step.geometry, step.plan.layout
+    pipe = s.pipeline
+    given = list(lengths) if lengths is not None else []
+    first = _plan_keys(step, given, shared_prefix)
+    if step.microbatches:  # each micro-batch its own request, planned as the step is
+        later = [_plan_keys(m, given, shared_prefix) for m in step.microbatch_steps[1:]]
+    else:  # the step's request repeated
+        later = [dict(first) for _ in range(pipe.microbatches - 1)]
+    microbatch_plans = [dict(first), *later]
     return {
-        **stages,
         "cell_id": cell_id,
         "model": model,
         "config": hf_config(g),
         "fused_swiglu": g.fused_swiglu,
         "dtype": dtype,
-        "tp": plan.layout.tp,
-        "cp": plan.layout.cp,
-        "sp": plan.layout.sp,
-        "ep": plan.layout.ep,
+        "dtype_bytes": s.dtype_bytes,
+        "tp": layout.tp,
+        "cp": layout.cp,
+        "sp": layout.sp,
+        "ep": layout.ep,
+        "dp": layout.dp,
         "recompute": str(step.recompute.mode),
         "modules": [str(m) for m in step.recompute.modules],
         "compiled": step.compiled,
         "moe_routing": step.moe_routing,
-        "lengths": list(lengths),
-        "shared_prefix": shared_prefix,
-        "logical_tokens": plan.logical_tokens,
-        "packed_tokens": plan.packed_tokens,
-        "rank_tokens": list(plan.rank_tokens),
-        "busiest_tokens": plan.busiest_tokens,
+        "cold": step.cold,
+        "allow_long": s.allow_long,
+        "planner": step.plan.planner,
+        "head": step.head.label,
+        "head_kind": step.head.kind,
+        "head_chunk": step.head.chunk,
+        "output_bytes": step.outputs,
+        "lora_rank": step.adapter.rank,
+        "lora_dropout": float(step.adapter.dropout),
+        "lora_targets": list(step.adapter.targets),
+        "cp_comm": step.cp_comm,
+        "optimizer": s.optimizer.kind,
+        "distributed_optimizer": s.optimizer.distributed,
+        "device": None if s.device is None else s.device.name,
+        "device_total_bytes": None if s.device is None else s.device.total_bytes,
+        "pp": pipe.pp,
+        "vpp": pipe.vpp,
+        "microbatches": pipe.microbatches,
+        "stage_layers": [len(r) for r in pipe.virtual_layers(g.layers)],
+        **first,
         "rank_tokens_recorded": recorded,
-        "segments": plan.grad_segments,
+        "microbatch_plans": microbatch_plans,
     }
 
 
 def describe(cell: MeasuredCell) -> dict[str, Any]:
-    """One cell as an external estimator sees it: geometry, layout, request, plan.
+    """One cell as an external estimator sees it: ``cell_step``'s description, with the
+    harness's head, adapters and CP comm and the cell's recorded layout and counts.
 
     Never the measured peaks: the estimator must not see the answer.
     """
     step = cell_step(cell)
-    return _describe_step(
+    return step_description(
         step,
         cell_id=cell.cell_id,
         model=cell.model,
@@ -175,14 +255,15 @@ def describe(cell: MeasuredCell) -> dict[str, Any]:
 def describe_row(
     row: SimRow, step: Step | None = None, sim_dir: Path | None = None
 ) -> dict[str, Any]:
-    """One simulated grid row described as a cell is (the same keys), from the plan the
-    simulator was given (``row_step``): ``cell_id`` is the row's ``config_id``, ``model``
-    the grid's model name, ``rank_tokens`` every CP rank's count (``rank_tokens_recorded``
-    ``all``). Never the simulated peaks.
+    """One simulated grid row described as a cell is (the same keys), from the step the
+    simulator was given (``row_step``: its plan, head, adapters, CP comm and pipeline):
+    ``cell_id`` is the row's ``config_id``, ``model`` the grid's model name,
+    ``rank_tokens`` every CP rank's count (``rank_tokens_recorded`` ``all``). Never the
+    simulated peaks.
     """
     if step is None:
         step = row_step(row, sim_dir if sim_dir is not None else simulated_dir())
-    return _describe_step(
+    return step_description(
         step,
         cell_id=row.config_id,
         model=row.model,

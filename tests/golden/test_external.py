@@ -4,22 +4,58 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cpmem.cli import main
-from cpmem.gate.external import describe, hf_config
+from cpmem.errors import InputError
+from cpmem.gate.external import describe, describe_row, hf_config, step_description
+from cpmem.gate.external_simulated import row_descriptions
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import GOLDEN_DIR
 from cpmem.model.hf_config import load_config
+from cpmem.model.load import load_model
 from cpmem.model.presets import PRESETS
+from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.plan import ForwardGroup, Plan
+from cpmem.plan.request import Request
+from cpmem.samples.rows import load_rows, simulated_dir
+from cpmem.step.describe import describe_step
+from cpmem.step.device import Device
+from cpmem.step.pipeline import Pipeline
+from cpmem.step.recompute import Module, Recompute
+from cpmem.step.step import Step, StepSettings
+from cpmem.step.trainer import Adapter, Head, Optimizer
 from tests.golden import external_estimators as ext
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "tests.golden.external_estimators"
+MIB = 1 << 20
+EVERY_TARGET = ["qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts"]
+ATTENTION_TARGETS = ["qkv", "proj", "gdn_in", "gdn_out"]
+DOC = (ROOT / "docs" / "external-estimators.md").read_text(encoding="utf-8")
+
+
+def _doc_table_keys(header: str) -> set[str]:
+    """Every backticked name in the first column of the doc's table under ``header``."""
+    lines = DOC.splitlines()
+    start = lines.index(header) + 2  # past the header and its rule
+    keys: set[str] = set()
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        keys.update(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return keys
+
+
+DOC_KEYS = _doc_table_keys("| key | meaning | unit |")
+MICROBATCH_DOC_KEYS = _doc_table_keys("| micro-batch key | meaning | unit |")
 
 with (GOLDEN_DIR / "cells.csv").open(newline="", encoding="utf-8") as _fh:
     RAW = list(csv.DictReader(_fh))
@@ -55,28 +91,44 @@ def test_the_description_config_reads_back_to_the_preset(name: str) -> None:
 
 def test_descriptions_carry_the_recorded_layout_and_never_the_peaks() -> None:
     assert set(DESCRIBED) == set(PEAKS) and len(PEAKS) > 50
-    keys = {
-        "cell_id", "model", "config", "fused_swiglu", "dtype", "tp", "cp", "sp", "ep",
-        "recompute", "modules", "compiled", "moe_routing", "lengths", "shared_prefix",
-        "logical_tokens", "packed_tokens", "rank_tokens", "busiest_tokens",
-        "rank_tokens_recorded", "segments",
-    }  # fmt: skip
     for r in RAW:
         d = DESCRIBED.get(r["cell_id"])
         if d is None:
             continue
-        assert set(d) == keys
+        assert set(d) == DOC_KEYS
         assert json.loads(json.dumps(d)) == d  # plain JSON
         assert not any("peak" in k for k in d)
         assert (d["tp"], d["cp"], d["ep"]) == (int(r["tp"]), int(r["cp"]), int(r["ep"]))
+        assert d["sp"] == (r["sequence_parallel"] == "True")
         assert d["lengths"] == [int(x) for x in r["lengths"].split("+")]
+        assert d["shared_prefix"] == int(r["shared_prefix"])
         assert d["packed_tokens"] == int(r["packed_tokens"])
         assert d["recompute"] == r["mode"]
+        assert d["compiled"] == (r["compiled"] == "True")
         if int(r["cp"]) > 1:  # the busiest rank's tokens as recorded
             assert d["busiest_tokens"] == int(r["retained_tokens"])
             assert d["rank_tokens_recorded"] == "busiest"
         if r["grad_segments"]:
             assert d["segments"] == int(r["grad_segments"])
+        # warm where the first and repeat forward peaks were recorded within 1 MiB
+        first, repeat = r["first_forward_peak_bytes"], r["repeat_forward_peak_bytes"]
+        warm = bool(first and repeat) and abs(int(first) - int(repeat)) < MIB
+        assert d["cold"] is not warm
+        _assert_harness(d)
+
+
+def _assert_harness(d: dict[str, Any]) -> None:
+    """The measured harness: no LM head (the hidden states are returned), rank-1 LoRA
+    on every projection without dropout, all-gathered K/V, one stage, one micro-batch."""
+    cfg = d["config"]
+    assert (d["head"], d["head_kind"], d["head_chunk"]) == ("hidden", "hidden", None)
+    assert d["output_bytes"] == d["logical_tokens"] * cfg["hidden_size"] * 2
+    assert (d["lora_rank"], d["lora_dropout"], d["lora_targets"]) == (1, 0.0, EVERY_TARGET)
+    assert d["cp_comm"] == "all_gather" and d["dtype_bytes"] == 2
+    assert (d["pp"], d["vpp"], d["microbatches"]) == (1, 1, 1)
+    assert d["stage_layers"] == [cfg["num_hidden_layers"]]
+    own = {k: v for k, v in d.items() if k in MICROBATCH_DOC_KEYS}
+    assert d["microbatch_plans"] == [own]
 
 
 def test_a_generous_external_estimator_passes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,3 +247,373 @@ def test_record_controls_does_not_combine_with_an_external_estimator(
     argv = ["gate", "--record-controls", "--estimator", f"{MODULE}:generous"]
     assert main(argv) == 2
     assert "record-controls" in capsys.readouterr().err
+
+
+# --- every field of the step is described --------------------------------------------
+
+with (GOLDEN_DIR / "simulated" / "rows.csv").open(newline="", encoding="utf-8") as _fh:
+    RAW_ROWS = list(csv.DictReader(_fh))
+HARNESS_ROW = ("hidden", "1", "0.0", "all", "all_gather")  # head, rank, dropout, targets, comm
+
+
+@pytest.fixture(scope="module")
+def grid() -> dict[str, dict[str, Any]]:
+    return {d["cell_id"]: d for d in row_descriptions()}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split("+") if x]
+
+
+def test_the_doc_lists_every_key_of_the_description_both_ways(
+    grid: dict[str, dict[str, Any]],
+) -> None:
+    assert {"cell_id", "head", "microbatch_plans"} <= DOC_KEYS and "lengths" in MICROBATCH_DOC_KEYS
+    for d in [*DESCRIBED.values(), *grid.values()]:
+        assert set(d) == DOC_KEYS, d["cell_id"]
+        for plan in d["microbatch_plans"]:
+            assert set(plan) == MICROBATCH_DOC_KEYS, d["cell_id"]
+
+
+def test_grid_descriptions_carry_each_rows_head_adapters_comm_and_pipeline(
+    grid: dict[str, dict[str, Any]],
+) -> None:
+    assert list(grid) == [r["config_id"] for r in RAW_ROWS]
+    seen = {"trainer": 0, "pipeline": 0, "stage layers": 0, "micro-batch lengths": 0}
+    for r in RAW_ROWS:
+        d = grid[r["config_id"]]
+        kind, _, chunk = r["head"].partition(":")
+        assert (d["head"], d["head_kind"], d["head_chunk"]) == (
+            r["head"],
+            kind,
+            int(chunk) if chunk else None,
+        )
+        assert (d["lora_rank"], d["lora_dropout"]) == (
+            int(r["lora_rank"]),
+            float(r["lora_dropout"]),
+        )
+        targets = {"all": EVERY_TARGET, "attention": ATTENTION_TARGETS}[r["lora_targets"]]
+        assert d["lora_targets"] == targets and d["cp_comm"] == r["cp_comm"]
+        assert d["cold"] is True and d["sp"] == (r["sequence_parallel"] == "True")
+        hidden = d["config"]["hidden_size"]
+        returned = d["logical_tokens"] * hidden * 2 if kind == "hidden" else 0
+        assert d["output_bytes"] == returned
+        pp, vpp, m = int(r["pp"]), int(r["vpp"]), int(r["microbatches"])
+        assert (d["pp"], d["vpp"], d["microbatches"]) == (pp, vpp, m)
+        even = [int(r["layers"]) // (pp * vpp)] * (pp * vpp)
+        assert d["stage_layers"] == (_ints(r["stage_layers"]) or even)
+        lengths = _ints(r["lengths"])
+        assert d["lengths"] == lengths and d["shared_prefix"] == int(r["shared_prefix"])
+        given = [_ints(part) for part in r["microbatch_lengths"].split(";") if part]
+        plans = d["microbatch_plans"]
+        assert [p["lengths"] for p in plans] == (given or [lengths] * m)
+        assert all(p["logical_tokens"] == sum(p["lengths"]) for p in plans)
+        if not given:  # the simulator's own per-rank counts, every micro-batch alike
+            assert d["attention_rank_tokens"] == _ints(r["attention_tokens"])
+            assert d["gdn_rank_tokens"] == _ints(r["gdn_tokens"])
+        seen["trainer"] += (r["head"], r["lora_rank"], r["lora_dropout"], r["lora_targets"],
+                            r["cp_comm"]) != HARNESS_ROW  # fmt: skip
+        seen["pipeline"] += pp > 1
+        seen["stage layers"] += bool(r["stage_layers"])
+        seen["micro-batch lengths"] += bool(given)
+    assert all(seen.values()), seen  # every kind of row was checked
+
+
+Change = Callable[[StepSettings], StepSettings]
+BASE = describe_step(
+    "qwen3.5-4b",
+    [3072, 2048],
+    shared_prefix=512,
+    tp=2,
+    cp=2,
+    sp=True,
+    head="chunked:1024",
+    lora_rank=16,
+    lora_dropout=0.1,
+    lora_targets="attention",
+    pp=2,
+    microbatches=2,
+    dp=2,
+    device="h200",
+)
+NESTED: dict[str, type] = {
+    "layout": ParallelLayout,
+    "recompute": Recompute,
+    "head": Head,
+    "adapter": Adapter,
+    "optimizer": Optimizer,
+    "device": Device,
+    "pipeline": Pipeline,
+}
+"""StepSettings fields whose value is a dataclass: each of its fields is described."""
+
+
+def _set(**changes: Any) -> Change:
+    return lambda s: s.replace(**changes)
+
+
+def _nested(owner: str, **changes: Any) -> Change:
+    return lambda s: s.replace(**{owner: dataclasses.replace(getattr(s, owner), **changes)})
+
+
+def _same(s: StepSettings) -> StepSettings:
+    return s
+
+
+HIDDEN: Change = _set(head=Head())
+SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
+    # (class, field): (the base, the base with the field changed, the keys that carry it)
+    (StepSettings, "geometry"): (_same, _set(geometry=load_model("qwen3-1.7b")), {"config"}),
+    (StepSettings, "compiled"): (_same, _set(compiled=True), {"compiled"}),
+    (StepSettings, "moe_routing"): (_same, _set(moe_routing="balanced"), {"moe_routing"}),
+    (StepSettings, "cold"): (_same, _set(cold=False), {"cold"}),
+    (StepSettings, "planner"): (_same, _set(planner="balanced"), {"planner"}),
+    # the returned outputs are the hidden states' only where no head ends the forward
+    (StepSettings, "output_bytes"): (
+        HIDDEN,
+        _set(head=Head(), output_bytes=12_345),
+        {"output_bytes"},
+    ),
+    (StepSettings, "allow_long"): (_same, _set(allow_long=True), {"allow_long"}),
+    (StepSettings, "cp_comm"): (_same, _set(cp_comm="p2p"), {"cp_comm"}),
+    (StepSettings, "dtype_bytes"): (_same, _set(dtype_bytes=4), {"dtype_bytes"}),
+    (ParallelLayout, "tp"): (_same, _nested("layout", tp=1), {"tp"}),
+    (ParallelLayout, "cp"): (_same, _nested("layout", cp=4), {"cp", "rank_tokens"}),
+    (ParallelLayout, "sp"): (_same, _nested("layout", sp=False), {"sp"}),
+    (ParallelLayout, "ep"): (_same, _nested("layout", ep=2), {"ep"}),
+    (ParallelLayout, "dp"): (_same, _nested("layout", dp=4), {"dp"}),
+    (Recompute, "mode"): (_same, _nested("recompute", mode="full"), {"recompute", "modules"}),
+    (Recompute, "modules"): (
+        _same,
+        _nested("recompute", modules=(Module.CORE_ATTN, Module.MLP)),
+        {"modules"},
+    ),
+    (Head, "kind"): (_same, _set(head=Head("logits")), {"head", "head_kind", "head_chunk"}),
+    (Head, "chunk"): (_same, _set(head=Head("chunked", 2048)), {"head", "head_chunk"}),
+    (Adapter, "rank"): (_same, _nested("adapter", rank=64), {"lora_rank"}),
+    (Adapter, "dropout"): (_same, _nested("adapter", dropout=0.0), {"lora_dropout"}),
+    (Adapter, "targets"): (_same, _nested("adapter", targets=("fc1", "fc2")), {"lora_targets"}),
+    (Optimizer, "kind"): (_same, _nested("optimizer", kind="sgd"), {"optimizer"}),
+    (Optimizer, "distributed"): (
+        _same,
+        _nested("optimizer", distributed=True),
+        {"distributed_optimizer"},
+    ),
+    (Device, "name"): (_same, _nested("device", name="another"), {"device"}),
+    (Device, "total_bytes"): (
+        _same,
+        _nested("device", total_bytes=80 << 30),
+        {"device_total_bytes"},
+    ),
+    (Pipeline, "pp"): (_same, _nested("pipeline", pp=4), {"pp", "stage_layers"}),
+    (Pipeline, "vpp"): (_same, _nested("pipeline", vpp=2), {"vpp", "stage_layers"}),
+    (Pipeline, "microbatches"): (
+        _same,
+        _nested("pipeline", microbatches=4),
+        {"microbatches", "microbatch_plans"},
+    ),
+    (Pipeline, "layers"): (_same, _nested("pipeline", layers=(12, 20)), {"stage_layers"}),
+}
+EXCLUDED: dict[tuple[type, str], str] = {
+    (StepSettings, "profiles"): "cpmem's learned floors from earlier runs of a signature: "
+    "an input of cpmem's own policies, not how the step runs (cells and rows price none)",
+    (Device, "source"): "the provenance text of a preset's total bytes (compare=False: not "
+    "part of the device)",
+}
+
+
+def _fields(cls: type) -> set[tuple[type, str]]:
+    return {(cls, f.name) for f in dataclasses.fields(cls)}
+
+
+def _describe(step: Step, lengths: list[int] | None = None) -> dict[str, Any]:
+    return step_description(step, cell_id="x", model="m", lengths=lengths)
+
+
+def test_every_field_of_the_step_settings_is_described_or_excluded_with_a_reason() -> None:
+    for name, cls in NESTED.items():  # the nested dataclasses are the settings' own
+        assert type(getattr(BASE.settings, name)) is cls, name
+    every = {k for k in _fields(StepSettings) if k[1] not in NESTED}
+    for cls in NESTED.values():
+        every |= _fields(cls)
+    assert set(SETTINGS_CHANGES) | set(EXCLUDED) == every
+    assert not set(SETTINGS_CHANGES) & set(EXCLUDED)
+
+
+@pytest.mark.parametrize("field", list(SETTINGS_CHANGES), ids=lambda k: f"{k[0].__name__}.{k[1]}")
+def test_a_change_of_one_setting_changes_the_keys_that_carry_it(field: tuple[type, str]) -> None:
+    before, after, keys = SETTINGS_CHANGES[field]
+    base = before(BASE.settings)
+    d0 = _describe(base.step(BASE.request))
+    d1 = _describe(after(base).step(BASE.request))
+    assert keys <= DOC_KEYS
+    assert keys <= {k for k in d0 if d0[k] != d1[k]}
+
+
+EXPLICIT = describe_step(
+    "qwen3.5-4b",
+    logical_tokens=6144,
+    packed_tokens=6144,
+    segments=2,
+    rank_tokens=[3200, 2944],
+    gdn_rank_tokens=[3072, 3072],
+    tp=2,
+    cp=2,
+)
+EXPLICIT_LENGTHS = [4096, 2048]
+
+
+def _with_group(**changes: Any) -> Step:
+    group = dataclasses.replace(EXPLICIT.plan.groups[0], **changes)
+    return Step(EXPLICIT.settings, dataclasses.replace(EXPLICIT.plan, groups=(group,)))
+
+
+def _with_plan(**changes: Any) -> Step:
+    return Step(EXPLICIT.settings, dataclasses.replace(EXPLICIT.plan, **changes))
+
+
+STEP_CHANGES: dict[tuple[type, str], tuple[Step, Step, set[str]]] = {
+    # (class, field): (a step, the step with the field changed, the keys that carry it)
+    (ForwardGroup, "logical_tokens"): (
+        EXPLICIT,
+        _with_group(logical_tokens=6000),
+        {"logical_tokens"},
+    ),
+    (ForwardGroup, "packed_tokens"): (EXPLICIT, _with_group(packed_tokens=6200), {"packed_tokens"}),
+    (ForwardGroup, "attention_tokens"): (
+        EXPLICIT,
+        _with_group(attention_tokens=(3300, 2844)),
+        {"attention_rank_tokens", "rank_tokens"},
+    ),
+    (ForwardGroup, "gdn_tokens"): (
+        EXPLICIT,
+        _with_group(gdn_tokens=(3000, 3144)),
+        {"gdn_rank_tokens"},
+    ),
+    (ForwardGroup, "grad_segments"): (EXPLICIT, _with_group(grad_segments=3), {"segments"}),
+    (ForwardGroup, "real_tokens"): (EXPLICIT, _with_group(real_tokens=6100), {"real_tokens"}),
+    (ForwardGroup, "rank_segments"): (
+        EXPLICIT,
+        _with_group(rank_segments=(1, 2)),
+        {"rank_segments"},
+    ),
+    (Plan, "planner"): (EXPLICIT, _with_plan(planner="balanced"), {"planner"}),
+    (Plan, "groups"): (
+        EXPLICIT,
+        _with_plan(groups=EXPLICIT.plan.groups * 2),
+        {"forward_groups", "logical_tokens", "rank_tokens"},
+    ),
+    (Step, "request"): (
+        BASE,
+        BASE.settings.step(Request.shared([3072, 1536], 256)),
+        {"lengths", "shared_prefix"},
+    ),
+    (Step, "microbatches"): (
+        BASE,
+        BASE.settings.step(BASE.request, microbatches=(BASE.request, Request.independent([1024]))),
+        {"microbatch_plans"},
+    ),
+}
+STEP_EXCLUDED: dict[tuple[type, str], str] = {
+    (Step, "settings"): "described field by field (SETTINGS_CHANGES)",
+    (Step, "plan"): "described field by field (the Plan and ForwardGroup entries)",
+    (Step, "warnings"): "the checks' messages about the step, not what it holds",
+    (Plan, "layout"): "the settings' own layout (step_for_plan requires it): tp, cp, sp, ep, dp",
+}
+
+
+def test_every_field_of_the_step_and_its_plan_is_described_or_excluded_with_a_reason() -> None:
+    every = _fields(Step) | _fields(Plan) | _fields(ForwardGroup)
+    assert set(STEP_CHANGES) | set(STEP_EXCLUDED) == every
+    assert not set(STEP_CHANGES) & set(STEP_EXCLUDED)
+
+
+@pytest.mark.parametrize("field", list(STEP_CHANGES), ids=lambda k: f"{k[0].__name__}.{k[1]}")
+def test_a_change_of_one_plan_field_changes_the_keys_that_carry_it(
+    field: tuple[type, str],
+) -> None:
+    before, after, keys = STEP_CHANGES[field]
+    lengths = EXPLICIT_LENGTHS if before is EXPLICIT else None
+    d0, d1 = _describe(before, lengths), _describe(after, lengths)
+    assert keys <= DOC_KEYS
+    assert keys <= {k for k in d0 if d0[k] != d1[k]}
+
+
+def test_a_described_request_must_be_the_steps_own() -> None:
+    with pytest.raises(InputError, match="lengths"):
+        _describe(BASE, [4096])
+    with pytest.raises(InputError, match="explicit plan"):
+        _describe(EXPLICIT)
+
+
+# --- rows that differ in one field ---------------------------------------------------
+
+BASE_ROW = next(
+    r
+    for r in load_rows(simulated_dir())
+    if r.pp > 1
+    and r.cp > 1
+    and r.microbatch_lengths
+    and r.stage_layers != r.stage_layers[::-1]
+    and not r.is_trainer
+)
+LAST_LONGER = (*BASE_ROW.microbatch_lengths[:-1], (BASE_ROW.microbatch_lengths[-1][0] + 512,))
+ROW_CHANGES: dict[str, tuple[dict[str, Any], set[str]]] = {
+    "head logits": ({"head": "logits"}, {"head", "head_kind", "output_bytes"}),
+    "head chunked": (
+        {"head": "chunked:4096"},
+        {"head", "head_kind", "head_chunk", "output_bytes"},
+    ),
+    "lora rank": ({"lora_rank": 16}, {"lora_rank"}),
+    "lora dropout": ({"lora_dropout": 0.1}, {"lora_dropout"}),
+    "lora targets": ({"lora_targets": "attention"}, {"lora_targets"}),
+    "cp comm": ({"cp_comm": "p2p"}, {"cp_comm"}),
+    "stage layers": ({"stage_layers": BASE_ROW.stage_layers[::-1]}, {"stage_layers"}),
+    "micro-batch lengths": ({"microbatch_lengths": LAST_LONGER}, {"microbatch_plans"}),
+}
+
+
+@pytest.mark.parametrize("change", list(ROW_CHANGES))
+def test_rows_differing_in_one_field_differ_in_exactly_its_keys(change: str) -> None:
+    fields, keys = ROW_CHANGES[change]
+    sim_dir = simulated_dir()
+    d0 = describe_row(BASE_ROW, sim_dir=sim_dir)
+    d1 = describe_row(dataclasses.replace(BASE_ROW, **fields), sim_dir=sim_dir)
+    assert {k for k in d0 if d0[k] != d1[k]} == keys
+
+
+def test_an_estimator_reading_the_head_prices_rows_with_different_heads_apart() -> None:
+    sim_dir = simulated_dir()
+    heads = ("hidden", "logits", "fused", "chunked:1024", "linear-ce")
+    described = [
+        describe_row(dataclasses.replace(BASE_ROW, head=h), sim_dir=sim_dir) for h in heads
+    ]
+    aware = [ext.head_aware(d)["forward"] for d in described]
+    plain = [ext.generous(d)["forward"] for d in described]
+    assert len(set(plain)) == 1  # an estimator that ignores the head sees one step
+    # hidden and linear-ce keep no logits; the other three keep different amounts
+    assert aware[0] == aware[4] == plain[0]
+    assert len({aware[0], aware[1], aware[2], aware[3]}) == 4
+
+
+def test_the_simulated_gate_passes_the_head_to_the_estimator(
+    grid: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, report = _gate(capsys, "--tier", "simulated", "--estimator", f"{MODULE}:head_aware")
+    assert rc in (0, 1) and report["rows"] == len(RAW_ROWS)
+    got = {r["config_id"]: r["estimate_bytes"] for r in report["checks"]["coverage"]["by_row"]}
+    priced = {cid for cid, d in grid.items() if d["head_kind"] in ("logits", "fused", "chunked")}
+    assert priced and {r["config_id"] for r in RAW_ROWS if r["head"] != "hidden"} > priced
+    for cid, d in grid.items():
+        plain = ext.generous(d)["forward"]
+        assert got[cid] == ext.head_aware(d)["forward"], cid
+        assert (got[cid] > plain) == (cid in priced), cid
+
+
+def test_golden_export_writes_every_row_description(
+    tmp_path: Path, grid: dict[str, dict[str, Any]]
+) -> None:
+    out = tmp_path / "rows.jsonl"
+    assert main(["golden", "export", "--tier", "simulated", "--out", str(out)]) == 0
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert lines == list(grid.values())
