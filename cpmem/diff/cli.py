@@ -10,7 +10,9 @@ which finds its functions under the stage-package layout and the older flat one.
 Reported per policy: cells whose estimate moved (bytes and %), coverage gained or
 lost (estimate against the measured forward peak, and forward+backward against its
 peak where both sides price it), headroom shift per model and per recompute mode,
-admission refusals flipped (the gate's ``refusals`` check), and controls / rows moved.
+admission refusals flipped (the gate's ``refusals`` check), and controls / rows moved;
+beside them, every cell, control and row whose static memory or ``h200`` budget moved
+(``device_moved``; a side that prices neither says so in its notes and is not compared).
 
 Exit status: 0 when no cell loses coverage, 1 when one does, 2 on a usage error.
 """
@@ -49,6 +51,8 @@ __all__ = ["ROW_SOURCES", "compare", "main", "render_markdown", "run_diff"]
 ROW_SOURCES: dict[str, str] = {}
 
 Figures = list[int | None]  # [forward, forward_backward or None]
+ACTIVATION_FIGURES = ("forward", "forward_backward")
+DEVICE_FIGURES = ("static", "h200_budget")  # the snapshot's ``device`` lists, in order
 
 
 def _short(model: str) -> str:
@@ -69,14 +73,19 @@ def _moved(
     base: Mapping[str, Mapping[str, Figures]],
     head: Mapping[str, Mapping[str, Figures]],
     policy: str,
+    names: Sequence[str] = ACTIVATION_FIGURES,
+    *,
+    priced_both: bool = False,
 ) -> list[dict[str, Any]]:
+    """Every figure of ``names`` that differs; ``priced_both``: only where both sides
+    price it (a figure one side lacks is not a move)."""
     out = []
     for rid in sorted(set(base) & set(head)):
         b, h = base[rid].get(policy), head[rid].get(policy)
         if b is None or h is None:
             continue
-        for i, figure in enumerate(("forward", "forward_backward")):
-            if b[i] == h[i]:
+        for i, figure in enumerate(names):
+            if b[i] == h[i] or (priced_both and (b[i] is None or h[i] is None)):
                 continue
             bv, hv = b[i], h[i]
             delta = None if bv is None or hv is None else hv - bv
@@ -186,6 +195,11 @@ def compare(
             kind: _moved(base["rows"].get(kind, {}), head["rows"].get(kind, {}), p)
             for kind in sorted(set(base["rows"]) | set(head["rows"]))
         }
+        bd, hd = base.get("device", {}), head.get("device", {})
+        device_moved = {
+            kind: _moved(bd.get(kind, {}), hd.get(kind, {}), p, DEVICE_FIGURES, priced_both=True)
+            for kind in sorted(set(bd) | set(hd))
+        }
         result["policies"][p] = {
             "cells_moved": _moved(bc, hc, p),
             "coverage_lost": lost,
@@ -198,6 +212,7 @@ def compare(
                 kind: len(set(base["rows"].get(kind, {})) & set(head["rows"].get(kind, {})))
                 for kind in rows_moved
             },
+            "device_moved": device_moved,
         }
     result["coverage_lost"] = any_lost
     kinds = sorted(set(base["rows"]) | set(head["rows"]))
@@ -220,6 +235,7 @@ def _notes(priced: Mapping[str, Any]) -> list[str]:
         notes.append(f"refusals under {p} could not be checked: {err}")
     for kind, err in sorted(priced.get("row_errors", {}).items()):
         notes.append(f"{kind} rows: {err}")
+    notes += [str(n) for n in priced.get("device_notes", [])]
     return notes
 
 

@@ -1,4 +1,5 @@
-"""The Markdown of ``cpmem diff``: a summary line per policy, then what moved."""
+"""The Markdown of ``cpmem diff``: a summary line per policy, then what moved: the
+activation figures, then the static memory and the ``h200`` budget beside them."""
 
 from __future__ import annotations
 
@@ -84,9 +85,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     ]
     headers = ["policy", "cells moved", "coverage lost", "coverage gained", "refusals flipped"]
     headers += [f"{k}s moved" for k in report["row_kinds"]]
+    headers.append("static or budget moved")
     summary = []
     for p, pd in d["policies"].items():
         moved_cells = len({r["id"] for r in pd["cells_moved"]})
+        device = pd.get("device_moved", {})
+        moved_device = len({(k, r["id"]) for k, rows in device.items() for r in rows})
         summary.append(
             [
                 f"{p}",
@@ -99,6 +103,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                     f"of {pd['rows_total'].get(k, 0)}"
                     for k in report["row_kinds"]
                 ),
+                f"{moved_device}",
             ]
         )
     lines += table(headers, summary, right=range(1, len(headers)), style="markdown")
@@ -117,6 +122,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             or pd["coverage_lost"]
             or pd["refusals_flipped"]
             or any(pd["rows_moved"].values())
+            or any(pd.get("device_moved", {}).values())
         )
         if not changed:
             lines.append("Nothing moved.")
@@ -166,5 +172,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         for kind, rows in pd["rows_moved"].items():
             if rows:
                 lines += [f"#### {kind.capitalize()}s moved", ""]
+                lines += [*_moved_table(rows, SHOWN_ROWS), ""]
+        for kind, rows in pd.get("device_moved", {}).items():
+            if rows:
+                lines += [f"#### Static memory and h200 budget moved: {kind}s", ""]
                 lines += [*_moved_table(rows, SHOWN_ROWS), ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -8,6 +8,11 @@ current layout every cell is priced through the step description (``cell_step``,
 ``describe_step``); the one earlier layout it knows, the stage packages before the step
 description, had ``cell_inputs``. An older revision is refused with a message naming what
 was missing.
+
+Beside each estimate's activation figures it records the whole device's (``device``): the
+static memory the checkout attaches to the Estimate and what the checkout's budget rule
+leaves the activations on its ``h200`` preset. A checkout without them (no static memory,
+no budget rule or preset) records None there and says so (``device_notes``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ LAYOUTS: tuple[dict[str, str], ...] = (
         "policy_names": "cpmem.pricing.registry",
     },
 )
+
+
+BUDGET_DEVICE = "h200"
+"""The device preset whose budget is priced on both sides (the gate's controls' too)."""
 
 
 def find_layout(root: Path) -> dict[str, Callable[..., Any]]:
@@ -86,6 +95,41 @@ def figures(est: Any) -> list[int | None]:
     return [est.estimate_bytes, getattr(est, "forward_backward_bytes", None)]
 
 
+Budget = Callable[[Any], int | None]
+
+
+def budget_rule(root: Path, notes: list[str]) -> Budget | None:
+    """The checkout's budget of its ``BUDGET_DEVICE`` preset over a static memory, or
+    None; why there is none, or the first error of the rule, goes to ``notes`` (a failing
+    budget never costs a cell or row its activation figures)."""
+    try:
+        rule = _own_module(root, "cpmem.pricing.device_budget").device_budget
+        device = _own_module(root, "cpmem.step.device").DEVICES[BUDGET_DEVICE]
+    except (ImportError, AttributeError, KeyError) as exc:
+        notes.append(
+            f"the {BUDGET_DEVICE} budget is not priced there ({type(exc).__name__}: {exc})"
+        )
+        return None
+
+    def budget(static: Any) -> int | None:
+        try:
+            return int(rule(device, static).budget_bytes)
+        except Exception as exc:
+            if not notes:
+                notes.append(f"the {BUDGET_DEVICE} budget failed: {type(exc).__name__}: {exc}")
+            return None
+
+    return budget
+
+
+def device_figures(est: Any, budget: Budget | None) -> list[int | None]:
+    """[static bytes, the preset's budget]; None where the checkout prices neither."""
+    static = getattr(est, "static", None)
+    if static is None:
+        return [None, None]
+    return [int(static.total), None if budget is None else budget(static)]
+
+
 class Ticker:
     """``label  done/total`` on stderr every 25 items, when asked."""
 
@@ -120,7 +164,10 @@ def snapshot(
         "refusal_errors": {},
         "rows": {},
         "row_errors": {},
+        "device": {"cell": {}},
+        "device_notes": [],
     }
+    budget = budget_rule(root, out["device_notes"])
     try:
         cells = fn["load_cells"](golden_dir / "cells.csv")
     except Exception as exc:  # an older loader that cannot read today's golden layer
@@ -151,7 +198,11 @@ def snapshot(
         ticker.tick()
         try:
             step = fn["cell"](cell)
-            out["cells"][cell.cell_id] = {p: figures(fn["price"](step, p)) for p in policies}
+            ests = {p: fn["price"](step, p) for p in policies}
+            out["cells"][cell.cell_id] = {p: figures(e) for p, e in ests.items()}
+            out["device"]["cell"][cell.cell_id] = {
+                p: device_figures(e, budget) for p, e in ests.items()
+            }
             steps[cell.cell_id] = step
         except Exception as exc:
             out["cell_errors"][cell.cell_id] = f"{type(exc).__name__}: {exc}"
@@ -164,13 +215,19 @@ def snapshot(
             out["refusal_errors"][p] = f"{type(exc).__name__}: {exc}"
     for kind, grid in grids:
         got = out["rows"].setdefault(kind, {})
+        dev = out["device"].setdefault(kind, {})
         for row_id, pricer in grid:
             ticker.tick()
             try:
-                got[row_id] = {p: figures(pricer(p)) for p in policies}
+                ests = {p: pricer(p) for p in policies}
+                got[row_id] = {p: figures(e) for p, e in ests.items()}
+                dev[row_id] = {p: device_figures(e, budget) for p, e in ests.items()}
             except Exception as exc:
                 out["row_errors"].setdefault(kind, f"{row_id}: {type(exc).__name__}: {exc}")
     ticker.close()
+    device = [f for by_id in out["device"].values() for fs in by_id.values() for f in fs.values()]
+    if device and all(f[0] is None for f in device):
+        out["device_notes"].insert(0, "static memory is not priced there (no Estimate.static)")
     return out
 
 

@@ -6,9 +6,16 @@ forward+backward figure, busiest rank and components for three kinds of step: a 
 grid of requests (``shape`` pair / pair-shared / independent: the paths nobody measured,
 full recompute, no-grad, MoE, other TP sizes, lengths, request shapes), every golden cell
 as it was recorded (``shape`` ``cell``) and every simulated grid row (``shape`` ``row``),
-so the gate notices when a change moves one. Re-recording is an explicit act (``cpmem gate
---record-controls``, ``cpmem.gate.controls_file``): it always writes a diff report (every
-changed control, old, new, ratio) to stdout and to ``golden/controls/last_diff.md``.
+so the gate notices when a change moves one. Beside the activations each row records the
+step's static memory (``static_bytes`` and each of its components: ``cpmem.pricing.static``,
+as ``cpmem.pricing.registry.price`` attaches it to the row's Estimate; the same for every
+policy, but for a pipeline row whose policies find different busiest stages) and what the
+``h200`` preset leaves the activations above it (``cpmem.pricing.device_budget``: its
+total, reserve, the bytes outside PyTorch and the budget), so a change to the weights, the
+static terms, the budget rule or the preset moves a control too. Re-recording is an
+explicit act (``cpmem gate --record-controls``, ``cpmem.gate.controls_file``): it always
+writes a diff report (every changed control, old, new, ratio; the static memory's and the
+budget's old and new bytes) to stdout and to ``golden/controls/last_diff.md``.
 
 The grid is deterministic (no randomness): a product of the four preset models,
 TP 1/2/4/8 (where the heads allow), CP 1 and 2 (at TP <= 2), lengths 64..32k, three
@@ -29,13 +36,16 @@ from cpmem.golden.cells import load_cells
 from cpmem.golden.files import CELLS_FILE
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.presets import PRESETS
+from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
 from cpmem.samples.cells import cell_step
 from cpmem.samples.rows import load_rows, row_step, simulated_dir
+from cpmem.step.device import DEVICES
 from cpmem.step.step import MoeRouting, Step
 
 __all__ = [
+    "BUDGET_DEVICE",
     "CONTROL_COLUMNS",
     "CONTROL_POLICIES",
     "ControlRequest",
@@ -76,7 +86,17 @@ CONTROL_COLUMNS = (
     "busiest_rank",
     "components",
     "forward_backward_components",
+    "static_bytes",
+    "static_components",
+    "budget_device",
+    "device_total_bytes",
+    "reserve_bytes",
+    "non_torch_bytes",
+    "budget_bytes",
 )
+
+BUDGET_DEVICE = "h200"
+"""The device preset whose budget every control records: the measured runtime's GPU."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +294,24 @@ def _row(req: ControlRequest | RecordedStep, est: Estimate, policy: str) -> dict
         "busiest_rank": str(est.busiest_rank),
         "components": _json(est.components),
         "forward_backward_components": _json(est.forward_backward_components),
+        **_static_columns(est),
+    }
+
+
+def _static_columns(est: Estimate) -> dict[str, str]:
+    """The Estimate's own static memory and the ``BUDGET_DEVICE`` preset's budget over it
+    (empty where the Estimate carries no static memory)."""
+    if est.static is None:
+        return dict.fromkeys(CONTROL_COLUMNS[CONTROL_COLUMNS.index("static_bytes") :], "")
+    budget = device_budget(DEVICES[BUDGET_DEVICE], est.static)
+    return {
+        "static_bytes": str(est.static.total),
+        "static_components": _json(est.static.components),
+        "budget_device": BUDGET_DEVICE,
+        "device_total_bytes": str(budget.device.total_bytes),
+        "reserve_bytes": str(budget.reserve_bytes),
+        "non_torch_bytes": str(budget.non_torch_bytes),
+        "budget_bytes": str(budget.budget_bytes),
     }
 
 

@@ -1,5 +1,7 @@
 """What moved between two recordings of the controls: changed, added, removed, as a
-dict for JSON and as a Markdown table for a pull request."""
+dict for JSON and as a Markdown table for a pull request. A control whose static memory
+or device budget moved is a changed control like one whose estimate moved; those two
+figures' old and new bytes get a table of their own."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpmem.reports.tables import table
+
+DEVICE_FIGURES = ("static_bytes", "budget_bytes")
+"""The whole-device figures whose old and new bytes a changed control reports."""
 
 
 @dataclass(frozen=True)
@@ -18,6 +23,8 @@ class ControlChange:
     old_per_rank: str
     new_per_rank: str
     other_columns: tuple[str, ...]  # columns besides the estimate that moved
+    device_figures: tuple[tuple[str, int, int], ...] = ()
+    """Each of ``DEVICE_FIGURES`` that moved: (column, old bytes, new bytes)."""
 
     @property
     def ratio(self) -> float:
@@ -60,6 +67,10 @@ class ControlDiff:
                     "old_per_rank_bytes": c.old_per_rank,
                     "new_per_rank_bytes": c.new_per_rank,
                     "other_columns": list(c.other_columns),
+                    "device_figures": [
+                        {"column": col, "old_bytes": old, "new_bytes": new}
+                        for col, old, new in c.device_figures
+                    ],
                 }
                 for c in self.changed
             ],
@@ -84,6 +95,19 @@ class ControlDiff:
                     for c in self.changed
                 ],
                 right=(1, 2, 3),
+                style="markdown",
+            )
+            lines.append("")
+        device = [(c, f) for c in self.changed for f in c.device_figures]
+        if device:
+            lines += [f"## static memory and device budget moved ({len(device)})", ""]
+            lines += table(
+                ["control", "figure", "old bytes", "new bytes", "change (bytes)"],
+                [
+                    [f"`{c.control_id}`", col, f"{old:,}", f"{new:,}", f"{new - old:+,}"]
+                    for c, (col, old, new) in device
+                ],
+                right=(2, 3, 4),
                 style="markdown",
             )
             lines.append("")
@@ -133,6 +157,11 @@ def compare_controls(
                     o.get("per_rank_bytes", ""),
                     r["per_rank_bytes"],
                     tuple(c for c in moved if c not in ("estimate_bytes", "per_rank_bytes")),
+                    tuple(
+                        (c, _int_or_zero(o[c]), _int_or_zero(r[c]))
+                        for c in DEVICE_FIGURES
+                        if c in moved
+                    ),
                 )
             )
     removed = tuple(key(r) for r in old if key(r) not in new_keys)

@@ -189,6 +189,13 @@ def test_the_script_prices_the_previous_layout() -> None:
     assert priced["cell_errors"] == {} and priced["row_errors"] == {}
     assert len(priced["cells"]) == len(load_cells())
     assert got == want
+    # it had no static memory and no device budget: neither is priced there, and it says so
+    device = [
+        f for by_id in priced["device"].values() for fs in by_id.values() for f in fs.values()
+    ]
+    assert len(device) == len(priced["cells"]) * len(priced["policies"]) + len(got)
+    assert all(f == [None, None] for f in device)
+    assert any("static memory is not priced there" in n for n in priced["device_notes"])
 
 
 def test_an_older_layout_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
@@ -234,3 +241,73 @@ def test_controls_only_one_side_has_are_counted(scratch: Path, tmp_path: Path) -
     assert report["diff"]["rows_removed"]["control"] == []
     assert report["diff"]["policies"]["tight"]["rows_moved"]["control"] == []
     assert rc == 0 and f"Controls only one side has (not compared): {len(added)} added" in md
+
+
+H200_LINE = "            150_121_021_440,\n"
+
+
+def test_a_device_presets_total_moves_its_budget_in_the_rendered_diff(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """One GiB more on the H200 preset: the budget rule (total - 3% of it - what sits
+    outside PyTorch - static) leaves every cell and control that GiB less its 3%, the
+    static memory and every activation figure stay where they were."""
+    device = scratch / "cpmem" / "step" / "device.py"
+    text = device.read_text(encoding="utf-8")
+    assert text.count(H200_LINE) == 1
+    device.write_text(text.replace(H200_LINE, "            150_121_021_440 + 2**30,\n"), "utf-8")
+    try:
+        rc, report, md = _run(scratch, "HEAD", tmp_path, "--policy", "tight")
+    finally:
+        device.write_text(text, encoding="utf-8")
+    total = 150_121_021_440
+    gained = 2**30 - (int(0.03 * (total + 2**30)) - int(0.03 * total))
+    pd = report["diff"]["policies"]["tight"]
+    assert pd["cells_moved"] == [] and pd["rows_moved"]["control"] == []
+    moved = pd["device_moved"]
+    assert {r["id"] for r in moved["cell"]} == {c.cell_id for c in load_cells()}
+    assert len(moved["control"]) == len(control_grid())
+    for r in moved["cell"] + moved["control"]:
+        assert r["figure"] == "h200_budget" and r["delta_bytes"] == gained, r
+    assert rc == 0 and report["base"]["notes"] == report["head"]["notes"] == []
+    assert "#### Static memory and h200 budget moved: cells" in md
+    assert "#### Static memory and h200 budget moved: controls" in md
+    assert f"| {gained:+,} |" in md
+
+
+def test_a_side_that_prices_no_static_memory_is_not_compared() -> None:
+    """Static memory and budget one side does not price (None there) are no move; the
+    side's note says why, in the Markdown too."""
+    from cpmem.diff.cli import _notes, compare, render_markdown
+
+    note = "static memory is not priced there (no Estimate.static)"
+    base = {
+        "cells": {},
+        "refusals": {},
+        "rows": {"control": {"c1": {"tight": [100, 200]}, "c2": {"tight": [100, 200]}}},
+        "device": {"cell": {}, "control": {"c1": {"tight": [None, None]}, "c2": {"tight": [5, 9]}}},
+        "device_notes": [note],
+    }
+    head = {
+        **base,
+        "device": {"cell": {}, "control": {"c1": {"tight": [5, 9]}, "c2": {"tight": [5, 8]}}},
+        "device_notes": [],
+    }
+    diff = compare(base, head, [], ["tight"])
+    moved = diff["policies"]["tight"]["device_moved"]
+    assert moved["cell"] == []
+    assert [(r["id"], r["figure"], r["delta_bytes"]) for r in moved["control"]] == [
+        ("c2", "h200_budget", -1)
+    ]
+    report = {
+        "diff": diff,
+        "base": {"rev": "base", "revision": "0" * 40, "notes": _notes(base)},
+        "head": {"rev": "working tree", "notes": _notes(head)},
+        "golden": "golden",
+        "cells": 0,
+        "measured": 0,
+        "row_kinds": ["control"],
+    }
+    md = render_markdown(report)
+    assert f"- base: {note}" in md
+    assert "| `c2` | h200_budget |" in md and "`c1`" not in md

@@ -19,6 +19,7 @@ import pytest
 from cpmem import cli
 from cpmem.calibration.variant import ReferenceVariant
 from cpmem.gate import cli as gate_cli
+from cpmem.gate.checks import controls_check
 from cpmem.gate.controls_file import (
     CONTROLS_FILE,
     DIFF_FILE,
@@ -33,6 +34,7 @@ from cpmem.gate.run import run_gate
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import GOLDEN_DIR
 from cpmem.golden.manifest import verify_manifest
+from cpmem.pricing import static as static_mod
 from cpmem.pricing.reference import REFERENCE, reference_policy
 from cpmem.pricing.registry import POLICIES
 from cpmem.reports.gate_render import render
@@ -431,6 +433,51 @@ def test_recording_refuses_over_a_damaged_manifest(golden_copy: Path) -> None:
     path.write_bytes(path.read_bytes().replace(b",67557881856,", b",67557881857,"))
     with pytest.raises(ControlsError, match=r"outside controls/"):
         record_controls(golden_copy, overwrite=True)
+
+
+def test_a_moved_static_constant_fails_the_controls_check_naming_each_control(
+    golden_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm workspaces a process keeps after its first step (96 MiB, measured) raised
+    by 1 MiB: exactly the controls whose recorded ``kernel_workspaces`` is 96 MiB (the warm
+    cells) move, their static memory by +1 MiB and the H200 budget by -1 MiB (budget =
+    total - 3% - outside PyTorch - static), every activation figure unchanged; the controls
+    check fails naming them, and a re-recording reports both figures in last_diff.md."""
+    recorded = [r for r in load_controls(GOLDEN_DIR) if r["policy"] == "reference"]
+    warm = {
+        r["control_id"]: r
+        for r in recorded
+        if json.loads(r["static_components"])["kernel_workspaces"] == 96 * MIB
+    }
+    assert len(warm) >= 10 and len(warm) < len(recorded)  # some controls, not all
+    for r in warm.values():  # the recorded budget is the rule over the recorded static
+        total = int(r["device_total_bytes"])
+        assert r["budget_device"] == "h200" and total == 150_121_021_440
+        left = total - int(total * 0.03) - int(r["non_torch_bytes"]) - int(r["static_bytes"])
+        assert int(r["budget_bytes"]) == left > MIB
+    monkeypatch.setattr(static_mod, "WARM_WORKSPACES", 97 * MIB)
+
+    ctl = controls_check(golden_copy, "reference")
+    assert ctl["required"] and not ctl["passed"] and not ctl["byte_identical"]
+    assert sorted(ctl["failing"]) == sorted(f"reference {cid}" for cid in warm)
+    assert ctl["matching"] == len(recorded) - len(warm)
+    for c in ctl["diff"]["changed"]:
+        r = warm[c["control_id"].removeprefix("reference ")]
+        assert c["old_estimate_bytes"] == c["new_estimate_bytes"] == int(r["estimate_bytes"])
+        assert set(c["other_columns"]) == {"static_bytes", "static_components", "budget_bytes"}
+        old_static, old_budget = int(r["static_bytes"]), int(r["budget_bytes"])
+        assert c["device_figures"] == [
+            {"column": "static_bytes", "old_bytes": old_static, "new_bytes": old_static + MIB},
+            {"column": "budget_bytes", "old_bytes": old_budget, "new_bytes": old_budget - MIB},
+        ]
+
+    diff = record_controls(golden_copy, overwrite=True)
+    assert len(diff.changed) == 3 * len(warm)  # every policy's row of each
+    text = (golden_copy / "controls" / DIFF_FILE).read_text()
+    assert f"static memory and device budget moved ({2 * 3 * len(warm)})" in text
+    cid, r = next(iter(warm.items()))
+    static_line = f"| `reference {cid}` | static_bytes | {int(r['static_bytes']):,} |"
+    assert static_line in text and f"| {MIB:+,} |" in text and f"| {-MIB:+,} |" in text
 
 
 # ----------------------------------------------------------------------------- CLI
