@@ -8,14 +8,17 @@ option it accepts is the one the CLI, admission and the gate pass the same way;
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Unpack
 
+from cpmem.errors import InputError, require_bytes
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
 from cpmem.plan.plan import explicit_plan
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
 from cpmem.step.describe import StepArguments, describe_settings, describe_step
+from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.step import Step
 
 
@@ -32,7 +35,7 @@ def estimate(
     ``packed_tokens``, ``rank_tokens`` / ``busiest_tokens``, ``segments``); the layout
     (``tp``, ``cp``, ``sp`` (on when TP > 1 by default, as Megatron runs it), ``ep``);
     ``recompute`` + ``modules``; ``planner`` (``"worst"`` for callers who do not know
-    their runtime's layout); ``compiled``, ``moe_routing``, ``cold``; ``profiles``;
+    their runtime's layout); ``compiled``, ``moe_routing``, ``step`` (``steady`` or ``first``); ``profiles``;
     ``output_bytes``; ``allow_long``; ``config`` / ``fused_swiglu`` for the model.
 
     A planned request is refused (InputError) when a sequence is longer than the model's
@@ -46,6 +49,35 @@ def price_step(step: Step, policy: str = "reference") -> Estimate:
     return price(step, policy)
 
 
+def record_profile(
+    path: str | Path,
+    peak_bytes: int,
+    model: str | ModelGeometry | None = None,
+    lengths: list[int] | tuple[int, ...] | None = None,
+    **options: Unpack[StepArguments],
+) -> tuple[ProfileSignature, int]:
+    """Record a measured activation peak (``peak_bytes``: the busiest rank's allocated
+    bytes at the forward's peak less those before it) for the step ``options`` describe,
+    into the JSON store at ``path`` (created if missing, written atomically): the step's
+    signature and the busiest rank's tokens it was observed at, as ``--profiles`` floors
+    later estimates of the same step (``cpmem.step.profiles``). A pipeline step is
+    refused: record a single-stage step's peak; each chunk gets it scaled to its layers."""
+    require_bytes("peak_bytes", peak_bytes)
+    if "profiles" in options:
+        raise InputError("profiles", options["profiles"], "give the store as path")
+    step = describe_step(model, lengths, **options)
+    if step.settings.pipeline.active or step.microbatches:
+        raise InputError(
+            "pp", step.settings.pipeline.pp, "record a single-stage step of one micro-batch"
+        )
+    target = Path(path)
+    store = ProfileStore.load(target) if target.exists() else ProfileStore()
+    tokens = step.plan.busiest_tokens
+    store.observe(step.signature, int(peak_bytes), tokens)
+    store.save(target)
+    return step.signature, tokens
+
+
 __all__ = [
     "describe_settings",
     "describe_step",
@@ -53,4 +85,5 @@ __all__ = [
     "explicit_plan",
     "load_model",
     "price_step",
+    "record_profile",
 ]

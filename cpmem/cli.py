@@ -12,12 +12,13 @@ from typing import Any
 
 from cpmem.admission.admission import admit_step, usable_budget
 from cpmem.admission.capacity import DEFAULT_PACK, capacity
-from cpmem.api import describe_step, price_step
+from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
 from cpmem.model.presets import PRESETS
 from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
 from cpmem.plan.request import Request
+from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names
 from cpmem.reports.capacity_plot import (
     check_plot_path,
@@ -26,6 +27,7 @@ from cpmem.reports.capacity_plot import (
 )
 from cpmem.reports.cli_render import render_capacity, render_estimate, render_whole_device
 from cpmem.reports.tables import table
+from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import MODES
 from cpmem.units import GIB, fmt_gib
 
@@ -258,10 +260,18 @@ def _warn(warnings: Sequence[str]) -> None:
         print(f"cpmem: warning: {w}", file=sys.stderr)
 
 
+def _warn_ignored(est: Estimate) -> None:
+    """One line naming every option the policy did not price, with why."""
+    if est.ignored_options:
+        _warn([f"policy {est.policy} ignores " + "; ".join(est.ignored_options)])
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     step = describe_step(**_step_arguments(args))
     est = price_step(step, args.policy)
     _warn(step.warnings)
+    if not args.json:
+        _warn_ignored(est)
     if args.json:
         out = est.to_dict()
         out["rank_tokens"] = list(step.plan.rank_tokens)
@@ -307,6 +317,8 @@ def cmd_admit(args: argparse.Namespace) -> int:
     _warn(step.warnings)
     decision = admit_step(step, budget, policy=args.policy, figure=args.figure)
     warnings = list(step.warnings)
+    if not args.json:
+        _warn_ignored(decision.estimate)
     if args.json:
         out = decision.to_dict()
         out["warnings"] = warnings
@@ -394,6 +406,26 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_record(args: argparse.Namespace) -> int:
+    """``cpmem profile record --profiles FILE --peak-bytes N`` and the step's flags."""
+    if args.profiles is None:
+        raise InputError("profiles", None, "name the store to record into (--profiles FILE)")
+    arguments = _step_arguments(args)
+    path = arguments.pop("profiles")
+    peak = _whole_bytes("peak_bytes", args.peak_bytes)
+    assert peak is not None
+    signature, tokens = record_profile(path, peak, **arguments)
+    floor = ProfileStore.load(path).floor(signature, tokens)
+    out = {"profiles": path, "key": signature.key, "peak_bytes": peak, "tokens": tokens}
+    out["floor_bytes"] = floor
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"recorded {signature.key}: {peak:,} B at {tokens:,} tokens into {path}")
+        print(f"  the store's floor for this step at {tokens:,} tokens: {floor:,} B")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for g in PRESETS.values():
@@ -457,6 +489,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_capacity_args(p)
     p.set_defaults(handler=cmd_capacity)
+
+    p = sub.add_parser("profile", help="learned-profile floors: record a measured peak")
+    actions = p.add_subparsers(dest="action", required=True)
+    rec = actions.add_parser(
+        "record",
+        help="record a measured activation peak for a step into a --profiles store",
+    )
+    _add_model_args(rec)
+    _add_request_args(rec)
+    rec.add_argument("--peak-bytes", type=float, required=True, help=HELP["--peak-bytes"])
+    rec.set_defaults(handler=cmd_profile_record)
 
     p = sub.add_parser("models", help="list the built-in model geometries")
     p.add_argument("--json", action="store_true", help=HELP["--json"])

@@ -25,9 +25,11 @@ HELP: dict[str, str] = {
     "layout, for attention-only models; gdn-segments for hybrid). worst: the most tokens "
     "any planner puts on one rank, when the runtime's layout is unknown",
     "--allow-long": "price sequences longer than the model's max_position_embeddings (warns)",
-    "--compiled": "the layers run under torch.compile (changes what attention and MLP keep)",
+    "--compiled": "the layers run under torch.compile (changes what attention and MLP keep; "
+    "priced by --policy tight only, listed as ignored by the others)",
     "--moe-routing": "how the MoE router spreads tokens over EP ranks: concentrated (top-k "
-    "rows of a token on one rank, the safe default) or balanced (the caller's promise)",
+    "rows of a token on one rank, the safe default) or balanced (the caller's promise; "
+    "priced by --policy tight only, listed as ignored by the others)",
     "--step": "which step of the process: steady (default: any step after the first, the "
     "optimizer's moments and the kernel workspaces allocated) or first (a freshly started "
     "process: no moments yet, its kernel set-up paid in the activations; the measured "
@@ -43,13 +45,17 @@ HELP: dict[str, str] = {
     "joined by commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts",
     "--cp-comm": "attention's CP communication: all_gather (K/V gathered, the measured "
     "runtime; default), p2p (ring), a2a (Ulysses all-to-all over heads)",
-    "--profiles": "JSON store of learned-profile floors (largest bytes observed per setting)",
+    "--profiles": "JSON store of learned-profile floors (largest bytes per token observed "
+    "for the step, recorded with `cpmem profile record`; priced by --policy reference and "
+    "global, listed as ignored by tight)",
     "--logical-tokens": "explicit plan: sum of the sequence lengths",
     "--packed-tokens": "explicit plan: tokens after prefix sharing and TP padding",
     "--rank-tokens": "explicit plan: model tokens per CP rank, e.g. 4096,2868 (one per rank)",
     "--busiest-tokens": "explicit plan: model tokens on the busiest CP rank only",
     "--segments": "explicit plan: gradient-enabled prefix-tree segments (prefix + completions)",
     "--json": "print one JSON object instead of the table",
+    "--peak-bytes": "profile record: the measured activation peak of the step's busiest rank "
+    "(its peak allocated bytes in the forward less those allocated before it)",
     "--budget-gib": "usable bytes per rank, in GiB",
     "--free-bytes": "free device bytes per rank (with the two flags below instead of "
     "--budget-gib: usable = free + reusable reserved - a 3%% reserve of the device total)",

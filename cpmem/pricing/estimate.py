@@ -61,6 +61,13 @@ class Estimate:
     stage_forward_backward_bytes: tuple[int, ...] | None = None
     pipeline_op: str = ""
     """The op at the busiest stage's peak and how many model chunks it held in flight."""
+    stage_statics: tuple[StaticMemory, ...] = ()
+    """Every pipeline stage's static memory (its layers, the embedding on the first, the
+    output layer on the last); ``static`` is the one of ``device_stage()``. Empty without
+    stages."""
+    ignored_options: tuple[str, ...] = ()
+    """The options set on the step that this policy does not price (each a one-line
+    reason: ``option: why``), attached by ``cpmem.pricing.registry.price``."""
 
     def __post_init__(self) -> None:
         # plain names (``Component`` values) for JSON, CSV and comparisons alike
@@ -75,6 +82,41 @@ class Estimate:
             )
         check_names(self.components, self.policy)
         check_names(self.forward_backward_components or {}, self.policy)
+
+    def stage_figure(self, stage: int, figure: str = "forward") -> int:
+        """``stage``'s activation figure (forward, or forward+backward where priced) on
+        its busiest rank; without stages, the step's."""
+        if not self.stage_bytes:
+            return self._figure(figure)
+        if figure == "forward_backward":
+            assert self.stage_forward_backward_bytes is not None
+            return self.stage_forward_backward_bytes[stage]
+        return self.stage_bytes[stage]
+
+    def device_stage(self, figure: str = "forward") -> int:
+        """The stage whose static memory plus activation figure is largest: where a device
+        runs out first (0 without stages). The busiest activation stage need not be it:
+        the first stage holds the embedding, the last the output layer."""
+        if not self.stage_statics:
+            return 0
+        return max(
+            range(len(self.stage_statics)),
+            key=lambda s: self.stage_statics[s].total + self.stage_figure(s, figure),
+        )
+
+    def device_required(self, figure: str = "forward") -> tuple[int, StaticMemory | None]:
+        """The activation figure and the static memory of ``device_stage(figure)``: the
+        pair a device must hold together."""
+        stage = self.device_stage(figure)
+        if self.stage_statics:
+            return self.stage_figure(stage, figure), self.stage_statics[stage]
+        return self._figure(figure), self.static
+
+    def _figure(self, figure: str) -> int:
+        if figure == "forward_backward":
+            assert self.forward_backward_bytes is not None
+            return self.forward_backward_bytes
+        return self.estimate_bytes
 
     @property
     def estimate_gib(self) -> float:
@@ -124,10 +166,14 @@ class Estimate:
             if self.stage_forward_backward_bytes is not None:
                 out["stage_forward_backward_bytes"] = list(self.stage_forward_backward_bytes)
             out["pipeline_op"] = self.pipeline_op
+        if self.stage_statics:
+            out["device_stage"] = self.device_stage()
+            out["stage_static_bytes"] = [s.total for s in self.stage_statics]
         if self.static is not None:
             out.update(self.static.to_dict())
         if self.device_budget is not None:
             out["device_budget"] = self.device_budget.to_dict()
+        out["ignored_options"] = [o.partition(":")[0] for o in self.ignored_options]
         if self.notes:
             out["notes"] = list(self.notes)
         return out

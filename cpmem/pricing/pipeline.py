@@ -100,10 +100,16 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
     settings = step.settings.replace(
         geometry=geometry,
         pipeline=type(pipe)(),
-        head=step.head if last else Head(),
+        head=step.head if last else Head("hidden"),
         output_bytes=step.settings.output_bytes if last else 0,
+        profiles=None,
     )
-    return replace(microbatch, settings=settings)
+    priced = replace(microbatch, settings=settings)
+    if not step.profiles:
+        return priced
+    share = len(layers) / g.layers  # the whole step's floor, scaled to the chunk's layers
+    scaled = step.profiles.scaled(microbatch.signature, priced.signature, share)
+    return replace(priced, settings=settings.replace(profiles=scaled))
 
 
 def stage_activation(microbatch: Step, rank: int) -> int:

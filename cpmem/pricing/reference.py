@@ -173,13 +173,19 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     )
 
 
-@register_policy("reference")
+REFERENCE_IGNORES = {
+    "compiled": "the reference's widths are eager's (tight prices torch.compile)",
+    "moe_routing": "the reference charges every expert row concentrated (tight prices balanced)",
+}
+
+
+@register_policy("reference", ignores=REFERENCE_IGNORES)
 def reference_policy(step: Step) -> Estimate:
     """The published model: busiest-rank tokens for dense CP selective/none."""
     return price_reference(step, REFERENCE, "reference")
 
 
-@register_policy("global")
+@register_policy("global", ignores=REFERENCE_IGNORES)
 def global_policy(step: Step) -> Estimate:
     """The pre-CP-aware estimator: every rank charged the packed token count."""
     return price_reference(step, GLOBAL, "global")

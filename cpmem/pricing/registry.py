@@ -6,7 +6,7 @@ ones), so a policy may import the registry without an import circle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from cpmem.errors import InputError
@@ -19,14 +19,65 @@ from cpmem.step.step import Step
 
 Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}
+IGNORES: dict[str, dict[str, str]] = {}
+"""Per policy: the step options it does not read, each with the reason."""
 
 
-def register_policy(name: str) -> Callable[[Policy], Policy]:
+def register_policy(
+    name: str, ignores: Mapping[str, str] | None = None
+) -> Callable[[Policy], Policy]:
+    """Register ``name``; ``ignores``: the options of a step (``SETTABLE`` names) this
+    policy does not price, each with a one-line reason, listed on every estimate that
+    sets one (``Estimate.ignored_options``)."""
+    unknown = set(ignores or {}) - set(SETTABLE)
+    if unknown:
+        raise ValueError(f"policy {name!r} ignores unknown options {sorted(unknown)}")
+
     def wrap(fn: Policy) -> Policy:
         POLICIES[name] = fn
+        IGNORES[name] = dict(ignores or {})
         return fn
 
     return wrap
+
+
+SETTABLE: dict[str, Callable[[Step], bool]] = {
+    "compiled": lambda s: s.compiled,
+    "moe_routing": lambda s: s.moe_routing != "concentrated",
+    "profiles": lambda s: bool(s.profiles),
+}
+"""The options a policy may leave unpriced, each with whether a step sets it (away from
+its default)."""
+
+
+def inapplicable_options(step: Step) -> list[str]:
+    """Options set on ``step`` that no policy prices for it, each with the reason."""
+    g, layout, settings = step.geometry, step.plan.layout, step.settings
+    out = []
+    if step.moe_routing != "concentrated" and not g.is_moe:
+        out.append(f"moe_routing: {g.name} has no routed experts")
+    if layout.ep > 1 and not g.is_moe:
+        out.append(f"ep: {g.name} has no routed experts to shard")
+    if step.cp_comm != "all_gather" and layout.cp == 1:
+        out.append("cp_comm: cp is 1, attention exchanges nothing")
+    if layout.dp > 1 and not settings.optimizer.distributed:
+        out.append("dp: only the distributed optimizer's shards read it")
+    if settings.output_bytes is not None and not step.head.returns_hidden:
+        out.append(f"output_bytes: the {step.head.label} head returns no hidden states")
+    return out
+
+
+def ignored_options(step: Step, policy: str) -> tuple[str, ...]:
+    """Every option set on ``step`` that ``policy`` does not price (``option: reason``)."""
+    declared = [
+        f"{option}: {reason}"
+        for option, reason in IGNORES.get(policy, {}).items()
+        if SETTABLE[option](step)
+    ]
+    named = {d.partition(":")[0] for d in declared}
+    return tuple(
+        declared + [o for o in inapplicable_options(step) if o.partition(":")[0] not in named]
+    )
 
 
 def price(inputs: Step, policy: str = "reference") -> Estimate:
@@ -44,8 +95,12 @@ def price(inputs: Step, policy: str = "reference") -> Estimate:
         est = price_accumulation(inputs, fn)
     else:
         est = fn(inputs)
-    static = static_memory(inputs.settings, stage=est.busiest_stage)
-    device = inputs.settings.device
+    settings = inputs.settings
+    stages = settings.pipeline.pp if settings.pipeline.active else 0
+    statics = tuple(static_memory(settings, stage=s) for s in range(stages))
+    est = replace(est, stage_statics=statics, ignored_options=ignored_options(inputs, policy))
+    static = statics[est.device_stage()] if statics else static_memory(settings)
+    device = settings.device
     budget = None if device is None else device_budget(device, static)
     return replace(est, static=static, device_budget=budget)
 

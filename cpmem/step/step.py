@@ -231,7 +231,8 @@ class Step:
 
     @property
     def signature(self) -> ProfileSignature:
-        """The key of this step's learned profile."""
+        """The key of this step's learned profile: everything but its tokens that changes
+        what its activations hold."""
         layout = self.plan.layout
         return ProfileSignature(
             model=self.geometry.name,
@@ -240,6 +241,13 @@ class Step:
             mode=str(self.recompute.mode),
             modules="+".join(self.recompute.modules),
             compiled=self.compiled,
+            sp=layout.sp,
+            ep=layout.ep,
+            head=self.head.label,
+            adapter=self.adapter.label,
+            cp_comm=self.cp_comm,
+            dtype_bytes=self.dtype_bytes,
+            step=self.settings.step_kind,
         )
 
     def replanned(self, planner: str) -> Step:

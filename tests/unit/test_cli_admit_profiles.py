@@ -1,6 +1,6 @@
 """Regression: ``cpmem admit --profiles`` admits what ``cpmem estimate --profiles`` prices.
 
-The issue: with a learned profile for ``qwen3.5-4b|tp1|cp2|selective|core_attn|eager``
+With a learned profile for the 4B's CP 2 selective step
 (10 MB per token, observed at 4,096 tokens), ``cpmem estimate --model qwen3.5-4b
 --lengths 2048,2048 --cp 2 --profiles prof.json`` reports about 21 GiB, but ``cpmem admit
 ... --profiles prof.json --budget-gib 20`` said FIT (required 10.6 GiB): admission
@@ -25,7 +25,8 @@ GIB = 1 << 30
 ISSUE_GIB = 21.024  # the estimate the issue reports
 REQUEST = ["--model", "qwen3.5-4b", "--lengths", "2048,2048", "--cp", "2", "--head", "hidden"]
 PROFILE = {
-    "qwen3.5-4b|tp1|cp2|selective|core_attn|eager": {"bytes_per_token": 10000000, "tokens": 4096}
+    "qwen3.5-4b|tp1|cp2|sp0|ep1|selective|core_attn|eager|head=hidden|lora r1|"
+    "cp_comm=all_gather|dtype2|steady": {"bytes_per_token": 10000000, "tokens": 4096}
 }
 
 
@@ -93,7 +94,10 @@ def test_admit_requires_the_estimate_when_it_fits(capsys, profiles):
 @pytest.mark.parametrize("figure", ["forward", "forward_backward"])
 def test_tight_ignores_profiles_in_estimate_and_admission_alike(capsys, profiles, figure):
     est = estimate_json(capsys, *REQUEST, *profiles, "--policy", "tight")
-    assert est == estimate_json(capsys, *REQUEST, "--policy", "tight")  # profiles ignored
+    plain = estimate_json(capsys, *REQUEST, "--policy", "tight")
+    # tight prices no floors, and says so: the same figures, the option named as ignored
+    assert est["ignored_options"] == ["profiles"] and plain["ignored_options"] == []
+    assert {**est, "ignored_options": []} == plain
     wanted = est["estimate_bytes"] if figure == "forward" else est["forward_backward_bytes"]
     budgets = ("20", f"{wanted / GIB + 1:.3f}")
     for budget in budgets:

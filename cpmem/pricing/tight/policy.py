@@ -72,7 +72,9 @@ def price_tight(step: Step, margin: Margin = MARGIN, structure: Structure = POLI
     )
 
 
-@register_policy("tight")
+@register_policy(
+    "tight", ignores={"profiles": "tight prices no learned floors (the reference does)"}
+)
 def tight_policy(step: Step) -> Estimate:
     """Structural forward (admission) and forward+backward peaks with a small margin."""
     return price_tight(step)

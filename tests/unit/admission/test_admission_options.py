@@ -46,7 +46,7 @@ EXPLICIT = {
     "segments": 2,
 }
 PROFILE = ProfileStore(
-    {"qwen3.5-4b|tp1|cp2|selective|core_attn|eager": Profile(10_000_000.0, 4096)}
+    {describe_step(M4, [2048, 2048], cp=2).signature.key: Profile(10_000_000.0, 4096)}
 )
 
 
