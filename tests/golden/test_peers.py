@@ -210,6 +210,101 @@ def test_even_cp_split_under_full_recompute() -> None:
     assert _close(peers.even_cp_split(d), 2 * (s * h + s * h * layers + layer) / cp)
 
 
+# --- what each formula reads -------------------------------------------------------------
+
+TP2_SP = "tp:eager_control:Qwen3-1.7B:tp2:selective:core_attn:eager:4096+4096"
+TP1_CP2 = "cp:attention-selective:4096+4096"
+NONE_CP2 = "cp:4b-none:4096+4096"
+MEGATRON_SP = {"packed_tokens", "tp", "sp", "recompute"} | {
+    f"config.{k}" for k in ("hidden_size", "num_hidden_layers", "intermediate_size")
+}
+MBRIDGE = {"packed_tokens", "cp", "tp", "recompute"} | {
+    f"config.{k}"
+    for k in (
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+    )
+}
+# (peer, cell, the fields its docstring says it reads on that cell): every other field of
+# the description is one it leaves out there
+READS: list[tuple[str, str, set[str]]] = [
+    # the SP + selective branch: s, h, L, ffn, t; no CP, no attention width, no busiest rank
+    ("megatron_theoretical", TP2_SP, MEGATRON_SP),
+    ("megatron_theoretical_with_head", TP2_SP, MEGATRON_SP | {"config.vocab_size"}),
+    # the without-SP branch: 10 + 24/t a layer, no ffn, and it does not look at recompute
+    # (nor at ``sp``: TP 1 cannot run SP)
+    (
+        "megatron_theoretical",
+        TP1_CP2,
+        {"packed_tokens", "tp", "config.hidden_size", "config.num_hidden_layers"},
+    ),
+    # mbridge: the attention width and, without recompute, the core attention's K/V; CP
+    # divides, the busiest rank is not read
+    ("even_cp_split", NONE_CP2, MBRIDGE),
+    ("even_cp_split_with_head", NONE_CP2, MBRIDGE | {"config.vocab_size"}),
+    # its counterfactual reads the busiest rank's tokens in place of the packed count, and
+    # of CP only whether it is above 1 (its x CP and / CP cancel)
+    ("even_cp_split_at_busiest", NONE_CP2, (MBRIDGE - {"packed_tokens"}) | {"busiest_tokens"}),
+    # under selective recompute mbridge drops the core attention's K/V (whatever the
+    # modules), and with TP > 1 SP shards the norms and residuals
+    ("even_cp_split", TP2_SP, (MBRIDGE - {"config.num_key_value_heads"}) | {"sp"}),
+]
+OTHER_MODE = {"selective": "none", "none": "selective", "full": "selective"}
+
+
+def _changed(value: Any, field: str) -> Any:
+    """Another plausible value of a description field."""
+    if field.endswith("recompute"):
+        return OTHER_MODE[value]
+    if field == "cp":  # to or from CP 1 (the counterfactual reads only whether CP > 1)
+        return 1 if value > 1 else 2
+    if field.endswith("moe_routing"):
+        return "balanced" if value == "concentrated" else "concentrated"
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return 2 * value if value else 1
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, list):
+        if all(isinstance(x, int) for x in value) and value:
+            return [2 * x for x in value]
+        return [*value, "mlp"] if field == "modules" else [*value, *value[-1:], "other"]
+    raise AssertionError(f"no rule for {field} = {value!r}")
+
+
+def _fields(d: dict[str, Any]) -> list[str]:
+    return [k for k in d if k != "config"] + [f"config.{k}" for k in d["config"]]
+
+
+def _with(d: dict[str, Any], field: str) -> dict[str, Any]:
+    out = json.loads(json.dumps(d))
+    owner, key = (out["config"], field[7:]) if field.startswith("config.") else (out, field)
+    owner[key] = _changed(owner[key], field)
+    return out
+
+
+@pytest.mark.parametrize(("peer", "cell", "reads"), READS, ids=[f"{p}:{c}" for p, c, _ in READS])
+def test_each_peer_reads_what_it_says_and_nothing_else(
+    peer: str, cell: str, reads: set[str]
+) -> None:
+    """The facts behind each formula's "what it leaves out" (oracles/peers.py): changing a
+    field the formula reads on this cell moves its figure, changing any other field of the
+    description (the busiest rank, the lengths, Gated DeltaNet's shapes, LoRA, the
+    routing, ...) leaves it to the byte."""
+    fn: Callable[[dict[str, Any]], int] = getattr(peers, peer)
+    d = _cell(cell)
+    assert reads <= set(_fields(d))
+    base = fn(d)
+    for field in _fields(d):
+        moved = fn(_with(d, field)) != base
+        assert moved == (field in reads), (field, "read" if moved else "not read")
+
+
 def test_oracle_and_cpmem_stay_apart() -> None:
     """The peers import nothing of cpmem (tests/unit/test_oracle_independence.py walks
     them too); cpmem names them only as strings, loaded at run time."""

@@ -4,7 +4,7 @@ Every other constant of the policy counts tensors the oracles and the rank simul
 show (``attention``, ``gdn``, ``mlp``, ``moe``). These were chosen from measured golden
 cells, each with the cells that chose it; the fitted margin is the last of them. A test
 states each one's evidence and fails when the constant moves
-(tests/unit/pricing/test_tight_calibrated.py).
+(tests/unit/pricing/test_tight_calibrated.py, tests/unit/pricing/test_constant_facts.py).
 """
 
 from __future__ import annotations

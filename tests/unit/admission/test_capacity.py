@@ -1,6 +1,7 @@
-"""Capacity: the longest sequence and pack per layout, checked from outside (with
-``cpmem.api.estimate`` and the estimate's own budget), the default layouts, the
-monotonicity the search assumes (and where it does not hold), the JSON and the CLI."""
+"""Capacity: the longest sequence and pack per layout, checked from outside (against
+docs/pricing.md's published formula where it is linear in the length, and with
+``cpmem.api.estimate`` for the pipeline), the default layouts, the monotonicity the
+search assumes (and where it does not hold), the JSON and the CLI."""
 
 from __future__ import annotations
 
@@ -42,36 +43,65 @@ def _fits(model: str, lengths: list[int], tp: int, cp: int, **options: object) -
     return need <= est.device_budget.budget_bytes
 
 
+MIB = 2**20
+HARNESS = {"head": "hidden", "lora_rank": 1, "cold": True, "recompute": "selective"}
+
+
+def _published_reference(n: int, length: int, hidden: int, features: int, states: int) -> int:
+    """docs/pricing.md's estimate of ``n`` independent sequences of ``length`` tokens at
+    TP 1, CP 1 under selective recompute, restated by hand: R = n·length packed tokens,
+    int((outputs R·H·b + 64 MiB + n segments' states + R·b·features)·1.10); the legacy
+    floor (R·H·b·clamp(L // 4 + 4, 4, 16)) stays below the activation floor here."""
+    tokens = n * length
+    return int((tokens * hidden * 2 + 64 * MIB + n * states + tokens * 2 * features) * 1.10)
+
+
 @pytest.mark.parametrize(
-    ("model", "layouts", "options"),
+    ("model", "device", "hidden", "features", "states"),
     [
-        ("qwen3.5-4b", "1x1,2x2,1x8", {"device": "h200"}),
-        ("qwen3-1.7b", "1x2,4x1", {"device": "h100"}),
-        ("qwen3.5-27b", "2x4,8x1", {"device": "b200", "recompute": "full", "head": "logits"}),
-        (
-            "qwen3.5-4b",
-            "2x1",
-            {"device": "h100", "policy": "tight", "figure": "forward_backward", "lora_rank": 16},
-        ),
+        # docs/pricing.md's check values: features a token (TP1), segment-state bytes per
+        # segment and GDN layer x the 24 GDN layers of Qwen3.5-4B; Qwen3-1.7B has no GDN
+        ("qwen3-1.7b", "h200", 2048, 1_462_272, 0),
+        ("qwen3.5-4b", "h100", 2560, 2_449_408, 24 * 4_292_608),
     ],
 )
-def test_answers_fit_and_the_next_length_does_not(
-    model: str, layouts: str, options: dict[str, object]
+def test_the_longest_length_is_the_published_formulas_boundary(
+    model: str, device: str, hidden: int, features: int, states: int
 ) -> None:
-    found = capacity(model, layouts=layouts, **options)  # type: ignore[arg-type]
-    assert [lay.label for lay in found.layouts] == layouts.split(",")
-    for lay in found.layouts:
-        for fit in (lay.single, lay.pack):
-            assert fit.length is not None and not fit.at_cap
-            n, length = fit.sequences, fit.length
-            assert _fits(model, [length] * n, lay.tp, lay.cp, **options)
-            assert not _fits(model, [length + 1] * n, lay.tp, lay.cp, **options)
-        assert lay.pack.sequences == 2 and lay.pack_tokens == 2 * (lay.pack_length or 0)
-        settings = {k: v for k, v in options.items() if k not in ("policy", "figure")}
-        est = estimate(model, [4096], tp=lay.tp, cp=lay.cp, **settings)  # type: ignore[arg-type]
-        assert est.device_budget is not None and est.static is not None
-        assert lay.budget_bytes == est.device_budget.budget_bytes
-        assert lay.static_bytes == est.static.total
+    """At TP 1, CP 1 the reference's figure is linear in the length (docs/pricing.md, "The
+    estimate"), so the longest length that fits a budget B is the largest L with
+    int((c + n·L·w)·1.10) <= B, derived here from the published terms (not from cpmem's
+    estimate), for the layout's budget (the search's input): the single sequence and the
+    pack of two."""
+    found = capacity(model, layouts="1x1", device=device, **HARNESS)  # type: ignore[arg-type]
+    (lay,) = found.layouts
+    budget = lay.budget_bytes
+    for fit in (lay.single, lay.pack):
+        n = fit.sequences
+        # the closed form, then the integer boundary of the rounded figure
+        per_token = 2 * (hidden + features)
+        length = int((budget / 1.10 - 64 * MIB - n * states) / (n * per_token))
+        while _published_reference(n, length + 1, hidden, features, states) <= budget:
+            length += 1
+        while _published_reference(n, length, hidden, features, states) > budget:
+            length -= 1
+        assert fit.length == length, (n, fit.length, length)
+        assert fit.required_bytes == _published_reference(n, length, hidden, features, states)
+        assert not fit.at_cap and fit.guard_lowered == 0
+    assert lay.pack.sequences == 2 and lay.pack_tokens == 2 * (lay.pack_length or 0)
+
+
+def test_the_whole_step_figure_admits_shorter_lengths_than_the_forward() -> None:
+    """``figure`` reaches every probe: tight's forward+backward figure is above its forward
+    figure at every length (tests/property/test_tight_properties.py), so the longest
+    length that fits the whole step is shorter, on every layout, single and pack."""
+    kw = {"layouts": "2x1,1x2", "device": "h100", "policy": "tight", "lora_rank": 16}
+    whole = capacity(M4, figure="forward_backward", **kw)  # type: ignore[arg-type]
+    forward = capacity(M4, figure="forward", **kw)  # type: ignore[arg-type]
+    for a, b in zip(whole.layouts, forward.layouts, strict=True):
+        assert a.budget_bytes == b.budget_bytes
+        assert (a.single.length or 0) < (b.single.length or 0)
+        assert (a.pack.length or 0) < (b.pack.length or 0)
 
 
 def test_default_layouts_are_every_small_layout_the_heads_allow() -> None:

@@ -5,21 +5,67 @@ it holds beyond its layers. Expected figures come from the schedule's published 
 
 from __future__ import annotations
 
+import csv
+import json
+from pathlib import Path
+
 import pytest
 
 from cpmem.api import estimate
 from cpmem.errors import InputError
-from cpmem.pricing.components import retained_bytes
+from cpmem.pricing.components import Component, retained_bytes
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 
 M4 = "qwen3.5-4b"  # 32 layers, tied embeddings
 M17 = "qwen3-1.7b"  # 28 layers
+CONTROLS = Path(__file__).resolve().parents[3] / "golden" / "controls" / "controls.csv"
 
 
-def test_pp1_is_the_step_as_it_was() -> None:
-    plain = estimate(M4, [4096], cp=2, policy="tight")
-    one = estimate(M4, [4096], cp=2, policy="tight", pp=1, microbatches=1)
-    assert one == plain and not one.stage_bytes
+def _recorded_control(control_id: str, policy: str) -> dict[str, str]:
+    with CONTROLS.open(newline="", encoding="utf-8") as fh:
+        (row,) = (
+            r for r in csv.DictReader(fh) if r["control_id"] == control_id and r["policy"] == policy
+        )
+    return row
+
+
+@pytest.mark.parametrize("policy", ["reference", "tight"])
+@pytest.mark.parametrize("stages", [{}, {"pp": 1, "microbatches": 1}])
+def test_one_stage_is_priced_as_the_recorded_cell(policy: str, stages: dict[str, int]) -> None:
+    """A step of one stage, named or not, is priced without the pipeline pricer: it
+    reproduces the recorded control of the golden cell ``cp:4b-selective:4096+4096``
+    (golden/controls/controls.csv, written by ``cpmem gate --record-controls``, not
+    computed now), every component included and none of them a pipeline one. The step
+    is the cell's: its harness settings (no head, rank-1 adapters, a cold process) and
+    its recorded counts, passed explicitly."""
+    row = _recorded_control("cell:cp:4b-selective:4096+4096", policy)
+    est = estimate(
+        M4,
+        [int(n) for n in row["lengths"].split("+")],
+        shared_prefix=int(row["shared_prefix"]),
+        cp=int(row["cp"]),
+        packed_tokens=int(row["packed_tokens"]),
+        busiest_tokens=4096,  # the cell's recorded retained tokens (golden/cells.csv)
+        segments=int(row["grad_segments"]),
+        recompute=row["mode"],
+        modules=row["modules"],
+        compiled=False,
+        cold=True,
+        head="hidden",
+        lora_rank=1,
+        policy=policy,
+        **stages,  # type: ignore[arg-type]
+    )
+    assert est.estimate_bytes == int(row["estimate_bytes"])
+    assert "+".join(str(b) for b in est.per_rank_bytes) == row["per_rank_bytes"]
+    assert est.components == json.loads(row["components"])
+    fb = row["forward_backward_bytes"]
+    assert est.forward_backward_bytes == (int(fb) if fb else None)
+    if fb:
+        assert est.forward_backward_components == json.loads(row["forward_backward_components"])
+    pipeline = {Component.PIPELINE_IN_FLIGHT, Component.PIPELINE_INPUTS, Component.PIPELINE_BUFFERS}
+    assert not pipeline & set(est.components) and not est.stage_bytes
+    assert est.busiest_stage == 0 and est.pipeline_op == ""
 
 
 def test_stage_layers_even_first_last_and_explicit() -> None:
@@ -148,4 +194,6 @@ def test_json_names_the_stages() -> None:
     assert out["busiest_stage"] == 0 and len(out["stage_bytes"]) == 2
     assert out["estimate_bytes"] == max(out["stage_bytes"])
     assert len(out["stage_forward_backward_bytes"]) == 2
-    assert sum(out["components"].values()) == out["estimate_bytes"]
+    # the busiest stage's backward moment, by component (``Estimate`` checks only the
+    # forward's sum)
+    assert sum(out["forward_backward_components"].values()) == out["forward_backward_bytes"]

@@ -154,4 +154,14 @@ def test_worked_example_components():
     assert est.components["retained_activations"] == 4096 * 2 * 8_142_848
     assert est.components["segment_states"] == 3 * 48 * 6_414_336
     assert est.components["gathered_outputs"] == 8192 * 5120 * 2
-    assert sum(est.components.values()) == est.estimate_bytes
+    # the rest of pricing.md's estimate, term by term: the 64 MiB cold allowance, the
+    # returned hidden states (logical_tokens x H x b), no legacy-floor excess (6,964 x
+    # 5,120 x 2 x clamp(64 // 4 + 4, 4, 16) = 1,140,981,760 is below the floor) and the
+    # 10% on the sum
+    assert est.components["cold_setup"] == 64 * 2**20
+    assert est.components["outputs"] == 8192 * 5120 * 2
+    assert est.components["static_floor"] == est.components["profile_floor"] == 0
+    floor = 64 * 2**20 + 3 * 48 * 6_414_336 + 4096 * 2 * 8_142_848
+    assert floor > 6964 * 5120 * 2 * 16
+    before = 2 * 8192 * 5120 * 2 + floor
+    assert est.components["margin_factor"] == int(before * 1.10) - before
