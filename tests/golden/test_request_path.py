@@ -1,8 +1,8 @@
 """The gate's request-path check: measured cells planned from their requests.
 
 Expected busiest counts and peaks are the recorded ones (golden/cells.csv); the check
-must fail for a planner that under-places the busiest rank (the old attention-only
-default, attention-work, put 4,096 where the runtime put 5,120).
+must fail for a planner that under-places the busiest rank (the attention-work planner
+puts 4,096 where the runtime put 5,120).
 """
 
 from __future__ import annotations

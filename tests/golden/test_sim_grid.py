@@ -26,7 +26,7 @@ def test_grid_size_and_axes() -> None:
     assert len({(c.model, c.mode, c.modules) for c in g}) == len(MODELS) * len(RECOMPUTE)
 
 
-def test_requests_span_the_issue() -> None:
+def test_requests_span_2k_to_128k_singles_pairs_and_uneven_packs() -> None:
     singles = [r for r in REQUESTS if len(r.lengths) == 1]
     assert min(r.lengths[0] for r in singles) == 2048
     assert max(r.lengths[0] for r in singles) == 128 * 1024

@@ -169,8 +169,9 @@ def test_lengths_of_a_hybrid_under_tp_by_cp_whose_rank_counts_pad_past_the_row(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Each CP rank's count is padded to TP on its own: 3001+2001 at TP2 x CP4 gives
-    ranks that together hold more than the packed row (a failure before: 'segments=1000:
-    != the rank's 1002 GDN tokens'); the extra are padding, and every rank simulates."""
+    ranks that together hold more than the packed row (a row cut at the packed count would
+    not match them: 'segments=1000: != the rank's 1002 GDN tokens'); the extra are
+    padding, and every rank simulates."""
     argv = ["--model", "qwen3.5-4b", "--lengths", "3001,2001", "--tp", "2", "--cp", "4"]
     assert main([*argv, "--layers", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -1,5 +1,5 @@
 """The simulated grid's pipeline rows (oracles/sim_grid/grid.py ``pipeline_grid``): the
-grid covers the issue's axes, one small pipeline configuration generated end to end
+grid covers its axes (schedules, splits, layouts, micro-batches), one small pipeline configuration generated end to end
 through the generator (a temporary ``--out``, never golden/simulated/) equals direct
 ``simulate_stage`` calls on cpmem's per-micro-batch plans, and the committed rows.csv
 carries the pipeline columns (defaults on the rows without stages)."""
@@ -40,7 +40,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split("+") if x]
 
 
-def test_pipeline_grid_covers_the_issue() -> None:
+def test_pipeline_grid_covers_every_schedule_with_even_and_uneven_stages() -> None:
     """>= 150 configurations: PP {2, 4, 8} x V {1, 2} x M {PP, 2 PP, 8}, each schedule with
     even and uneven stages; >= 40 whose micro-batches differ; TP > 1 and CP > 1 rows; every
     micro-batch >= 2,048 tokens; ids unique and apart from the other grids."""

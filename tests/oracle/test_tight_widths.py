@@ -296,7 +296,7 @@ def test_every_layer_kind_of_every_preset_has_a_row() -> None:
     assert all(t in TERMS for r in ROWS for t in r.terms)
 
 
-def test_the_oracle_still_has_no_moe_layer() -> None:
+def test_the_oracle_has_no_moe_layer() -> None:
     """When the oracle gains an MoE layer, UNMEASURED must become rows."""
     with pytest.raises(ValueError):
         st.build_reference_layer(st.GEOMETRIES["qwen3.5-35b-a3b"], "moe")

@@ -275,8 +275,8 @@ def _mutated_gdn_segments() -> object:
 def test_the_properties_kill_the_gdn_segments_comparison_mutant(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`<=` -> `<` in gdn-segments' whole-subtree placement used to survive every test;
-    the rank-by-rank property (its pinned example) must now fail against it."""
+    """`<=` -> `<` in gdn-segments' whole-subtree placement changes one pinned plan and
+    no other test's: the rank-by-rank property (its pinned example) must fail against it."""
     forest, layout = EXACT_TARGET, ParallelLayout(cp=2)
     assert plan_request(to_request(forest), layout, "gdn-segments").rank_tokens == (100, 100)
     monkeypatch.setitem(planners_module._RANK_LOADS, "gdn-segments", _mutated_gdn_segments())

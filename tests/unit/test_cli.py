@@ -335,7 +335,7 @@ def test_clean_input_has_no_warnings(capsys):
     assert captured.err == ""
 
 
-def test_the_issue_request_is_no_longer_fit_at_the_default_layout(capsys):
+def test_the_measured_1_7b_pair_fits_13_gib_only_on_the_balanced_layout(capsys):
     """`cpmem admit` on the measured 1.7B pair (forward peak 13.93 GiB) with 13 GiB: the
     default layout (5,120 on the busiest rank) does not fit; only a layout another runtime
     executes (Megatron's zigzag) would, and the output says which."""

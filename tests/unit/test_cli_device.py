@@ -59,7 +59,7 @@ def test_a_small_device_refuses_what_a_large_one_fits(capsys: pytest.CaptureFixt
     capsys.readouterr()
 
 
-def test_the_earlier_budget_forms_still_work(capsys: pytest.CaptureFixture[str]) -> None:
+def test_budget_forms_admit_without_a_device(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _json(capsys, ["admit", *SEED, "--budget-gib", "81.868"])
     assert code == 0 and "whole_device" not in out
     runtime = [

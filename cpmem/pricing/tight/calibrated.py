@@ -75,12 +75,12 @@ SEGMENT_STATES_SPARED = 1
 segment, ``gdn.SEGMENT_STATES_PER_SEGMENT``) for ``n`` segments: ``2n - 1``, the rank's
 first segment starting from no state (fla's ``initial_state=None`` saves none). Measured
 (warm forward peak minus the structure without states, in one-state units): the
-two-segment ``core_attn+mlp`` cells hold 3.0 (27B TP4 64+64) and 3.1 (4B TP2 128+128); the
+two-segment ``core_attn+mlp`` cells hold 2.9 (27B TP4 64+64) and 2.8 (4B TP2 128+128); the
 eight-segment 27B TP2 cells 10.6 (8 x 64) and 13.1 (8 x 256), under the 15 priced. The
 rank simulator keeps one per root piece and one per parent piece (2 for two roots), below
 what the measured 27B cells hold (docs/tight.md "Segment states"). The count is the one
 of ``2n``, ``2n - 1``, ``1.5n`` and ``n + 1`` that the measured cells and the
-cross-validation support (8 held-out misses; 14 for ``1.5n``, 16 for ``n + 1``): an upper
+cross-validation support (8 held-out misses; 14 for ``1.5n``, 15 for ``n + 1``): an upper
 envelope of what the cells hold, not a traced mechanism."""
 
 

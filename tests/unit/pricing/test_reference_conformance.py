@@ -81,7 +81,7 @@ def _tp_inputs(row: dict[str, str]) -> Step:
     )
 
 
-def test_sources_have_the_counts_the_issue_names():
+def test_sources_hold_13_cp_rows_and_43_dense_tp_rows():
     assert len(CP_ROWS) == 13
     assert len(DENSE_TP) == 9 + 7 + 27  # before_segment_states, eager_control, final
 

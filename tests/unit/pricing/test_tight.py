@@ -136,7 +136,7 @@ def test_every_measured_cell_is_priced() -> None:
         ), name
 
 
-def test_reference_still_byte_exact() -> None:
+def test_reference_is_byte_exact_on_the_seed_pair_and_the_cp_rows() -> None:
     plan = explicit_plan(
         ParallelLayout(tp=1, cp=2),
         logical_tokens=8192,
@@ -232,7 +232,7 @@ def test_recompute_modes_order_the_retained_bytes() -> None:
     assert nograd.forward_backward_components == nograd.components
 
 
-# --------------------------------------------------------------------- admission (issue 6)
+# ---------------------------------------------------------------------------- admission
 
 GIB = 2**30
 

@@ -83,8 +83,7 @@ def test_full_recompute_covers_the_simulated_rank(
     model: str, sim_fwd: float, sim_fb: float
 ) -> None:
     """Layer inputs + one layer's no-grad pass (forward); + the widest layer's recompute
-    and backward (forward+backward). Before this structure tight's forward+backward was
-    11% under the simulator on Qwen3-Next-style TP1 rows."""
+    and backward (forward+backward)."""
     g = _model(model)
     fwd, fb = structural_terms(_inputs(g, "full"))
     # the rope tables (2·head_dim) and the last layer's output are priced: no allowance
@@ -101,8 +100,9 @@ def test_no_grad_covers_the_simulated_rank(model: str, sim_fwd: float) -> None:
     """The running layer's input + its widest no-grad pass: the 4B's MLP (three-copy sum
     of the gate‖up projection), the Qwen3-Next-style GDN mixer (saved set + kernel
     workspace; the simulator peaks in it at 57,824 + the input). Both figures hold the
-    rope tables (512 per token on these models), which tight prices since issue 13's
-    second round; the GDN pass stays an envelope of fla's (+8.4% before the tables)."""
+    rope tables (512 per token on these models), which tight prices as the model-level
+    ``rope_tables``; the GDN pass is an envelope of fla's (tight +9.3% over the simulator
+    on the Qwen3-Next-style model, +6.6% on the 4B)."""
     fwd, fb = structural_terms(_inputs(_model(model), "no-grad"))
     assert _per_token(fwd) == _per_token(fb)  # no backward
     assert sim_fwd <= _per_token(fwd) <= 1.10 * sim_fwd
@@ -110,7 +110,7 @@ def test_no_grad_covers_the_simulated_rank(model: str, sim_fwd: float) -> None:
 
 def test_full_recompute_under_cp_prices_the_busiest_rank() -> None:
     """Under CP each rank's checkpoints keep its own tokens' layer inputs: the busiest
-    rank's count is priced (it was the packed count, +100-800% on the simulated grid)."""
+    rank's count is priced, not the packed count the reference keeps under full recompute."""
     g = _model("qwen3.5-4b")
     ranks = (4096, 2048, 1024, 1024)
     inputs = _inputs(g, "full", ranks=ranks)
@@ -130,7 +130,7 @@ def test_ungated_attention_is_the_simulators_plus_the_measured_q() -> None:
     per attention layer (its `attention` component / 28 layers), the same as under a
     core_attn checkpoint bar the softmax statistics. tight prices that set plus the one
     Q-wide tensor the measured runtime keeps beyond the simulator (Q = 2,048), and no
-    eager-none extra (it had priced 23,552)."""
+    eager-none extra (measured on gated attention only)."""
     g = _model("qwen3-1.7b")
     for mode, modules in (("none", None), ("selective", "core_attn")):
         w = tight_widths(g, _inputs(g, mode, modules))
@@ -138,7 +138,7 @@ def test_ungated_attention_is_the_simulators_plus_the_measured_q() -> None:
         assert -128 <= w.attention - (15_444 + g.q_width) <= 0
 
 
-# ----------------------------------------------------------------- MoE (issue 13, round 2)
+# ----------------------------------------------------------------------------------- MoE
 # python -m oracles.rank_sim --model qwen3.5-35b-a3b --rank-tokens 8192 --tp 4 --ep 4
 #   --routing R --recompute selective --modules core_attn [--compiled] --json
 # per MoE layer and token (bf16 elements): the `moe` component of `retained` / 8,192 / 2
@@ -260,8 +260,8 @@ def test_selective_mlp_transient_is_the_simulators_no_grad_pass() -> None:
     ``mlp`` component rises from its retained 1,300,234,240 bytes to 2,248,146,944 at the
     forward peak (Qwen3.5-4B, TP1, 8,192 tokens, ``core_attn+mlp``): 57,856 elements per
     token, ``H + 6F`` (the gate-up projection as base + LoRA delta + sum beside the
-    checkpoint's residual input). tight prices exactly that as the layer transient (it
-    priced the checkpointed MLP's saved set, ``H + 3F``, until issue 13's third round)."""
+    checkpoint's residual input). tight prices exactly that as the layer transient, not
+    the checkpointed MLP's saved set, ``H + 3F``."""
     g = _model("qwen3.5-4b")
     fwd, _ = structural_terms(_inputs(g, "selective", "core_attn+mlp"))
     sim_rise = (2_248_146_944 - 1_300_234_240) / TOKENS / 2
