@@ -30,10 +30,10 @@ from cpmem.pricing.components import retained_bytes
 from cpmem.pricing.device_budget import DeviceBudget, device_budget, runtime_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
-from cpmem.pricing.static import static_memory
+from cpmem.pricing.static import StaticMemory
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.recompute import Mode, Module, Recompute
-from cpmem.step.step import Step
+from cpmem.step.step import STEP_KINDS, Step, StepKind
 
 Action = Literal["fit", "split", "refuse"]
 Figure = Literal["forward", "forward_backward"]
@@ -47,20 +47,40 @@ usable_budget = runtime_budget
 
 @dataclass(frozen=True)
 class Pricer:
-    """How a decision prices a step: the policy and the figure it admits on."""
+    """How a decision prices a step: the policy and the figure it admits on.
+
+    ``whole_device``: the decision is against a device (its budget derived, not given),
+    so a step's requirement is its whole-device figure (static memory plus activations,
+    where a pipeline step holds most of both: ``Estimate.whole_device_bytes``) at the
+    larger of its first and its steady step: a run must survive both, and which holds
+    more depends on the step (the first pays its kernel set-up in the activations, a
+    steady one holds the optimizer's moments and the kernel workspaces)."""
 
     policy: str = "reference"
     figure: Figure = "forward"
+    whole_device: bool = False
 
     def __post_init__(self) -> None:
         if self.figure not in FIGURES:
             raise InputError("figure", self.figure, f"must be one of {list(FIGURES)}")
 
     def estimate(self, step: Step) -> Estimate:
-        return price(step, self.policy)
+        """The step's estimate; against a device, that of whichever step kind holds more."""
+        if not self.whole_device:
+            return price(step, self.policy)
+        return max(self.kinds(step).values(), key=self.required)
 
-    def required(self, est: Estimate) -> int:
-        """The admission figure: forward peak, or forward+backward where asked and priced."""
+    def kinds(self, step: Step) -> dict[StepKind, Estimate]:
+        """The step priced as the first and as a steady step of its process."""
+        return {
+            kind: price(
+                replace(step, settings=step.settings.replace(cold=kind == "first")), self.policy
+            )
+            for kind in STEP_KINDS
+        }
+
+    def activations(self, est: Estimate) -> int:
+        """The activation figure: forward peak, or forward+backward where asked and priced."""
         if self.figure == "forward_backward":
             if est.forward_backward_bytes is None:
                 raise InputError(
@@ -68,6 +88,14 @@ class Pricer:
                 )
             return est.forward_backward_bytes
         return est.estimate_bytes
+
+    def required(self, est: Estimate) -> int:
+        """The admission figure: the activation figure against a given budget, the
+        whole-device figure against a device."""
+        if self.whole_device:
+            self.activations(est)  # refuses a figure the policy does not price
+            return est.whole_device_bytes(self.figure)
+        return self.activations(est)
 
 
 @dataclass(frozen=True)
@@ -86,6 +114,9 @@ class Decision:
     device_budget: DeviceBudget | None = None
     """The device the budget was derived from, with the static memory under it (None:
     the budget was given)."""
+    step_kinds: tuple[tuple[str, int], ...] = ()
+    """Against a device: the step's whole-device bytes as the first and as a steady step
+    of its process; the decision was taken on the larger (``estimate.step_kind``)."""
 
     @property
     def fits(self) -> bool:
@@ -110,6 +141,7 @@ class Decision:
             "suggestion": self.suggestion,
             "estimate": self.estimate.to_dict(),
             **({"whole_device": self.whole_device()} if self.device_budget else {}),
+            **({"step_whole_device_bytes": dict(self.step_kinds)} if self.step_kinds else {}),
         }
 
     def whole_device(self) -> dict[str, object]:
@@ -212,9 +244,10 @@ def admit(
 
 
 def step_budget(step: Step, budget_bytes: float | None) -> tuple[int, DeviceBudget | None]:
-    """The rank's budget: ``budget_bytes`` as given, or the step's device's budget for
-    the activations (its total less the reserve, the memory outside PyTorch and the
-    step's static memory: ``cpmem.pricing.device_budget``)."""
+    """The rank's budget: ``budget_bytes`` as given (for the activations), or, against the
+    step's device, what the device leaves a step's static memory and activations together
+    (its total less the reserve and the memory outside PyTorch:
+    ``cpmem.pricing.device_budget``), with that device's budget rule (no static in it)."""
     device = step.settings.device
     if budget_bytes is not None:
         if device is not None:
@@ -227,7 +260,7 @@ def step_budget(step: Step, budget_bytes: float | None) -> tuple[int, DeviceBudg
         raise InputError(
             "budget_bytes", None, "give a budget, or a device (device= / --device) to derive it"
         )
-    whole = device_budget(device, static_memory(step.settings))
+    whole = device_budget(device, StaticMemory({}))
     return whole.budget_bytes, whole
 
 
@@ -247,8 +280,15 @@ def admit_step(
     (``EXECUTABLE``: the measured runtime's chunks, Megatron's zigzag), never a rule only
     cpmem applies; ``Decision.planners`` names the planner behind each variant. A step
     with an explicit plan (no request) is fit or refused as it stands. ``timeout`` as
-    in ``admit``. Without ``budget_bytes`` the budget is the step's device's
-    (``step_budget``), and the decision carries the whole device's breakdown.
+    in ``admit``.
+
+    Without ``budget_bytes`` the decision is against the step's device (``step_budget``):
+    every variant is priced at the larger of its first and its steady step, static
+    memory included (``Pricer.whole_device``; a pipeline step at the stage where static
+    and activations together are largest), and the decision names the step kind it was
+    decided on and carries the whole device's breakdown; its required and available
+    bytes are then the activations' and what the device leaves them beside the chosen
+    estimate's static memory, as with a given budget.
     """
     comm, bad_timeout = _bounded(comm, timeout)
     resolved: list[tuple[int, DeviceBudget | None]] = []
@@ -259,12 +299,32 @@ def admit_step(
             raise bad_timeout
         resolved.append(step_budget(step, budget_bytes))
 
-    pricer = Pricer(policy, figure)
+    pricer = Pricer(policy, figure, whole_device=budget_bytes is None)
     if step.request is None:
         decision = _admit_fixed(step, lambda: resolved[0][0], pricer, comm, checked)
     else:
         decision = _admit_request(step, lambda: resolved[0][0], pricer, comm, checked)
-    return replace(decision, device_budget=resolved[0][1])
+    if not pricer.whole_device:
+        return decision
+    return _on_device(decision, step, pricer)
+
+
+def _on_device(decision: Decision, step: Step, pricer: Pricer) -> Decision:
+    """A decision taken in whole-device bytes, stated as activations against what the
+    device leaves them beside the chosen estimate's static memory; with the whole-device
+    figure of the step at each of its kinds."""
+    est = decision.estimate
+    _, static = est.device_required(pricer.figure)
+    held = 0 if static is None else static.total
+    kinds = {kind: pricer.required(e) for kind, e in pricer.kinds(step).items()}
+    return replace(
+        decision,
+        required_bytes=decision.required_bytes - held,
+        available_bytes=decision.available_bytes - held,
+        considered=tuple((v, b - held) for v, b in decision.considered),
+        device_budget=est.device_budget,
+        step_kinds=tuple(kinds.items()),
+    )
 
 
 def _admit_request(
@@ -414,7 +474,8 @@ def suggest(step: Step, available: int, pricer: Pricer) -> str:
         except InputError:
             continue
         if need <= available:
-            return f"{label} (predicted {need / 2**30:.3f} GiB)"
+            where = ", static memory included" if pricer.whole_device else ""
+            return f"{label} (predicted {need / 2**30:.3f} GiB{where})"
     assert step.request is not None
     longest = max(step.request.sequence_lengths)
     return f"shorten the sequences (longest is {longest} tokens) or add devices"

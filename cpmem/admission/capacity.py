@@ -40,7 +40,6 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.registry import price
 from cpmem.pricing.static import StaticMemory
 from cpmem.step.describe import SettingsArguments, describe_settings, describe_step
 from cpmem.step.device import Device, resolve_device
@@ -109,6 +108,9 @@ class LayoutCapacity:
     """What the device leaves the activations (total less the reserve, the memory
     outside PyTorch and ``static_bytes``)."""
     static_bytes: int
+    step_kind: str
+    """The step kind (``first`` or ``steady``) that holds more on the device at the
+    longest single sequence: the one the budget and static columns are of."""
     single: Fit
     pack: Fit
 
@@ -144,6 +146,7 @@ class LayoutCapacity:
             "planner": self.planner,
             "budget_bytes": self.budget_bytes,
             "static_bytes": self.static_bytes,
+            "step": self.step_kind,
             "longest_sequence": self.single.to_dict(),
             "pack": self.pack.to_dict(),
         }
@@ -194,8 +197,9 @@ class Capacity:
     def required(self, tp: int, cp: int, lengths: Sequence[int]) -> int | None:
         """The figure of ``lengths`` under layout ``tp`` x ``cp`` and these settings (None:
         the planner refuses the request), priced as every search probe is."""
-        est = _estimate(self._model(), tp, cp, lengths, self.policy, self.settings)
-        return None if est is None else Pricer(self.policy, self.figure).required(est)
+        pricer = Pricer(self.policy, self.figure, whole_device=True)
+        est = _estimate(self._model(), tp, cp, lengths, pricer, self.settings)
+        return None if est is None else est.device_required(self.figure)[0]
 
     def _model(self) -> ModelGeometry:
         if self.geometry is None:
@@ -336,7 +340,7 @@ def capacity(
             if reason is not None:
                 raise InputError("layouts", f"{tp}x{cp}", reason)
 
-    pricer = Pricer(policy, figure)
+    pricer = Pricer(policy, figure, whole_device=True)
     searched = [_layout(geometry, tp, cp, pack, pricer, cap, args) for tp, cp in pairs]
     found = tuple(lay for lay, _ in searched)
     est = searched[0][1]
@@ -367,10 +371,11 @@ def _estimate(
     tp: int,
     cp: int,
     lengths: Sequence[int],
-    policy: str,
+    pricer: Pricer,
     settings: Mapping[str, Any],
 ) -> Estimate | None:
-    """``cpmem.api.estimate(geometry, lengths, tp=tp, cp=cp, policy=policy, **settings)``;
+    """The step ``cpmem.api.estimate(geometry, lengths, tp=tp, cp=cp, **settings)`` prices,
+    at the larger of its first and its steady step on the device (``Pricer.whole_device``);
     None where the planner refuses the request (a CP rank left empty)."""
     try:
         step = describe_step(geometry, list(lengths), tp=tp, cp=cp, **settings)
@@ -378,51 +383,57 @@ def _estimate(
         if exc.field == "cp":
             return None
         raise
-    return price(step, policy)
+    return pricer.estimate(step)
 
 
 @dataclass
 class _Search:
-    """One layout's probes: the figure and the budget of ``n`` sequences of ``L``."""
+    """One layout's probes: the whole-device figure (static memory + activations, at the
+    step kind that holds more) of ``n`` sequences of ``L``, against what the device
+    leaves them (``usable``)."""
 
     geometry: ModelGeometry
     tp: int
     cp: int
     pricer: Pricer
     settings: Mapping[str, Any]
+    usable: int
     probes: int = 0
     last: Estimate | None = None
-    seen: dict[tuple[int, int], int | None] = field(default_factory=dict)
+    seen: dict[tuple[int, int], Estimate | None] = field(default_factory=dict)
+
+    def estimate(self, n: int, length: int) -> Estimate | None:
+        if (n, length) not in self.seen:
+            self.probes += 1
+            est = _estimate(
+                self.geometry, self.tp, self.cp, [length] * n, self.pricer, self.settings
+            )
+            self.last = est or self.last
+            self.seen[(n, length)] = est
+        return self.seen[(n, length)]
 
     def required(self, n: int, length: int) -> int | None:
-        if (n, length) in self.seen:
-            return self.seen[(n, length)]
-        self.probes += 1
-        est = _estimate(
-            self.geometry, self.tp, self.cp, [length] * n, self.pricer.policy, self.settings
-        )
-        need = None if est is None else self.pricer.required(est)
-        self.last = est or self.last
-        self.seen[(n, length)] = need
-        return need
+        """The whole-device bytes of ``n`` sequences of ``length`` (None: refused)."""
+        est = self.estimate(n, length)
+        return None if est is None else self.pricer.required(est)
 
-    def budget(self) -> int:
-        assert self.last is not None and self.last.device_budget is not None
-        return self.last.device_budget.budget_bytes
+    def activations(self, n: int, length: int) -> int | None:
+        """The figure's activations at ``length`` (beside its static memory)."""
+        est = self.estimate(n, length)
+        return None if est is None else est.device_required(self.pricer.figure)[0]
 
     def longest_fit(self, n: int, below: int) -> int:
         """The longest length of ``n`` sequences probed so far that fits, under ``below``."""
-        budget = self.budget()
         return max(
             length
-            for (m, length), need in self.seen.items()
-            if m == n and length < below and need is not None and need <= budget
+            for (m, length) in list(self.seen)
+            if m == n and length < below and self.fits(n, length)
         )
 
     def fits(self, n: int, length: int) -> bool | None:
         """True / False, or None where the request is refused by the planner."""
         need = self.required(n, length)
-        return None if need is None else need <= self.budget()
+        return None if need is None else need <= self.usable
 
 
 def _layout(
@@ -434,11 +445,15 @@ def _layout(
     cap: int,
     settings: Mapping[str, Any],
 ) -> tuple[LayoutCapacity, Estimate]:
-    search = _Search(geometry, tp, cp, pricer, settings)
+    usable = device_budget(settings["device"], StaticMemory({})).budget_bytes
+    search = _Search(geometry, tp, cp, pricer, settings, usable)
     single = _longest(search, 1, cap)
     hint = None if single.length is None else single.length // pack
     packed = _longest(search, pack, cap, hint)
-    est = search.last
+    # the static memory and budget of the step at the longest single sequence (its step
+    # kind, its pipeline stage): what the table's budget and static columns show
+    at_longest = None if single.length is None else search.estimate(1, single.length)
+    est = at_longest or search.last
     assert est is not None and est.device_budget is not None and est.static is not None
     found = LayoutCapacity(
         tp=tp,
@@ -447,6 +462,7 @@ def _layout(
         planner=est.planner,
         budget_bytes=est.device_budget.budget_bytes,
         static_bytes=est.static.total,
+        step_kind=est.step_kind,
         single=single,
         pack=packed,
     )
@@ -463,7 +479,7 @@ def _longest(search: _Search, n: int, cap: int, hint: int | None = None) -> Fit:
     limit = search.geometry.max_position_embeddings
 
     def done(length: int | None, at_cap: bool = False, lowered: int = 0) -> Fit:
-        need = None if length is None else search.required(n, length)
+        need = None if length is None else search.activations(n, length)
         beyond = length is not None and limit is not None and length > limit
         return Fit(n, length, need, at_cap, beyond, search.probes - before, lowered)
 

@@ -43,6 +43,8 @@ class Estimate:
     head: Head = Head()
     adapter: Adapter = Adapter()
     cp_comm: str = "all_gather"
+    step_kind: str = "steady"
+    """Which of the process's steps was priced: ``first`` or ``steady``."""
     head_bytes: int = 0
     """What the head holds at its forward peak on the busiest rank (0 without a head):
     its share of the estimate is the ``head`` component, what it holds beyond the layer
@@ -104,6 +106,13 @@ class Estimate:
             key=lambda s: self.stage_statics[s].total + self.stage_figure(s, figure),
         )
 
+    def whole_device_bytes(self, figure: str = "forward") -> int:
+        """Static memory plus activations where the device holds most of them together
+        (``device_required``): what the device must hold beyond its reserve and the
+        memory outside PyTorch."""
+        activations, static = self.device_required(figure)
+        return activations + (0 if static is None else static.total)
+
     def device_required(self, figure: str = "forward") -> tuple[int, StaticMemory | None]:
         """The activation figure and the static memory of ``device_stage(figure)``: the
         pair a device must hold together."""
@@ -155,6 +164,7 @@ class Estimate:
                 "targets": list(self.adapter.targets),
             },
             "cp_comm": self.cp_comm,
+            "step": self.step_kind,
         }
         if self.forward_backward_bytes is not None:
             out["forward_backward_bytes"] = self.forward_backward_bytes
@@ -194,4 +204,5 @@ def step_fields(step: Step) -> dict[str, Any]:
         "head": step.head,
         "adapter": step.adapter,
         "cp_comm": step.cp_comm,
+        "step_kind": step.settings.step_kind,
     }

@@ -58,16 +58,21 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
 
 
 def render_static(est: Estimate) -> list[str]:
-    """The static memory under the activations and, with a device, what it leaves."""
+    """The static memory under the activations and, with a device, what it leaves; with
+    pipeline stages, the stage where static and activations together are largest."""
     assert est.static is not None
     rows = [[name, f"{b:,}", fmt_gib(b)] for name, b in est.static.components.items() if b]
     rows.append(["static", f"{est.static.total:,}", fmt_gib(est.static.total)])
-    whole = est.estimate_bytes + est.static.total
+    activations, _ = est.device_required()
+    whole = est.whole_device_bytes()
     rows.append(["static + estimate", f"{whole:,}", fmt_gib(whole)])
-    lines = table(["static memory (per rank)", "bytes", "GiB"], rows, right=(1, 2))
+    title = "static memory (per rank)"
+    if est.stage_statics:
+        title = f"static memory (stage {est.device_stage()}, the fullest)"
+    lines = table([title, "bytes", "GiB"], rows, right=(1, 2))
     budget = est.device_budget
     if budget is not None:
-        left = budget.budget_bytes - est.estimate_bytes
+        left = budget.budget_bytes - activations
         lines.append(
             f"device {budget.device.name} ({budget.device.total_bytes:,} B): reserve "
             f"{fmt_gib(budget.reserve_bytes)} GiB, outside PyTorch "
@@ -101,6 +106,13 @@ def render_whole_device(decision: Decision) -> list[str]:
         for r, b in enumerate(per_rank)
     ]
     lines.append("  static + activations per rank: " + ", ".join(marks))
+    if decision.step_kinds:
+        chosen = decision.estimate.step_kind
+        kinds = ", ".join(f"{k} {fmt_gib(b)} GiB" for k, b in decision.step_kinds)
+        lines.append(f"  decided on the {chosen} step, the larger on the device ({kinds})")
+    stage = decision.estimate.device_stage()
+    if decision.estimate.stage_statics:
+        lines.append(f"  pipeline stage {stage}: where static + activations are largest")
     return lines
 
 
@@ -166,6 +178,9 @@ def render_capacity(found: Capacity) -> str:
         f"budget: what the device leaves the step's {found.figure} figure on the busiest rank "
         "(its total less the 3% reserve, the memory outside PyTorch and the layout's static "
         "memory); the pack: equal sequences, no shared prefix",
+        "every length is priced at the larger of its first and its steady step (static "
+        "memory included); at the longest sequence: "
+        + ", ".join(f"{lay.label} {lay.step_kind}" for lay in found.layouts),
     ]
     if "*" in marks:
         lines.append(
