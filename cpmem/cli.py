@@ -279,7 +279,27 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(render_estimate(est, step.plan))
+        harness = _harness_figure(args, est)
+        if harness is not None:
+            print(harness)
     return 0
+
+
+def _harness_figure(args: argparse.Namespace, est: Estimate) -> str | None:
+    """The same request as the calibration harness's step (what golden/ measured: the
+    hidden states returned, rank-1 adapters, the first step of its process), one line
+    beside a trainer's figure; None where the step is the harness's already."""
+    arguments = _step_arguments(args)
+    harness = {"head": "hidden", "step": "first", "lora_rank": 1, "lora_dropout": 0.0}
+    if all(arguments.get(k) == v for k, v in harness.items()):
+        return None
+    arguments.update(harness, lora_targets="all")
+    other = price_step(describe_step(**arguments), args.policy)
+    return (
+        f"the harness's step (--head hidden --step first --lora-rank 1, what golden/ "
+        f"measured): {fmt_gib(other.estimate_bytes)} GiB; this step: "
+        f"{fmt_gib(est.estimate_bytes)} GiB"
+    )
 
 
 def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | None:
