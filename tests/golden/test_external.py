@@ -366,7 +366,7 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
     (StepSettings, "geometry"): (_same, _set(geometry=load_model("qwen3-1.7b")), {"config"}),
     (StepSettings, "compiled"): (_same, _set(compiled=True), {"compiled"}),
     (StepSettings, "moe_routing"): (_same, _set(moe_routing="balanced"), {"moe_routing"}),
-    (StepSettings, "cold"): (_same, _set(cold=False), {"cold"}),
+    (StepSettings, "cold"): (_same, _set(cold=True), {"cold"}),
     (StepSettings, "planner"): (_same, _set(planner="balanced"), {"planner"}),
     # the returned outputs are the hidden states' only where no head ends the forward
     (StepSettings, "output_bytes"): (

@@ -522,7 +522,8 @@ def test_the_estimator_core_needs_no_pandas() -> None:
     code = (
         "import cpmem.model, cpmem.plan, cpmem.pricing, cpmem.admission, cpmem.api, cpmem.cli; "
         "from cpmem.api import estimate; "
-        "print(estimate('qwen3.5-27b', [4096, 4096], shared_prefix=1228, cp=2).estimate_bytes); "
+        "print(estimate('qwen3.5-27b', [4096, 4096], shared_prefix=1228, cp=2, head='hidden', "
+        "step='first').estimate_bytes); "
         "assert not {'pandas', 'pandera'} & {m.split('.')[0] for m in sys.modules if sys.modules[m]}"
     )
     proc = _run_without(("pandas", "pandera"), code)

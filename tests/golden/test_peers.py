@@ -233,14 +233,16 @@ MBRIDGE = {"packed_tokens", "cp", "tp", "recompute"} | {
 # the description is one it leaves out there
 READS: list[tuple[str, str, set[str]]] = [
     # the SP + selective branch: s, h, L, ffn, t; no CP, no attention width, no busiest rank
-    ("megatron_theoretical", TP2_SP, MEGATRON_SP),
-    ("megatron_theoretical_with_head", TP2_SP, MEGATRON_SP | {"config.vocab_size"}),
+    # and the pipeline stages (its first stage's in-flight micro-batches; vpp and the
+    # micro-batch count scale nothing at pp = 1)
+    ("megatron_theoretical", TP2_SP, MEGATRON_SP | {"pp"}),
+    ("megatron_theoretical_with_head", TP2_SP, MEGATRON_SP | {"config.vocab_size", "pp"}),
     # the without-SP branch: 10 + 24/t a layer, no ffn, and it does not look at recompute
     # (nor at ``sp``: TP 1 cannot run SP)
     (
         "megatron_theoretical",
         TP1_CP2,
-        {"packed_tokens", "tp", "config.hidden_size", "config.num_hidden_layers"},
+        {"packed_tokens", "tp", "pp", "config.hidden_size", "config.num_hidden_layers"},
     ),
     # mbridge: the attention width and, without recompute, the core attention's K/V; CP
     # divides, the busiest rank is not read
@@ -258,6 +260,8 @@ OTHER_MODE = {"selective": "none", "none": "selective", "full": "selective"}
 
 def _changed(value: Any, field: str) -> Any:
     """Another plausible value of a description field."""
+    if value is None:  # an unset option (no device, no chunk size, no output bytes)
+        return 1
     if field.endswith("recompute"):
         return OTHER_MODE[value]
     if field == "cp":  # to or from CP 1 (the counterfactual reads only whether CP > 1)
@@ -268,6 +272,8 @@ def _changed(value: Any, field: str) -> Any:
         return not value
     if isinstance(value, int):
         return 2 * value if value else 1
+    if isinstance(value, float):  # a fraction, e.g. adapter dropout
+        return value / 2 if value else 0.1
     if isinstance(value, str):
         return value + "-other"
     if isinstance(value, list):
