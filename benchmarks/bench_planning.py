@@ -7,10 +7,13 @@ over 256 such requests under CP 4 <= 100 ms; the cheap global-count probe as a r
 
 from __future__ import annotations
 
+import contextlib
+import io
 import statistics
 import time
 from collections.abc import Callable
 
+from cpmem import cli
 from cpmem.admission.width import select_width
 from cpmem.model.load import load_model
 from cpmem.plan.layout import ParallelLayout
@@ -49,6 +52,18 @@ def main() -> None:
     plan = plan_request(pair, ParallelLayout(cp=2), geometry=model)
     inputs = describe_step(model, plan=plan, cp=2)
     row("price one plan (27B CP2 4k pair)", timeit(lambda: price(inputs)), 50e-6)
+
+    seed = ["estimate", "--model", "qwen3.5-27b", "--lengths", "4096,4096"]
+    seed += ["--shared-prefix", "1228", "--cp", "2"]
+
+    def cli_estimate(argv: list[str]) -> None:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cli.main(argv)
+
+    # the command's own work, the interpreter's start-up aside: the human table prices
+    # the harness's step beside the trainer's, the JSON one step
+    row("cpmem estimate (the README's first command)", timeit(lambda: cli_estimate(seed)), 0.2)
+    row("cpmem estimate --json", timeit(lambda: cli_estimate([*seed, "--json"])), 0.2)
 
     batch = Request.combined([Request.pair(8192, 8192, 2000)] * 64)
     for cp in (1, 2, 4, 8):

@@ -98,11 +98,19 @@ def price(inputs: Step, policy: str = "reference") -> Estimate:
     settings = inputs.settings
     stages = settings.pipeline.pp if settings.pipeline.active else 0
     statics = tuple(static_memory(settings, stage=s) for s in range(stages))
-    est = replace(est, stage_statics=statics, ignored_options=ignored_options(inputs, policy))
-    static = statics[est.device_stage()] if statics else static_memory(settings)
+    if statics:  # the stage where static memory and activations together are largest
+        fullest = max(range(stages), key=lambda s: statics[s].total + est.stage_bytes[s])
+        static = statics[fullest]
+    else:
+        static = static_memory(settings)
     device = settings.device
-    budget = None if device is None else device_budget(device, static)
-    return replace(est, static=static, device_budget=budget)
+    return replace(
+        est,
+        stage_statics=statics,
+        ignored_options=ignored_options(inputs, policy),
+        static=static,
+        device_budget=None if device is None else device_budget(device, static),
+    )
 
 
 def policy_names() -> list[str]:
