@@ -9,12 +9,14 @@ estimates (monotonicity, order-freedom, bounds) need no expected figure at all.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
-from cpmem.admission.admission import Decision, admit, admit_step, usable_budget
+from cpmem.admission.admission import Decision, admit_step, usable_budget
+from cpmem.admission.admission import admit as _admit
 from cpmem.calibration.variant import average_tokens, unpadded_tokens
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
@@ -25,10 +27,11 @@ from cpmem.plan.planners import PLANNERS, plan_request
 from cpmem.plan.request import Request
 from cpmem.pricing.reference import REFERENCE, ReferenceStructure, price_reference
 from cpmem.pricing.registry import price
-from cpmem.step.describe import describe_step
+from cpmem.step.describe import describe_step as _describe_step
 from cpmem.step.recompute import Recompute
 from cpmem.step.step import Step
 from oracles import ownership
+from tests.unit.harness import HARNESS
 
 from .strategies import (
     Grid,
@@ -43,6 +46,11 @@ from .strategies import (
     trees,
     valid_tps,
 )
+
+# the reference's published formula and the oracle's layouts are the calibration
+# harness's step (tests/unit/harness.py): every figure here is priced for it
+admit = partial(_admit, **HARNESS)
+describe_step = partial(_describe_step, **HARNESS)
 
 MIB = 2**20
 

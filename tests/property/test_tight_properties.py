@@ -76,7 +76,8 @@ class Setting:
             ep=self.ep,
             moe_routing=self.moe_routing,  # type: ignore[arg-type]
             compiled=self.compiled,
-            cold=self.cold,
+            step="first" if self.cold else "steady",
+            head="hidden",
             recompute=mode,
             modules=modules,
             **inputs,
