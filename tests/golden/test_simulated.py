@@ -21,6 +21,7 @@ from cpmem.gate.simulated import run_simulated
 from cpmem.golden.cells import load_cells
 from cpmem.model.load import load_model
 from cpmem.pricing.cold import COLD_SETUP
+from cpmem.reports.simulated_render import markdown
 from cpmem.samples.rows import (
     SIM_WORST_UNDER,
     central,
@@ -106,6 +107,19 @@ def test_the_tier_adds_the_cold_set_up_every_policy_prices() -> None:
     assert COLD_BYTES == 58 * MIB
     assert COLD_SETUP == 64 * MIB
     assert central(0) == COLD_SETUP
+
+
+def test_the_reports_header_names_the_cold_set_up_the_tier_adds() -> None:
+    """The Markdown report (and the kept one, golden/reports/simulated_tier.md) states the
+    cold set-up the tier adds to a simulated peak (``central``), not the simulator's own
+    58 MiB."""
+    added = f"{central(0) // MIB} MiB"
+    kept = (REPORT.parent / "simulated_tier.md").read_text(encoding="utf-8")
+    for text in (markdown([run_simulated("tight", ids=_pin()["rows"][:2])]), kept):
+        header = text.split("\n## ", 1)[0]
+        assert f"(simulated peak + {added} cold set-up)" in header
+        assert f"covered = estimate >= (simulated peak + {added})" in header
+        assert "58 MiB" not in header
 
 
 def test_grid_families() -> None:
