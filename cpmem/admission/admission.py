@@ -352,9 +352,10 @@ def _admit_request(
 
     found = collective_plan(comm, candidates)
     planners = tuple((variant, est.planner) for variant, _, est in found)
-    considered: list[tuple[str, int]] = []
     available = comm.min_int(budget())
-    best_fit = _first_fit(comm, found, available, considered)
+    agreed = _agreed(comm, found)
+    considered = [(variant, required) for variant, required, _ in agreed]
+    best_fit = _first_fit(agreed, available)
     if best_fit is not None:
         variant, required, est = best_fit
         return Decision(
@@ -398,7 +399,8 @@ def _admit_request(
             )
         parts *= 2
 
-    least = min(found, key=lambda c: c[1])
+    # the group's agreed MAX, so every rank refuses with the same variant and bytes
+    least = min(agreed, key=lambda c: c[1])
     return Decision(
         "refuse",
         least[1],
@@ -435,18 +437,19 @@ def _variant(build: Callable[[], Step]) -> Step | None:
         return None
 
 
+def _agreed(
+    comm: Communicator, found: list[tuple[str, int, Estimate]]
+) -> list[tuple[str, int, Estimate]]:
+    """Each variant with the group's MAX of its required bytes (one collective per
+    variant, in order) and this rank's estimate of it."""
+    return [(variant, comm.max_int(required), est) for variant, required, est in found]
+
+
 def _first_fit(
-    comm: Communicator,
-    found: list[tuple[str, int, Estimate]],
-    available: int,
-    considered: list[tuple[str, int]],
+    agreed: list[tuple[str, int, Estimate]], available: int
 ) -> tuple[str, int, Estimate] | None:
-    """Cost-optimal first; otherwise the memory-minimal candidate, if it fits."""
-    agreed = []
-    for variant, required, est in found:
-        req = comm.max_int(required)
-        considered.append((variant, req))
-        agreed.append((variant, req, est))
+    """Cost-optimal first; otherwise the least-demanding candidate (by the agreed bytes),
+    if it fits."""
     if agreed[0][1] <= available:
         return agreed[0]
     best = min(agreed, key=lambda c: c[1])

@@ -194,6 +194,21 @@ def worker(rank: int, world: int, port: int, tp: int, cp: int, megatron: bool) -
         )
     request = shared
 
+    # 4b. ranks price different requests and nothing fits: every rank refuses with the
+    #     group's MAX of the least-demanding variant, whichever request it priced itself
+    def longer(r: int) -> Any:
+        return Request.independent([4096 + 512 * tp * r] * 8)
+
+    every = [dict(admit_request(longer(r), 0, comm=local).considered) for r in range(n)]
+    agreed = {v: max(c[v] for c in every) for v in every[0] if not v.startswith("split")}
+    least = min(agreed, key=agreed.__getitem__)
+    out["refuse_differing_expected"] = {"variant": least, "required": agreed[least]}
+    out["refuse_differing"] = _timed(
+        timings,
+        "refuse_differing",
+        lambda: _outcome(lambda: admit_request(longer(g), 0, comm=comm)),
+    )
+
     # 5. planning fails on the last group rank only (unknown planner)
     bad = n - 1
     out["fail_planner_rank"] = bad
@@ -404,6 +419,14 @@ def _check(results: list[dict[str, Any]], tp: int, cp: int) -> None:
         assert ranks[0]["request_below_cost_optimal"]["variant"].startswith("memory-minimal")
         assert ranks[0]["request_below_all"]["action"] == "split"
         assert ranks[0]["request_below_all"]["parts"] >= 2
+
+        refusals = {json.dumps(r["refuse_differing"], sort_keys=True) for r in ranks}
+        assert len(refusals) == 1, refusals
+        assert ranks[0]["refuse_differing"] == {
+            **ranks[0]["refuse_differing"],
+            "action": "refuse",
+            **ranks[0]["refuse_differing_expected"],
+        }
 
         bad = ranks[0]["fail_planner_rank"]
         for r in ranks:

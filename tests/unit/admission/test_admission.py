@@ -144,6 +144,43 @@ def test_peer_failure_raises_naming_the_rank():
     assert err.value.failed_rank == 1
 
 
+class _PeerNeedsMore(LocalCommunicator):
+    """Rank 0 of a 2-rank group whose rank 1 reports ``peer[v]`` where this rank's
+    required bytes are ``v`` (the same where ``peer`` has no entry); the same budget."""
+
+    size = 2
+
+    def __init__(self, peer: dict[int, int]) -> None:
+        self.peer = peer
+
+    def max_int(self, value: int) -> int:
+        return max(value, self.peer.get(value, value))
+
+    def gather_errors(self, error):
+        return [error, None]
+
+
+def test_refusal_reports_the_groups_agreed_requirement():
+    """docs/admission.md: every rank reports the same required bytes, the group's MAX. A
+    peer that needs more for this rank's least-demanding variant makes another variant
+    the least-demanding one; the refusal names that variant, its agreed bytes and this
+    rank's estimate of it."""
+    local = admit(M27, request=PAIR, budget_bytes=10 * GIB, cp=2)
+    assert local.action == "refuse"
+    mine = {v: b for v, b in local.considered if not v.startswith("split-")}
+    least, runner_up = sorted(mine, key=mine.__getitem__)[:2]
+    assert local.variant == least and local.required_bytes == mine[least]
+    more = mine[runner_up] + GIB  # the peer's requirement for this rank's least variant
+    d = admit(
+        M27, request=PAIR, budget_bytes=10 * GIB, cp=2, comm=_PeerNeedsMore({mine[least]: more})
+    )
+    assert d.action == "refuse"
+    assert dict(d.considered)[least] == more
+    assert (d.variant, d.required_bytes) == (runner_up, mine[runner_up])
+    assert d.estimate.estimate_bytes == mine[runner_up]
+    assert d.planner_of(d.variant) == local.planner_of(runner_up)
+
+
 def test_full_and_no_grad_keep_global_pricing_under_cp():
     for mode in ("full", "no-grad"):
         cp2 = estimate(M27, request=PAIR, cp=2, recompute=Recompute(mode, ()))
