@@ -187,11 +187,24 @@ def priced_tokens(step: Step) -> int:
     return step.plan.packed_tokens
 
 
-def local_outputs(step: Step) -> int:
-    """The rank's share of the returned outputs: the gradient the last layer's backward
-    receives (the gather's backward hands each rank its own tokens')."""
-    cp = step.plan.layout.cp
-    return step.outputs // cp if cp > 1 else step.outputs
+def local_outputs(step: Step, tokens: int) -> int:
+    """The gradient of the returned outputs the last layer's backward receives, on the
+    rank holding ``tokens`` model tokens. Under CP the gather's backward hands each rank
+    its own rows, not an even share of the outputs: ``tokens`` of them (TP padding
+    included, a shared prefix once, as the rank holds it: the unpacking's backward has
+    folded the repeated prefix back before the gather's runs). Rank simulator
+    (oracles/rank_sim/runner.py; ``GatherTokens`` in kernels.py returns the rank's
+    ``ctx.local`` rows): ``qwen3-1.7b`` 4,096+4,096 sharing 1,228 at TP1 CP2, laid out
+    5,120 + 1,844, hands the last layer 5,120 rows on rank 0 and 1,844 on rank 1, where an
+    even share is 4,096. Scaled from ``outputs`` per logical token, so a caller's
+    ``output_bytes`` carries over. Under SP the simulator's last layer receives a TP
+    shard of those rows (the SP gather's backward reduce-scatters them); the rank's whole
+    rows are priced, as a head's gradient is (``backward_moment``). Without CP the whole
+    ``outputs``."""
+    if step.plan.layout.cp <= 1:
+        return step.outputs
+    logical = max(1, step.plan.logical_tokens)
+    return -(-step.outputs * tokens // logical)
 
 
 def gathered_outputs_bytes(step: Step, tokens: int) -> int:
@@ -221,7 +234,7 @@ def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     if not step.recompute.keeps_gradients:
         return 0
     if step.head.returns_hidden:
-        local = local_outputs(step)
+        local = local_outputs(step, tokens)
         first = LOSS_BACKWARD_OUTPUTS * step.outputs
     else:  # the head's backward, then the gradient it hands the last layer
         head = head_bytes(step, tokens)

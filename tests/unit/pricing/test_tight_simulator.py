@@ -365,3 +365,34 @@ def test_each_cp_rank_is_priced_at_its_own_tokens() -> None:
     for got, sim in zip(est.per_rank_bytes, sims, strict=True):
         assert got >= sim * 1.039  # the attention-only allowance (SIM_WORST_UNDER)
         assert got <= sim * 1.12
+
+
+def test_the_last_layer_receives_its_own_ranks_rows_under_cp() -> None:
+    """``python -m oracles.rank_sim --model qwen3-1.7b --lengths 4096,4096 --shared-prefix
+    1228 --cp 2 --recompute selective --modules core_attn+mlp`` lays the 8,192 logical
+    tokens (6,964 packed) out as 5,120 + 1,844; the gradient of the last layer's output
+    (``GatherTokens``' backward, after the unpacking's) is 5,120 rows of H on rank 0 and
+    1,844 on rank 1, not an even 4,096 of the logical outputs; rank 0's `backward`
+    component at its forward+backward peak is 503,364,096 bytes. So rank 0's last-layer
+    backward is a lone rank's of its own 5,120 tokens, and the same whether or not the
+    unpacking repeats a prefix (6,964 logical tokens: none shared)."""
+    g = _model("qwen3-1.7b")
+
+    def backward(layout: ParallelLayout, logical: int, ranks: tuple[int, ...], mods: str) -> int:
+        plan = explicit_plan(
+            layout,
+            logical_tokens=logical,
+            packed_tokens=min(logical, 6964),
+            grad_segments=3,
+            rank_tokens=ranks,
+        )
+        inputs = _step(g, plan, recompute="selective", modules=mods, step="steady")
+        return structural_terms(inputs)[1]["backward_transient"]
+
+    cp2 = ParallelLayout(cp=2)
+    skewed = (5120, 1844)
+    for mods in ("core_attn", "core_attn+mlp"):
+        assert backward(cp2, 8192, skewed, mods) == backward(cp2, 6964, skewed, mods)
+    mlp_phase = backward(cp2, 8192, skewed, "core_attn+mlp")
+    assert mlp_phase == backward(ParallelLayout(cp=1), 5120, (5120,), "core_attn+mlp")
+    assert mlp_phase >= 503_364_096
