@@ -25,20 +25,8 @@ TRAINER = [
     "2",
 ]
 """The README's first command: the seed pair as a trainer's steady step prices it."""
-EXAMPLE = [
-    "estimate",
-    "--model",
-    "qwen3.5-27b",
-    "--lengths",
-    "4096,4096",
-    "--shared-prefix",
-    "1228",
-    "--cp",
-    "2",
-    "--recompute",
-    "selective",
-    *HARNESS_FLAGS,
-]
+EXAMPLE = [*TRAINER, "--recompute", "selective", *HARNESS_FLAGS]
+"""The seed pair as the harness's step, the figure every recorded source gives."""
 
 
 def test_the_default_is_a_trainers_steady_step_with_its_head(capsys):
