@@ -294,7 +294,10 @@ def _harness_figure(args: argparse.Namespace, est: Estimate) -> str | None:
     if all(arguments.get(k) == v for k, v in harness.items()):
         return None
     arguments.update(harness, lora_targets="all")
-    other = price_step(describe_step(**arguments), args.policy)
+    try:
+        other = price_step(describe_step(**arguments), args.policy)
+    except InputError:  # a request only the trainer's step can run: no harness line
+        return None
     return (
         f"the harness's step (--head hidden --step first --lora-rank 1, what golden/ "
         f"measured): {fmt_gib(other.estimate_bytes)} GiB; this step: "
