@@ -23,6 +23,7 @@ import io
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -228,14 +229,9 @@ def test_controls_only_one_side_has_are_counted(scratch: Path, tmp_path: Path) -
     """A fourth control length adds a third as many controls again (the grid is a
     product over the three lengths); they are counted, not compared."""
     controls = scratch / "cpmem" / "gate" / "controls.py"
-    text = controls.read_text(encoding="utf-8")
     line = "LENGTHS = (64, 2048, 32768)\n"
-    assert text.count(line) == 1
-    controls.write_text(text.replace(line, "LENGTHS = (64, 2048, 4096, 32768)\n"), "utf-8")
-    try:
+    with _patched(controls, line, "LENGTHS = (64, 2048, 4096, 32768)\n"):
         rc, report, md = _run(scratch, "HEAD", tmp_path, "--policy", "tight")
-    finally:
-        controls.write_text(text, encoding="utf-8")
     added = report["diff"]["rows_added"]["control"]
     assert len(added) == len(control_grid()) // 3 and all(":4096+" in a for a in added)
     assert report["diff"]["rows_removed"]["control"] == []
@@ -246,6 +242,18 @@ def test_controls_only_one_side_has_are_counted(scratch: Path, tmp_path: Path) -
 H200_LINE = "            150_121_021_440,\n"
 
 
+@contextlib.contextmanager
+def _patched(path: Path, line: str, replacement: str) -> Iterator[None]:
+    """``path`` in the scratch worktree with its one ``line`` replaced, restored after."""
+    text = path.read_text(encoding="utf-8")
+    assert text.count(line) == 1
+    path.write_text(text.replace(line, replacement), encoding="utf-8")
+    try:
+        yield
+    finally:
+        path.write_text(text, encoding="utf-8")
+
+
 def test_a_device_presets_total_moves_its_budget_in_the_rendered_diff(
     scratch: Path, tmp_path: Path
 ) -> None:
@@ -253,13 +261,8 @@ def test_a_device_presets_total_moves_its_budget_in_the_rendered_diff(
     outside PyTorch - static) leaves every cell and control that GiB less its 3%, the
     static memory and every activation figure stay where they were."""
     device = scratch / "cpmem" / "step" / "device.py"
-    text = device.read_text(encoding="utf-8")
-    assert text.count(H200_LINE) == 1
-    device.write_text(text.replace(H200_LINE, "            150_121_021_440 + 2**30,\n"), "utf-8")
-    try:
+    with _patched(device, H200_LINE, "            150_121_021_440 + 2**30,\n"):
         rc, report, md = _run(scratch, "HEAD", tmp_path, "--policy", "tight")
-    finally:
-        device.write_text(text, encoding="utf-8")
     total = 150_121_021_440
     gained = 2**30 - (int(0.03 * (total + 2**30)) - int(0.03 * total))
     pd = report["diff"]["policies"]["tight"]
