@@ -37,6 +37,7 @@ PINS = (
     "ruff>=0.6",
     "mypy>=1.10",
     "pandas-stubs",
+    "types-PyYAML",
 )
 # grid: Ray, for the simulated grid's Ray engine, tested in the `oracle` session
 # (tests/oracle/test_sim_grid_ray.py; about 10 s to install, docs/simulated-grid.md "Engines")

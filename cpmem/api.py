@@ -3,7 +3,9 @@
 ``estimate`` takes ``describe_step``'s arguments (``cpmem.step.describe``), so every
 option it accepts is the one the CLI, admission and the gate pass the same way;
 ``describe_step`` returns the ``Step`` itself for callers that price it several ways
-(``price_step``, ``cpmem.admission.admit``).
+(``price_step``, ``cpmem.admission.admit``). ``estimate_megatron`` prices the second
+measured runtime, a Megatron-LM GPT training run from Megatron-LM's own arguments
+(``describe_megatron``: the run on one named rank).
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from pathlib import Path
 from typing import Unpack
 
 from cpmem.errors import InputError, require_bytes
+from cpmem.megatron.args import MegatronArgs, read_megatron_args
+from cpmem.megatron.estimate import MegatronEstimate, price_megatron
+from cpmem.megatron.run import MegatronRun, describe_megatron_run
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
 from cpmem.plan.plan import explicit_plan
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
 from cpmem.step.describe import StepArguments, describe_settings, describe_step
+from cpmem.step.device import Device
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.step import Step
 
@@ -78,10 +84,54 @@ def record_profile(
     return step.signature, tokens
 
 
+def describe_megatron(
+    megatron_args: str | Path | MegatronArgs,
+    *,
+    world_size: int,
+    rank: str | int = "last",
+    device: str | Device = "h100",
+    attention_backend: str | None = None,
+) -> MegatronRun:
+    """A Megatron-LM GPT run from its arguments (a functional test's ``model_config.yaml``,
+    a flags file, or ``MegatronArgs``) on ``world_size`` GPUs, priced on ``rank``
+    (``last``: the rank Megatron-LM logs; ``busiest``; or a global rank) of ``device``."""
+    args = (
+        megatron_args
+        if isinstance(megatron_args, MegatronArgs)
+        else read_megatron_args(megatron_args)
+    )
+    return describe_megatron_run(
+        args, world_size=world_size, rank=rank, device=device, attention_backend=attention_backend
+    )
+
+
+def estimate_megatron(
+    megatron_args: str | Path | MegatronArgs,
+    *,
+    world_size: int,
+    rank: str | int = "last",
+    device: str | Device = "h100",
+    attention_backend: str | None = None,
+) -> MegatronEstimate:
+    """``static_bytes`` (allocated between steps) and ``peak_bytes`` (the allocator's peak
+    over a steady step) of a Megatron-LM run on one rank; see ``describe_megatron``."""
+    return price_megatron(
+        describe_megatron(
+            megatron_args,
+            world_size=world_size,
+            rank=rank,
+            device=device,
+            attention_backend=attention_backend,
+        )
+    )
+
+
 __all__ = [
+    "describe_megatron",
     "describe_settings",
     "describe_step",
     "estimate",
+    "estimate_megatron",
     "explicit_plan",
     "load_model",
     "price_step",

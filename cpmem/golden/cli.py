@@ -16,6 +16,7 @@ from cpmem.golden.files import (
 )
 from cpmem.golden.importer import import_sources
 from cpmem.golden.manifest import data_files, verify, verify_manifest, write_manifest
+from cpmem.golden.megatron import MEGATRON_SUBDIR, RECORDINGS_FILE, import_recordings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,9 +34,19 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="directory with README.md and the source CSVs (default: GOLDEN/sources)",
     )
+    p_megatron = sub.add_parser(
+        "import-megatron",
+        help="import a snapshot of Megatron-LM's functional-test recordings into GOLDEN/megatron",
+    )
+    p_megatron.add_argument(
+        "--source",
+        type=Path,
+        required=True,
+        help="the snapshot: cases/<family>/<case>/, recipes/ and MANIFEST.tsv",
+    )
     p_verify = sub.add_parser("verify", help="check schema, manifest and agreement with sources")
     p_manifest = sub.add_parser("manifest", help="regenerate golden/MANIFEST.sha256")
-    for p in (p_import, p_verify, p_manifest):
+    for p in (p_import, p_megatron, p_verify, p_manifest):
         add_golden_argument(p)
     return parser
 
@@ -57,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
                 if not stale
                 else f"manifest stale ({len(stale)} problems): run `cpmem golden manifest`"
             )
+            return 0
+        if args.command == "import-megatron":
+            n = import_recordings(args.source, golden_dir)
+            print(f"wrote {golden_dir / MEGATRON_SUBDIR / RECORDINGS_FILE} ({n} recordings)")
+            print("run `cpmem golden manifest` to pin the new files")
             return 0
         if args.command == "manifest":
             path = write_manifest(golden_dir)

@@ -21,15 +21,16 @@ from cpmem.golden.files import (
     default_golden_dir,
 )
 from cpmem.golden.importer import existing_rows
+from cpmem.golden.megatron import MEGATRON_SUBDIR, check_recordings, load_recordings
 from cpmem.golden.schema import COLUMN_NAMES, schema_bytes
 from cpmem.golden.sources import normalize_sources
 
-_DATA_SUBDIRS = (SOURCES_SUBDIR, CONTROLS_SUBDIR, CAMPAIGNS_SUBDIR)
+_DATA_SUBDIRS = (SOURCES_SUBDIR, CONTROLS_SUBDIR, CAMPAIGNS_SUBDIR, MEGATRON_SUBDIR)
 
 
 def data_files(golden_dir: Path) -> list[str]:
     """Golden-relative paths of every data file: top-level .csv/.json, and all files
-    under sources/, controls/ and campaigns/ (hidden files and caches excluded)."""
+    under sources/, controls/, campaigns/ and megatron/ (hidden files and caches excluded)."""
     found: list[str] = []
     for p in golden_dir.iterdir():
         if p.is_file() and p.suffix in (".csv", ".json") and not p.name.startswith("."):
@@ -138,7 +139,8 @@ def check_schema_file(golden_dir: Path | str | None = None) -> list[str]:
 
 
 def verify(golden_dir: Path | str | None = None) -> list[str]:
-    """Every check at once: schema, manifest, and agreement with the sources."""
+    """Every check at once: schema, manifest, agreement with the sources, and the
+    Megatron-LM recordings' table against the configs and provenance kept beside it."""
     golden_dir = Path(golden_dir) if golden_dir is not None else default_golden_dir()
     problems: list[str] = []
     rows: list[dict[str, str]] | None = None
@@ -149,4 +151,9 @@ def verify(golden_dir: Path | str | None = None) -> list[str]:
     problems.extend(check_schema_file(golden_dir))
     problems.extend(verify_manifest(golden_dir))
     problems.extend(p for p in check_sources(golden_dir, rows) if p not in problems)
+    if (golden_dir / MEGATRON_SUBDIR).is_dir():
+        try:
+            problems.extend(check_recordings(golden_dir, load_recordings(golden_dir)))
+        except GoldenDataError as exc:
+            problems.append(str(exc))
     return problems

@@ -21,6 +21,9 @@ class Device:
     name: str
     total_bytes: int
     source: str = field(default="given", compare=False)
+    compute_capability_major: int | None = field(default=None, compare=False)
+    """The CUDA compute capability's major version, where the preset knows it: it sizes
+    the kernel workspaces a Megatron-LM run keeps (``cpmem.megatron.static``)."""
 
     def __post_init__(self) -> None:
         if (
@@ -43,26 +46,39 @@ DEVICES: dict[str, Device] = {
             "a100-80gb",
             84_987_740_160,
             "deviceQuery, NVIDIA A100-SXM4-80GB, CUDA 12.2: 81051 MBytes (84987740160 bytes); "
-            "PyTorch OOM messages print 79.15 GiB",
+            "PyTorch OOM messages print 79.15 GiB; compute capability 8.0",
+            8,
         ),
         Device(
             "h100",
             81_008 * MIB,
             "NVIDIA H100 80GB HBM3: torch total_memory=81008MB; vllm-project/vllm#27508: "
-            "'GPU 0 has a total capacity of 79.11 GiB' (nvidia-smi 81559MiB)",
+            "'GPU 0 has a total capacity of 79.11 GiB' (nvidia-smi 81559MiB); compute capability 9.0",
+            9,
         ),
         Device(
             "h200",
             150_121_021_440,
             "the measured runtime's H200 snapshot (OpenPipe/ART trainer-rank unit test: "
             "total 150,121,021,440, reserve 4,503,630,643); vllm-project/vllm#34553: "
-            "'total capacity of 139.81 GiB' (nvidia-smi 143771MiB)",
+            "'total capacity of 139.81 GiB' (nvidia-smi 143771MiB); compute capability 9.0",
+            9,
         ),
         Device(
             "b200",
             182_631 * MIB,
             "NVIDIA B200: torch total_memory=182631MB; PyTorch OOM messages print 178.35 GiB "
-            "(pytorch/ao#4002: 'Total Global Memory: 178.35 GB'; nvidia-smi 183359MiB)",
+            "(pytorch/ao#4002: 'Total Global Memory: 178.35 GB'; nvidia-smi 183359MiB); "
+            "compute capability 10.0",
+            10,
+        ),
+        Device(
+            "gb200",
+            186_000_000_000,
+            "NVIDIA GB200 NVL72 datasheet: 186 GB HBM3e per Blackwell GPU (the marketed "
+            "capacity: no torch total_memory figure is on record, so give the device's own "
+            "with --device-total-bytes for admission); compute capability 10.0",
+            10,
         ),
         Device(
             "mi300x",
@@ -77,6 +93,7 @@ more or less (H100: 79.11-79.19 GiB, A100 80GB: 79.14-79.26 GiB, H200 139.80-139
 so a planner that knows its device's figure should give it (``--device-total-bytes``)."""
 RUNTIME_NAMES: dict[str, str] = {
     "nvidia a100-sxm4-80gb": "a100-80gb",
+    "a100": "a100-80gb",
     "nvidia a100 80gb pcie": "a100-80gb",
     "nvidia h100 80gb hbm3": "h100",
     "nvidia h100": "h100",

@@ -13,7 +13,7 @@ from pathlib import Path
 CPMEM = Path(__file__).resolve().parents[2] / "cpmem"
 
 # stage -> the stages it may import ("base" = errors, units, the package root)
-_CORE = {"base", "model", "plan", "step", "pricing"}
+_CORE = {"base", "model", "plan", "step", "pricing", "megatron"}
 _SAMPLES = _CORE | {"golden"}
 _CALIBRATION = _SAMPLES | {"samples"}
 _REPORTS = _CALIBRATION | {"admission", "api", "calibration"}
@@ -25,6 +25,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "plan": {"base", "model"},
     "step": {"base", "model", "plan"},
     "pricing": {"base", "model", "plan", "step"},
+    "megatron": {"base", "model", "plan", "step", "pricing"},
     "admission": _CORE,
     "api": _CORE,
     "golden": {"base"},

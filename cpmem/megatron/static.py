@@ -1,0 +1,208 @@
+"""What stays allocated between a Megatron-LM run's steps on one rank (``static_bytes``).
+
+Read after the optimizer step (``mem-allocated-bytes``), a rank holds (sources in
+``docs/megatron-runtime.md``):
+
+- its stage's parameters (2 B each in bf16/fp16) and the DDP gradient buffer (4 B in
+  fp32 under ``--bf16``, 2 B under ``--fp16``); under the distributed optimizer both are
+  contiguous buffers whose parameters start on 64-element boundaries
+  (``optimizer/param_layout.py``), each bucket ending on a multiple of lcm(DPxCP, 128);
+  the tied output copy of a later stage has a bucket of its own;
+- the optimizer's fp32 master copy and Adam's two fp32 moments: the whole stage's
+  (18 B/param with the gradient and parameter), or the rank's 1/(DPxCP) share of the
+  buffer under ``--use-distributed-optimizer`` (the real elements of its slice: padding
+  gets no master copy); under ``--fp16`` the master copy's fp32 gradients, made with
+  ``.float()`` at the step and kept until the next ``zero_grad``;
+- persistent workspaces allocated through the caching allocator: PyTorch's cuBLAS
+  workspace (``CUBLAS_WORKSPACE_CONFIG``), PyTorch's cuBLASLt workspace, kept per
+  handle and stream and sized as the cuBLAS one (the recordings' static bytes exceed
+  the tensors by one more cuBLAS-workspace size on A100, H100 and GB200 alike, 32 MiB
+  under ``:4096:8``), Transformer Engine's cuBLASLt workspace
+  (32 MiB + 1 KiB from compute capability 9, else 4 MiB), and Megatron-LM's
+  ``GlobalMemoryBuffer`` ("mpu": the output layer's gathered input under sequence
+  parallelism, the local attention's ``baddbmm`` input), the larger of what used it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cpmem.errors import InputError
+from cpmem.megatron.run import MegatronRun
+
+MIB = 1 << 20
+KIB = 1 << 10
+PARAM_ALIGN = 64
+"""Each parameter of a distributed-optimizer buffer starts on a multiple of 64 elements
+(``_pad_start_of_param_if_needed``, ``optimizer/param_layout.py``)."""
+BUCKET_ALIGN = 128
+"""A bucket ends on a multiple of lcm(DPxCP, 128) elements (``_pad_end_of_bucket``)."""
+CUBLAS_DEFAULT_PRE_HOPPER = 8_519_680
+"""PyTorch's cuBLAS workspace with ``CUBLAS_WORKSPACE_CONFIG`` unset before compute
+capability 9: ``:4096:2:16:8`` = 4096 KiB x 2 + 16 KiB x 8 (``CublasHandlePool.cpp``)."""
+CUBLAS_DEFAULT_HOPPER = 32 * MIB
+"""... and from compute capability 9: ``:4096:8`` = 32 MiB (the source stored with
+``docs/megatron-runtime.md`` widens the Hopper case to majors 9, 10 and 12)."""
+DETERMINISTIC_CUBLAS_CONFIG = ":4096:8"
+"""``--deterministic-mode`` sets ``CUBLAS_WORKSPACE_CONFIG`` to ``:4096:8`` where it is
+unset (``megatron/training/determinism.py``)."""
+TE_WORKSPACE_HOPPER = 32 * MIB + KIB
+"""Transformer Engine's cuBLASLt workspace from compute capability 9
+(``get_cublas_workspace_size_bytes``, ``cpp_extensions/gemm.py``, TE >= 2.8)."""
+TE_WORKSPACE_PRE_HOPPER = 4 * MIB
+
+
+def cublas_workspace_bytes(config: str) -> int:
+    """A ``CUBLAS_WORKSPACE_CONFIG`` value (``:SIZE_KiB:COUNT`` pairs) in bytes."""
+    parts = config.strip().split(":")
+    if parts[0] != "" or len(parts) < 3 or len(parts) % 2 == 0:
+        raise InputError(
+            "CUBLAS_WORKSPACE_CONFIG", config, "must be :SIZE:COUNT[:SIZE:COUNT...] (KiB, count)"
+        )
+    try:
+        numbers = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise InputError(
+            "CUBLAS_WORKSPACE_CONFIG", config, "sizes and counts must be integers"
+        ) from None
+    return sum(size * KIB * count for size, count in zip(numbers[::2], numbers[1::2], strict=True))
+
+
+def _norm_params(run: MegatronRun, width: int) -> int:
+    """A norm's parameters: LayerNorm's weight and bias, RMSNorm's weight."""
+    return 2 * width if run.args.normalization == "LayerNorm" else width
+
+
+def layer_tensors(run: MegatronRun) -> list[int]:
+    """Element counts of one transformer layer's parameters on a TP rank."""
+    a = run.args
+    h, t, d = a.hidden_size, run.tp, run.head_dim
+    q_out = run.heads * d
+    qkv_out = (run.heads + 2 * run.kv_groups) * d
+    fc1_out = 2 * run.ffn if run.gated else run.ffn
+    tensors = [
+        qkv_out * h // t,
+        h * q_out // t,
+        fc1_out * h // t,
+        h * run.ffn // t,
+    ]
+    norm = [h, h] if a.normalization == "LayerNorm" else [h]
+    tensors += norm + norm  # the attention's and the MLP's input norms
+    if a.add_bias_linear:
+        tensors += [qkv_out // t, h, fc1_out // t, h]  # row-parallel biases are whole
+    if a.qk_layernorm:
+        qk = [d, d] if a.normalization == "LayerNorm" else [d]
+        tensors += qk + qk
+    return tensors
+
+
+def stage_tensors(run: MegatronRun, stage: int) -> tuple[list[int], list[int]]:
+    """(the stage's parameters but the tied output copy, the tied output copy) in
+    elements, on one TP rank."""
+    a = run.args
+    h = a.hidden_size
+    tensors: list[int] = []
+    for _ in range(run.stage_layers):
+        tensors += layer_tensors(run)
+    shared: list[int] = []
+    vocab_shard = run.padded_vocab // run.tp * h
+    if stage == 0:
+        tensors.append(vocab_shard)
+        if a.position_embedding_type == "learned_absolute":
+            tensors.append((a.max_position_embeddings or a.seq_length) * h)
+    if stage == run.pp - 1:
+        tensors += [h, h] if a.normalization == "LayerNorm" else [h]
+        if a.untie_embeddings_and_output_weights:
+            tensors.append(vocab_shard)
+        elif run.pp > 1:
+            shared.append(vocab_shard)  # the tied copy (language_module.py:253-318)
+    return tensors, shared
+
+
+def _buffer_numel(tensors: list[int], shards: int) -> int:
+    """A distributed-optimizer buffer's padded elements: each parameter starting on
+    64 elements, the bucket ending on lcm(shards, 128)."""
+    numel = 0
+    for n in tensors:
+        numel = -(-numel // PARAM_ALIGN) * PARAM_ALIGN + n
+    align = math.lcm(shards, BUCKET_ALIGN)
+    return -(-numel // align) * align
+
+
+def static_components(run: MegatronRun, stage: int | None = None) -> dict[str, int]:
+    """The named bytes a rank of ``stage`` (default: the run's) holds between steps."""
+    a = run.args
+    stage = run.stage if stage is None else stage
+    tensors, shared = stage_tensors(run, stage)
+    real = sum(tensors) + sum(shared)
+    shards = run.dp * run.cp
+    p = run.dtype_bytes
+    out: dict[str, int] = {}
+    if a.use_distributed_optimizer:
+        buffers = [_buffer_numel(tensors, shards)] + (
+            [_buffer_numel(shared, shards)] if shared else []
+        )
+        padded = sum(buffers)
+        # the last DP rank's slice of each bucket holds its trailing padding
+        last_real = sum(b // shards for b in buffers) - (padded - real) // shards
+        last_real = min(last_real, real // shards)
+        out["parameters"] = p * padded
+        out["gradient_buffer"] = run.grad_bytes * padded
+        optimizer_elements = last_real
+    else:
+        out["parameters"] = p * real
+        out["gradient_buffer"] = run.grad_bytes * real
+        optimizer_elements = real
+    if p < 4:
+        out["master_parameters"] = 4 * optimizer_elements
+    out["adam_moments"] = 8 * optimizer_elements
+    if a.fp16 or run.grad_bytes < 4:
+        out["master_gradients"] = 4 * optimizer_elements  # main_grad.float(): a copy
+    out["cublas_workspace"] = cublas_workspace(run)
+    out["cublaslt_workspace"] = cublas_workspace(run)
+    if a.transformer_impl == "transformer_engine":
+        out["te_cublaslt_workspace"] = te_workspace(run)
+    mpu = mpu_buffer_bytes(run, stage)
+    if mpu:
+        out["global_memory_buffer"] = mpu
+    return out
+
+
+def cublas_workspace(run: MegatronRun) -> int:
+    config = run.args.env.get("CUBLAS_WORKSPACE_CONFIG")
+    if config is None and run.args.deterministic_mode:
+        config = DETERMINISTIC_CUBLAS_CONFIG
+    if config is not None:
+        return cublas_workspace_bytes(config)
+    return CUBLAS_DEFAULT_HOPPER if _major(run) >= 9 else CUBLAS_DEFAULT_PRE_HOPPER
+
+
+def te_workspace(run: MegatronRun) -> int:
+    return TE_WORKSPACE_HOPPER if _major(run) >= 9 else TE_WORKSPACE_PRE_HOPPER
+
+
+def _major(run: MegatronRun) -> int:
+    major = run.device.compute_capability_major
+    if major is None:
+        raise InputError(
+            "device",
+            run.device.name,
+            "has no compute capability on record; the workspaces it sizes need one (use a preset)",
+        )
+    return major
+
+
+def mpu_buffer_bytes(run: MegatronRun, stage: int) -> int:
+    """Megatron-LM's persistent ``GlobalMemoryBuffer`` "mpu" tensor (``core/utils.py``):
+    reused by every request of the same name, grown to the largest."""
+    a = run.args
+    dtype = run.dtype_bytes
+    sizes = [0]
+    if run.sp and stage == run.pp - 1:
+        sizes.append(dtype * run.tokens * a.hidden_size)  # the output layer's gathered input
+    if run.attention_backend == "local":
+        s_k = a.seq_length // run.cp
+        sizes.append(
+            dtype * a.micro_batch_size * (run.heads // run.tp) * (a.seq_length // run.cp) * s_k
+        )
+    return max(sizes)
