@@ -8,6 +8,17 @@ from cpmem.pricing.registry import policy_names
 HELP: dict[str, str] = {
     "--model": "preset name or recorded Hugging Face id (see `cpmem models`)",
     "--config": "path to a Hugging Face config.json (e.g. examples/qwen3-1.7b/config.json)",
+    "--megatron-args": "a Megatron-LM GPT training run: a functional test's model_config.yaml "
+    "(its MODEL_ARGS and ENV_VARS) or a text file of pretrain_gpt.py flags; prices the run's "
+    "static_bytes (allocated between steps) and peak_bytes (the allocator's peak over a steady "
+    "step) on one rank, with --world-size, --rank, --device (default h100) and "
+    "--attention-backend (docs/megatron-runtime.md)",
+    "--world-size": "with --megatron-args: the GPUs the run uses; DP = world / (TP x PP x CP)",
+    "--rank": "with --megatron-args: last (the rank Megatron-LM logs memory on: the last "
+    "pipeline stage), busiest (the stage whose peak is largest) or a global rank number",
+    "--attention-backend": "with --megatron-args: flash, fused, unfused or local, overriding "
+    "the arguments' --attention-backend; under auto the covering backend (unfused) is priced "
+    "and the flash figure reported beside it",
     "--fused-activation": "the runtime fuses the SwiGLU activation (default: by model family)",
     "--unfused-activation": "the runtime runs SwiGLU unfused",
     "--lengths": "sequence lengths of the request, comma-separated, e.g. 4096,4096",

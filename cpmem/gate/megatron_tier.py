@@ -35,7 +35,7 @@ from pathlib import Path
 
 from cpmem.errors import InputError
 from cpmem.golden.megatron import Recording, load_recordings
-from cpmem.megatron.args import read_megatron_args
+from cpmem.megatron.args import MegatronArgs, read_megatron_args
 from cpmem.megatron.estimate import MegatronEstimate, price_megatron
 from cpmem.megatron.run import describe_megatron_run
 
@@ -208,9 +208,13 @@ class MegatronTier:
         return all(not self.failing(c) for c in CHECKS) and self.median_headroom <= HEADROOM_MEDIAN
 
 
-def price_recording(recording: Recording, golden_dir: Path) -> MegatronEstimate:
-    """A recording's case priced as it ran: its arguments, world size, device, last rank."""
-    args = read_megatron_args(recording.model_config(golden_dir))
+def price_recording(
+    recording: Recording, golden_dir: Path, args: MegatronArgs | None = None
+) -> MegatronEstimate:
+    """A recording's case priced as it ran: its arguments (read from its case's
+    ``model_config.yaml`` unless given), world size, device, last rank."""
+    if args is None:
+        args = read_megatron_args(recording.model_config(golden_dir))
     run = describe_megatron_run(
         args, world_size=recording.world_size, rank="last", device=recording.device
     )
@@ -222,6 +226,7 @@ def run_tier(golden_dir: Path, family: str = "gpt") -> MegatronTier:
     refused: dict[str, list[str]] = {}
     unnamed: list[str] = []
     empty: list[str] = []
+    cases: dict[Path, MegatronArgs | InputError] = {}
     for rec in load_recordings(golden_dir, family):
         if not rec.has_values:
             empty.append(rec.recording_id)
@@ -229,8 +234,17 @@ def run_tier(golden_dir: Path, family: str = "gpt") -> MegatronTier:
         if not rec.device:
             unnamed.append(rec.recording_id)
             continue
+        path = rec.model_config(golden_dir)
+        if path not in cases:  # every recording of a case ran the same arguments
+            try:
+                cases[path] = read_megatron_args(path)
+            except InputError as exc:
+                cases[path] = exc
         try:
-            est = price_recording(rec, golden_dir)
+            read = cases[path]
+            if isinstance(read, InputError):
+                raise read
+            est = price_recording(rec, golden_dir, read)
         except InputError as exc:
             refused.setdefault(str(exc), []).append(rec.recording_id)
             continue
@@ -241,3 +255,26 @@ def run_tier(golden_dir: Path, family: str = "gpt") -> MegatronTier:
         tuple(unnamed),
         tuple(empty),
     )
+
+
+def megatron_check(golden_dir: Path) -> dict[str, object]:
+    """The tier as one gate check: passed, and per check what passed, what is declared
+    and what fails (recording ids)."""
+    tier = run_tier(golden_dir)
+    per_check = {
+        c: {
+            "passed": tier.count(c),
+            "declared": len(tier.declared_failures(c)),
+            "failing": [r.recording.recording_id for r in tier.failing(c)],
+        }
+        for c in CHECKS
+    }
+    return {
+        "passed": tier.passed,
+        "recordings": len(tier.rows),
+        "checks": per_check,
+        "median_headroom": tier.median_headroom,
+        "refused": {k: len(v) for k, v in tier.refused.items()},
+        "unnamed_platform": len(tier.unnamed_platform),
+        "no_values": len(tier.no_values),
+    }

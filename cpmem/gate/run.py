@@ -53,6 +53,7 @@ from cpmem.gate.checks import (
 )
 from cpmem.gate.claims import claims_for
 from cpmem.gate.estimator import Estimator
+from cpmem.gate.megatron_tier import megatron_check
 from cpmem.gate.power import power
 from cpmem.gate.request_path import request_path
 from cpmem.gate.static_check import budget_check, static_check
@@ -81,6 +82,7 @@ def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[
         "targets": targets_check(cells, steps, est, targets_for(policy)),
         "static": static_check(cells),
         "budget": budget_check(cells),
+        "megatron": megatron_check(golden_dir),
     }
     passed = all(ch["passed"] for ch in checks.values())
     report: dict[str, Any] = {
@@ -175,6 +177,16 @@ def summary_line(report: Mapping[str, Any]) -> str:
             f"({st['checked'] - st['within']} declared); budget rule on {bu['checked']} cells: "
             f"max error {pct(bu['max_abs_error_from_baseline'])} from the recorded baseline, "
             f"{pct(bu['max_abs_error_from_static'])} from the estimated static memory"
+        )
+    mg = ch.get("megatron")
+    if mg:
+        c = mg["checks"]
+        parts.append(
+            f"Megatron-LM recordings: {mg['recordings']} priced, static within 3% "
+            f"{c['static']['passed']} ({c['static']['declared']} declared), peak covers "
+            f"{c['covers']['passed']} ({c['covers']['declared']} declared), headroom "
+            f"{c['headroom']['passed']} ({c['headroom']['declared']} declared), median "
+            f"headroom {pct(mg['median_headroom'])}"
         )
     line = "; ".join(parts)
     if failed:

@@ -9,6 +9,7 @@ from typing import Any
 
 from cpmem.admission.admission import Decision
 from cpmem.admission.capacity import Capacity, Fit
+from cpmem.megatron.estimate import MegatronEstimate
 from cpmem.plan.plan import Plan
 from cpmem.pricing.estimate import Estimate
 from cpmem.reports.tables import table
@@ -210,3 +211,32 @@ def fit_pack(fit: Fit) -> str:
     if fit.length is None:
         return "-"
     return f"{fit.sequences} x {fit_tokens(fit)} = {fit.tokens:,}"
+
+
+def render_megatron_estimate(est: MegatronEstimate) -> str:
+    """A Megatron-LM run's two figures on its rank, each with its named terms."""
+    run = est.run
+    lines = [
+        f"Megatron-LM run on rank {run.stage_rank(est.stage)} of {run.world_size} "
+        f"({run.rank_asked}; stage {est.stage} of {run.pp}), TP {run.tp} PP {run.pp} "
+        f"CP {run.cp} DP {run.dp}"
+        + (f" VP {run.virtual_chunks}" if run.virtual_chunks > 1 else "")
+        + f", {run.microbatches} micro-batches, {run.device.name}, attention "
+        f"{run.attention_backend}"
+        + (" (auto: the covering backend)" if run.args.attention_backend == "auto" else ""),
+        f"static_bytes {fmt_gib(est.static_bytes)} GiB (allocated between steps)",
+    ]
+    rows = [["  " + k, f"{fmt_gib(v)} GiB"] for k, v in est.static_components.items()]
+    lines += table(None, rows, right=(1,))
+    lines.append(
+        f"peak_bytes {fmt_gib(est.peak_bytes)} GiB (the allocator's peak over a steady step; "
+        f"{est.in_flight} micro-batch chunk(s) in flight)"
+    )
+    rows = [["  " + k, f"{fmt_gib(v)} GiB"] for k, v in est.peak_components.items()]
+    lines += table(None, rows, right=(1,))
+    if est.spread:
+        spread = ", ".join(f"{k} {fmt_gib(v)} GiB" for k, v in est.spread.items())
+        lines.append(f"backend spread (Transformer Engine picks per container): {spread}")
+    if run.args.ignored:
+        lines.append(f"ignored (no memory cpmem prices): {' '.join(run.args.ignored)}")
+    return "\n".join(lines)

@@ -116,6 +116,7 @@ def render(report: Mapping[str, Any]) -> str:
         ],
         *_fitting_rows(ch, status),
         *_static_rows(ch, status),
+        *_megatron_rows(ch, status),
         [
             "targets",
             status(tg),
@@ -270,6 +271,26 @@ def _static_rows(ch: Mapping[str, Any], status: Any) -> list[list[str]]:
             f"({bu['from_baseline_checked']} cells, bound 1%), "
             f"{pct(bu['max_abs_error_from_static'])} from the estimated static (bound 3%)",
         ],
+    ]
+
+
+def _megatron_rows(ch: Mapping[str, Any], status: Any) -> list[list[str]]:
+    """The Megatron-LM recordings' tier (``cpmem.gate.megatron_tier``), where present."""
+    if "megatron" not in ch:
+        return []
+    mg = ch["megatron"]
+    c = mg["checks"]
+    failing = sum(len(c[k]["failing"]) for k in c)
+    return [
+        [
+            "megatron",
+            status(mg),
+            f"{mg['recordings']} recordings",
+            f"static within 3% {c['static']['passed']}, covers {c['covers']['passed']}, "
+            f"headroom {c['headroom']['passed']}; declared "
+            f"{sum(c[k]['declared'] for k in c)}, failing {failing}; median headroom "
+            f"{pct(mg['median_headroom'])}",
+        ]
     ]
 
 
