@@ -127,6 +127,15 @@ def golden(session: nox.Session) -> None:
     )
     # the peers' report (published formulas gated as external estimators, both tiers)
     _run(session, "python", "-m", "cpmem.gate.peers", "--check", "golden/reports/peers.md")
+    # the Megatron-LM recordings' tier, every recording against its priced figures
+    _run(
+        session,
+        "python",
+        "-m",
+        "cpmem.gate.megatron_report",
+        "--check",
+        "golden/reports/megatron.md",
+    )
     # static memory and the device budget against every recorded baseline and budget
     _run(
         session,

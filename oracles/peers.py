@@ -56,6 +56,7 @@ __all__ = [
     "even_cp_split_with_head",
     "mbridge_elements",
     "megatron_activation_bytes",
+    "megatron_args_theoretical",
     "megatron_ffn",
     "megatron_theoretical",
     "megatron_theoretical_with_head",
@@ -277,3 +278,86 @@ def even_cp_split_at_busiest(d: dict[str, Any]) -> int:
 def even_cp_split_with_head(d: dict[str, Any]) -> int:
     """mbridge's estimator as published at PP 1: output layer and fp32 softmax included."""
     return _even_split_bytes(d, head=True)
+
+
+# --- Megatron-LM's report_theoretical_memory, on Megatron-LM's own arguments ----------
+
+
+def megatron_args_theoretical(a: dict[str, Any]) -> dict[str, float]:
+    """Megatron-LM's ``report_theoretical_memory`` for a dense GPT run, in bytes.
+
+    Source: NVIDIA/Megatron-LM ``megatron/training/theoretical_memory_usage.py`` at
+    d98e8a64 (the functional-test snapshot of ``golden/megatron/``), restated. It reports
+    MB (bytes / 2**20); here the bytes. ``a`` holds Megatron-LM's argparse destinations
+    with its defaults resolved: ``num_layers``, ``hidden_size``, ``num_attention_heads``,
+    ``kv_channels``, ``group_query_attention``, ``num_query_groups``, ``swiglu``,
+    ``ffn_hidden_size``, ``normalization``, ``padded_vocab_size``,
+    ``untie_embeddings_and_output_weights``, ``tensor_model_parallel_size``,
+    ``pipeline_model_parallel_size``, ``virtual_pipeline_model_parallel_size`` (None
+    without interleaving), ``data_parallel_size``, ``use_distributed_optimizer``,
+    ``seq_length``, ``micro_batch_size``, ``sequence_parallel``,
+    ``recompute_granularity`` and ``num_microbatches``.
+
+    - Weights and optimizer: the most loaded shard's parameters (the first stage's:
+      its layers, the final norm's share, the embedding; the output layer too when
+      untied at PP 1), attention ``2h²(1 + g/a)·(a·d/h)``, MLP ``2·h·ffn`` (x 3/2 with
+      SwiGLU), two norms of ``h`` (x 2 for LayerNorm), no biases; times 18 bytes, or
+      ``6 + 12/DP`` with the distributed optimizer (DP alone, not DP x CP).
+    - Activations: with SP and selective recompute, ``s·b·h·(18 + 4·ffn/h)`` per
+      layer, else ``s·b·h·(10 + 24/t)`` (times 1.05 at the end); ``8·s·b`` token ids
+      and ``s·b·h`` embedding dropout per in-flight micro-batch (``pp``); interleaving
+      multiplies by ``1 + (pp - 1)/(pp·v)``, 1F1B by ``min(1, M/pp)``; the output layer
+      only at PP 1 (``4·s·b·h·(1 + V/h)`` in the SP branch, ``2·(s·b·V/t + s·b·h)`` in
+      the other).
+
+    What it leaves out, read against the functional tests: it prices the *first*
+    pipeline stage, while Megatron-LM logs the *last* (which holds the output layer
+    and the loss, and one micro-batch in flight under 1F1B); no CP division; no fp32
+    copy of the logits at PP > 1, no unfused attention's ``s x s`` scores, no kernel
+    workspaces, no biases, no padding of the distributed optimizer's buffers.
+    """
+    h = int(a["hidden_size"])
+    heads = int(a["num_attention_heads"])
+    d = int(a.get("kv_channels") or h // heads)
+    groups = int(a["num_query_groups"]) if a.get("group_query_attention") else heads
+    t, pp = int(a["tensor_model_parallel_size"]), int(a["pipeline_model_parallel_size"])
+    v = a.get("virtual_pipeline_model_parallel_size")
+    ffn = int(a["ffn_hidden_size"])
+    vocab = int(a["padded_vocab_size"])
+    layers = int(a["num_layers"])
+    norm = 1 if a["normalization"] == "RMSNorm" else 2
+    gated = 3 / 2 if a["swiglu"] else 1
+    attention = 2 * h * h * ((1 + groups / heads) * (d * heads / h))
+    mlp = 2 * h * ffn * gated
+    norms = 2 * h * norm
+    embedding = h * vocab
+    sharded = ((attention + mlp) * layers / pp + embedding) / t
+    replicated = (norms * layers + norm * h) / pp
+    if a["untie_embeddings_and_output_weights"] and pp == 1:
+        sharded += embedding / t
+    dp = int(a["data_parallel_size"])
+    per_param = 6 + 12 / dp if a["use_distributed_optimizer"] else 18
+    weights = (sharded + replicated) * per_param
+
+    s, b = int(a["seq_length"]), int(a["micro_batch_size"])
+    m = a.get("num_microbatches")
+    sp_selective = bool(a["sequence_parallel"]) and a.get("recompute_granularity") == "selective"
+    per_layer = s * b * h * ((18 + 4 * ffn / h) if sp_selective else (10 + 24 / t))
+    act = per_layer * layers + 8 * s * b * pp + s * b * h * pp
+    if v is not None:
+        act *= 1 + (pp - 1) / (pp * int(v))
+    elif pp > 1 and m is not None:
+        act *= min(1, int(m) / pp)
+    if sp_selective:
+        if pp == 1:
+            act += s * b * h * 4 * (1 + vocab / h)
+        act /= t
+    else:
+        if pp == 1:
+            act += (s * b * vocab / t + s * b * h) * 2
+        act *= NO_SP_OVERHEAD
+    return {
+        "weight_and_optimizer_bytes": weights,
+        "activation_bytes": act,
+        "total_bytes": weights + act,
+    }

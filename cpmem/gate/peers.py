@@ -20,6 +20,8 @@ from cpmem.gate.external_simulated import (
     described_rows,
     gate_external_simulated,
 )
+from cpmem.gate.megatron_report import peers_section
+from cpmem.gate.megatron_tier import run_tier
 from cpmem.gate.run import run_gate
 from cpmem.gate.simulated import price_rows
 from cpmem.golden.files import default_golden_dir
@@ -96,6 +98,7 @@ def collect(golden_dir: Path | None = None) -> Collected:
         measured=measured,
         simulated=simulated,
         summaries=summaries,
+        megatron=peers_section(run_tier(golden_dir)),
     )
 
 

@@ -134,6 +134,7 @@ class Collected:
     measured: Mapping[str, Mapping[str, Point]]  # estimator -> cell_id -> point
     simulated: Mapping[str, Mapping[str, Point]]  # estimator -> config_id -> point
     summaries: Mapping[str, Mapping[str, str]]  # peer -> tier -> the gate's summary line
+    megatron: Sequence[str] = ()  # the Megatron-LM tier's section, rendered by the gate
 
     def subset(self, tier: str, name: str, select: Callable[[str], bool]) -> Stats:
         points = (self.measured if tier == "measured" else self.simulated)[name]
@@ -355,5 +356,6 @@ def render(data: Collected) -> str:
             for p in (*PEERS, *AS_PUBLISHED)
             for tier in ("measured", "simulated")
         ),
+        *(["", *data.megatron] if data.megatron else []),
     ]
     return "\n".join(lines) + "\n"
