@@ -15,6 +15,12 @@ Every flag is in exactly one of three tables:
 - anything else is refused with one line naming the flag: either it changes memory in a
   way cpmem does not model (``REFUSED`` says how), or cpmem does not know it.
 
+Some priced flags leave every term as the default's, by the source: the CP comm type
+(p2p, a2a, a2a+p2p keep the same elements for backward; the exchanged chunks are
+transient), the overlap flags (the reduce-scatter and all-gather run in place in the
+buffers), the fused cross entropy (the same fp32 copy kept), squared ReLU (the same
+widths as GeLU).
+
 Defaults are Megatron-LM's at the recordings' snapshot (``golden/megatron/README.md``;
 ``megatron/training/arguments.py`` and the config dataclasses its
 ``ArgumentGroupFactory`` turns into flags, ``megatron/core/transformer/
@@ -86,8 +92,6 @@ class MegatronArgs:
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = False  # arguments.py:3067
     masked_softmax_fusion: bool = True  # arguments.py:2887 (--no-masked-softmax-fusion)
-    log_num_zeros_in_grad: bool = False
-    log_params_norm: bool = False
     deterministic_mode: bool = False
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
     ignored: tuple[str, ...] = field(default=(), compare=False)
@@ -148,8 +152,6 @@ PRICED: dict[str, tuple[str, str]] = {
             ("cross_entropy_loss_fusion", "bool"),
             ("apply_query_key_layer_scaling", "bool"),
             ("attention_softmax_in_fp32", "bool"),
-            ("log_num_zeros_in_grad", "bool"),
-            ("log_params_norm", "bool"),
             ("deterministic_mode", "bool"),
         )
     },
@@ -162,7 +164,12 @@ PRICED: dict[str, tuple[str, str]] = {
 
 IGNORED: frozenset[str] = frozenset(
     {
-        # logging and timing: host-side, or 1-element tensors
+        # logging and timing: host-side, or 1-element tensors; the zero count's bool mask
+        # of one gradient shard at the optimizer step stays below the backward's peak,
+        # the parameters' norm reads the fp32 master copies in place (clip_grads.py,
+        # common_utils.py)
+        "--log-num-zeros-in-grad",
+        "--log-params-norm",
         "--log-interval",
         "--log-timers-to-tensorboard",
         "--log-validation-ppl-to-tensorboard",
