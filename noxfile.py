@@ -171,6 +171,7 @@ def bench(session: nox.Session) -> None:
     pass/fail test)."""
     _run(session, "python", "benchmarks/bench_planning.py", *session.posargs)
     _run(session, "python", "benchmarks/bench_capacity.py")
+    _run(session, "python", "benchmarks/bench_megatron.py")
 
 
 @nox.session(venv_backend="none")

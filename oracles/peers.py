@@ -37,6 +37,11 @@ makes. ``megatron_theoretical`` and ``even_cp_split`` leave them out (the like-f
 figure); ``megatron_theoretical_with_head`` and ``even_cp_split_with_head`` keep them as
 published.
 
+``megatron_args_theoretical`` is the other way in: Megatron-LM's whole
+``report_theoretical_memory`` (weights and optimizer state, activations, their sum) for
+a run described by Megatron-LM's own arguments (a dict keyed by argparse destination
+names), to set beside Megatron-LM's functional-test runs; it is not a gate estimator.
+
 Not implemented: torchtitan's ``scripts/estimate/estimation.py`` runs the real model
 under ``FakeTensorMode`` with a fake process group and supports FSDP only ("DDP, TP,
 PP, CP, EP are not supported yet"): it is not a formula and cannot price a TP or CP
@@ -50,6 +55,7 @@ from typing import Any
 
 __all__ = [
     "BF16_BYTES",
+    "MEGATRON_SOURCE_COMMIT",
     "even_cp_split",
     "even_cp_split_at_busiest",
     "even_cp_split_tokens",
@@ -57,6 +63,7 @@ __all__ = [
     "mbridge_elements",
     "megatron_activation_bytes",
     "megatron_args_theoretical",
+    "megatron_args_weight_and_optimizer_bytes",
     "megatron_ffn",
     "megatron_theoretical",
     "megatron_theoretical_with_head",
@@ -280,84 +287,227 @@ def even_cp_split_with_head(d: dict[str, Any]) -> int:
     return _even_split_bytes(d, head=True)
 
 
-# --- Megatron-LM's report_theoretical_memory, on Megatron-LM's own arguments ----------
+# --- Megatron-LM's whole report, over Megatron-LM's own arguments ---------------------
+
+MEGATRON_SOURCE_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+ADAM_BYTES_PER_PARAMETER = 18  # bf16 weight 2 + fp32 main grad 4 + fp32 master copy 4 + moments 8
+DIST_OPT_UNSHARDED_BYTES = 6  # the bf16 weight and the fp32 main grad stay on every DP rank
+DIST_OPT_SHARDED_BYTES = 12  # the master copy and the two moments, sharded over DP
 
 
-def megatron_args_theoretical(a: dict[str, Any]) -> dict[str, float]:
-    """Megatron-LM's ``report_theoretical_memory`` for a dense GPT run, in bytes.
+def _arg(args: dict[str, Any], key: str) -> Any:
+    """One of Megatron-LM's arguments, or a KeyError naming the missing one."""
+    try:
+        return args[key]
+    except KeyError:
+        raise KeyError(
+            f"megatron_args_theoretical: missing Megatron-LM argument {key!r} "
+            "(its argparse destination name; pass None where its default is None)"
+        ) from None
+
+
+def _moe_layer_pattern(args: dict[str, Any], layers: int) -> list[int]:
+    """Which layers are MoE layers: every ``moe_layer_freq``-th one (an int) or the list."""
+    if _arg(args, "num_experts") is None:
+        return [0] * layers
+    freq = _arg(args, "moe_layer_freq")
+    if isinstance(freq, bool) or not isinstance(freq, int | list):
+        raise ValueError(f"moe_layer_freq={freq!r}: Megatron-LM reads an int or a list")
+    if isinstance(freq, int):
+        return [1 if i % freq == 0 else 0 for i in range(layers)]
+    if len(freq) != layers:
+        raise ValueError(f"moe_layer_freq has {len(freq)} entries for num_layers={layers}")
+    return [int(x) for x in freq]
+
+
+def _attention_parameters(args: dict[str, Any], h: int, heads: int, norm: int) -> float:
+    """One layer's attention weights: multi-latent attention's projections, or
+    ``2·h²·(1 + groups/heads)·(kv_channels·heads/h)`` (Q and O at the query width, K and V
+    at the groups' width)."""
+    width_ratio = _arg(args, "kv_channels") * heads / h
+    if _arg(args, "multi_latent_attention"):
+        if _arg(args, "group_query_attention"):
+            raise ValueError("Megatron-LM's formula asserts MLA without group_query_attention")
+        qk, rope = _arg(args, "qk_head_dim"), _arg(args, "qk_pos_emb_head_dim")
+        v_dim, q_rank = _arg(args, "v_head_dim"), _arg(args, "q_lora_rank")
+        q = h * heads * (qk + rope) if q_rank is None else q_rank * (h + heads * (qk + rope) + norm)
+        kv = _arg(args, "kv_lora_rank") * (h + heads * (qk + v_dim) + norm)
+        return float(q + kv + h * rope + (heads * v_dim) * h)
+    groups = _arg(args, "num_query_groups") if _arg(args, "group_query_attention") else heads
+    return float(2 * h * h * ((1 + groups / heads) * width_ratio))
+
+
+def megatron_args_weight_and_optimizer_bytes(args: dict[str, Any]) -> float:
+    """Megatron-LM's ``compute_weight_and_optimizer_memory``: the weights, main gradients
+    and Adam state on the most loaded model shard, in bytes.
+
+    The most loaded shard is the first pipeline stage's: ``1/pp`` of the layers' weights,
+    the input embedding ``V·h``, the MTP block, and at ``pp = 1`` with untied embeddings
+    the output layer's ``V·h`` too; the TP-split weights (attention, dense MLP, shared
+    expert, embeddings) over ``t``, the norms, routers, latent projections and shared
+    expert gates whole, the routed experts over ``etp·ep``. Each parameter costs 18 B (a
+    bf16 weight, an fp32 main gradient, an fp32 master copy and two fp32 moments), or with
+    the distributed optimizer ``6 + 12/dp`` (the expert weights: ``6 + 12/edp``, with
+    ``edp = world_size // (etp·ep·pp)``). ``megatron_args_theoretical`` says which keys
+    it reads.
+    """
+    layers, h = _arg(args, "num_layers"), _arg(args, "hidden_size")
+    heads, vocab = _arg(args, "num_attention_heads"), _arg(args, "padded_vocab_size")
+    tp, pp = _arg(args, "tensor_model_parallel_size"), _arg(args, "pipeline_model_parallel_size")
+    experts = _arg(args, "num_experts")
+    n_experts = 1 if experts is None else experts
+    gated = 3 / 2 if _arg(args, "swiglu") else 1
+    shared_ffn = _arg(args, "moe_shared_expert_intermediate_size") or 0
+    norm = 1 if _arg(args, "normalization") == "RMSNorm" else 2  # LayerNorm has a bias
+
+    pattern = _moe_layer_pattern(args, layers)
+    moe_layers = sum(pattern)
+    dense_layers = layers - moe_layers
+    moe_ffn = 0 if experts is None else _arg(args, "moe_ffn_hidden_size")
+    mtp = _arg(args, "mtp_num_layers")
+    mtp_moe = 0 if mtp is None else pattern[-1] * mtp  # the MTP layer is the last layer's kind
+    mtp_dense = 0 if mtp is None else (1 - pattern[-1]) * mtp
+
+    attention = _attention_parameters(args, h, heads, norm)
+    dense_mlp = 2 * h * _arg(args, "ffn_hidden_size") * gated
+    shared_mlp = 2 * h * shared_ffn * gated
+    latent = _arg(args, "moe_latent_size")
+    routed = 2 * (h if latent is None else latent) * moe_ffn * n_experts * gated
+    latent_proj = 2 * h * latent if experts is not None and latent is not None else 0
+    layer_norms = 2 * h * norm
+    router = 0
+    if experts is not None:
+        router = h * n_experts + (n_experts if _arg(args, "add_bias_linear") else 0)
+    shared_gate = h if shared_ffn > 0 and args.get("moe_shared_expert_gate", False) else 0
+    moe_whole = layer_norms + latent_proj + router + shared_gate  # held whole on every rank
+
+    embedding = h * vocab
+    tp_split = (attention + dense_mlp) * dense_layers + (attention + shared_mlp) * moe_layers
+    tp_split_mtp = (attention + dense_mlp) * mtp_dense + (attention + shared_mlp) * mtp_moe
+    whole = layer_norms * dense_layers + moe_whole * moe_layers + norm * h  # + final norm
+    whole_mtp = layer_norms * mtp_dense + moe_whole * mtp_moe
+
+    etp, ep = _arg(args, "expert_tensor_parallel_size"), _arg(args, "expert_model_parallel_size")
+    tp_split_shard = (tp_split / pp + tp_split_mtp + embedding) / tp
+    whole_shard = whole / pp + whole_mtp
+    expert_shard = (routed * moe_layers / pp + routed * mtp_moe) / (etp * ep)
+    if _arg(args, "untie_embeddings_and_output_weights") and pp == 1:
+        tp_split_shard += embedding / tp  # the output layer sits on the same stage
+
+    def per_parameter(dp: int) -> float:
+        if not _arg(args, "use_distributed_optimizer"):
+            return ADAM_BYTES_PER_PARAMETER
+        return DIST_OPT_UNSHARDED_BYTES + DIST_OPT_SHARDED_BYTES / dp
+
+    expert_dp = _arg(args, "world_size") // (etp * ep * pp)
+    dense_bytes = (tp_split_shard + whole_shard) * per_parameter(_arg(args, "data_parallel_size"))
+    return float(dense_bytes + expert_shard * per_parameter(expert_dp))
+
+
+def _megatron_args_activation_bytes(args: dict[str, Any]) -> float:
+    """Megatron-LM's activation term for the first pipeline stage, in bytes (both branches)."""
+    s, b = _arg(args, "seq_length"), _arg(args, "micro_batch_size")
+    h, layers = _arg(args, "hidden_size"), _arg(args, "num_layers")
+    tp, pp = _arg(args, "tensor_model_parallel_size"), _arg(args, "pipeline_model_parallel_size")
+    vocab = _arg(args, "padded_vocab_size")
+    vpp, m = _arg(args, "virtual_pipeline_model_parallel_size"), _arg(args, "num_microbatches")
+    with_sp = _arg(args, "sequence_parallel") and _arg(args, "recompute_granularity") == "selective"
+    if with_sp:
+        act: float = (s * b * h) * (18 + 4 * (_arg(args, "ffn_hidden_size") / h))
+    else:
+        act = s * b * h * (10 + 24 / tp)
+    act *= layers
+    act += 8 * s * b * pp  # int64 token ids, pp micro-batches in flight
+    act += s * b * h * pp  # the embedding's dropout mask (1 B), pp micro-batches in flight
+    if vpp is not None:
+        act *= 1 + (pp - 1) / (pp * vpp)  # the interleaved schedule's penalty
+    elif pp > 1 and m is not None:
+        act *= min(1, m / pp)  # 1F1B with fewer micro-batches than stages
+    if with_sp:
+        if pp == 1:  # the output layer's input and the cross-entropy, fp32
+            act += s * b * h * 4 * (1 + vocab / h)
+        return float(act / tp)
+    if pp == 1:  # the bf16 logits and the final norm's output
+        act += (s * b * vocab / tp + s * b * h) * 2
+    return float(act * NO_SP_OVERHEAD)
+
+
+def megatron_args_theoretical(args: dict[str, Any]) -> dict[str, float]:
+    """Megatron-LM's ``report_theoretical_memory`` for a run given by its own arguments.
 
     Source: NVIDIA/Megatron-LM ``megatron/training/theoretical_memory_usage.py`` at
-    d98e8a64 (the functional-test snapshot of ``golden/megatron/``), restated. It reports
-    MB (bytes / 2**20); here the bytes. ``a`` holds Megatron-LM's argparse destinations
-    with its defaults resolved: ``num_layers``, ``hidden_size``, ``num_attention_heads``,
-    ``kv_channels``, ``group_query_attention``, ``num_query_groups``, ``swiglu``,
-    ``ffn_hidden_size``, ``normalization``, ``padded_vocab_size``,
-    ``untie_embeddings_and_output_weights``, ``tensor_model_parallel_size``,
+    ``MEGATRON_SOURCE_COMMIT`` (d98e8a64, the functional tests' snapshot; the file's last
+    change there is 1bcb3b9e). ``training.py`` calls it on global rank 0 with
+    ``num_microbatches=get_num_microbatches()``; here ``num_microbatches`` is a key.
+    Restated, not copied: the figures are the source's float arithmetic in the same
+    order, so they agree with it exactly. The source prints megabytes (``bytes / 2**20``);
+    this returns bytes: ``weight_and_optimizer_bytes`` (see
+    ``megatron_args_weight_and_optimizer_bytes``), ``activation_bytes`` and their sum,
+    ``total_bytes``.
+
+    The activation term takes one of two branches:
+
+    - ``sequence_parallel`` and ``recompute_granularity == "selective"``: each layer
+      keeps ``s·b·h·(18 + 4·ffn/h)`` bytes over ``num_layers`` layers, plus ``8·s·b·pp``
+      (token ids) and ``s·b·h·pp`` (embedding dropout mask), scaled by the schedule, plus
+      at ``pp = 1`` ``4·s·b·h·(1 + V/h)`` (output layer and cross entropy); all over ``t``;
+    - anything else (no SP, full or no recompute): each layer ``s·b·h·(10 + 24/t)``, the
+      same embedding terms and schedule, at ``pp = 1`` ``2·(s·b·V/t + s·b·h)``, and the
+      whole x 1.05.
+
+    The schedule: with ``virtual_pipeline_model_parallel_size`` not None, x ``1 + (pp -
+    1)/(pp·vpp)``; without it at ``pp > 1``, x ``min(1, num_microbatches/pp)`` (nothing
+    when ``num_microbatches`` is None, the source's default).
+
+    Keys read (argparse destination names, as ``validate_args`` leaves them; every one is
+    required where the source reads it, a missing one raises KeyError naming it):
+    ``hybrid_layer_pattern`` (not None: the source reports nothing, ValueError here),
+    ``num_layers``, ``hidden_size``, ``num_attention_heads``, ``kv_channels``,
+    ``group_query_attention``, ``num_query_groups`` (with GQA), ``ffn_hidden_size``,
+    ``swiglu``, ``normalization``, ``padded_vocab_size``,
+    ``untie_embeddings_and_output_weights``, ``multi_latent_attention`` (with it:
+    ``q_lora_rank``, ``kv_lora_rank``, ``qk_head_dim``, ``qk_pos_emb_head_dim``,
+    ``v_head_dim``), ``num_experts``, ``moe_shared_expert_intermediate_size``,
+    ``moe_latent_size``, ``mtp_num_layers`` (with experts: ``moe_layer_freq``,
+    ``moe_ffn_hidden_size``, ``add_bias_linear``, and ``moe_shared_expert_gate``, False
+    when absent as in the source), ``tensor_model_parallel_size``,
     ``pipeline_model_parallel_size``, ``virtual_pipeline_model_parallel_size`` (None
-    without interleaving), ``data_parallel_size``, ``use_distributed_optimizer``,
-    ``seq_length``, ``micro_batch_size``, ``sequence_parallel``,
-    ``recompute_granularity`` and ``num_microbatches``.
+    without interleaving: ``validate_args`` turns 1 into None, and 1 here is priced as
+    interleaving), ``expert_tensor_parallel_size``, ``expert_model_parallel_size``,
+    ``world_size``, ``data_parallel_size``, ``use_distributed_optimizer``, ``seq_length``,
+    ``micro_batch_size``, ``sequence_parallel`` (``validate_args`` turns it off at TP 1),
+    ``recompute_granularity``, ``num_microbatches``. The source also sets
+    ``num_query_groups = num_attention_heads`` on its ``args`` without GQA; this leaves
+    the dict as it is. ``moe_router_topk`` only feeds the source's printed counts.
 
-    - Weights and optimizer: the most loaded shard's parameters (the first stage's:
-      its layers, the final norm's share, the embedding; the output layer too when
-      untied at PP 1), attention ``2h²(1 + g/a)·(a·d/h)``, MLP ``2·h·ffn`` (x 3/2 with
-      SwiGLU), two norms of ``h`` (x 2 for LayerNorm), no biases; times 18 bytes, or
-      ``6 + 12/DP`` with the distributed optimizer (DP alone, not DP x CP).
-    - Activations: with SP and selective recompute, ``s·b·h·(18 + 4·ffn/h)`` per
-      layer, else ``s·b·h·(10 + 24/t)`` (times 1.05 at the end); ``8·s·b`` token ids
-      and ``s·b·h`` embedding dropout per in-flight micro-batch (``pp``); interleaving
-      multiplies by ``1 + (pp - 1)/(pp·v)``, 1F1B by ``min(1, M/pp)``; the output layer
-      only at PP 1 (``4·s·b·h·(1 + V/h)`` in the SP branch, ``2·(s·b·V/t + s·b·h)`` in
-      the other).
+    Not read: ``context_parallel_size`` (no CP division of the activations: the whole
+    ``seq_length`` on every rank; the distributed optimizer sharded over DP, where
+    megatron-core shards over DP x CP), the precision (bf16 weights, fp32 gradients
+    assumed), the attention scores, the recompute mode beyond the branch (full recompute
+    priced like selective), the query width when ``kv_channels·heads != h`` (the source's
+    own TODO), and every transient (the figure is what is kept, not a peak).
 
-    What it leaves out, read against the functional tests: it prices the *first*
-    pipeline stage, while Megatron-LM logs the *last* (which holds the output layer
-    and the loss, and one micro-batch in flight under 1F1B); no CP division; no fp32
-    copy of the logits at PP > 1, no unfused attention's ``s x s`` scores, no kernel
-    workspaces, no biases, no padding of the distributed optimizer's buffers.
+    The figure is the first pipeline stage's (global rank 0: its input embedding, ``pp``
+    micro-batches in flight under 1F1B). Megatron-LM's functional tests log the last
+    rank, the last stage. At ``pp = 1`` that is the same stage (another TP / DP rank,
+    priced alike). At ``pp > 1`` the last stage holds the output layer (a tied
+    embedding's copy or the untied output weights, ``V·h/t`` either way) where the first
+    holds the input embedding, so the weight term is about its size; but its activations
+    are one micro-batch's layers plus the logits and cross entropy, where the formula
+    prices ``pp`` micro-batches and no output layer: the activation term is another
+    rank's. The logged ``mem-max-allocated-bytes`` is an allocated peak since the process
+    began, transients included; ``mem-allocated-bytes`` (after the optimizer step) is
+    the closer match to ``weight_and_optimizer_bytes``.
     """
-    h = int(a["hidden_size"])
-    heads = int(a["num_attention_heads"])
-    d = int(a.get("kv_channels") or h // heads)
-    groups = int(a["num_query_groups"]) if a.get("group_query_attention") else heads
-    t, pp = int(a["tensor_model_parallel_size"]), int(a["pipeline_model_parallel_size"])
-    v = a.get("virtual_pipeline_model_parallel_size")
-    ffn = int(a["ffn_hidden_size"])
-    vocab = int(a["padded_vocab_size"])
-    layers = int(a["num_layers"])
-    norm = 1 if a["normalization"] == "RMSNorm" else 2
-    gated = 3 / 2 if a["swiglu"] else 1
-    attention = 2 * h * h * ((1 + groups / heads) * (d * heads / h))
-    mlp = 2 * h * ffn * gated
-    norms = 2 * h * norm
-    embedding = h * vocab
-    sharded = ((attention + mlp) * layers / pp + embedding) / t
-    replicated = (norms * layers + norm * h) / pp
-    if a["untie_embeddings_and_output_weights"] and pp == 1:
-        sharded += embedding / t
-    dp = int(a["data_parallel_size"])
-    per_param = 6 + 12 / dp if a["use_distributed_optimizer"] else 18
-    weights = (sharded + replicated) * per_param
-
-    s, b = int(a["seq_length"]), int(a["micro_batch_size"])
-    m = a.get("num_microbatches")
-    sp_selective = bool(a["sequence_parallel"]) and a.get("recompute_granularity") == "selective"
-    per_layer = s * b * h * ((18 + 4 * ffn / h) if sp_selective else (10 + 24 / t))
-    act = per_layer * layers + 8 * s * b * pp + s * b * h * pp
-    if v is not None:
-        act *= 1 + (pp - 1) / (pp * int(v))
-    elif pp > 1 and m is not None:
-        act *= min(1, int(m) / pp)
-    if sp_selective:
-        if pp == 1:
-            act += s * b * h * 4 * (1 + vocab / h)
-        act /= t
-    else:
-        if pp == 1:
-            act += (s * b * vocab / t + s * b * h) * 2
-        act *= NO_SP_OVERHEAD
+    if _arg(args, "hybrid_layer_pattern") is not None:
+        raise ValueError(
+            "Megatron-LM's report_theoretical_memory has no figure for hybrid "
+            "Mamba-Transformer models (hybrid_layer_pattern is set)"
+        )
+    weights = megatron_args_weight_and_optimizer_bytes(args)
+    activations = _megatron_args_activation_bytes(args)
     return {
         "weight_and_optimizer_bytes": weights,
-        "activation_bytes": act,
-        "total_bytes": weights + act,
+        "activation_bytes": activations,
+        "total_bytes": weights + activations,
     }

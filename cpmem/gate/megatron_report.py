@@ -65,6 +65,16 @@ def formula_arguments(run: MegatronRun) -> dict[str, Any]:
         "sequence_parallel": run.sp,
         "recompute_granularity": a.recompute_granularity,
         "num_microbatches": run.microbatches,
+        "world_size": run.world_size,
+        # a dense GPT: no hybrid layers, experts, latent attention or MTP
+        "hybrid_layer_pattern": None,
+        "multi_latent_attention": False,
+        "num_experts": None,
+        "moe_shared_expert_intermediate_size": None,
+        "moe_latent_size": None,
+        "mtp_num_layers": None,
+        "expert_tensor_parallel_size": 1,
+        "expert_model_parallel_size": 1,
     }
 
 

@@ -190,7 +190,10 @@ def normalise(source_dir: Path) -> list[dict[str, str]]:
     for family_dir in sorted(p for p in cases_dir.iterdir() if p.is_dir()):
         for case_dir in sorted(p for p in family_dir.iterdir() if p.is_dir()):
             family, case = family_dir.name, case_dir.name
-            config = yaml.safe_load((case_dir / "model_config.yaml").read_text(encoding="utf-8"))
+            config = yaml.load(
+                (case_dir / "model_config.yaml").read_text(encoding="utf-8"),
+                Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader),
+            )
             test_type = str(config.get("TEST_TYPE", "regular"))
             for path in sorted(case_dir.glob("golden_values_*.json")):
                 where = f"{family}/{case}/{path.name}"

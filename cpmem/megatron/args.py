@@ -406,7 +406,7 @@ def read_megatron_args(source: str | Path) -> MegatronArgs:
         import yaml
 
         try:
-            doc = yaml.safe_load(text)
+            doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except yaml.YAMLError as exc:
             raise InputError("megatron_args", str(source), f"is not valid YAML: {exc}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("MODEL_ARGS"), dict):

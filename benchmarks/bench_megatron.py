@@ -1,0 +1,43 @@
+"""Speed figures for the Megatron-LM runtime (prints; asserts nothing).
+
+Target (issue: a second measured runtime): pricing one recording stays under 1 ms
+(its arguments already read), for the longest case of the tier: interleaved pipeline
+under ``--attention-backend auto`` (its spread prices the stage three times). Reading a
+``model_config.yaml`` and the whole tier are printed beside it (the tier adds its time
+to ``cpmem gate``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench_planning import row, timeit
+
+from cpmem.gate.megatron_tier import run_tier
+from cpmem.golden.files import default_golden_dir
+from cpmem.megatron.args import read_megatron_args
+from cpmem.megatron.estimate import price_megatron
+from cpmem.megatron.run import describe_megatron_run
+
+CASE = "gpt3_mcore_te_tp1_pp4_vp1_resume_torch_dist"
+
+
+def main() -> None:
+    golden = default_golden_dir()
+    config = golden / "megatron" / "cases" / "gpt" / CASE / "model_config.yaml"
+    args = read_megatron_args(config)
+
+    def price_one() -> object:
+        return price_megatron(describe_megatron_run(args, world_size=8, device="h100"))
+
+    row(f"price one recording ({CASE}, h100)", timeit(price_one), 1e-3)
+    row("read its model_config.yaml", timeit(lambda: read_megatron_args(config)), 20e-3)
+    row(
+        "the whole tier (every recording, cases read once)",
+        timeit(lambda: run_tier(Path(golden)), repeat=3),
+        5.0,
+    )
+
+
+if __name__ == "__main__":
+    main()
