@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Unpack
 
 from cpmem.errors import InputError, require_bytes
+from cpmem.megatron.admission import admit_megatron, megatron_capacity
 from cpmem.megatron.args import MegatronArgs, read_megatron_args
 from cpmem.megatron.estimate import MegatronEstimate, price_megatron
 from cpmem.megatron.run import MegatronRun, describe_megatron_run
@@ -127,6 +128,7 @@ def estimate_megatron(
 
 
 __all__ = [
+    "admit_megatron",
     "describe_megatron",
     "describe_settings",
     "describe_step",
@@ -134,6 +136,7 @@ __all__ = [
     "estimate_megatron",
     "explicit_plan",
     "load_model",
+    "megatron_capacity",
     "price_step",
     "record_profile",
 ]
