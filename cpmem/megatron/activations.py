@@ -43,10 +43,9 @@ def attention_scores(run: MegatronRun) -> int:
     ``N = b x (a / t) x s_q x s_k``. Transformer Engine's unfused attention with its
     fused masked softmax keeps the bf16 softmax output (2N); where attention dropout is
     on, its bool mask (1N) and its bf16 output (2N, the context GEMM's input). The local
-    attention's fused softmax keeps the same; its torch fallback (``--no-masked-softmax-
-    fusion``, or sequences the kernel does not take) computes in fp32 when
-    ``--attention-softmax-in-fp32`` (forced by ``--apply-query-key-layer-scaling``) and
-    keeps the fp32 softmax (4N), then its 2-byte copy where no dropout follows."""
+    attention's fused softmax keeps the same. Where the fused kernel does not run
+    (``_fused_softmax``), the fallback computing in fp32 (``_fallback_in_fp32``) keeps the
+    fp32 softmax (4N), then its 2-byte copy where no dropout follows."""
     a = run.args
     if run.attention_backend not in ("unfused", "local"):
         return 0
@@ -58,25 +57,44 @@ def attention_scores(run: MegatronRun) -> int:
     dropout = a.attention_dropout > 0
     if _fused_softmax(run):
         softmax = dtype * n
+    elif _fallback_in_fp32(run):
+        # the fp32 softmax is kept, and its 2-byte copy too where no dropout follows
+        softmax = FP32 * n + (0 if dropout else dtype * n)
     else:
-        fp32 = a.attention_softmax_in_fp32 or a.apply_query_key_layer_scaling
-        softmax = (FP32 * n if fp32 else dtype * n) + (0 if dropout or not fp32 else dtype * n)
+        softmax = dtype * n
     if dropout:
         return softmax + DROPOUT_MASK_BYTES * n + dtype * n
     return softmax
 
 
-def _fused_softmax(run: MegatronRun) -> bool:
-    """Whether the fused masked-softmax kernel runs (``softmax.py`` /
-    ``fusions/fused_softmax.py`` shape rules: 16 < s_k <= 16384 (TE; 4096 local),
-    s_k % 8 == 0, s_q % 4 == 0, b x a / t % 4 == 0)."""
+def _fallback_in_fp32(run: MegatronRun) -> bool:
+    """Whether the unfused softmax's fallback computes in fp32: always under Transformer
+    Engine (its ``FusedScaleMaskSoftmax`` keeps ``softmax_in_fp32=True``; Megatron-LM
+    does not pass ``--attention-softmax-in-fp32`` to it), and in the local attention
+    where ``--attention-softmax-in-fp32`` or ``--apply-query-key-layer-scaling`` (which
+    forces it) is given (``arguments.py``)."""
     a = run.args
-    if not a.masked_softmax_fusion:
-        return False
+    if run.attention_backend == "unfused":
+        return True
+    return a.attention_softmax_in_fp32 or a.apply_query_key_layer_scaling
+
+
+def _fused_softmax(run: MegatronRun) -> bool:
+    """Whether the fused masked-softmax kernel runs. Transformer Engine's unfused
+    attention (``softmax.py``, ``is_kernel_available``): 16 < s_k < 16384, s_k % 8 == 0,
+    s_q % 4 == 0, b x a / t % 4 == 0, unless ``NVTE_MASKED_SOFTMAX_FUSION=0``
+    (``--no-masked-softmax-fusion`` is not passed to it). The local attention
+    (``fusions/fused_softmax.py``): 16 < s_k <= 4096 and the same shape rules, unless
+    ``--no-masked-softmax-fusion``."""
+    a = run.args
     s = a.seq_length // run.cp
-    limit = 4096 if run.attention_backend == "local" else 16384
     heads = a.micro_batch_size * (run.heads // run.tp)
-    return 16 < s <= limit and s % 8 == 0 and s % 4 == 0 and heads % 4 == 0
+    shapes = s % 8 == 0 and s % 4 == 0 and heads % 4 == 0
+    if run.attention_backend == "local":
+        return a.masked_softmax_fusion and 16 < s <= 4096 and shapes
+    if a.env.get("NVTE_MASKED_SOFTMAX_FUSION", "1") == "0":
+        return False
+    return 16 < s < 16384 and shapes
 
 
 def layer_components(run: MegatronRun) -> dict[str, int]:

@@ -50,7 +50,7 @@ class MegatronArgs:
     seq_length: int
     micro_batch_size: int
     global_batch_size: int | None = None  # None: micro_batch_size x DP (arguments.py)
-    max_position_embeddings: int | None = None  # None: seq_length (arguments.py)
+    max_position_embeddings: int | None = None  # required (arguments.py, required_args)
     ffn_hidden_size: int | None = None  # None: 4h, or 8h/3 rounded down to 64 with swiglu
     kv_channels: int | None = None  # None: hidden / heads
     group_query_attention: bool = False
@@ -354,6 +354,7 @@ def parse_megatron_args(
     values: dict[str, Any] = {}
     ignored: list[str] = []
     given: list[str] = []
+    recompute_activations = False
     for raw_flag, value in model_args.items():
         flag = str(raw_flag).strip()
         if not flag.startswith("--"):
@@ -363,6 +364,10 @@ def parse_megatron_args(
             converted = _convert(flag, kind, value)
             if kind in ("bool", "not", "selective") and value is False:
                 continue  # ``--flag: false`` in YAML: the flag is not passed
+            if kind == "selective":
+                recompute_activations = True  # applied last, whatever the flags' order
+                given.append(flag)
+                continue
             values[name] = converted
             given.append(flag)
         elif flag in IGNORED:
@@ -379,12 +384,17 @@ def parse_megatron_args(
                 "" if value in (None, True) else value,
                 "is not an argument cpmem knows; it may change memory, so the run is not priced",
             )
+    if recompute_activations:
+        # ``--recompute-activations`` makes the granularity selective whatever else is
+        # given (arguments.py:607-608)
+        values["recompute_granularity"] = "selective"
     for required in (
         "num_layers",
         "hidden_size",
         "num_attention_heads",
         "seq_length",
         "micro_batch_size",
+        "max_position_embeddings",
     ):
         if required not in values:
             raise InputError(

@@ -216,6 +216,27 @@ def _check(args: MegatronArgs, world_size: int) -> None:
             world_size,
             f"is not divisible by TP x PP x CP = {model_parallel}",
         )
+    if args.max_position_embeddings is not None and args.max_position_embeddings < args.seq_length:
+        raise InputError(
+            "megatron_args",
+            f"--max-position-embeddings {args.max_position_embeddings}",
+            f"is below --seq-length {args.seq_length} (Megatron-LM asserts it is not)",
+        )
+    dp = world_size // model_parallel
+    if args.global_batch_size is not None and args.global_batch_size % (args.micro_batch_size * dp):
+        raise InputError(
+            "megatron_args",
+            f"--global-batch-size {args.global_batch_size}",
+            f"is not divisible by micro-batch x DP = {args.micro_batch_size} x {dp} "
+            "(Megatron-LM's micro-batch calculator asserts it)",
+        )
+    cp = args.context_parallel_size
+    if cp > 1 and args.seq_length % (2 * cp):
+        raise InputError(
+            "megatron_args",
+            f"--seq-length {args.seq_length}",
+            f"is not divisible by 2 x CP = {2 * cp} (the load-balanced CP split)",
+        )
     if args.bf16 and args.fp16:
         raise InputError("megatron_args", "--bf16 --fp16", "name two parameter dtypes; give one")
     if args.num_layers % args.pipeline_model_parallel_size:

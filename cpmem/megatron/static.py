@@ -119,14 +119,28 @@ def stage_tensors(run: MegatronRun, stage: int) -> tuple[list[int], list[int]]:
     return tensors, shared
 
 
-def _buffer_numel(tensors: list[int], shards: int) -> int:
-    """A distributed-optimizer buffer's padded elements: each parameter starting on
-    64 elements, the bucket ending on lcm(shards, 128)."""
+def _buffer_layout(tensors: list[int], shards: int) -> tuple[int, list[tuple[int, int]]]:
+    """A distributed-optimizer buffer: (its padded elements, each parameter's span).
+
+    Parameters are laid out in reverse order (the order their gradients arrive), each
+    starting on a multiple of 64 elements; the bucket ends on lcm(shards, 128)."""
+    spans = []
     numel = 0
-    for n in tensors:
-        numel = -(-numel // PARAM_ALIGN) * PARAM_ALIGN + n
+    for n in reversed(tensors):
+        numel = -(-numel // PARAM_ALIGN) * PARAM_ALIGN
+        spans.append((numel, numel + n))
+        numel += n
     align = math.lcm(shards, BUCKET_ALIGN)
-    return -(-numel // align) * align
+    return -(-numel // align) * align, spans
+
+
+def _last_slice_real(tensors: list[int], shards: int) -> tuple[int, int]:
+    """(the buffer's padded elements, the real elements in its last of ``shards`` equal
+    slices): the last DP rank's share, which holds the bucket's trailing padding and
+    gets no master copy for any padding (``_build_model_gbuf_param_range_map``)."""
+    numel, spans = _buffer_layout(tensors, shards)
+    lo = numel - numel // shards
+    return numel, sum(max(0, min(b, numel) - max(a, lo)) for a, b in spans)
 
 
 def static_components(run: MegatronRun, stage: int | None = None) -> dict[str, int]:
@@ -139,16 +153,13 @@ def static_components(run: MegatronRun, stage: int | None = None) -> dict[str, i
     p = run.dtype_bytes
     out: dict[str, int] = {}
     if a.use_distributed_optimizer:
-        buffers = [_buffer_numel(tensors, shards)] + (
-            [_buffer_numel(shared, shards)] if shared else []
-        )
-        padded = sum(buffers)
-        # the last DP rank's slice of each bucket holds its trailing padding
-        last_real = sum(b // shards for b in buffers) - (padded - real) // shards
-        last_real = min(last_real, real // shards)
+        buffers = [_last_slice_real(tensors, shards)]
+        if shared:
+            buffers.append(_last_slice_real(shared, shards))
+        padded = sum(numel for numel, _ in buffers)
         out["parameters"] = p * padded
         out["gradient_buffer"] = run.grad_bytes * padded
-        optimizer_elements = last_real
+        optimizer_elements = sum(last for _, last in buffers)
     else:
         out["parameters"] = p * real
         out["gradient_buffer"] = run.grad_bytes * real
