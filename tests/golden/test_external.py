@@ -419,6 +419,8 @@ EXCLUDED: dict[tuple[type, str], str] = {
     "an input of cpmem's own policies, not how the step runs (cells and rows price none)",
     (Device, "source"): "the provenance text of a preset's total bytes (compare=False: not "
     "part of the device)",
+    (Device, "compute_capability_major"): "sizes the kernel workspaces of a Megatron-LM run "
+    "(cpmem.megatron.static); no LoRA step's figure reads it",
 }
 
 

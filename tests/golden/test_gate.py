@@ -498,6 +498,7 @@ def test_cli_forwards_gate_and_json_is_complete(capsys: pytest.CaptureFixture[st
         "request_path",
         "static",
         "budget",
+        "megatron",
     }
     assert doc["summary"].startswith("gate PASSED (policy reference): 74 cells")
     # the reference declares no targets: the row says so and the summary is unchanged
