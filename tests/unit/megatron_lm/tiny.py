@@ -1,0 +1,47 @@
+"""The tiny GPT of Megatron-LM's functional tests, as ``MegatronArgs`` and runs of it.
+
+``golden/megatron/cases/gpt/gpt3_mcore_te_tp2_pp2/model_config.yaml`` (and the family's
+other cases): 12 layers, hidden 512, 8 heads, sequence 1024 (1024 learned positions),
+micro-batch 4, global batch 32, bf16, GPT-2's BPE vocabulary; the rest Megatron-LM's
+defaults (FFN 4h, LayerNorm, linear biases, dropouts 0.1, tied embeddings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from cpmem.megatron.args import MegatronArgs
+from cpmem.megatron.run import MegatronRun, describe_megatron_run
+
+TINY = MegatronArgs(
+    num_layers=12,
+    hidden_size=512,
+    num_attention_heads=8,
+    seq_length=1024,
+    max_position_embeddings=1024,
+    micro_batch_size=4,
+    global_batch_size=32,
+    bf16=True,
+)
+
+
+def tiny(**changes: Any) -> MegatronArgs:
+    """The tiny GPT with some arguments changed (argparse names)."""
+    return replace(TINY, **changes)
+
+
+def run_of(
+    args: MegatronArgs,
+    world_size: int = 8,
+    rank: str | int = "last",
+    device: str = "h100",
+    attention_backend: str | None = None,
+) -> MegatronRun:
+    return describe_megatron_run(
+        args,
+        world_size=world_size,
+        rank=rank,
+        device=device,
+        attention_backend=attention_backend,
+    )
