@@ -297,7 +297,7 @@ def render_report(tier: MegatronTier) -> str:
         "## Declared misses",
         "",
         *table(
-            ["check", "case", "platform", "direction", "recordings", "why"],
+            ["check", "case", "platform", "direction", "limit", "recordings", "why"],
             declared,
             style="markdown",
         ),

@@ -57,6 +57,9 @@ class DeclaredMiss:
     check: str
     case: str
     why: str
+    limit: float
+    """The largest error the declaration excuses (``TierRow.error``'s magnitude): a
+    recording further off fails even where the rest matches."""
     platform: str = ".*"
     direction: str = "any"
     second: bool | None = None
@@ -68,6 +71,8 @@ class DeclaredMiss:
             return False
         if self.direction != "any" and row.direction(check) != self.direction:
             return False
+        if abs(row.error(check)) > self.limit:
+            return False
         return (
             check == self.check
             and re.fullmatch(self.case, rec.case) is not None
@@ -77,7 +82,8 @@ class DeclaredMiss:
 
 _PP_BUFFERS = (
     "pipeline runs (PP 2/4) keep 8-13 MiB between steps beyond every priced tensor "
-    "(interleaved over 3 chunks: 24-28 MiB) on all three platforms: two to three "
+    "(interleaved over 3 chunks: 24-28 MiB, 42-44 MiB on GB200 with overlapped gradient "
+    "reduction; at most 8% of the static bytes) on all three platforms: two to three "
     "(interleaved: six to seven) [s, b, h] bf16 tensors of 4 MiB outliving the step; "
     "the schedule's source (schedules.py, p2p_communication.py) keeps no such buffer "
     "by reading, so the tensor is not found yet"
@@ -99,17 +105,40 @@ _AUTO_BACKEND = (
     "smallest covering backend figure is the unfused one, 29-47% above"
 )
 DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
-    DeclaredMiss("static", r".*_pp[24]_.*", _PP_BUFFERS, direction="under"),
+    DeclaredMiss("static", r".*_pp[24]_.*", _PP_BUFFERS, 0.085, direction="under"),
     DeclaredMiss(
-        "static", r".*(nondeterministic|reshard).*", _GB200_WORKSPACE, "dev_dgx_gb200", "over"
+        "static",
+        r".*(nondeterministic|reshard).*",
+        _GB200_WORKSPACE,
+        0.16,
+        "dev_dgx_gb200",
+        "over",
     ),
-    DeclaredMiss("static", r".*resume.*", _RESUMED_OUTLIER, direction="under", second=True),
-    DeclaredMiss("covers", r".*cp2_nondeterministic", _RESUMED_OUTLIER, second=True),
+    DeclaredMiss(
+        "static",
+        r"gpt3_mcore_te_tp2_pp2_resume_torch_dist_cp2_nondeterministic",
+        _RESUMED_OUTLIER,
+        0.28,
+        "dev_dgx_h100",
+        "under",
+        second=True,
+    ),
+    DeclaredMiss(
+        "static",
+        r"gpt3_mcore_te_tp(4_pp1|1_pp4_vp1)_resume_torch_dist_dist_optimizer_overlap_grad_reduce",
+        _RESUMED_OUTLIER,
+        0.27,
+        "lts_dgx_a100",
+        "under",
+        second=True,
+    ),
+    DeclaredMiss("covers", r".*cp2_nondeterministic", _RESUMED_OUTLIER, 0.16, second=True),
     DeclaredMiss(
         "covers",
         r"gpt3_mcore_te_tp2_pp2_cp2.*_1node",
         "GB200 single-node CP runs peak 0.1-1.0 MiB (under 0.1%) above the figure: "
         "the allocator counts whole blocks, up to 1 MiB above a request each",
+        0.002,
         "dev_dgx_gb200",
     ),
     DeclaredMiss(
@@ -117,15 +146,17 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
         r".*qk_layernorm.*",
         "the query/key norms at TP 4 hold 2-8 MiB more per step than their outputs "
         "priced (a contiguous copy of their strided input, not confirmed)",
+        0.01,
         r"lts_dgxa100_dracooci.*",
     ),
-    DeclaredMiss("headroom", r"gpt3_mcore_te_tp4_pp[12]_.*", _AUTO_BACKEND),
+    DeclaredMiss("headroom", r"gpt3_mcore_te_tp4_pp[12]_.*", _AUTO_BACKEND, 0.50),
     DeclaredMiss(
         "headroom",
         r".*_pp4_vp1_resume.*",
         "--attention-backend auto, interleaved: the pipeline's unpriced 24-28 MiB (the "
         "static miss above) leaves the flash figure 3-17 MiB under these recordings, "
         "so the smallest covering backend figure is the unfused one, 52-66% above",
+        0.70,
     ),
 )
 
@@ -170,6 +201,15 @@ class TierRow:
         if check == "covers":
             return self.estimate.peak_bytes >= self.measured_peak
         return self.headroom <= self.headroom_limit
+
+    def error(self, check: str) -> float:
+        """How far the recording is from passing ``check``'s figure: the static error,
+        the peak's error against the recording, or the headroom."""
+        if check == "static":
+            return self.static_error
+        if check == "covers":
+            return self.estimate.peak_bytes / self.measured_peak - 1
+        return self.headroom
 
     def direction(self, check: str) -> str:
         """``under`` where the recording is above the figure, else ``over``."""

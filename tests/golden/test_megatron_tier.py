@@ -124,14 +124,6 @@ def test_an_estimator_without_adams_moments_fails_static(adam_free: MegatronTier
     assert all(not row.passed("static") for row in adam_free.rows)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="cpmem gate weakness: DECLARED_MISSES carry no bound on how far a declared "
-    "recording may be: '.*_pp[24]_.*' (under) excuses any static shortfall on the 263 "
-    "pipeline-named rows, '.*resume.*' (under, _2nd) every resumed second recording, so "
-    "an estimator without Adam's moments is excused on about 300 of 394 rows",
-)
 def test_no_declaration_excuses_a_missing_optimizer_term(adam_free: MegatronTier) -> None:
     missed = [row for row in adam_free.rows if not row.passed("static")]
     assert len(adam_free.failing("static")) == len(missed)

@@ -82,14 +82,6 @@ def test_selective_recompute_drops_the_scores() -> None:
     assert act.attention_scores(run) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="cpmem bug: Transformer Engine's unfused attention computes its fallback "
-    "softmax in fp32 whatever --attention-softmax-in-fp32 says (FusedScaleMaskSoftmax's "
-    "softmax_in_fp32=True; Megatron-LM passes neither that flag nor masked_softmax_fusion "
-    "to TE): 4 + 1 + 2 = 7 bytes per score kept, cpmem prices 5",
-)
 def test_te_unfused_fallback_softmax_is_fp32_without_the_flag() -> None:
     # b a / t = 1 x 8 / 4 = 2, not a multiple of 4: the fused kernel does not run
     run = run_of(
@@ -99,13 +91,6 @@ def test_te_unfused_fallback_softmax_is_fp32_without_the_flag() -> None:
     assert act.attention_scores(run) == 7 * (1 * (A // 4) * S * S)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="cpmem bug: Transformer Engine's fused masked softmax takes 16 < s_k < 16384 "
-    "(softmax.py is_kernel_available), so at s_k = 16384 the fp32 fallback runs "
-    "(7 bytes per score); cpmem's rule is s_k <= 16384 (5 bytes)",
-)
 def test_te_unfused_at_16384_keys_runs_the_fallback() -> None:
     args = tiny(
         seq_length=16384,
@@ -118,14 +103,6 @@ def test_te_unfused_at_16384_keys_runs_the_fallback() -> None:
     assert act.attention_scores(run) == 7 * (8 * 16384 * 16384)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="cpmem bug: --no-masked-softmax-fusion is not passed to Transformer Engine "
-    "(only NVTE_MASKED_SOFTMAX_FUSION turns TE's fused kernel off), so TE keeps the fused "
-    "softmax's 5 bytes per score; cpmem prices its fallback (7 with "
-    "--attention-softmax-in-fp32)",
-)
 def test_no_masked_softmax_fusion_changes_nothing_under_te() -> None:
     fused = run_of(tiny(attention_backend="unfused", attention_softmax_in_fp32=True))
     unfused = run_of(

@@ -169,12 +169,6 @@ def test_recompute_activations_means_selective_recompute() -> None:
     assert _parse(recompute_activations=True).recompute_granularity == "selective"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="cpmem bug: --recompute-activations before --recompute-granularity full reads "
-    "as full; Megatron-LM makes it selective whatever the order (arguments.py:607-608)",
-)
 def test_recompute_activations_wins_whatever_the_flag_order() -> None:
     flags: dict[str, object] = {
         **REQUIRED,
@@ -277,24 +271,12 @@ def test_a_missing_micro_batch_size_is_refused() -> None:
     assert err.value.value == "--micro-batch-size"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="cpmem bug: a run without --max-position-embeddings is accepted (defaulted to "
-    "--seq-length); Megatron-LM requires it (arguments.py:1314-1317, required_args)",
-)
 def test_a_missing_max_position_embeddings_is_refused() -> None:
     flags = {k: v for k, v in REQUIRED.items() if k != "--max-position-embeddings"}
     with pytest.raises(InputError):  # refused when read or when the run is described
         run_of(parse_megatron_args(flags))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="cpmem bug: --max-position-embeddings below --seq-length is accepted; "
-    "Megatron-LM asserts max_position_embeddings >= seq_length (arguments.py:1353-1356)",
-)
 def test_fewer_positions_than_the_sequence_are_refused() -> None:
     with pytest.raises(InputError):  # refused when read or when the run is described
         run_of(parse_megatron_args({**REQUIRED, "--max-position-embeddings": 512}))

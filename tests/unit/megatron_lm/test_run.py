@@ -132,25 +132,11 @@ def test_microbatches_are_global_over_micro_times_dp(
     assert run.microbatches == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="cpmem bug: a global batch not divisible by micro x DP is accepted (its "
-    "micro-batches rounded down); Megatron-LM asserts divisibility "
-    "(num_microbatches_calculator.py:381-386)",
-)
 def test_a_global_batch_not_divisible_by_micro_times_dp_is_refused() -> None:
     with pytest.raises(InputError):
         run_of(tiny(global_batch_size=30, micro_batch_size=4), world_size=2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="cpmem bug: a sequence not divisible by 2 x CP is accepted (each CP rank's "
-    "tokens rounded down); Megatron-LM asserts seq_length % (2 * CP) == 0 "
-    "(arguments.py:1335-1338)",
-)
 def test_a_sequence_not_divisible_by_twice_cp_is_refused() -> None:
     with pytest.raises(InputError):
         run_of(tiny(context_parallel_size=2, seq_length=1022), world_size=2)
@@ -244,5 +230,5 @@ def test_a_bad_attention_backend_names_the_field() -> None:
 )
 def test_inconsistent_arguments_name_the_flag(changes: dict[str, object], flag: str) -> None:
     with pytest.raises(InputError) as err:
-        run_of(tiny(**changes), world_size=8 * 4)
+        run_of(tiny(**{"global_batch_size": None, **changes}), world_size=8 * 4)
     assert err.value.field == "megatron_args" and str(err.value.value).startswith(flag)

@@ -96,7 +96,9 @@ def test_the_distributed_optimizer_holds_6_per_padded_element_and_12_per_owned(
     world: int,
 ) -> None:
     d = world  # TP 1, PP 1, CP 1: DP is the world
-    parts = static_components(run_of(tiny(use_distributed_optimizer=True), world_size=world))
+    parts = static_components(
+        run_of(tiny(use_distributed_optimizer=True, global_batch_size=None), world_size=world)
+    )
     # every tensor is a multiple of h = 512 elements: no start padding; the bucket ends
     # on lcm(d, 128): 128 at d = 8 (the count already is a multiple), 640 at d = 5
     align = math.lcm(d, 128)
@@ -109,7 +111,8 @@ def test_the_distributed_optimizer_holds_6_per_padded_element_and_12_per_owned(
     assert parts["adam_moments"] == 8 * share
     total = sum(parts[k] for k in ("parameters", "gradient_buffer", "master_parameters"))
     assert total + parts["adam_moments"] == 6 * padded + 12 * share
-    assert abs(share - TINY_PARAMS / d) <= 1  # one bucket: within one element of P/d
+    # one bucket: the last slice is P_padded / d long and ends with all the padding
+    assert share == padded // d - (padded - TINY_PARAMS)
 
 
 def test_the_last_rank_owns_p_over_d_where_the_bucket_needs_no_padding() -> None:
@@ -123,16 +126,10 @@ def test_the_last_of_five_slices_holds_the_buckets_512_padding_elements() -> Non
     assert _last_rank_real_share(_tiny_tensor_sizes(), 5) == (TINY_PARAMS + 512) // 5 - 512
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="cpmem bug: under the distributed optimizer the last rank's master copy and "
-    "moments are priced on P/d real elements, but its slice holds the bucket's trailing "
-    "padding (static.py's own comment says so): at d = 5 the tiny GPT's last rank owns "
-    "P/5 - 409.6 elements (4.9 kB over-priced)",
-)
 def test_the_last_rank_owns_the_real_elements_of_its_slice() -> None:
-    parts = static_components(run_of(tiny(use_distributed_optimizer=True), world_size=5))
+    parts = static_components(
+        run_of(tiny(use_distributed_optimizer=True, global_batch_size=None), world_size=5)
+    )
     assert parts["adam_moments"] // 8 == _last_rank_real_share(_tiny_tensor_sizes(), 5)
 
 
