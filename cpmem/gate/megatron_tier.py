@@ -63,6 +63,9 @@ class DeclaredMiss:
     platform: str = ".*"
     direction: str = "any"
     second: bool | None = None
+    min_pp: int = 1
+    """The declaration covers runs of at least this many pipeline stages (a case's name
+    says its layout, its arguments decide it)."""
 
     def matches(self, row: TierRow, check: str) -> bool:
         rec = row.recording
@@ -71,7 +74,7 @@ class DeclaredMiss:
             return False
         if self.direction != "any" and row.direction(check) != self.direction:
             return False
-        if abs(row.error(check)) > self.limit:
+        if abs(row.error(check)) > self.limit or row.estimate.run.pp < self.min_pp:
             return False
         return (
             check == self.check
@@ -82,8 +85,8 @@ class DeclaredMiss:
 
 _PP_BUFFERS = (
     "pipeline runs (PP 2/4) keep 8-13 MiB between steps beyond every priced tensor "
-    "(interleaved over 3 chunks: 24-28 MiB, 42-44 MiB on GB200 with overlapped gradient "
-    "reduction; at most 8% of the static bytes) on all three platforms: two to three "
+    "(interleaved over 3 chunks: 24-28 MiB, up to 45 MiB on GB200 with overlapped "
+    "gradient reduction; at most 8.5% of the static bytes) on all three platforms: two to three "
     "(interleaved: six to seven) [s, b, h] bf16 tensors of 4 MiB outliving the step; "
     "the schedule's source (schedules.py, p2p_communication.py) keeps no such buffer "
     "by reading, so the tensor is not found yet"
@@ -105,7 +108,7 @@ _AUTO_BACKEND = (
     "smallest covering backend figure is the unfused one, 29-47% above"
 )
 DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
-    DeclaredMiss("static", r".*_pp[24]_.*", _PP_BUFFERS, 0.085, direction="under"),
+    DeclaredMiss("static", r".*_pp[24]_.*", _PP_BUFFERS, 0.085, direction="under", min_pp=2),
     DeclaredMiss(
         "static",
         r".*(nondeterministic|reshard).*",

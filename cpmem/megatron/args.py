@@ -82,7 +82,7 @@ class MegatronArgs:
     hidden_dropout: float = 0.1  # transformer_config.py:188
     attention_dropout: float = 0.1  # transformer_config.py:191
     attention_backend: str = "auto"  # transformer_config.py:151
-    transformer_impl: str = "transformer_engine"  # arguments.py:1314
+    transformer_impl: str = "transformer_engine"  # transformer_config.py (via arguments.py)
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
