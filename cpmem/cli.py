@@ -10,14 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cpmem import cli_megatron
 from cpmem.admission.admission import admit_step, usable_budget
 from cpmem.admission.capacity import DEFAULT_PACK, capacity
-from cpmem.api import describe_megatron, describe_step, price_step, record_profile
+from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
-from cpmem.megatron.admission import admit_megatron, megatron_capacity
-from cpmem.megatron.estimate import price_megatron
-from cpmem.megatron.run import MegatronRun
 from cpmem.model.presets import PRESETS
 from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
 from cpmem.plan.request import Request
@@ -31,7 +29,6 @@ from cpmem.reports.capacity_plot import (
 from cpmem.reports.cli_render import (
     render_capacity,
     render_estimate,
-    render_megatron_estimate,
     render_whole_device,
 )
 from cpmem.reports.tables import table
@@ -80,89 +77,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_megatron_args(p: argparse.ArgumentParser) -> None:
-    """The flags of a Megatron-LM run priced from ``--megatron-args`` (``cpmem.megatron``)."""
-    group = p.add_argument_group("a Megatron-LM run (with --megatron-args FILE)")
-    group.add_argument("--world-size", type=int, help=HELP["--world-size"])
-    group.add_argument("--rank", default="last", help=HELP["--rank"])
-    group.add_argument("--attention-backend", help=HELP["--attention-backend"])
-
-
-MEGATRON_FLAGS = frozenset(
-    {"megatron_args", "world_size", "rank", "attention_backend", "device", "json", "budget_gib"}
-)
-"""The flags a ``--megatron-args`` command reads; any other flag given is refused."""
-
-
-def _megatron_run(args: argparse.Namespace, command: str) -> MegatronRun:
-    """The run ``--megatron-args`` describes; a LoRA step's flag given with it is refused."""
-    defaults = vars(build_parser().parse_args([command, "--megatron-args", "-"]))
-    given = sorted(
-        k
-        for k, v in vars(args).items()
-        if k not in MEGATRON_FLAGS and k in defaults and v != defaults[k] and k != "handler"
-    )
-    if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        verb = "does" if len(given) == 1 else "do"
-        raise InputError(
-            "megatron_args",
-            args.megatron_args,
-            f"describes the whole run; {flags} {verb} not apply to it (the layout, recompute "
-            "and dtype come from Megatron-LM's arguments)",
-        )
-    if args.world_size is None:
-        raise InputError("world_size", None, "give --world-size N with --megatron-args")
-    return describe_megatron(
-        args.megatron_args,
-        world_size=args.world_size,
-        rank=args.rank,
-        device=args.device or "h100",
-        attention_backend=args.attention_backend,
-    )
-
-
-def cmd_megatron_estimate(args: argparse.Namespace) -> int:
-    est = price_megatron(_megatron_run(args, "estimate"))
-    if args.json:
-        print(json.dumps(est.to_dict(), indent=2))
-    else:
-        print(render_megatron_estimate(est))
-    return 0
-
-
-def cmd_megatron_admit(args: argparse.Namespace) -> int:
-    run = _megatron_run(args, "admit")
-    budget = None if args.budget_gib is None else _whole_bytes("budget_gib", args.budget_gib * GIB)
-    decision = admit_megatron(run, budget)
-    if args.json:
-        print(json.dumps(decision.to_dict(), indent=2))
-    else:
-        print(
-            f"{decision.action.upper()}: peak {fmt_gib(decision.estimate.peak_bytes)} GiB on rank "
-            f"{run.stage_rank(decision.estimate.stage)}, budget {fmt_gib(decision.budget_bytes)} "
-            f"GiB ({decision.budget_source})"
-        )
-        if decision.suggestion:
-            print(f"  suggestion: {decision.suggestion}")
-    return 0 if decision.action == "fit" else 3
-
-
-def cmd_megatron_capacity(args: argparse.Namespace) -> int:
-    run = _megatron_run(args, "capacity")
-    found = megatron_capacity(run)
-    if args.json:
-        print(json.dumps(found.to_dict(), indent=2))
-    elif found.seq_length is None:
-        print(f"no --seq-length fits {fmt_gib(found.budget_bytes)} GiB ({run.device.name})")
-    else:
-        assert found.estimate is not None
-        print(
-            f"longest --seq-length: {found.seq_length} (peak "
-            f"{fmt_gib(found.estimate.peak_bytes)} GiB of {fmt_gib(found.budget_bytes)} GiB on "
-            f"{run.device.name}; bounded by {found.limit})"
-        )
-    return 0
+def _defaults(command: str) -> dict[str, Any]:
+    """Every flag's default value for ``command`` (as a ``--megatron-args`` run parses)."""
+    return vars(build_parser().parse_args([command, "--megatron-args", "-"]))
 
 
 def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device") -> None:
@@ -362,7 +279,7 @@ def _warn_ignored(est: Estimate) -> None:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
-        return cmd_megatron_estimate(args)
+        return cli_megatron.estimate(args, _defaults("estimate"))
     step = describe_step(**_step_arguments(args))
     est = price_step(step, args.policy)
     _warn(step.warnings)
@@ -431,7 +348,7 @@ def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | 
 
 def cmd_admit(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
-        return cmd_megatron_admit(args)
+        return cli_megatron.admit(args, _defaults("admit"))
     arguments = _step_arguments(args)
     budget = _admit_budget(args, arguments)
     step = describe_step(**arguments)
@@ -504,7 +421,7 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
-        return cmd_megatron_capacity(args)
+        return cli_megatron.capacity(args, _defaults("capacity"))
     plot = None
     if args.plot is not None:  # checked before the search runs
         require_matplotlib()
@@ -595,13 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="price one request: per-rank bytes and breakdown")
     _add_model_args(p)
     _add_request_args(p)
-    _add_megatron_args(p)
+    cli_megatron.add_megatron_args(p)
     p.set_defaults(handler=cmd_estimate)
 
     p = sub.add_parser("admit", help="fit, split or refuse a request against a budget")
     _add_model_args(p)
     _add_request_args(p)
-    _add_megatron_args(p)
+    cli_megatron.add_megatron_args(p)
     p.add_argument("--budget-gib", type=float, help=HELP["--budget-gib"])
     p.add_argument("--free-bytes", type=float, help=HELP["--free-bytes"])
     p.add_argument("--reusable-reserved-bytes", type=float, help=HELP["--reusable-reserved-bytes"])
@@ -619,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model_args(p)
     _add_capacity_args(p)
-    _add_megatron_args(p)
+    cli_megatron.add_megatron_args(p)
     p.set_defaults(handler=cmd_capacity)
 
     p = sub.add_parser("profile", help="learned-profile floors: record a measured peak")

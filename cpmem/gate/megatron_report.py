@@ -78,9 +78,11 @@ def formula_arguments(run: MegatronRun) -> dict[str, Any]:
     }
 
 
-def peer_figures(row: TierRow) -> dict[str, tuple[float, float]]:
+Formula = Callable[[dict[str, Any]], dict[str, float]]
+
+
+def peer_figures(row: TierRow, formula: Formula) -> dict[str, tuple[float, float]]:
     """Each estimator's (static, peak) figure for a recording."""
-    formula: Callable[[dict[str, Any]], dict[str, float]] = load_estimator(MEGATRON_FORMULA)
     f = formula(formula_arguments(row.estimate.run))
     weights, act = f["weight_and_optimizer_bytes"], f["activation_bytes"]
     return {
@@ -91,8 +93,9 @@ def peer_figures(row: TierRow) -> dict[str, tuple[float, float]]:
 
 
 def _peer_table(rows: Sequence[TierRow]) -> list[str]:
-    names = list(peer_figures(rows[0])) if rows else []
-    figures = [peer_figures(r) for r in rows]
+    formula: Formula = load_estimator(MEGATRON_FORMULA)
+    figures = [peer_figures(r, formula) for r in rows]
+    names = list(figures[0]) if figures else []
     out = []
     for name in names:
         static_err = [

@@ -213,6 +213,11 @@ def fit_pack(fit: Fit) -> str:
     return f"{fit.sequences} x {fit_tokens(fit)} = {fit.tokens:,}"
 
 
+def _gib_rows(components: Mapping[str, int]) -> list[str]:
+    """Named byte counts as indented ``name  x GiB`` lines."""
+    return table(None, [["  " + k, f"{fmt_gib(v)} GiB"] for k, v in components.items()], right=(1,))
+
+
 def render_megatron_estimate(est: MegatronEstimate) -> str:
     """A Megatron-LM run's two figures on its rank, each with its named terms."""
     run = est.run
@@ -226,14 +231,12 @@ def render_megatron_estimate(est: MegatronEstimate) -> str:
         + (" (auto: the covering backend)" if run.args.attention_backend == "auto" else ""),
         f"static_bytes {fmt_gib(est.static_bytes)} GiB (allocated between steps)",
     ]
-    rows = [["  " + k, f"{fmt_gib(v)} GiB"] for k, v in est.static_components.items()]
-    lines += table(None, rows, right=(1,))
+    lines += _gib_rows(est.static_components)
     lines.append(
         f"peak_bytes {fmt_gib(est.peak_bytes)} GiB (the allocator's peak over a steady step; "
         f"{est.in_flight} micro-batch chunk(s) in flight)"
     )
-    rows = [["  " + k, f"{fmt_gib(v)} GiB"] for k, v in est.peak_components.items()]
-    lines += table(None, rows, right=(1,))
+    lines += _gib_rows(est.peak_components)
     if est.spread:
         spread = ", ".join(f"{k} {fmt_gib(v)} GiB" for k, v in est.spread.items())
         lines.append(f"backend spread (Transformer Engine picks per container): {spread}")

@@ -35,7 +35,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gate": _GATE,
     "diff": _DIFF,
     "cli_help": {"base", "pricing", "step"},
-    "cli": _DIFF | {"diff", "cli_help"},
+    "cli_megatron": _REPORTS | {"reports", "cli_help"},
+    "cli": _DIFF | {"diff", "cli_help", "cli_megatron"},
 }
 
 
