@@ -54,6 +54,15 @@ class SimModel:
     # which parameter the LM head uses changes; no activation does, so geometries that
     # differ only here compare equal.
     tie_embeddings: bool = field(default=False, compare=False)
+    # the Hugging Face ``model_type`` the shapes were read from ("" for the presets of the
+    # measured families, whose structure the layers' defaults are)
+    family: str = ""
+    # per layer: its feed-forward kind, "dense" or "moe"; () means every layer's is
+    # ``moe``'s ("moe" if ``moe`` else "dense")
+    mlp_kinds: tuple[str, ...] = ()
+    # per attention layer: its sliding window in tokens, 0 for full causal attention;
+    # () means every layer attends fully
+    windows: tuple[int, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -63,9 +72,25 @@ class SimModel:
     def gdn_layers(self) -> int:
         return sum(k == "gdn" for k in self.kinds)
 
+    def mlp_kind(self, layer: int) -> str:
+        """Layer ``layer``'s feed-forward kind: "dense" or "moe"."""
+        if self.mlp_kinds:
+            return self.mlp_kinds[layer]
+        return "moe" if self.moe else "dense"
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding attention window in tokens (0: full attention)."""
+        return self.windows[layer] if self.windows else 0
+
     def truncated(self, layers: int) -> SimModel:
         """The first ``layers`` layers (the interleave pattern kept)."""
-        return replace(self, name=f"{self.name}[:{layers}]", kinds=self.kinds[:layers])
+        return replace(
+            self,
+            name=f"{self.name}[:{layers}]",
+            kinds=self.kinds[:layers],
+            mlp_kinds=self.mlp_kinds[:layers],
+            windows=self.windows[:layers],
+        )
 
     def check_tp(self, tp: int) -> None:
         """TP must divide every head count it shards (KV groups may be replicated)."""
