@@ -275,6 +275,10 @@ IGNORED: frozenset[str] = frozenset(
         # scores and probabilities are kept (router.py, moe_utils.topk_routing_with_
         # score_function)
         "--moe-router-pre-softmax",
+        # the fused cross entropy's implementation: read only under
+        # --cross-entropy-loss-fusion, where Megatron-LM asserts native (arguments.py:
+        # "Transformer Engine cross entropy loss fusion is disabled")
+        "--cross-entropy-fusion-impl",
         # host-side process settings and Adam's betas and the init's scale
         "--distributed-timeout-minutes",
         "--exit-duration-in-mins",
