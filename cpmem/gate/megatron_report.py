@@ -66,15 +66,18 @@ def formula_arguments(run: MegatronRun) -> dict[str, Any]:
         "recompute_granularity": a.recompute_granularity,
         "num_microbatches": run.microbatches,
         "world_size": run.world_size,
-        # a dense GPT: no hybrid layers, experts, latent attention or MTP
+        # no hybrid layers, latent attention or MTP; the experts as the run has them
         "hybrid_layer_pattern": None,
         "multi_latent_attention": False,
-        "num_experts": None,
-        "moe_shared_expert_intermediate_size": None,
+        "num_experts": a.num_experts,
+        "moe_layer_freq": a.moe_layer_freq,
+        "moe_ffn_hidden_size": run.moe_ffn if run.moe else None,
+        "moe_shared_expert_intermediate_size": a.moe_shared_expert_intermediate_size,
         "moe_latent_size": None,
         "mtp_num_layers": None,
-        "expert_tensor_parallel_size": 1,
-        "expert_model_parallel_size": 1,
+        "expert_tensor_parallel_size": run.etp if run.moe else 1,
+        "expert_model_parallel_size": run.ep,
+        "add_bias_linear": a.add_bias_linear,
     }
 
 
@@ -132,7 +135,8 @@ def peers_section(tier: MegatronTier) -> list[str]:
     return [
         "## Megatron-LM's own runs (the second measured tier)",
         "",
-        f"The {len(rows)} priced recordings of `golden/megatron/recordings.csv` (GPT family; "
+        f"The {len(rows)} priced recordings of `golden/megatron/recordings.csv` (GPT and MoE "
+        "families; "
         "the rank Megatron-LM logs, `docs/megatron-runtime.md`): static = the last "
         "`mem-allocated-bytes`, peak = the largest `mem-max-allocated-bytes`. Megatron-LM's "
         "formula (`oracles.peers.megatron_args_theoretical`, restated from "
@@ -148,6 +152,30 @@ def peers_section(tier: MegatronTier) -> list[str]:
         "workspaces, no fp32 copy of the logits at PP > 1 and no unfused attention scores; "
         "the recordings are the last stage's.",
     ]
+
+
+def _family_counts(tier: MegatronTier) -> str:
+    families = sorted({r.recording.family for r in tier.rows})
+    return ", ".join(
+        f"{sum(r.recording.family == f for r in tier.rows)} {f.upper() if f == 'gpt' else f}"
+        for f in families
+    )
+
+
+def _family_rows(tier: MegatronTier) -> list[list[str]]:
+    """Each family's checks: passed of its recordings, its median headroom."""
+    out = []
+    for family in sorted({r.recording.family for r in tier.rows}):
+        rows = [r for r in tier.rows if r.recording.family == family]
+        out.append(
+            [
+                family,
+                str(len(rows)),
+                *(f"{sum(r.passed(c) for r in rows)}/{len(rows)}" for c in CHECKS),
+                pct(statistics.median(r.headroom for r in rows)),
+            ]
+        )
+    return out
 
 
 def _check_rows(tier: MegatronTier) -> list[list[str]]:
@@ -214,7 +242,7 @@ def _recording_rows(tier: MegatronTier) -> list[list[str]]:
                 marks.append(f"{c} (declared)" if r.declared(c) else f"{c} FAILS")
         out.append(
             [
-                rec.recording_id.removeprefix("gpt/"),
+                rec.recording_id,
                 rec.device,
                 str(rec.world_size),
                 fmt_gib(r.measured_static),
@@ -251,7 +279,7 @@ def render_report(tier: MegatronTier) -> str:
         "checks (`cpmem.gate.megatron_tier`); `docs/megatron-runtime.md` says what is "
         "measured and how each argument enters.",
         "",
-        f"- {n} GPT recordings priced from their own `model_config.yaml` on the rank "
+        f"- {n} recordings ({_family_counts(tier)}) priced from their own `model_config.yaml` on the rank "
         "Megatron-LM logs (the last), their recipe's world size and their platform's device.",
         f"- {len(tier.unnamed_platform)} recordings name no platform (`golden_values_dev.json`, "
         f"`golden_values_lts.json`): imported, not priced. {len(tier.no_values)} recordings "
@@ -273,6 +301,14 @@ def render_report(tier: MegatronTier) -> str:
         "",
         *table(
             ["check", "passed", "declared misses", "failing"], _check_rows(tier), style="markdown"
+        ),
+        "",
+        "By family:",
+        "",
+        *table(
+            ["family", "recordings", *(f"{c} passed" for c in CHECKS), "median headroom"],
+            _family_rows(tier),
+            style="markdown",
         ),
         "",
         "## Refused arguments",

@@ -1,6 +1,6 @@
 """The gate's second measured tier: Megatron-LM's functional-test recordings.
 
-Every recording of ``golden/megatron/recordings.csv`` (GPT family) is priced from its
+Every recording of ``golden/megatron/recordings.csv`` (the GPT and MoE families) is priced from its
 case's own ``model_config.yaml`` on the rank Megatron-LM logs (``rank="last"``), its
 recipe's world size and its platform's device, and held to:
 
@@ -107,7 +107,33 @@ _AUTO_BACKEND = (
     "under these recordings (the same cases' other platforms are covered), so the "
     "smallest covering backend figure is the unfused one, 29-47% above"
 )
+_WORST_ROUTING = (
+    "MoE routing priced at its worst case (every token's copies on this rank's experts "
+    "as far as top-k allows): at EP 4-8 with one or two experts a rank that is 4x the "
+    "balanced rows; the recordings sit near the balanced figure, so the covering figure "
+    "is 20-85% above them (a bound, not the expectation)"
+)
 DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
+    DeclaredMiss("headroom", r"gpt3_moe_mcore_te_ep8_.*", _WORST_ROUTING, 0.85),
+    DeclaredMiss(
+        "headroom", r"gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4.*", _WORST_ROUTING, 0.85
+    ),
+    DeclaredMiss(
+        "headroom",
+        r"gpt3_mcore_te_tp2_pp1_(resume_torch_dist_)?te_8experts2parallel_top2router",
+        _WORST_ROUTING,
+        0.30,
+    ),
+    DeclaredMiss(
+        "static",
+        r"gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4.*",
+        "--overlap-moe-expert-parallel-comm keeps 55-59 MiB between steps beyond every "
+        "priced tensor on H100 and GB200 (3.7-3.9%): about one more cuBLAS and cuBLASLt "
+        "workspace pair (64 MiB), as a second compute stream of the combined 1F1B "
+        "schedule would allocate; not confirmed in the source",
+        0.045,
+        direction="under",
+    ),
     DeclaredMiss("static", r".*_pp[24]_.*", _PP_BUFFERS, 0.085, direction="under", min_pp=2),
     DeclaredMiss(
         "static",
@@ -264,7 +290,8 @@ def price_recording(
     return price_megatron(run)
 
 
-def run_tier(golden_dir: Path, family: str = "gpt") -> MegatronTier:
+def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
+    """The tier over the recordings of ``family`` (default: every family)."""
     rows: list[TierRow] = []
     refused: dict[str, list[str]] = {}
     unnamed: list[str] = []

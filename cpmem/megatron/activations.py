@@ -31,6 +31,7 @@ from cpmem.megatron.run import MegatronRun
 DROPOUT_MASK_BYTES = 1  # torch's CUDA native_dropout returns a bool mask
 FP32 = 4
 INT64 = 8
+FP64 = 8
 
 
 def _n_sp(run: MegatronRun) -> int:
@@ -97,6 +98,63 @@ def _fused_softmax(run: MegatronRun) -> bool:
     return 16 < s < 16384 and shapes
 
 
+def routed_rows(run: MegatronRun) -> int:
+    """The (token, expert) rows this rank's local experts compute for one micro-batch,
+    under the routing priced (``run.routing``).
+
+    The dispatcher brings the tokens of the ETP x EP ranks of its group (``n_sp`` each)
+    to the local experts: the allgather dispatcher gathers them all over ETP x EP, the
+    alltoall dispatcher receives over EP the copies routed here and gathers them over
+    ETP (``token_dispatcher.py``). ``worst``: every token sends ``min(k, E / EP)`` of its
+    ``k`` copies here (the most a rank can receive: a token picks ``k`` distinct
+    experts); ``balanced``: each expert gets ``k / E`` of the tokens."""
+    gathered = _n_sp(run) * run.etp * run.ep
+    k = run.args.moe_router_topk
+    if run.routing == "balanced":
+        return -(-gathered * k * run.local_experts // run.num_experts)
+    return gathered * min(k, run.local_experts)
+
+
+def moe_components(run: MegatronRun) -> dict[str, int]:
+    """What one MoE layer keeps for backward beyond the attention, for one micro-batch.
+
+    - the router (``router.py``, ``moe_utils.py``): per token and expert, its logits in
+      the router dtype (kept by the score function), the scores and the probabilities
+      (kept by the top-k masking), the bool routing map, and, with an auxiliary loss,
+      the fp32 scores it reads (``compute_routing_scores_for_aux_loss``);
+    - the shared experts: a TP-sharded MLP (its fc1 output and activation output);
+    - per routed row (``routed_rows``): the permuted token (the experts' fc1 input,
+      ``TEGroupedMLP`` / ``SequentialMLP`` keep it for the weight gradient), fc1's output
+      (the activation's input), the activation's output (kept by the multiplication
+      with the row's probability) and the weighted product (fc2's input), the last
+      three sharded over ETP; the permutations' int64 row indices (two permutations
+      under alltoall, one under allgather) and the row's probability.
+
+    The dispatcher's gathered or exchanged tokens and the combine's unpermuted output
+    are kept by no backward (all-gather, all-to-all and index operations save only
+    indices): the allgather dispatcher's gathered input lives in Megatron-LM's
+    ``GlobalMemoryBuffer`` (static)."""
+    a = run.args
+    b, h, t = run.dtype_bytes, a.hidden_size, run.tp
+    n, n_sp = run.tokens, _n_sp(run)
+    router = {"fp32": FP32, "fp64": FP64}.get(a.moe_router_dtype or "", b)
+    aux = a.moe_aux_loss_coeff > 0 and a.moe_router_load_balancing_type != "sinkhorn"
+    per_score = 3 * router + 1 + (FP32 if aux else 0)
+    out = {"router": n_sp * run.num_experts * per_score}
+    shared = a.moe_shared_expert_intermediate_size
+    if shared is not None:
+        f1 = 2 * shared if run.gated else shared
+        out["shared_experts"] = b * n * (f1 + shared) // t
+    rows = routed_rows(run)
+    f = run.moe_ffn
+    f1 = 2 * f if run.gated else f
+    permutations = 2 if a.moe_token_dispatcher_type == "alltoall" else 1
+    out["expert_inputs"] = b * rows * h
+    out["expert_mlp"] = b * rows * (f1 + 2 * f) // run.etp
+    out["expert_indices_probs"] = rows * (permutations * INT64 + router)
+    return out
+
+
 def layer_components(run: MegatronRun) -> dict[str, int]:
     """Bytes one transformer layer keeps for one micro-batch on the rank."""
     a = run.args
@@ -108,8 +166,11 @@ def layer_components(run: MegatronRun) -> dict[str, int]:
         "norm_inputs_outputs": 4 * b * n_sp * h,
         "qkv": b * n * (q + 2 * g) * d,
         "attention_output": b * n * q * d,
-        "mlp": b * n * (f1 + run.ffn) // t,
     }
+    if run.moe:
+        out.update(moe_components(run))
+    else:
+        out["mlp"] = b * n * (f1 + run.ffn) // t
     if a.position_embedding_type == "rope":
         out["rotary"] = b * n * (q + g) * d
     if a.qk_layernorm:

@@ -93,6 +93,22 @@ class MegatronArgs:
     attention_softmax_in_fp32: bool = False  # arguments.py:3067
     masked_softmax_fusion: bool = True  # arguments.py:2887 (--no-masked-softmax-fusion)
     deterministic_mode: bool = False
+    # mixture of experts (transformer_config.py and model_parallel_config.py at the
+    # snapshot; the factory turns each field into its flag)
+    num_experts: int | None = None  # arguments.py:3518 (None: a dense GPT)
+    moe_layer_freq: int = 1  # arguments.py:3520 (every layer an MoE layer)
+    moe_ffn_hidden_size: int | None = None  # None: --ffn-hidden-size (arguments.py:1650-1651)
+    moe_router_topk: int = 2  # transformer_config.py:760
+    moe_router_load_balancing_type: str = "aux_loss"  # arguments.py:3532-3534
+    moe_aux_loss_coeff: float = 0.0  # arguments.py:3536
+    moe_router_dtype: str | None = None  # transformer_config.py:811 (None: the params' dtype)
+    moe_grouped_gemm: bool = False  # transformer_config.py:850
+    moe_token_dispatcher_type: str = "allgather"  # transformer_config.py:891
+    moe_shared_expert_intermediate_size: int | None = None  # transformer_config.py:701
+    moe_permute_fusion: bool = False  # transformer_config.py:941
+    overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
+    expert_model_parallel_size: int = 1  # model_parallel_config.py:127
+    expert_tensor_parallel_size: int | None = None  # None: TP (arguments.py:587-588)
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
     ignored: tuple[str, ...] = field(default=(), compare=False)
     given: tuple[str, ...] = field(default=(), compare=False)
@@ -153,6 +169,20 @@ PRICED: dict[str, tuple[str, str]] = {
             ("apply_query_key_layer_scaling", "bool"),
             ("attention_softmax_in_fp32", "bool"),
             ("deterministic_mode", "bool"),
+            ("num_experts", "int"),
+            ("moe_layer_freq", "int"),
+            ("moe_ffn_hidden_size", "int"),
+            ("moe_router_topk", "int"),
+            ("moe_router_load_balancing_type", "str"),
+            ("moe_aux_loss_coeff", "float"),
+            ("moe_router_dtype", "str"),
+            ("moe_grouped_gemm", "bool"),
+            ("moe_token_dispatcher_type", "str"),
+            ("moe_shared_expert_intermediate_size", "int"),
+            ("moe_permute_fusion", "bool"),
+            ("overlap_moe_expert_parallel_comm", "bool"),
+            ("expert_model_parallel_size", "int"),
+            ("expert_tensor_parallel_size", "int"),
         )
     },
     "--disable-bias-linear": ("add_bias_linear", "not"),
@@ -237,8 +267,31 @@ IGNORED: frozenset[str] = frozenset(
         "--no-persist-layer-norm",
         # P2P warm-up/flush overlap (the same buffers, sent earlier)
         "--overlap-p2p-communication-warmup-flush",
-        # no experts in the run: the expert TP size has nothing to shard
-        "--expert-tensor-parallel-size",
+        # the unfused bias add and GeLU keep the same fc1-wide tensor for backward as the
+        # fused kernel (mlp.py: the activation's input), and no bias at all under
+        # --disable-bias-linear
+        "--no-bias-gelu-fusion",
+        # the router's softmax before or after the top-k: the same [tokens, experts]
+        # scores and probabilities are kept (router.py, moe_utils.topk_routing_with_
+        # score_function)
+        "--moe-router-pre-softmax",
+        # the fused cross entropy's implementation: read only under
+        # --cross-entropy-loss-fusion, where Megatron-LM asserts native (arguments.py:
+        # "Transformer Engine cross entropy loss fusion is disabled")
+        "--cross-entropy-fusion-impl",
+        # host-side process settings and Adam's betas and the init's scale
+        "--distributed-timeout-minutes",
+        "--exit-duration-in-mins",
+        "--log-throughput",
+        "--logging-level",
+        "--manual-gc",
+        "--manual-gc-interval",
+        "--no-check-for-nan-in-loss-and-grad",
+        "--adam-beta1",
+        "--adam-beta2",
+        "--init-method-std",
+        "--norm-epsilon",
+        "--rotary-base",
         # real-time checks: the q/k-norm parameters of one module stacked and gathered
         # across ranks (attention.py, run_realtime_tests): O(head_dim) elements
         "--test-mode",
@@ -246,7 +299,25 @@ IGNORED: frozenset[str] = frozenset(
 )
 
 REFUSED: dict[str, str] = {
-    "--num-experts": "mixture-of-experts layers (the families issue prices them)",
+    "--use-transformer-engine-op-fuser": "Transformer Engine's fused operations in the MLP "
+    "(a saved set of its own, not read)",
+    "--moe-expert-capacity-factor": "dropped and padded expert tokens",
+    "--moe-pad-expert-input-to-capacity": "expert inputs padded to a capacity",
+    "--moe-shared-expert-overlap": "the shared experts run beside the dispatch",
+    "--moe-router-enable-expert-bias": "the router's expert bias and its token counts",
+    "--moe-router-score-function": "the router's score function",
+    "--moe-router-num-groups": "group-limited routing",
+    "--moe-router-group-topk": "group-limited routing",
+    "--moe-router-topk-scaling-factor": "the router's scaling of the top-k probabilities",
+    "--moe-router-bias-update-rate": "the router's expert bias",
+    "--moe-layer-recompute": "the MoE layer recomputed in backward",
+    "--moe-use-upcycling": "a dense checkpoint upcycled into experts",
+    "--moe-z-loss-coeff": "the router's z-loss",
+    "--moe-input-jitter-eps": "the router's input jitter",
+    "--moe-enable-deepep": "the flex dispatcher",
+    "--moe-shared-expert-gate": "the shared experts' gate",
+    "--moe-latent-size": "latent MoE projections",
+    "--moe-router-fusion": "the fused router kernels' saved set",
     "--export-kd-teacher-load": "a distillation teacher model held beside the student",
     "--export-kd-cfg": "a distillation teacher model held beside the student",
     "--export-te-mcore-model": "ModelOpt's export of the model for distillation",

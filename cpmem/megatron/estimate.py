@@ -59,7 +59,9 @@ class MegatronEstimate:
                 "cp": run.cp,
                 "dp": run.dp,
                 "vp": run.virtual_chunks,
+                **({"ep": run.ep, "etp": run.etp, "edp": run.edp} if run.moe else {}),
             },
+            **({"moe_routing": run.routing} if run.moe else {}),
             "microbatches": run.microbatches,
             "device": run.device.name,
             "attention_backend": run.attention_backend,
@@ -95,6 +97,10 @@ def _stage_peak(run: MegatronRun, stage: int) -> tuple[int, dict[str, int], int]
     }
     if checkpoints:
         parts["recompute_checkpoints"] = chunks * checkpoints * act.checkpoint_input_bytes(run)
+    if run.args.overlap_moe_expert_parallel_comm and kept_layers:
+        # the combined 1F1B step (combined_1f1b.py) runs the next micro-batch's forward
+        # beside this one's backward, a layer at a time: one more layer is held
+        parts["overlapped_forward_layer"] = layer
     first, last = stage == 0, stage == run.pp - 1
     if first:
         # only chunk 0 embeds: of the in-flight chunk forwards, one in v is chunk 0

@@ -48,6 +48,10 @@ class MegatronRun:
     device: Device
     attention_backend: str
     rank_asked: str
+    routing: str = "worst"
+    """The MoE routing priced: ``worst`` (every token's copies on this rank's experts as
+    far as ``k`` distinct experts allow, the covering figure) or ``balanced`` (each
+    expert ``k / E`` of the tokens)."""
 
     # --- parallel layout -------------------------------------------------------------
     @property
@@ -79,6 +83,50 @@ class MegatronRun:
         cp_rank, r = r % self.cp, r // self.cp
         dp_rank, pp_rank = r % self.dp, r // self.dp
         return {"tp": tp_rank, "cp": cp_rank, "dp": dp_rank, "pp": pp_rank}
+
+    # --- experts -----------------------------------------------------------------------
+    @property
+    def moe(self) -> bool:
+        """Whether the layers are mixture-of-experts layers (``--num-experts``)."""
+        return self.args.num_experts is not None
+
+    @property
+    def num_experts(self) -> int:
+        return self.args.num_experts or 0
+
+    @property
+    def ep(self) -> int:
+        return self.args.expert_model_parallel_size
+
+    @property
+    def etp(self) -> int:
+        """The experts' TP size: ``--expert-tensor-parallel-size``, else TP."""
+        return self.args.expert_tensor_parallel_size or self.tp
+
+    @property
+    def edp(self) -> int:
+        """The expert data-parallel size, world / (ETP x EP x PP): Megatron-LM's expert
+        ``RankGenerator`` (``parallel_state.py``) folds CP into it."""
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    @property
+    def local_experts(self) -> int:
+        return self.num_experts // self.ep
+
+    @property
+    def moe_ffn(self) -> int:
+        """An expert's FFN width: ``--moe-ffn-hidden-size``, else the dense FFN width."""
+        return self.args.moe_ffn_hidden_size or self.ffn
+
+    @property
+    def expert_coordinates(self) -> dict[str, int]:
+        """The rank's (etp, ep, edp, pp) ranks in the experts' tp-ep-dp-pp order (TP
+        fastest; the same PP rank as the dense order, both keep PP slowest)."""
+        r = self.rank
+        etp_rank, r = r % self.etp, r // self.etp
+        ep_rank, r = r % self.ep, r // self.ep
+        edp_rank, pp_rank = r % self.edp, r // self.edp
+        return {"etp": etp_rank, "ep": ep_rank, "edp": edp_rank, "pp": pp_rank}
 
     @property
     def stage(self) -> int:
@@ -203,6 +251,12 @@ def _check(args: MegatronArgs, world_size: int) -> None:
         "global_batch_size",
         "num_query_groups",
         "num_layers_per_virtual_pipeline_stage",
+        "num_experts",
+        "moe_router_topk",
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
     ):
         _check_positive(name, getattr(args, name))
     model_parallel = (
@@ -292,11 +346,89 @@ def _check(args: MegatronArgs, world_size: int) -> None:
             f"--recompute-method {args.recompute_method}",
             "full recompute needs --recompute-method uniform or block",
         )
+    _check_experts(args, world_size)
     if args.cp_comm_type not in ("p2p", "a2a", "all_gather", "a2a+p2p"):
         raise InputError(
             "megatron_args",
             f"--cp-comm-type {args.cp_comm_type}",
             "must be p2p, a2a, all_gather or a2a+p2p",
+        )
+
+
+MOE_DISPATCHERS = ("allgather", "alltoall")
+"""The token dispatchers priced (``--moe-token-dispatcher-type``); ``flex`` (DeepEP,
+HybridEP) keeps buffers of its own and is refused."""
+MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+"""The router's load-balancing types priced: each keeps [tokens, experts] scores."""
+
+
+def _check_experts(args: MegatronArgs, world_size: int) -> None:
+    """Megatron-LM's own assertions on the expert layout (``arguments.py``,
+    ``parallel_state.py``), and what cpmem prices of MoE."""
+    moe_only = {
+        "--expert-model-parallel-size": args.expert_model_parallel_size != 1,
+        "--moe-ffn-hidden-size": args.moe_ffn_hidden_size is not None,
+        "--moe-shared-expert-intermediate-size": args.moe_shared_expert_intermediate_size
+        is not None,
+    }
+    if args.num_experts is None:
+        for flag, given in moe_only.items():
+            if given:
+                raise InputError(
+                    "megatron_args", flag, "needs --num-experts (Megatron-LM asserts it)"
+                )
+        return
+    experts, ep = args.num_experts, args.expert_model_parallel_size
+    etp = args.expert_tensor_parallel_size or args.tensor_model_parallel_size
+    if experts % ep:
+        raise InputError(
+            "megatron_args",
+            f"--expert-model-parallel-size {ep}",
+            f"does not divide --num-experts {experts} (Megatron-LM asserts it)",
+        )
+    expert_parallel = etp * ep * args.pipeline_model_parallel_size
+    if world_size % expert_parallel:
+        raise InputError(
+            "world_size",
+            world_size,
+            f"is not divisible by ETP x EP x PP = {etp} x {ep} x "
+            f"{args.pipeline_model_parallel_size} (the expert rank generator's layout)",
+        )
+    if args.moe_router_topk > experts:
+        raise InputError(
+            "megatron_args",
+            f"--moe-router-topk {args.moe_router_topk}",
+            f"is above --num-experts {experts}",
+        )
+    if args.moe_layer_freq != 1:
+        raise InputError(
+            "megatron_args",
+            f"--moe-layer-freq {args.moe_layer_freq}",
+            "dense layers between the MoE layers are not priced (only every layer an MoE layer)",
+        )
+    if args.moe_token_dispatcher_type not in MOE_DISPATCHERS:
+        raise InputError(
+            "megatron_args",
+            f"--moe-token-dispatcher-type {args.moe_token_dispatcher_type}",
+            f"is not priced (priced: {', '.join(MOE_DISPATCHERS)})",
+        )
+    if args.moe_router_load_balancing_type not in MOE_LOAD_BALANCING:
+        raise InputError(
+            "megatron_args",
+            f"--moe-router-load-balancing-type {args.moe_router_load_balancing_type}",
+            f"is not priced (priced: {', '.join(MOE_LOAD_BALANCING)})",
+        )
+    if args.moe_router_dtype not in (None, "fp32", "fp64"):
+        raise InputError(
+            "megatron_args",
+            f"--moe-router-dtype {args.moe_router_dtype}",
+            "must be fp32 or fp64",
+        )
+    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        raise InputError(
+            "megatron_args",
+            "--num-experts with --tensor-model-parallel-size > 1",
+            "needs --sequence-parallel (MoELayer raises without it in training)",
         )
 
 

@@ -50,6 +50,11 @@ TE_WORKSPACE_HOPPER = 32 * MIB + KIB
 """Transformer Engine's cuBLASLt workspace from compute capability 9
 (``get_cublas_workspace_size_bytes``, ``cpp_extensions/gemm.py``, TE >= 2.8)."""
 TE_WORKSPACE_PRE_HOPPER = 4 * MIB
+TE_CUBLAS_STREAMS = 4
+"""Transformer Engine's grouped GEMM (``TEGroupedMLP``'s ``GroupedLinear``) runs on 4
+cuBLAS streams, each with a workspace of the size above, allocated on first use and
+kept (``get_multi_stream_cublas_workspace``, ``module/base.py``; ``num_streams`` in its
+common library)."""
 
 
 def cublas_workspace_bytes(config: str) -> int:
@@ -74,26 +79,50 @@ def _norm_params(run: MegatronRun, width: int) -> int:
 
 
 def layer_tensors(run: MegatronRun) -> list[int]:
-    """Element counts of one transformer layer's parameters on a TP rank."""
+    """Element counts of one transformer layer's parameters on a TP rank, but the routed
+    experts' (``expert_layer_tensors``): under MoE the MLP is the router (``[E, h]``,
+    replicated over TP, ``router.py``) and the shared experts (a TP-sharded MLP of
+    ``--moe-shared-expert-intermediate-size``, ``shared_experts.py``)."""
     a = run.args
     h, t, d = a.hidden_size, run.tp, run.head_dim
     q_out = run.heads * d
     qkv_out = (run.heads + 2 * run.kv_groups) * d
-    fc1_out = 2 * run.ffn if run.gated else run.ffn
-    tensors = [
-        qkv_out * h // t,
-        h * q_out // t,
-        fc1_out * h // t,
-        h * run.ffn // t,
-    ]
+    tensors = [qkv_out * h // t, h * q_out // t]
+    biases = [qkv_out // t, h]  # row-parallel biases are whole
+    mlp_widths = [run.ffn] if not run.moe else []
+    shared = a.moe_shared_expert_intermediate_size
+    if run.moe and shared is not None:
+        mlp_widths.append(shared)
+    if run.moe:
+        tensors.append(run.num_experts * h)
+        biases.append(run.num_experts)
+    for f in mlp_widths:
+        fc1_out = 2 * f if run.gated else f
+        tensors += [fc1_out * h // t, h * f // t]
+        biases += [fc1_out // t, h]
     norm = [h, h] if a.normalization == "LayerNorm" else [h]
     tensors += norm + norm  # the attention's and the MLP's input norms
     if a.add_bias_linear:
-        tensors += [qkv_out // t, h, fc1_out // t, h]  # row-parallel biases are whole
+        tensors += biases
     if a.qk_layernorm:
         qk = [d, d] if a.normalization == "LayerNorm" else [d]
         tensors += qk + qk
     return tensors
+
+
+def expert_layer_tensors(run: MegatronRun) -> list[int]:
+    """Element counts of one layer's routed experts on a rank: ``E / EP`` local experts,
+    each an MLP of ``--moe-ffn-hidden-size`` sharded over ETP (``experts.py``:
+    ``SequentialMLP`` and ``TEGroupedMLP`` hold the same elements). Empty for a dense
+    run."""
+    if not run.moe:
+        return []
+    h, e, f = run.args.hidden_size, run.etp, run.moe_ffn
+    fc1_out = 2 * f if run.gated else f
+    one = [fc1_out * h // e, h * f // e]
+    if run.args.add_bias_linear:
+        one += [fc1_out // e, h]
+    return one * run.local_experts
 
 
 def stage_tensors(run: MegatronRun, stage: int) -> tuple[list[int], list[int]]:
@@ -152,15 +181,21 @@ def static_components(run: MegatronRun, stage: int | None = None) -> dict[str, i
     shards = run.dp * run.cp
     p = run.dtype_bytes
     out: dict[str, int] = {}
+    experts = expert_layer_tensors(run) * run.stage_layers
     if a.use_distributed_optimizer:
         buffers = [_last_slice_real(tensors, shards)]
         if shared:
             buffers.append(_last_slice_real(shared, shards))
+        if experts:
+            # the expert-parallel parameters' own buffer, sharded over the expert DP
+            # group (distributed_data_parallel.py: intra_expt_dp_group)
+            buffers.append(_last_slice_real(experts, run.edp))
         padded = sum(numel for numel, _ in buffers)
         out["parameters"] = p * padded
         out["gradient_buffer"] = run.grad_bytes * padded
         optimizer_elements = sum(last for _, last in buffers)
     else:
+        real += sum(experts)
         out["parameters"] = p * real
         out["gradient_buffer"] = run.grad_bytes * real
         optimizer_elements = real
@@ -171,12 +206,22 @@ def static_components(run: MegatronRun, stage: int | None = None) -> dict[str, i
         out["master_gradients"] = 4 * optimizer_elements  # main_grad.float(): a copy
     out["cublas_workspace"] = cublas_workspace(run)
     out["cublaslt_workspace"] = cublas_workspace(run)
-    if a.transformer_impl == "transformer_engine":
+    if a.transformer_impl == "transformer_engine" or _router_te_gemm(run):
         out["te_cublaslt_workspace"] = te_workspace(run)
+    if run.moe and a.moe_grouped_gemm and a.transformer_impl == "transformer_engine":
+        out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace(run)
     mpu = mpu_buffer_bytes(run, stage)
     if mpu:
         out["global_memory_buffer"] = mpu
     return out
+
+
+def _router_te_gemm(run: MegatronRun) -> bool:
+    """The MoE router's gating GEMM runs through Transformer Engine's ``general_gemm``
+    where TE is installed and the router dtype is not fp64 (``moe_utils.py``,
+    ``RouterGatingLinearFunction``), whichever ``--transformer-impl``: it allocates TE's
+    cuBLASLt workspace."""
+    return run.moe and run.args.moe_router_dtype != "fp64"
 
 
 def cublas_workspace(run: MegatronRun) -> int:
@@ -211,6 +256,11 @@ def mpu_buffer_bytes(run: MegatronRun, stage: int) -> int:
     sizes = [0]
     if run.sp and stage == run.pp - 1:
         sizes.append(dtype * run.tokens * a.hidden_size)  # the output layer's gathered input
+    if run.moe and a.moe_token_dispatcher_type == "allgather" and (run.etp > 1 or run.ep > 1):
+        # the allgather dispatcher gathers the MoE input over ETP x EP into this buffer
+        # (token_dispatcher.py, ``use_global_buffer=True``)
+        n_sp = run.tokens // run.tp if run.sp else run.tokens
+        sizes.append(dtype * n_sp * run.etp * run.ep * a.hidden_size)
     if run.attention_backend == "local":
         s_k = a.seq_length // run.cp
         sizes.append(

@@ -226,6 +226,12 @@ def render_megatron_estimate(est: MegatronEstimate) -> str:
         f"({run.rank_asked}; stage {est.stage} of {run.pp}), TP {run.tp} PP {run.pp} "
         f"CP {run.cp} DP {run.dp}"
         + (f" VP {run.virtual_chunks}" if run.virtual_chunks > 1 else "")
+        + (
+            f", {run.num_experts} experts: EP {run.ep} ETP {run.etp} expert-DP {run.edp}, "
+            f"{run.routing} routing"
+            if run.moe
+            else ""
+        )
         + f", {run.microbatches} micro-batches, {run.device.name}, attention "
         f"{run.attention_backend}"
         + (" (auto: the covering backend)" if run.args.attention_backend == "auto" else ""),

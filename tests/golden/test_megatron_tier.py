@@ -63,15 +63,17 @@ def adam_free() -> MegatronTier:
         return run_tier(GOLDEN)
 
 
-def test_the_tier_passes_over_the_gpt_recordings(tier: MegatronTier) -> None:
+def test_the_tier_passes_over_the_gpt_and_moe_recordings(tier: MegatronTier) -> None:
     assert tier.passed
     assert all(tier.failing(check) == [] for check in CHECKS)
     assert tier.median_headroom <= 0.10
-    gpt = load_recordings(GOLDEN, "gpt")
+    every = load_recordings(GOLDEN)
     refused = sum(len(ids) for ids in tier.refused.values())
-    # every GPT recording is priced, refused, unnamed or empty: none is lost
-    assert len(tier.rows) + refused + len(tier.unnamed_platform) + len(tier.no_values) == len(gpt)
-    assert len(tier.rows) > 350
+    # every recording is priced, refused, unnamed or empty: none is lost
+    assert len(tier.rows) + refused + len(tier.unnamed_platform) + len(tier.no_values) == len(every)
+    assert sum(r.recording.family == "gpt" for r in tier.rows) > 350
+    # 99 of the 116 MoE recordings name a platform and are priced (recordings.csv)
+    assert sum(r.recording.family == "moe" for r in tier.rows) > 90
     # each check passes on most rows by itself, not by declaration
     assert tier.count("static") > len(tier.rows) // 2
     assert tier.count("covers") > 0.95 * len(tier.rows)
@@ -127,3 +129,40 @@ def test_an_estimator_without_adams_moments_fails_static(adam_free: MegatronTier
 def test_no_declaration_excuses_a_missing_optimizer_term(adam_free: MegatronTier) -> None:
     missed = [row for row in adam_free.rows if not row.passed("static")]
     assert len(adam_free.failing("static")) == len(missed)
+
+
+def test_every_moe_recording_is_covered_and_its_static_within_4_percent(tier: MegatronTier) -> None:
+    """The MoE recordings' static bytes (the experts' own buffers over the expert DP
+    group, the grouped GEMM's stream workspaces) within 4% of the measured, and every
+    peak covered by the worst-case routing priced."""
+    moe = [r for r in tier.rows if r.recording.family == "moe"]
+    assert moe
+    assert all(abs(r.static_error) < 0.04 for r in moe)
+    assert all(r.passed("covers") for r in moe)
+
+
+def test_an_estimator_without_the_expert_parameters_fails_static() -> None:
+    """The experts hold most of an MoE run's parameters: dropping them misses every MoE
+    recording's static bytes by more than 3%."""
+    import cpmem.megatron.static as static_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(static_module, "expert_layer_tensors", lambda run: [])
+        broken = run_tier(GOLDEN, "moe")
+    assert not broken.passed
+    assert all(not r.passed("static") for r in broken.rows)
+
+
+def test_an_estimator_without_the_routed_rows_fails_covers() -> None:
+    """The routed experts' saved tensors (fc1's input, outputs and the activation) are
+    most of an MoE layer's activations: without them the peaks are missed."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("expert_inputs", "expert_mlp"):
+            patch.setattr(
+                activations_module,
+                "moe_components",
+                _without(activations_module.moe_components, name),
+            )
+        broken = run_tier(GOLDEN, "moe")
+    assert not broken.passed
+    assert len(broken.failing("covers")) > len(broken.rows) // 2

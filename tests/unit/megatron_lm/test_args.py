@@ -216,7 +216,11 @@ def test_an_argument_not_given_takes_megatron_lms_default(
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--fp8-format", "hybrid"), ("--num-experts", 8), ("--recompute-modules", "core_attn")],
+    [
+        ("--fp8-format", "hybrid"),
+        ("--moe-expert-capacity-factor", 1.5),
+        ("--recompute-modules", "core_attn"),
+    ],
 )
 def test_a_refused_flag_is_named_in_the_error(flag: str, value: object) -> None:
     assert flag in REFUSED
