@@ -16,7 +16,7 @@ from cpmem.admission.capacity import DEFAULT_PACK, capacity
 from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
-from cpmem.model.presets import PRESETS
+from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
@@ -478,6 +478,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         rows.append(
             {
                 "name": g.name,
+                "family": g.family or "measured preset",
+                "measured": g.name in MEASURED,
                 "aliases": list(g.aliases),
                 "hidden": g.hidden,
                 "layers": g.layers,
@@ -492,12 +494,14 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(
-        f"{'name':<18} {'hidden':>6} {'layers':>6} {'gdn':>4} {'moe':>4} {'ffn':>6}  heads(q/kv/d)  aliases"
+        f"{'name':<18} {'hidden':>6} {'layers':>6} {'gdn':>4} {'moe':>4} {'ffn':>6}  "
+        "heads(q/kv/d)  measured  aliases"
     )
     for r in rows:
         print(
             f"{r['name']:<18} {r['hidden']:>6} {r['layers']:>6} {r['gdn_layers']:>4} "
-            f"{r['moe_layers']:>4} {r['ffn']:>6}  {r['heads']:<13}  {', '.join(r['aliases'])}"
+            f"{r['moe_layers']:>4} {r['ffn']:>6}  {r['heads']:<13}  "
+            f"{'yes' if r['measured'] else 'no':<8}  {', '.join(r['aliases'])}"
         )
     return 0
 

@@ -10,6 +10,7 @@ from cpmem.errors import InputError, require_nonnegative_int, require_positive_i
 
 MixerKind = Literal["attention", "gdn"]
 MlpKind = Literal["dense", "moe"]
+RouterScoring = Literal["topk_softmax", "softmax_topk", "sigmoid"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,43 @@ class ModelGeometry:
     fused_swiglu: bool = True
     activation_clamp: float | None = None
     tied_embeddings: bool = False
+    # per layer: its sliding attention window in tokens, 0 for full causal attention
+    # (Gemma, gpt-oss, Mistral); () means every layer attends fully. Under CP it bounds
+    # the other ranks' keys a layer needs (``cpmem.pricing.cp_comm``).
+    windows: tuple[int, ...] = ()
+    # Gemma's sandwich norms: a post-attention and a post-feed-forward RMSNorm, each saving
+    # its H-wide input, beside the two pre-norms every family has
+    sandwich_norms: bool = False
+    # q/k RMSNorm before rope (Qwen3, Qwen3.5, Gemma 3; not Llama, Gemma 2, gpt-oss): only
+    # its two head_dim-wide weights; the normed copies are priced with the projection
+    qk_norm: bool = True
+    # the LM head's final logit soft-capping ``cap * tanh(logits / cap)`` (Gemma 2)
+    final_logit_softcap: float | None = None
+    # frozen biases: only their parameters (a frozen linear's bias saves nothing)
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    router_bias: bool = False
+    # gpt-oss's learned per-head attention sink logits (one fp32-sized scalar per head)
+    attention_sinks: bool = False
+    # how the router scores the experts: top-k of the logits then a softmax over them
+    # (Qwen3.5-MoE, gpt-oss), a softmax over every expert then top-k (Qwen3-MoE), or a
+    # sigmoid per expert (DeepSeek-V3); the latter two keep an E-wide fp32 score per token
+    router_scoring: RouterScoring = "topk_softmax"
+    # whether the shared expert's output is scaled by a sigmoid gate (Qwen3.5-MoE,
+    # Qwen3-Next) or added as is (DeepSeek-V3's shared experts)
+    shared_expert_gate: bool = True
+    # multi-head latent attention (DeepSeek-V3, Kimi-K2, Moonlight): the query's low-rank
+    # projection (0: a plain query projection), the compressed KV rank, and the per-head
+    # rope / no-rope query-key dims and value dim. ``head_dim`` is then nope + rope and
+    # ``kv_groups`` the query heads.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # the Hugging Face ``model_type`` the shapes were read from ("" for a preset of the
+    # measured families); a label: the fields above carry every shape it implies
+    family: str = field(default="", compare=False)
     aliases: tuple[str, ...] = field(default=(), compare=False)
     # the longest sequence the model's positions cover (config ``max_position_embeddings``);
     # None: not recorded. Not a shape: it prices nothing, so geometries compare without it.
@@ -61,8 +99,36 @@ class ModelGeometry:
             "moe_top_k",
             "expert_ffn",
             "shared_expert_ffn",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
         ):
             require_nonnegative_int(name, getattr(self, name))
+        if self.windows and len(self.windows) != len(self.mixers):
+            raise InputError(
+                "windows", len(self.windows), f"must name one window per layer ({len(self.mixers)})"
+            )
+        for i, w in enumerate(self.windows):
+            require_nonnegative_int(f"windows[{i}]", w)
+        if self.kv_lora_rank:
+            for name in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+                require_positive_int(name, getattr(self, name))
+            if self.head_dim != self.qk_rope_head_dim + self.qk_nope_head_dim:
+                raise InputError(
+                    "head_dim", self.head_dim, "must be qk_nope_head_dim + qk_rope_head_dim (MLA)"
+                )
+            if self.kv_groups != self.q_heads:
+                raise InputError("kv_groups", self.kv_groups, "must equal q_heads under MLA")
+        if self.router_scoring not in ("topk_softmax", "softmax_topk", "sigmoid"):
+            raise InputError(
+                "router_scoring",
+                self.router_scoring,
+                "must be topk_softmax, softmax_topk or sigmoid",
+            )
+        if self.final_logit_softcap is not None and not self.final_logit_softcap > 0:
+            raise InputError("final_logit_softcap", self.final_logit_softcap, "must be > 0")
         if not self.mixers:
             raise InputError("mixers", self.mixers, "a model needs at least one layer")
         if len(self.mlps) != len(self.mixers):
@@ -141,6 +207,37 @@ class ModelGeometry:
         return self.kv_groups * self.head_dim
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (a compressed KV rank is set)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def value_head_dim(self) -> int:
+        """Per-head width of V and of the attention output: MLA's ``v_head_dim``, else
+        ``head_dim``."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def kv_pair_width(self) -> int:
+        """K and V together per token: ``kv_groups x (head_dim + value_head_dim)``."""
+        return self.kv_groups * (self.head_dim + self.value_head_dim)
+
+    @property
+    def attention_output_width(self) -> int:
+        """The attention output per token (the output projection's input):
+        ``q_heads x value_head_dim``."""
+        return self.q_heads * self.value_head_dim
+
+    @property
+    def windowed(self) -> bool:
+        """Whether any layer attends over a sliding window."""
+        return any(self.windows)
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window in tokens (0: full attention)."""
+        return self.windows[layer] if self.windows else 0
+
+    @property
     def gdn_key_width(self) -> int:
         """K = gdn_key_heads x gdn_key_dim."""
         return self.gdn_key_heads * self.gdn_key_dim
@@ -195,3 +292,12 @@ def hybrid_layout(layers: int, full_attention_interval: int) -> tuple[MixerKind,
     return tuple(
         "attention" if (i + 1) % full_attention_interval == 0 else "gdn" for i in range(layers)
     )
+
+
+def sliding_layout(layers: int, window: int, full_attention_interval: int) -> tuple[int, ...]:
+    """Per-layer windows of a stack whose every ``interval``-th layer attends fully and
+    the others over ``window`` tokens (gpt-oss and Gemma 2: every 2nd; Gemma 3: every
+    6th)."""
+    require_positive_int("window", window)
+    require_positive_int("full_attention_interval", full_attention_interval)
+    return tuple(0 if (i + 1) % full_attention_interval == 0 else window for i in range(layers))

@@ -1,12 +1,19 @@
 """Geometry from a Hugging Face ``config.json`` (a path or an already-parsed dict).
 
-Families: ``qwen3`` (dense), ``qwen3_5`` / ``qwen3_5_moe`` (text config nested under
-``text_config`` or not), ``qwen3_next``, and llama-like dense models. No network and
-no transformers dependency: the fields are read directly.
+Families (``cpmem.model.hf_fields.FAMILIES``): dense ``qwen3``, ``qwen2``, ``llama``,
+``mistral``; the hybrids ``qwen3_5`` / ``qwen3_5_moe`` (text config nested under
+``text_config`` or not) and ``qwen3_next``; the MoE ``qwen3_moe`` and ``gpt_oss``;
+``gemma2`` and ``gemma3_text`` (Gemma 3's ``gemma3`` wrapper through its text config);
+and multi-head latent attention with DeepSeek-V3's experts, ``deepseek_v3`` / ``kimi_k2``.
+Any other ``model_type`` is refused, with or without ``layer_types``, and so is every
+field a family's reader does not read and that is not known to change no memory
+(``hf_fields.check_fields``). No network and no transformers dependency: the fields are
+read directly, with each family's defaults as its ``configuration_*.py`` in transformers
+states them.
 
 Whether the runtime fuses the SwiGLU activation is a property of the runtime, not
 of the checkpoint; the default follows the measurements (Qwen3.5 / Qwen3-Next
-families fused, other dense families unfused) and callers may override it.
+families fused, other families unfused) and callers may override it.
 """
 
 from __future__ import annotations
@@ -16,11 +23,29 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import ConfigError
-from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, hybrid_layout
+from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, RouterScoring, hybrid_layout
+from cpmem.model.hf_fields import FAMILIES, check_fields
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 DENSE_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
+GEMMA_FAMILIES = ("gemma2", "gemma3_text")
+MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
 FUSED_BY_DEFAULT = HYBRID_FAMILIES
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+"""The gated MLP activations priced: SwiGLU's ``silu`` and Gemma's tanh-approximated
+GeGLU, whose unfused form keeps the same tensors (the activation's input, its output and
+the product's other factor)."""
+_ROUTER_SCORING: dict[str, RouterScoring] = {
+    "qwen3_moe": "softmax_topk",
+    "deepseek_v3": "sigmoid",
+    "kimi_k2": "sigmoid",
+}
+"""Routers that score every expert before the top-k (transformers' ``Qwen3MoeSparseMoeBlock``
+softmaxes all router logits; ``DeepseekV3TopkRouter`` takes their sigmoid); the others
+(Qwen3.5-MoE, gpt-oss) pick the top-k logits first."""
+GEMMA3_SLIDING_PATTERN = 6
+"""Gemma 3: every sixth layer attends fully, the others over the sliding window
+(``sliding_window_pattern``'s default in transformers' ``Gemma3TextConfig``)."""
 
 
 def load_config(
@@ -50,28 +75,57 @@ def load_config(
     family = str(text.get("model_type") or raw.get("model_type") or "")
     if not family:
         raise ConfigError("model_type", None, "missing; cannot tell the model family")
-    hybrid = family in HYBRID_FAMILIES
-    if not hybrid and family not in DENSE_FAMILIES and "layer_types" not in text:
-        raise ConfigError(
-            "model_type",
-            family,
-            f"unsupported family; supported: {sorted(HYBRID_FAMILIES + DENSE_FAMILIES)}",
-        )
+    if family not in FAMILIES:
+        raise ConfigError("model_type", family, f"unsupported family; supported: {list(FAMILIES)}")
+    check_fields(text, family, outer=raw if text is not raw else None)
+    return _read(raw, text, family, label, fused_swiglu)
+
+
+def _read(
+    raw: dict[str, Any],
+    text: dict[str, Any],
+    family: str,
+    label: str,
+    fused_swiglu: bool | None,
+) -> ModelGeometry:
     reader = _Fields(text)
     layers = reader.int("num_hidden_layers")
     hidden = reader.int("hidden_size")
     q_heads = reader.int("num_attention_heads")
-    kv_groups = reader.int("num_key_value_heads", default=q_heads)
+    mla = family in MLA_FAMILIES
+    kv_groups = q_heads if mla else reader.int("num_key_value_heads", default=q_heads)
+    gemma = family in GEMMA_FAMILIES
     head_dim = reader.int("head_dim", default=hidden // q_heads)
+    mla_dims: dict[str, int] = {}
+    if mla:
+        mla_dims = {
+            "q_lora_rank": reader.int("q_lora_rank", default=0, nullable=True),
+            "kv_lora_rank": reader.int("kv_lora_rank"),
+            "qk_rope_head_dim": reader.int("qk_rope_head_dim"),
+            "qk_nope_head_dim": reader.int("qk_nope_head_dim"),
+            "v_head_dim": reader.int("v_head_dim"),
+        }
+        head_dim = mla_dims["qk_rope_head_dim"] + mla_dims["qk_nope_head_dim"]
+    if mla and text.get("attention_bias"):
+        raise ConfigError("attention_bias", True, "latent attention's biases are not priced")
+    hybrid = family in HYBRID_FAMILIES
     mixers = _mixers(reader, layers, hybrid)
-    mlps = _mlps(reader, layers)
+    mlps = _mlps(reader, layers, family)
     is_gdn = "gdn" in mixers
     is_moe = "moe" in mlps
+    act = text.get("hidden_activation", text.get("hidden_act", "silu"))
+    if act not in ACTIVATIONS:
+        key = "hidden_activation" if "hidden_activation" in text else "hidden_act"
+        raise ConfigError(key, act, f"unsupported MLP activation; priced: {list(ACTIVATIONS)}")
     clamp = text.get("swiglu_limit") or text.get("activation_clamp")
     if fused_swiglu is None:
         fused_swiglu = family in FUSED_BY_DEFAULT
+    softcap = text.get("final_logit_softcapping")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, int | float)):
+        raise ConfigError("final_logit_softcapping", softcap, "must be a number or null")
     return ModelGeometry(
         name=label,
+        family=family,
         hidden=hidden,
         ffn=reader.int("intermediate_size") if "dense" in mlps else 0,
         mixers=mixers,
@@ -85,18 +139,28 @@ def load_config(
         gdn_value_heads=reader.int("linear_num_value_heads") if is_gdn else 0,
         gdn_value_dim=reader.int("linear_value_head_dim") if is_gdn else 0,
         gdn_conv_kernel=reader.int("linear_conv_kernel_dim") if is_gdn else 0,
-        num_experts=reader.int("num_experts") if is_moe else 0,
-        moe_top_k=reader.int("num_experts_per_tok") if is_moe else 0,
-        expert_ffn=reader.int("moe_intermediate_size") if is_moe else 0,
-        shared_expert_ffn=(
-            reader.int("shared_expert_intermediate_size", default=0) if is_moe else 0
-        ),
+        **(_experts(reader, family) if is_moe else {}),
         fused_swiglu=fused_swiglu,
         activation_clamp=float(clamp) if clamp else None,
         vocab=reader.int("vocab_size", root=raw),
         tied_embeddings=bool(
-            text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))
+            text.get("tie_word_embeddings", raw.get("tie_word_embeddings", gemma))
         ),
+        windows=_windows(reader, layers, family),
+        sandwich_norms=gemma,
+        qk_norm=family not in ("gemma2", "gpt_oss", *MLA_FAMILIES),
+        final_logit_softcap=float(softcap) if softcap is not None else None,
+        attention_bias=bool(text.get("attention_bias", family == "gpt_oss")),
+        mlp_bias=bool(text.get("mlp_bias", family == "gpt_oss")),
+        router_bias=family == "gpt_oss",
+        attention_sinks=family == "gpt_oss",
+        shared_expert_gate=family not in MLA_FAMILIES,
+        router_scoring=_ROUTER_SCORING.get(family, "topk_softmax"),
+        q_lora_rank=mla_dims.get("q_lora_rank", 0),
+        kv_lora_rank=mla_dims.get("kv_lora_rank", 0),
+        qk_rope_head_dim=mla_dims.get("qk_rope_head_dim", 0),
+        qk_nope_head_dim=mla_dims.get("qk_nope_head_dim", 0),
+        v_head_dim=mla_dims.get("v_head_dim", 0),
         max_position_embeddings=(
             reader.int("max_position_embeddings", root=raw)
             if text.get("max_position_embeddings", raw.get("max_position_embeddings")) is not None
@@ -111,12 +175,21 @@ class _Fields:
     def __init__(self, text: dict[str, Any]) -> None:
         self.text = text
 
-    def int(self, key: str, default: int | None = None, root: dict[str, Any] | None = None) -> int:
+    def int(
+        self,
+        key: str,
+        default: int | None = None,
+        root: dict[str, Any] | None = None,
+        nullable: bool = False,
+    ) -> int:
+        """The field as a non-negative int; ``default`` where it is absent (or, when
+        ``nullable``, null)."""
+        present = key in self.text
         value = self.text.get(key)
         if value is None and root is not None:
-            value = root.get(key)
+            present, value = key in root, root.get(key)
         if value is None:
-            if default is not None:
+            if default is not None and (not present or nullable):
                 return default
             raise ConfigError(key, None, "missing from config")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -124,17 +197,24 @@ class _Fields:
         return value
 
 
+def _layer_types(reader: _Fields, layers: int) -> list[str] | None:
+    types = reader.text.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != layers:
+        raise ConfigError("layer_types", types, f"must list one type per layer ({layers})")
+    return types
+
+
 def _mixers(reader: _Fields, layers: int, hybrid: bool) -> tuple[MixerKind, ...]:
     text = reader.text
-    types = text.get("layer_types")
+    types = _layer_types(reader, layers)
     if types is not None:
-        if not isinstance(types, list) or len(types) != layers:
-            raise ConfigError("layer_types", types, f"must list one type per layer ({layers})")
         out: list[MixerKind] = []
         for i, kind in enumerate(types):
             if kind in ("full_attention", "attention", "sliding_attention"):
                 out.append("attention")
-            elif kind in ("linear_attention", "gated_deltanet"):
+            elif kind in ("linear_attention", "gated_deltanet") and hybrid:
                 out.append("gdn")
             else:
                 raise ConfigError(f"layer_types[{i}]", kind, "unsupported layer type")
@@ -152,16 +232,100 @@ def _mixers(reader: _Fields, layers: int, hybrid: bool) -> tuple[MixerKind, ...]
     return (attention,) * layers
 
 
-def _mlps(reader: _Fields, layers: int) -> tuple[MlpKind, ...]:
+def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
+    """Each layer's sliding window (0: full attention), by the family's rule:
+    ``layer_types``' ``sliding_attention`` layers where listed; otherwise Gemma 2's
+    alternation (even layers slide), Gemma 3's ``sliding_window_pattern``, Mistral's
+    every layer, Qwen2/Qwen3's layers from ``max_window_layers`` on when
+    ``use_sliding_window`` is set (transformers' ``Qwen3Config``)."""
     text = reader.text
-    experts = text.get("num_experts") or text.get("n_routed_experts")
+    window = text.get("sliding_window")
+    if window is None:
+        return ()
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError("sliding_window", window, "must be a positive integer or null")
+    types = _layer_types(reader, layers)
+    sliding: list[bool]
+    if types is not None:
+        sliding = [t == "sliding_attention" for t in types]
+    elif family == "gemma2":
+        sliding = [i % 2 == 0 for i in range(layers)]
+    elif family == "gemma3_text":
+        pattern = reader.int("sliding_window_pattern", default=GEMMA3_SLIDING_PATTERN)
+        if pattern < 1:
+            raise ConfigError("sliding_window_pattern", pattern, "must be a positive integer")
+        sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    elif family == "mistral":
+        sliding = [True] * layers
+    elif family in ("qwen2", "qwen3", "qwen3_moe"):
+        if not text.get("use_sliding_window", False):
+            return ()
+        start = reader.int("max_window_layers", default=layers)
+        sliding = [i >= start for i in range(layers)]
+    else:
+        return ()
+    if not any(sliding):
+        return ()
+    return tuple(window if s else 0 for s in sliding)
+
+
+def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
+    """Each layer's feed-forward kind, by the family's rule: Qwen's ``mlp_only_layers``
+    and ``decoder_sparse_step``; DeepSeek-V3's ``first_k_dense_replace`` dense layers and
+    ``moe_layer_freq``; gpt-oss's experts in every layer."""
+    text = reader.text
+    dense: MlpKind = "dense"
+    if family in MLA_FAMILIES:
+        if not text.get("n_routed_experts"):
+            return (dense,) * layers
+        first = reader.int("first_k_dense_replace", default=0)
+        freq = reader.int("moe_layer_freq", default=1)
+        if freq < 1:
+            raise ConfigError("moe_layer_freq", freq, "must be a positive integer")
+        kinds: tuple[MlpKind, ...] = tuple(
+            "moe" if i >= first and i % freq == 0 else "dense" for i in range(layers)
+        )
+        return kinds
+    if family == "gpt_oss":
+        reader.int("num_local_experts")
+        moe: MlpKind = "moe"
+        return (moe,) * layers
+    experts = text.get("num_experts")
     if not experts:
-        dense: MlpKind = "dense"
         return (dense,) * layers
-    if "num_experts" not in text:
-        raise ConfigError("num_experts", None, "MoE configs must name num_experts")
     step = text.get("decoder_sparse_step", 1) or 1
-    dense_only = set(text.get("mlp_only_layers") or [])
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ConfigError("decoder_sparse_step", step, "must be a positive integer")
+    only = text.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in only
+    ):
+        raise ConfigError("mlp_only_layers", only, f"must list layer indices below {layers}")
+    dense_only = set(only)
     return tuple(
         "moe" if (i not in dense_only and (i + 1) % step == 0) else "dense" for i in range(layers)
     )
+
+
+def _experts(reader: _Fields, family: str) -> dict[str, Any]:
+    """The routed and shared experts' shapes, under each family's field names."""
+    if family in MLA_FAMILIES:
+        expert_ffn = reader.int("moe_intermediate_size")
+        return {
+            "num_experts": reader.int("n_routed_experts"),
+            "moe_top_k": reader.int("num_experts_per_tok"),
+            "expert_ffn": expert_ffn,
+            "shared_expert_ffn": reader.int("n_shared_experts", default=0) * expert_ffn,
+        }
+    if family == "gpt_oss":
+        return {
+            "num_experts": reader.int("num_local_experts"),
+            "moe_top_k": reader.int("num_experts_per_tok"),
+            "expert_ffn": reader.int("intermediate_size"),
+        }
+    return {
+        "num_experts": reader.int("num_experts"),
+        "moe_top_k": reader.int("num_experts_per_tok"),
+        "expert_ffn": reader.int("moe_intermediate_size"),
+        "shared_expert_ffn": reader.int("shared_expert_intermediate_size", default=0),
+    }

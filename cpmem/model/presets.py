@@ -1,7 +1,10 @@
-"""Built-in geometries: the four models the golden measurements were taken on.
+"""Built-in geometries: the four models the golden measurements were taken on, and one or
+two published models of each family cpmem prices without a measurement.
 
-Source of every figure: the geometry table of the measured sources
-(`golden/sources/README.md`). ``Qwen/Qwen3.8-27B`` is the name the measurements
+Source of the measured four's figures: the geometry table of the measured sources
+(`golden/sources/README.md`). The others restate their published ``config.json``
+(`examples/<name>/config.json`, which a test reads back to the same geometry; their
+parameter totals are held to the published model cards there too). ``Qwen/Qwen3.8-27B`` is the name the measurements
 recorded for the Qwen3.5-27B geometry. ``max_position_embeddings`` is each model's
 published ``config.json`` value (Qwen3-1.7B 40,960; the Qwen3.5 hybrids 262,144).
 """
@@ -9,7 +12,7 @@ published ``config.json`` value (Qwen3-1.7B 40,960; the Qwen3.5 hybrids 262,144)
 from __future__ import annotations
 
 from cpmem.errors import UnknownModelError
-from cpmem.model.geometry import ModelGeometry, hybrid_layout
+from cpmem.model.geometry import ModelGeometry, hybrid_layout, sliding_layout
 
 PRESETS: dict[str, ModelGeometry] = {
     g.name: g
@@ -94,8 +97,145 @@ PRESETS: dict[str, ModelGeometry] = {
             tied_embeddings=True,
             max_position_embeddings=40960,
         ),
+        ModelGeometry(
+            name="qwen3-30b-a3b",
+            aliases=("Qwen/Qwen3-30B-A3B",),
+            family="qwen3_moe",
+            hidden=2048,
+            mixers=("attention",) * 48,
+            mlps=("moe",) * 48,
+            q_heads=32,
+            kv_groups=4,
+            head_dim=128,
+            num_experts=128,
+            moe_top_k=8,
+            expert_ffn=768,
+            router_scoring="softmax_topk",
+            fused_swiglu=False,
+            vocab=151936,
+            max_position_embeddings=40960,
+        ),
+        ModelGeometry(
+            name="gpt-oss-20b",
+            aliases=("openai/gpt-oss-20b",),
+            family="gpt_oss",
+            hidden=2880,
+            mixers=("attention",) * 24,
+            mlps=("moe",) * 24,
+            q_heads=64,
+            kv_groups=8,
+            head_dim=64,
+            windows=sliding_layout(24, 128, 2),
+            qk_norm=False,
+            attention_bias=True,
+            attention_sinks=True,
+            num_experts=32,
+            moe_top_k=4,
+            expert_ffn=2880,
+            mlp_bias=True,
+            router_bias=True,
+            fused_swiglu=False,
+            activation_clamp=7.0,
+            vocab=201088,
+            max_position_embeddings=131072,
+        ),
+        ModelGeometry(
+            name="gemma-3-12b",
+            aliases=("google/gemma-3-12b-pt",),
+            family="gemma3_text",
+            hidden=3840,
+            ffn=15360,
+            mixers=("attention",) * 48,
+            mlps=("dense",) * 48,
+            q_heads=16,
+            kv_groups=8,
+            head_dim=256,
+            windows=sliding_layout(48, 1024, 6),
+            sandwich_norms=True,
+            fused_swiglu=False,
+            vocab=262208,
+            tied_embeddings=True,
+            max_position_embeddings=131072,
+        ),
+        ModelGeometry(
+            name="gemma-2-9b",
+            aliases=("google/gemma-2-9b",),
+            family="gemma2",
+            hidden=3584,
+            ffn=14336,
+            mixers=("attention",) * 42,
+            mlps=("dense",) * 42,
+            q_heads=16,
+            kv_groups=8,
+            head_dim=256,
+            windows=sliding_layout(42, 4096, 2),
+            sandwich_norms=True,
+            qk_norm=False,
+            final_logit_softcap=30.0,
+            fused_swiglu=False,
+            vocab=256000,
+            tied_embeddings=True,
+            max_position_embeddings=8192,
+        ),
+        ModelGeometry(
+            name="deepseek-v3",
+            aliases=("deepseek-ai/DeepSeek-V3",),
+            family="deepseek_v3",
+            hidden=7168,
+            ffn=18432,
+            mixers=("attention",) * 61,
+            mlps=("dense",) * 3 + ("moe",) * 58,
+            q_heads=128,
+            kv_groups=128,
+            head_dim=192,
+            qk_norm=False,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            num_experts=256,
+            moe_top_k=8,
+            expert_ffn=2048,
+            shared_expert_ffn=2048,
+            shared_expert_gate=False,
+            router_scoring="sigmoid",
+            fused_swiglu=False,
+            vocab=129280,
+            max_position_embeddings=163840,
+        ),
+        ModelGeometry(
+            name="moonlight-16b-a3b",
+            aliases=("moonshotai/Moonlight-16B-A3B",),
+            family="deepseek_v3",
+            hidden=2048,
+            ffn=11264,
+            mixers=("attention",) * 27,
+            mlps=("dense",) + ("moe",) * 26,
+            q_heads=16,
+            kv_groups=16,
+            head_dim=192,
+            qk_norm=False,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            num_experts=64,
+            moe_top_k=6,
+            expert_ffn=1408,
+            shared_expert_ffn=2816,
+            shared_expert_gate=False,
+            router_scoring="sigmoid",
+            fused_swiglu=False,
+            vocab=163840,
+            max_position_embeddings=8192,
+        ),
     )
 }
+
+MEASURED = ("qwen3.5-27b", "qwen3.5-4b", "qwen3.5-35b-a3b", "qwen3-1.7b")
+"""The presets the golden cells were measured on; the others are priced by structure only
+(their layers checked by the rank simulator's grid, golden/simulated/)."""
 
 _BY_KEY: dict[str, ModelGeometry] = {}
 for _g in PRESETS.values():

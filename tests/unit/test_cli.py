@@ -134,8 +134,13 @@ def test_admit_fits_under_busiest_rank_and_is_refused_globally(capsys):
 
 def test_models_lists_presets(capsys):
     assert main(["models", "--json"]) == 0
-    names = {m["name"] for m in json.loads(capsys.readouterr().out)}
-    assert names == {"qwen3.5-27b", "qwen3.5-4b", "qwen3.5-35b-a3b", "qwen3-1.7b"}
+    models = {m["name"]: m for m in json.loads(capsys.readouterr().out)}
+    measured = {name for name, m in models.items() if m["measured"]}
+    assert measured == {"qwen3.5-27b", "qwen3.5-4b", "qwen3.5-35b-a3b", "qwen3-1.7b"}
+    assert {"qwen3-30b-a3b", "gpt-oss-20b", "gemma-3-12b", "gemma-2-9b", "deepseek-v3"} <= set(
+        models
+    )
+    assert models["gemma-2-9b"]["family"] == "gemma2"
 
 
 @pytest.mark.parametrize(
