@@ -35,16 +35,30 @@ MASK_ELEMENTS = 0.5
 def _input_widths(geometry: ModelGeometry, tp: int) -> dict[str, tuple[str, float]]:
     """Per target: the layer part it sits in (``attention``, ``gdn``, ``mlp``, ``expert``)
     and the width of the adapter's input per token (experts: per routed row)."""
-    q, v = geometry.q_width, geometry.gdn_value_width
+    v = geometry.gdn_value_width
+    qkv = float(geometry.hidden)
+    if geometry.is_mla:  # each projection's own dropout mask: both down, both up inputs
+        qkv = 2 * geometry.hidden + geometry.kv_lora_rank + geometry.q_lora_rank
     return {
-        "qkv": ("attention", geometry.hidden),
-        "proj": ("attention", q / tp),
+        "qkv": ("attention", qkv),
+        "proj": ("attention", geometry.attention_output_width / tp),
         "gdn_in": ("gdn", geometry.hidden),
         "gdn_out": ("gdn", v / tp),
         "fc1": ("mlp", geometry.hidden),
         "fc2": ("mlp", geometry.ffn / tp),
         "experts": ("expert", geometry.hidden + geometry.expert_ffn),
     }
+
+
+def projections(geometry: ModelGeometry, target: str) -> int:
+    """Linear layers one target names in a layer: two per routed expert row (fc1, fc2);
+    under multi-head latent attention ``qkv`` is the query's and the KV's down and up
+    projections (three without ``q_lora_rank``: one plain query projection); one else."""
+    if target == "experts":
+        return 2
+    if target == "qkv" and geometry.is_mla:
+        return 4 if geometry.q_lora_rank else 3
+    return 1
 
 
 def pinned_width(geometry: ModelGeometry, target: str, tp: int, sp: bool, core_kept: bool) -> int:
@@ -64,7 +78,7 @@ def pinned_width(geometry: ModelGeometry, target: str, tp: int, sp: bool, core_k
         "qkv": gathered,
         "fc1": gathered,
         "gdn_in": gathered,
-        "proj": 0 if core_kept else geometry.q_width // tp,
+        "proj": 0 if core_kept else geometry.attention_output_width // tp,
         "gdn_out": geometry.gdn_value_width // tp,
         "fc2": geometry.ffn // tp,
         "experts": 0,
@@ -97,7 +111,7 @@ def extra_width(
         if not adapter.adapts(target):
             total -= pinned_width(geometry, target, tp, sp, core_kept)
             continue
-        total += (2 if target == "experts" else 1) * (adapter.rank - 1)
+        total += projections(geometry, target) * (adapter.rank - 1)
         if adapter.dropout:
             total += MASK_ELEMENTS * width
             if target == "proj" and core_kept:

@@ -40,7 +40,7 @@ def kept_remote_ranks(step: Step) -> int:
 def kv_local_width(step: Step) -> int:
     """K and V of the rank's own tokens, per token, at its TP share of the KV heads."""
     g, tp = step.geometry, step.plan.layout.tp
-    return 2 * (g.kv_width // min(tp, g.kv_groups))
+    return g.kv_pair_width // min(tp, g.kv_groups)
 
 
 def forward_in_flight_width(step: Step) -> int:

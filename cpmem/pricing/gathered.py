@@ -26,11 +26,12 @@ def keeps_gathered_kv(inputs: Step) -> bool:
 
 def gathered_kv_width(inputs: Step, remote_ranks: int) -> int:
     """Elements per token of ``remote_ranks`` other CP ranks' K and V that one attention
-    layer's core holds, at the rank's TP share of the KV heads: ``remote x 2 x KV_local``."""
+    layer's core holds, at the rank's TP share of the KV heads: ``remote x (K + V)_local``
+    (``2 x KV`` where V is as wide as K; MLA's values are narrower than its keys)."""
     if remote_ranks <= 0:
         return 0
     g, tp = inputs.geometry, inputs.plan.layout.tp
-    return remote_ranks * 2 * (g.kv_width // min(tp, g.kv_groups))
+    return remote_ranks * (g.kv_pair_width // min(tp, g.kv_groups))
 
 
 def gathered_kv_bytes(inputs: Step, tokens: int, remote_ranks: int) -> int:

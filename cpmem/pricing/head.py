@@ -42,6 +42,14 @@ LOGIT_KEPT_BYTES = FP32
 LOGIT_BACKWARD_BYTES = FP32 + 2
 """Bytes per logit in the head's backward: the fp32 gradient built in the kept softmax's
 buffer and its bf16 cast, which the output layer's backward reads."""
+SOFTCAP_KEPT_BYTES = 2
+"""Bytes per logit a final logit soft-capping ``cap * tanh(logits / cap)`` (Gemma 2's
+``final_logit_softcapping``, applied to the bf16 logits before the loss upcasts them)
+keeps until backward: ``tanh``'s bf16 output, which its backward reads
+(``1 - tanh²``); the two scalings save nothing. At the forward peak the capped logits
+take the plain logits' place (``LOGIT_FORWARD_BYTES``); in backward each of the three
+steps replaces the gradient it reads, never above the loss's own
+``LOGIT_BACKWARD_BYTES``."""
 TOKEN_KEPT_BYTES = INT64 + 1 + INT64 + FP32
 """Bytes per token the loss keeps beside the logits: the int64 labels, the bool target
 mask, the int64 masked target and the fp32 per-token loss."""
@@ -96,8 +104,9 @@ def head_bytes(step: Step, tokens: int) -> HeadBytes:
     per_token = tokens * TOKEN_KEPT_BYTES
     if head.kind in ("logits", "fused"):
         logits = tokens * vt
+        softcap = logits * SOFTCAP_KEPT_BYTES if step.geometry.final_logit_softcap else 0
         return HeadBytes(
-            kept=logits * LOGIT_KEPT_BYTES + per_token,
+            kept=logits * LOGIT_KEPT_BYTES + per_token + softcap,
             forward=read + logits * LOGIT_FORWARD_BYTES,
             backward=logits * LOGIT_BACKWARD_BYTES + grad_in,
         )
@@ -105,10 +114,11 @@ def head_bytes(step: Step, tokens: int) -> HeadBytes:
     if head.kind == "chunked":
         assert head.chunk is not None
         chunk = min(head.chunk, tokens) * vt
+        capped = SOFTCAP_KEPT_BYTES if step.geometry.final_logit_softcap else 0
         return HeadBytes(  # one chunk's logits at a time, recomputed in backward
             kept=hidden_kept + per_token,
-            forward=read + chunk * CHUNK_FORWARD_BYTES,
-            backward=hidden_kept + chunk * CHUNK_BACKWARD_BYTES + grad_in,
+            forward=read + chunk * (CHUNK_FORWARD_BYTES + capped),
+            backward=hidden_kept + chunk * (CHUNK_BACKWARD_BYTES + capped) + grad_in,
         )
     # linear-ce: the hidden states and an fp32 log-sum-exp per token; blockwise logits only
     return HeadBytes(kept=hidden_kept + per_token, forward=read, backward=grad_in)

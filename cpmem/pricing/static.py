@@ -114,10 +114,9 @@ def _adapter_parameters(
     static memory)."""
     g, tp, r = geometry, layout.tp, adapter.rank
     h = g.hidden
-    q_out = g.q_width * (2 if g.attention_output_gate else 1) + 2 * g.kv_width
     gdn_out = 2 * g.gdn_key_width + 2 * g.gdn_value_width + 2 * g.gdn_value_heads
     per_kind: dict[str, dict[str, int]] = {
-        "attention": {"qkv": h + q_out // tp, "proj": g.q_width // tp + h},
+        "attention": _attention_adapters(g, tp),
         "gdn": {"gdn_in": h + gdn_out // tp, "gdn_out": g.gdn_value_width // tp + h},
         "dense": {"fc1": h + 2 * g.ffn // tp, "fc2": g.ffn // tp + h},
     }
@@ -135,6 +134,26 @@ def _adapter_parameters(
             local = g.num_experts // layout.ep
             total += local * r * ((h + 2 * g.expert_ffn) + (g.expert_ffn + h))
     return total
+
+
+def _attention_adapters(g: ModelGeometry, tp: int) -> dict[str, int]:
+    """Per attention target: the (in + out) widths of its adapters' factors on one rank.
+    ``qkv`` is one fused projection, or under MLA the query's and KV's down and up
+    projections (the down projections replicated, the up projections' outputs sharded);
+    ``proj`` the output projection."""
+    h = g.hidden
+    proj = g.attention_output_width // tp + h
+    if not g.is_mla:
+        q_out = g.q_width * (2 if g.attention_output_gate else 1) + 2 * g.kv_width
+        return {"qkv": h + q_out // tp, "proj": proj}
+    heads = g.q_heads
+    kv_up = g.kv_lora_rank + heads * (g.qk_nope_head_dim + g.v_head_dim) // tp
+    kv = (h + g.kv_lora_rank + g.qk_rope_head_dim) + kv_up
+    if g.q_lora_rank:
+        q = (h + g.q_lora_rank) + (g.q_lora_rank + heads * g.head_dim // tp)
+    else:
+        q = h + heads * g.head_dim // tp
+    return {"qkv": q + kv, "proj": proj}
 
 
 def static_memory(

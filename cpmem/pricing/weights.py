@@ -57,10 +57,19 @@ def padded_vocab(geometry: ModelGeometry, tp: int) -> int:
 def mixer_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
     """A token mixer's parameters, with the layer's input norm."""
     g, h = geometry, geometry.hidden
+    sandwich = h if g.sandwich_norms else 0  # Gemma's post-attention norm
+    if kind == "attention" and g.is_mla:
+        return _mla_parameters(g, sandwich)
     if kind == "attention":
         q_out = g.q_width * (2 if g.attention_output_gate else 1)
         sharded = h * (q_out + 2 * g.kv_width) + g.q_width * h
-        return LayerParameters(sharded, 0, h + 2 * g.head_dim)  # input norm, q/k norms
+        replicated = h + sandwich + (2 * g.head_dim if g.qk_norm else 0)  # norms
+        if g.attention_bias:  # the QKV bias is sharded with its output, proj's is whole
+            sharded += q_out + 2 * g.kv_width
+            replicated += h
+        if g.attention_sinks:
+            sharded += g.q_heads
+        return LayerParameters(sharded, 0, replicated)
     k, v, heads = g.gdn_key_width, g.gdn_value_width, g.gdn_value_heads
     in_proj = h * (2 * k + 2 * v + 2 * heads)
     conv = (2 * k + v) * g.gdn_conv_kernel
@@ -71,12 +80,34 @@ def mixer_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
 def mlp_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
     """A feed-forward block's parameters, with its pre-MLP norm."""
     g, h = geometry, geometry.hidden
+    norms = h * (2 if g.sandwich_norms else 1)  # pre-MLP norm (and Gemma's post-MLP norm)
     if kind == "dense":
-        return LayerParameters(3 * h * g.ffn, 0, h)
+        bias = 2 * g.ffn if g.mlp_bias else 0
+        return LayerParameters(3 * h * g.ffn + bias, 0, norms + (h if g.mlp_bias else 0))
     shared = 3 * h * g.shared_expert_ffn
-    gate = h if g.shared_expert_ffn else 0  # the shared expert's gate, H -> 1, replicated
-    experts = g.num_experts * 3 * h * g.expert_ffn
-    return LayerParameters(shared, experts, h + h * g.num_experts + gate)  # norm, router
+    # the shared expert's sigmoid gate, H -> 1, replicated (none on DeepSeek-V3's)
+    gate = h if g.shared_expert_ffn and g.shared_expert_gate else 0
+    per_expert = 3 * h * g.expert_ffn + (2 * g.expert_ffn + h if g.mlp_bias else 0)
+    router = h * g.num_experts + (g.num_experts if g.router_bias else 0)
+    return LayerParameters(shared, g.num_experts * per_expert, norms + router + gate)
+
+
+def _mla_parameters(g: ModelGeometry, sandwich: int) -> LayerParameters:
+    """Multi-head latent attention (megatron-core 0.16 ``MLASelfAttention``, HF
+    ``DeepseekV3Attention``): the query's down projection ``H x r_q`` and its norm (or a
+    plain ``H x heads·d`` query projection without ``q_lora_rank``), the KV down
+    projection to ``r_kv + d_rope`` and its norm, both replicated over TP; the query's and
+    KV's up projections (``r x heads·d``, ``r_kv x heads·(d_nope + d_v)``) and the output
+    projection sharded."""
+    h, heads = g.hidden, g.q_heads
+    q_up_in = g.q_lora_rank or h
+    sharded = q_up_in * heads * g.head_dim
+    sharded += g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim)
+    sharded += g.attention_output_width * h
+    replicated = h + sandwich + h * (g.kv_lora_rank + g.qk_rope_head_dim) + g.kv_lora_rank
+    if g.q_lora_rank:
+        replicated += h * g.q_lora_rank + g.q_lora_rank
+    return LayerParameters(sharded, 0, replicated)
 
 
 @dataclass(frozen=True)

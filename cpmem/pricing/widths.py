@@ -43,13 +43,44 @@ def common_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
     return 2 * geometry.hidden // s + (geometry.hidden if s > 1 else 0)
 
 
+def sandwich_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
+    """Gemma's post-sub-layer RMSNorm (post-attention, post-feed-forward): it saves its
+    input, the sub-layer's output on the rank's sequence shard (``H/s``), before the
+    residual add; 0 for the families without one."""
+    return geometry.hidden // sp_divisor(tp, sp) if geometry.sandwich_norms else 0
+
+
 def attention_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
     """Projections, flash-kernel inputs/outputs and (when gated) the output gate."""
     g = 7 if geometry.attention_output_gate else 5
     q, kv = geometry.q_width, geometry.kv_width
-    width = common_width(geometry, tp, sp) + (g * q + 3 * kv) // tp
+    width = common_width(geometry, tp, sp) + sandwich_width(geometry, tp, sp)
+    if geometry.is_mla:
+        return width + mla_core_width(geometry, tp)
+    width += (g * q + 3 * kv) // tp
     if geometry.kv_groups < tp:  # replicated-QKV LoRA path
         width += ((2 if geometry.attention_output_gate else 1) * q + 2 * kv) * (tp - 1) // tp
+    return width
+
+
+def mla_core_width(geometry: ModelGeometry, tp: int, sp: bool = False) -> int:
+    """Multi-head latent attention beyond the common norm/LoRA input, as megatron-core
+    0.16's ``MLASelfAttention.get_query_key_value_tensors`` (unfused rope) keeps it: the
+    flash kernel's query and key (``heads x (d_nope + d_rope)`` each, the ``torch.cat``
+    outputs), its contiguous value copy and its output (``heads x d_v`` each), sharded by
+    TP; the up projections' outputs are freed once split and concatenated (the unfused
+    rope saves only its tables). The latent side runs on the rank's sequence shard: the
+    KV down projection's output (``r_kv + d_rope``, which ``kv_layernorm`` saves through
+    its view) and the norm's output (``r_kv``), SP-gathered for the up projection's
+    adapter; likewise the query's ``r_q`` pair where ``q_lora_rank`` is set."""
+    g = geometry
+    s = sp_divisor(tp, sp)
+    gathered = s > 1
+    width = 2 * g.q_heads * (g.head_dim + g.v_head_dim) // tp
+    width += (g.kv_lora_rank + g.qk_rope_head_dim) // s + g.kv_lora_rank // s
+    width += g.kv_lora_rank if gathered else 0
+    if g.q_lora_rank:
+        width += 2 * g.q_lora_rank // s + (g.q_lora_rank if gathered else 0)
     return width
 
 
@@ -68,7 +99,8 @@ def swiglu_factor(geometry: ModelGeometry) -> int:
 
 
 def mlp_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
-    return common_width(geometry, tp, sp) + swiglu_factor(geometry) * geometry.ffn // tp
+    common = common_width(geometry, tp, sp) + sandwich_width(geometry, tp, sp)
+    return common + swiglu_factor(geometry) * geometry.ffn // tp
 
 
 def moe_rows_per_token(geometry: ModelGeometry, ep: int, routing: MoeRouting) -> int:
@@ -96,7 +128,7 @@ def moe_width(
     rows = moe_rows_per_token(geometry, ep, routing)
     routed = rows * (2 * geometry.hidden + c * geometry.expert_ffn)
     shared = c * geometry.shared_expert_ffn // tp
-    return common_width(geometry, tp, sp) + routed + shared
+    return common_width(geometry, tp, sp) + sandwich_width(geometry, tp, sp) + routed + shared
 
 
 def layer_widths(

@@ -11,6 +11,7 @@ from cpmem.pricing import cp_comm
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width
 from cpmem.pricing.tight.calibrated import EAGER_NONE_GATED, UNGATED_RUNTIME_Q
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
+from cpmem.pricing.widths import mla_core_width
 from cpmem.step.recompute import Module
 from cpmem.step.step import Step
 
@@ -53,7 +54,13 @@ tables; megatron's unfused ``_apply_rotary_pos_emb_bshd`` saves only the tables)
 elements per token on Qwen3.5-35B-A3B (head_dim 256), whatever the TP degree."""
 
 
-def core_width(geometry: ModelGeometry, tp: int, eager_none: bool) -> int:
+MLA_SMALL_PER_HEAD = 2
+"""bf16-equivalent elements per query head and token beside MLA's wide tensors: the flash
+kernel's fp32 log-sum-exp (as on every attention layer; ``widths.mla_core_width`` holds
+the wide ones)."""
+
+
+def core_width(geometry: ModelGeometry, tp: int, eager_none: bool, sp: bool = False) -> int:
     """Elements per token one attention layer keeps beyond the common norm/LoRA input.
 
     Gated: the QKV+gate projection output (``2Q + 2KV``; K and V are views of it), the
@@ -64,6 +71,8 @@ def core_width(geometry: ModelGeometry, tp: int, eager_none: bool) -> int:
     (``UNGATED_GROUP_COPY_Q``). Eager gated attention outside a ``core_attn`` checkpoint
     also keeps ``EAGER_NONE_GATED`` (``eager_none``). With fewer KV groups than TP ranks
     the replicated-QKV LoRA path adds the rest of the full-width projection."""
+    if geometry.is_mla:  # latent attention: its own saved set (no group copy, no gate)
+        return mla_core_width(geometry, tp, sp) + MLA_SMALL_PER_HEAD * geometry.q_heads // tp
     q, kv = geometry.q_width, geometry.kv_width
     gated = geometry.attention_output_gate
     if gated:
@@ -92,6 +101,8 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     Qwen3-Next-style TP4 22,784."""
     q, kv, tp = geometry.q_width, geometry.kv_width, w.tp
     projection = (2 if geometry.attention_output_gate else 1) * q + 2 * kv
+    if geometry.is_mla:  # the query's and the KV's up projections
+        projection = q + geometry.q_heads * (geometry.qk_nope_head_dim + geometry.v_head_dim)
     moment = LORA_SUM_COPIES * projection // tp
     if geometry.kv_groups < tp:
         moment = max(moment, projection // tp + 2 * projection)
@@ -156,4 +167,5 @@ def rope_table_bytes(step: Step, tokens: int) -> int:
     g = step.geometry
     if "attention" not in g.mixers:
         return 0
-    return ROPE_TABLES * g.head_dim * tokens * step.dtype_bytes
+    rope_dim = g.qk_rope_head_dim if g.is_mla else g.head_dim
+    return ROPE_TABLES * rope_dim * tokens * step.dtype_bytes

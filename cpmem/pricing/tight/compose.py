@@ -25,7 +25,7 @@ from cpmem.pricing.tight.calibrated import (
     Margin,
 )
 from cpmem.pricing.tight.widths import TightWidths
-from cpmem.pricing.widths import common_width, moe_rows_per_token, sp_divisor
+from cpmem.pricing.widths import common_width, moe_rows_per_token, sandwich_width, sp_divisor
 from cpmem.step.recompute import Module
 from cpmem.step.step import Step
 
@@ -49,7 +49,9 @@ def tight_widths(
     tp = layout.tp if tp is None else tp
     sp = layout.sp if sp is None else sp
     common = common_width(geometry, tp, sp)
-    core = attention.core_width(geometry, tp, not step.compiled and step.recompute.keeps_everything)
+    sandwich = sandwich_width(geometry, tp, sp)  # the post-norm's input, outside the cores
+    eager_none = not step.compiled and step.recompute.keeps_everything
+    core = attention.core_width(geometry, tp, eager_none, sp)
     rc = step.recompute
     core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
     core += adapters.extra_width(geometry, step.adapter, tp, "attention", core_kept, sp)
@@ -60,14 +62,15 @@ def tight_widths(
         gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn", sp=sp)
     moe_width = moe.saved_width(geometry, tp, sp, layout.ep, step.moe_routing, step.compiled)
     if moe_width:
+        moe_width += sandwich
         rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing)
         moe_width += rows * adapters.extra_width(geometry, step.adapter, tp, "expert", sp=sp)
     return TightWidths(
         common=common,
         attention_core=core,
-        attention=common + core,
+        attention=common + sandwich + core,
         gdn=gdn_width,
-        mlp=common + mlp_core if "dense" in geometry.mlps else 0,
+        mlp=common + sandwich + mlp_core if "dense" in geometry.mlps else 0,
         mlp_core=mlp_core,
         moe=moe_width,
         layer_input=geometry.hidden // sp_divisor(tp, sp),

@@ -44,6 +44,13 @@ saved by ``topk`` and the probs ``scatter``) and the int64 sorted token indices
 (``unpermute`` saves them, 4). With the transposed bool routing map (``masked_select``
 saves it: ``E`` bytes, ``E/2`` elements) per local token."""
 
+ROUTER_ALL_SCORES_FP32 = 2
+"""bf16-equivalent elements per expert and local token a router keeps where it scores
+every expert before the top-k: the fp32 softmax over all router logits (Qwen3-MoE,
+transformers' ``Qwen3MoeSparseMoeBlock``; megatron's ``moe_router_pre_softmax``) or the
+fp32 sigmoid scores (DeepSeek-V3's ``DeepseekV3TopkRouter``), which the gather of the
+chosen experts' weights saves for backward."""
+
 MOE_DISPATCH_ROW_H = 3
 """H-multiples per expert row an MoE layer holds at its forward peak beyond its saved set
 (megatron's ``MoELayer.forward`` as oracles/rank_sim/moe.py restates it): during the
@@ -90,9 +97,12 @@ def saved_width(
     rows = moe_rows_per_token(geometry, ep, routing)
     routed = rows * (h + f * fe + MOE_ROW_SMALL)
     router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
+    if geometry.router_scoring != "topk_softmax":
+        router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
     shared = 0
     if geometry.shared_expert_ffn:
-        shared = swiglu_saved(geometry, compiled) * geometry.shared_expert_ffn // tp + h // s
+        shared = swiglu_saved(geometry, compiled) * geometry.shared_expert_ffn // tp
+        shared += h // s if geometry.shared_expert_gate else 0
     return common_width(geometry, tp, sp) + routed + router + shared
 
 
