@@ -35,7 +35,7 @@ from cpmem.errors import InputError
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import CELLS_FILE
 from cpmem.model.geometry import ModelGeometry
-from cpmem.model.presets import PRESETS
+from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
@@ -47,6 +47,7 @@ from cpmem.step.step import MoeRouting, Step
 __all__ = [
     "BUDGET_DEVICE",
     "CONTROL_COLUMNS",
+    "CONTROL_MODELS",
     "CONTROL_POLICIES",
     "ControlRequest",
     "RecordedStep",
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 CONTROL_POLICIES = ("reference", "global", "tight")  # every built-in policy
+CONTROL_MODELS = MEASURED
+"""The presets the control grid prices: the measured ones (the families priced by
+structure only are pinned by their simulated grid rows, which the controls record)."""
 
 TPS = (1, 2, 4, 8)
 LENGTHS = (64, 2048, 32768)
@@ -179,7 +183,8 @@ def _supports_tp(model: str, tp: int) -> bool:
 def control_grid() -> list[ControlRequest]:
     """The fixed grid, in a stable order. Changing it changes control ids (reported)."""
     out: list[ControlRequest] = []
-    for name, geometry in PRESETS.items():
+    for name in CONTROL_MODELS:
+        geometry = PRESETS[name]
         moe = geometry.is_moe
         settings: list[tuple[str, str, MoeRouting]] = [
             ("full", "", "concentrated"),

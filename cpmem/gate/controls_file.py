@@ -16,6 +16,7 @@ import cpmem
 from cpmem.errors import CpmemError
 from cpmem.gate.controls import (
     CONTROL_COLUMNS,
+    CONTROL_MODELS,
     CONTROL_POLICIES,
     LENGTHS,
     SHAPES,
@@ -26,7 +27,6 @@ from cpmem.gate.controls import (
 from cpmem.gate.controls_diff import ControlDiff, compare_controls
 from cpmem.golden.files import CONTROLS_SUBDIR, atomic_write, csv_bytes
 from cpmem.golden.manifest import verify_manifest, write_manifest
-from cpmem.model.presets import PRESETS
 
 CONTROLS_FILE = "controls.csv"
 META_FILE = "controls.meta.json"
@@ -132,7 +132,7 @@ def record_controls(golden_dir: Path, *, overwrite: bool) -> ControlDiff:
             "csv_sha256": hashlib.sha256(data).hexdigest(),
             "generated_by": "cpmem gate --record-controls",
             "grid": {
-                "models": list(PRESETS),
+                "models": list(CONTROL_MODELS),
                 "tp": list(TPS),
                 "lengths": list(LENGTHS),
                 "shapes": list(SHAPES),

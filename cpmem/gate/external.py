@@ -77,6 +77,8 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
     holds this), so it carries every field cpmem prices with.
     """
     g = geometry
+    if g.family in FAMILY_EXPORTS:
+        return _family_config(g)
     family = ("qwen3_5_moe" if g.is_moe else "qwen3_5") if g.is_hybrid or g.is_moe else "qwen3"
     cfg: dict[str, Any] = {
         "_name_or_path": g.aliases[0] if g.aliases else g.name,
@@ -87,7 +89,6 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
         "num_key_value_heads": g.kv_groups,
         "head_dim": g.head_dim,
         "layer_types": ["linear_attention" if m == "gdn" else "full_attention" for m in g.mixers],
-        "attn_output_gate": g.attention_output_gate,
         "vocab_size": g.vocab,
         "tie_word_embeddings": g.tied_embeddings,
         "hidden_act": "silu",
@@ -95,6 +96,8 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
     }
     if g.ffn:
         cfg["intermediate_size"] = g.ffn
+    if family != "qwen3":
+        cfg["attn_output_gate"] = g.attention_output_gate
     if g.gdn_layers:
         cfg.update(
             linear_num_key_heads=g.gdn_key_heads,
@@ -117,6 +120,73 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
     max_positions = getattr(g, "max_position_embeddings", None)  # recorded by newer presets
     if max_positions is not None:
         cfg["max_position_embeddings"] = max_positions
+    return cfg
+
+
+FAMILY_EXPORTS = ("qwen3_moe", "gpt_oss", "gemma2", "gemma3_text", "deepseek_v3", "kimi_k2")
+
+
+def _family_config(g: ModelGeometry) -> dict[str, Any]:
+    """The config of a geometry of a family read by name (``g.family``), in that family's
+    field names: what ``load_config`` reads back to the same geometry."""
+    mla = g.family in ("deepseek_v3", "kimi_k2")
+    gemma = g.family in ("gemma2", "gemma3_text")
+    cfg: dict[str, Any] = {
+        "_name_or_path": g.aliases[0] if g.aliases else g.name,
+        "model_type": g.family,
+        "hidden_size": g.hidden,
+        "num_hidden_layers": g.layers,
+        "num_attention_heads": g.q_heads,
+        "num_key_value_heads": g.kv_groups,
+        "vocab_size": g.vocab,
+        "tie_word_embeddings": g.tied_embeddings,
+        "attention_bias": g.attention_bias,
+    }
+    if not mla:
+        cfg["head_dim"] = g.head_dim
+    if g.max_position_embeddings is not None:
+        cfg["max_position_embeddings"] = g.max_position_embeddings
+    if g.ffn:
+        cfg["intermediate_size"] = g.ffn
+    if g.windowed:
+        cfg["sliding_window"] = max(g.windows)
+        cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in g.windows]
+    if gemma:
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["final_logit_softcapping"] = g.final_logit_softcap
+    if g.family == "qwen3_moe":
+        cfg.update(
+            num_experts=g.num_experts,
+            num_experts_per_tok=g.moe_top_k,
+            moe_intermediate_size=g.expert_ffn,
+            decoder_sparse_step=1,
+            mlp_only_layers=[i for i, m in enumerate(g.mlps) if m == "dense"],
+            norm_topk_prob=g.router_scoring == "topk_softmax",
+        )
+    if g.family == "gpt_oss":
+        cfg.update(
+            num_local_experts=g.num_experts,
+            num_experts_per_tok=g.moe_top_k,
+            intermediate_size=g.expert_ffn,
+        )
+        if g.activation_clamp is not None:
+            cfg["swiglu_limit"] = g.activation_clamp
+    if mla:
+        cfg.update(
+            q_lora_rank=g.q_lora_rank or None,
+            kv_lora_rank=g.kv_lora_rank,
+            qk_rope_head_dim=g.qk_rope_head_dim,
+            qk_nope_head_dim=g.qk_nope_head_dim,
+            v_head_dim=g.v_head_dim,
+        )
+        if g.is_moe:
+            cfg.update(
+                n_routed_experts=g.num_experts,
+                num_experts_per_tok=g.moe_top_k,
+                moe_intermediate_size=g.expert_ffn,
+                n_shared_experts=g.shared_expert_ffn // g.expert_ffn,
+                first_k_dense_replace=g.mlps.index("moe"),
+            )
     return cfg
 
 

@@ -35,14 +35,6 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 """The gated MLP activations priced: SwiGLU's ``silu`` and Gemma's tanh-approximated
 GeGLU, whose unfused form keeps the same tensors (the activation's input, its output and
 the product's other factor)."""
-_ROUTER_SCORING: dict[str, RouterScoring] = {
-    "qwen3_moe": "softmax_topk",
-    "deepseek_v3": "sigmoid",
-    "kimi_k2": "sigmoid",
-}
-"""Routers that score every expert before the top-k (transformers' ``Qwen3MoeSparseMoeBlock``
-softmaxes all router logits; ``DeepseekV3TopkRouter`` takes their sigmoid); the others
-(Qwen3.5-MoE, gpt-oss) pick the top-k logits first."""
 GEMMA3_SLIDING_PATTERN = 6
 """Gemma 3: every sixth layer attends fully, the others over the sliding window
 (``sliding_window_pattern``'s default in transformers' ``Gemma3TextConfig``)."""
@@ -155,7 +147,7 @@ def _read(
         router_bias=family == "gpt_oss",
         attention_sinks=family == "gpt_oss",
         shared_expert_gate=family not in MLA_FAMILIES,
-        router_scoring=_ROUTER_SCORING.get(family, "topk_softmax"),
+        router_scoring=_router_scoring(text, family),
         q_lora_rank=mla_dims.get("q_lora_rank", 0),
         kv_lora_rank=mla_dims.get("kv_lora_rank", 0),
         qk_rope_head_dim=mla_dims.get("qk_rope_head_dim", 0),
@@ -305,6 +297,19 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
     return tuple(
         "moe" if (i not in dense_only and (i + 1) % step == 0) else "dense" for i in range(layers)
     )
+
+
+def _router_scoring(text: dict[str, Any], family: str) -> RouterScoring:
+    """How the router scores the experts: DeepSeek's sigmoid of every logit; Qwen3-MoE's
+    softmax over every expert, which with ``norm_topk_prob`` (renormalised over the
+    top-k) is the softmax of the top-k logits, as megatron computes it (no
+    ``moe_router_pre_softmax``); the others (Qwen3.5-MoE, gpt-oss) the top-k logits'
+    softmax."""
+    if family in MLA_FAMILIES:
+        return "sigmoid"
+    if family == "qwen3_moe" and not text.get("norm_topk_prob", False):
+        return "softmax_topk"
+    return "topk_softmax"
 
 
 def _experts(reader: _Fields, family: str) -> dict[str, Any]:

@@ -81,7 +81,7 @@ READ: dict[str, frozenset[str]] = {
     "qwen2": COMMON | _SLIDING,
     "llama": COMMON | {"attention_bias", "mlp_bias"},
     "mistral": COMMON | {"sliding_window"},
-    "qwen3_moe": COMMON | _SLIDING | _QWEN_MOE,
+    "qwen3_moe": COMMON | _SLIDING | _QWEN_MOE | {"norm_topk_prob"},
     "qwen3_5": COMMON | _HYBRID | _QWEN_MOE,
     "qwen3_5_text": COMMON | _HYBRID | _QWEN_MOE,
     "qwen3_5_moe": COMMON | _HYBRID | _QWEN_MOE,

@@ -110,7 +110,6 @@ PRESETS: dict[str, ModelGeometry] = {
             num_experts=128,
             moe_top_k=8,
             expert_ffn=768,
-            router_scoring="softmax_topk",
             fused_swiglu=False,
             vocab=151936,
             max_position_embeddings=40960,
