@@ -8,6 +8,7 @@ preset numbers restate the geometry table of the measured sources
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,21 @@ class SimModel:
     # per attention layer: its sliding window in tokens, 0 for full causal attention;
     # () means every layer attends fully
     windows: tuple[int, ...] = ()
+    # MoE families (qwen3_moe, gpt_oss, deepseek_v3 / kimi_k2: moe.py, from_hf_config)
+    dense_ffn: int = 0  # a "dense" layer's FFN width in a model with experts (0: ``ffn``)
+    router_score: str = "softmax"  # "softmax" or "sigmoid" (DeepSeek-V3)
+    router_pre_softmax: bool = False  # softmax over every expert, then top-k, no renorm
+    expert_score_bias: bool = False  # DeepSeek-V3's e_score_correction_bias (routing only)
+    router_groups: int = 0  # group-limited top-k: expert groups (HF n_group)
+    router_group_topk: int = 0  # groups kept per token (HF topk_group); 0: plain top-k
+    routed_scaling: float = 0.0  # routed probs times this (0: not scaled)
+    shared_expert_gated: bool = True  # Qwen3.5-MoE's sigmoid gate; DeepSeek's is ungated
+    expert_bias: bool = False  # the experts' fc1/fc2 carry biases (gpt-oss)
+    expert_activation: str = "swiglu"  # or "clamped_swiglu" (gpt-oss, swiglu_limit)
+    swiglu_limit: float = 0.0
+    attention_bias: bool = False  # q/k/v and output projections carry biases (gpt-oss)
+    attention_sinks: bool = False  # one learned sink logit per query head (gpt-oss)
+    qk_norm: bool = True  # RMSNorm on q and k per head (Qwen3); gpt-oss has none
 
     @property
     def layers(self) -> int:
@@ -104,6 +120,8 @@ class SimModel:
             raise SimInputError("tp", tp, "does not divide the GDN key/value heads")
         if self.ffn % tp:
             raise SimInputError("tp", tp, f"does not divide the FFN width {self.ffn}")
+        if self.dense_ffn % tp:
+            raise SimInputError("tp", tp, f"does not divide the dense FFN width {self.dense_ffn}")
         if self.moe and self.shared_expert_ffn % tp:
             raise SimInputError(
                 "tp", tp, f"does not divide the shared expert {self.shared_expert_ffn}"
@@ -225,35 +243,42 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
             raise SimInputError(f"config.{key}", None, "missing")
         return value
 
-    experts = int(text.get("num_experts") or text.get("n_routed_experts") or 0)
+    family = str(text.get("model_type") or raw.get("model_type") or "")
+    if family and family not in FAMILIES:
+        raise SimInputError(
+            "config.model_type", family, f"not simulated; supported: {', '.join(FAMILIES)}"
+        )
     hidden, layers = int(get("hidden_size")), int(get("num_hidden_layers"))
     heads = int(get("num_attention_heads"))
     kinds: tuple[str, ...]
     if text.get("layer_types"):
-        kinds = tuple("attention" if "full" in t else "gdn" for t in text["layer_types"])
+        kinds = tuple(
+            "gdn" if t == "linear_attention" else "attention" for t in text["layer_types"]
+        )
     elif text.get("full_attention_interval"):
         step = int(text["full_attention_interval"])
         kinds = tuple("attention" if (i + 1) % step == 0 else "gdn" for i in range(layers))
     else:
         kinds = ("attention",) * layers
     hybrid = "gdn" in kinds
-    family = str(text.get("model_type") or raw.get("model_type") or "")
     moe: dict[str, Any] = {}
-    if experts:
-        shared = int(text.get("shared_expert_intermediate_size") or 0)
+    if family in MOE_FAMILIES:
+        moe = moe_family_fields(text, family, layers, get)
+    elif text.get("num_experts") or text.get("n_routed_experts"):
+        experts = int(text.get("num_experts") or text.get("n_routed_experts"))
         moe = {
             "moe": True,
             "num_experts": experts,
             "moe_top_k": int(get("num_experts_per_tok")),
             "expert_ffn": int(get("moe_intermediate_size")),
-            "shared_expert_ffn": shared,
+            "shared_expert_ffn": int(text.get("shared_expert_intermediate_size") or 0),
         }
         if moe["moe_top_k"] > experts:
             raise SimInputError("config.num_experts_per_tok", moe["moe_top_k"], "exceeds experts")
     return SimModel(
         name=str(raw.get("_name_or_path") or name),
         hidden=hidden,
-        ffn=moe["shared_expert_ffn"] if experts else int(get("intermediate_size")),
+        ffn=moe["shared_expert_ffn"] if moe else int(get("intermediate_size")),
         q_heads=heads,
         kv_groups=int(text.get("num_key_value_heads", heads)),
         head_dim=int(text.get("head_dim") or hidden // heads),
@@ -268,8 +293,104 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         gdn_conv_kernel=int(text.get("linear_conv_kernel_dim", 4)) if hybrid else 0,
         vocab=int(text.get("vocab_size", 0)),
         tie_embeddings=bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
+        # the measured families' structure is the layers' defaults: recorded as ""
+        family="" if family in DEFAULT_FAMILIES else family,
         **moe,
     )
+
+
+# MoE families: the Hugging Face model_types whose expert layers moe.py restates
+MOE_FAMILIES = ("qwen3_moe", "gpt_oss", "deepseek_v3", "kimi_k2")
+# the model_types whose structure the layers' defaults are (SimModel.family "")
+DEFAULT_FAMILIES = (
+    "llama", "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+)  # fmt: skip
+# every model_type from_hf_config reads (a config without one is read as the generic
+# decoder these fields describe)
+FAMILIES = (*DEFAULT_FAMILIES, *MOE_FAMILIES)
+
+
+def moe_family_fields(
+    text: dict[str, Any], family: str, layers: int, get: Callable[..., Any]
+) -> dict[str, Any]:
+    """The SimModel fields of a qwen3_moe, gpt_oss or deepseek_v3/kimi_k2 config: which
+    layers are MoE, the router, the experts and (gpt-oss) the attention's extras. Field
+    names and defaults are Hugging Face's (``Qwen3MoeConfig``, ``GptOssConfig``,
+    ``DeepseekV3Config``); a missing or inconsistent field is named."""
+
+    def positive(key: str, default: Any = None) -> int:
+        value = int(get(key, default))
+        if value < 1:
+            raise SimInputError(f"config.{key}", value, "must be >= 1")
+        return value
+
+    out: dict[str, Any] = {"moe": True}
+    if family == "gpt_oss":
+        experts = positive("num_local_experts")
+        out["expert_ffn"] = positive("intermediate_size")
+    else:
+        experts = positive("num_experts" if family == "qwen3_moe" else "n_routed_experts")
+        out["expert_ffn"] = positive("moe_intermediate_size")
+    top_k = positive("num_experts_per_tok")
+    if top_k > experts:
+        raise SimInputError("config.num_experts_per_tok", top_k, f"exceeds {experts} experts")
+    out.update(num_experts=experts, moe_top_k=top_k, shared_expert_ffn=0)
+    kinds = ["moe"] * layers
+    if family == "qwen3_moe":
+        # Qwen3MoeDecoderLayer: MoE unless listed in mlp_only_layers, every
+        # decoder_sparse_step-th layer
+        step = positive("decoder_sparse_step", 1)
+        only = text.get("mlp_only_layers") or []
+        if any(not 0 <= int(i) < layers for i in only):
+            raise SimInputError("config.mlp_only_layers", only, f"outside 0..{layers - 1}")
+        kinds = ["dense" if i in only or (i + 1) % step else "moe" for i in range(layers)]
+        out["router_pre_softmax"] = not bool(text.get("norm_topk_prob", False))
+    elif family == "gpt_oss":
+        out.update(
+            expert_bias=True,
+            expert_activation="clamped_swiglu",
+            swiglu_limit=float(get("swiglu_limit", 7.0)),
+            attention_bias=bool(text.get("attention_bias", True)),
+            attention_sinks=True,
+            qk_norm=False,
+        )
+        types = text.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)
+        ]  # GptOssConfig's default pattern
+        if len(types) != layers or any(
+            t not in ("sliding_attention", "full_attention") for t in types
+        ):
+            raise SimInputError("config.layer_types", types, "sliding/full_attention per layer")
+        if "sliding_attention" in types:
+            window = positive("sliding_window")
+            out["windows"] = tuple(window if t == "sliding_attention" else 0 for t in types)
+    else:  # deepseek_v3, kimi_k2 (DeepseekV3MoE, DeepseekV3TopkRouter)
+        dense = int(get("first_k_dense_replace", 0))
+        if not 0 <= dense <= layers:
+            raise SimInputError("config.first_k_dense_replace", dense, f"outside 0..{layers}")
+        kinds = ["dense"] * dense + ["moe"] * (layers - dense)
+        shared = int(text.get("n_shared_experts") or 0)
+        score = str(get("scoring_func", "sigmoid"))
+        if score not in ("sigmoid", "softmax"):
+            raise SimInputError("config.scoring_func", score, "sigmoid or softmax")
+        groups, keep = int(get("n_group", 1)), int(get("topk_group", 1))
+        if experts % groups:
+            raise SimInputError("config.n_group", groups, f"does not divide {experts} experts")
+        if not 1 <= keep <= groups or top_k % keep:
+            raise SimInputError("config.topk_group", keep, f"1..{groups}, dividing top-k {top_k}")
+        out.update(
+            shared_expert_ffn=shared * out["expert_ffn"],
+            shared_expert_gated=False,
+            router_score=score,
+            expert_score_bias=score == "sigmoid",
+            router_groups=groups,
+            router_group_topk=keep,
+            routed_scaling=float(get("routed_scaling_factor", 1.0)),
+        )
+    out["mlp_kinds"] = tuple(kinds)
+    if "dense" in kinds:
+        out["dense_ffn"] = positive("intermediate_size")
+    return out
 
 
 def load_config(path: str | Path) -> SimModel:

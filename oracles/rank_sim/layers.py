@@ -137,11 +137,20 @@ class Attention(nn.Module):
         width = m.kv_groups * self.group_width // t
         self.linear_qkv = LoRAColumn(m.hidden, width, cfg, t, spec, "qkv")
         self.linear_proj = LoRARow(self.hq * self.d, m.hidden, cfg, ctx.layout, spec, "proj")
+        # gpt-oss: frozen q/k/v and output biases, learned sinks (gpt_oss_kernels.py)
+        self.qkv_bias = _frozen(width) if m.attention_bias else None
+        self.proj_bias = _frozen(m.hidden) if m.attention_bias else None
+        self.sinks = _frozen(self.hq, dtype=torch.float32) if m.attention_sinks else None
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         from oracles.rank_sim.cp_comm import core_attention
 
-        return core_attention(self.ctx, q, k, v)
+        out = core_attention(self.ctx, q, k, v)
+        if self.sinks is not None:
+            from oracles.rank_sim.gpt_oss_kernels import AttentionSinks
+
+            out = AttentionSinks.apply(out, self.sinks)
+        return out
 
     def _split(
         self, qkv: torch.Tensor
@@ -170,10 +179,15 @@ class Attention(nn.Module):
             keep = self.linear_qkv.adapted
             full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=keep)
             s = full.shape[0]
-            q, k, v, gate = self._split(self.linear_qkv(full))
+            qkv = self.linear_qkv(full)
+            if self.qkv_bias is not None:  # LinearWithFrozenWeight's ``output + bias``
+                qkv = qkv + self.qkv_bias
+            q, k, v, gate = self._split(qkv)
+            del qkv
             assert ctx.rope is not None
-            q = _rope(rmsnorm(q, self.qn_w), ctx.rope)
-            k = _rope(rmsnorm(k, self.kn_w), ctx.rope)
+            norm = ctx.model.qk_norm
+            q = _rope(rmsnorm(q, self.qn_w) if norm else q, ctx.rope)
+            k = _rope(rmsnorm(k, self.kn_w) if norm else k, ctx.rope)
             if ctx.recompute.core_attn:
                 out = ctx.recompute.checkpoint(self.core, q, k, v)
             else:
@@ -181,7 +195,10 @@ class Attention(nn.Module):
             if gate is not None:  # megatron's _apply_output_gate
                 gate = gate.contiguous().view(*out.shape)
                 out = (out * torch.sigmoid(gate.float())).to(out.dtype)
-            return x + self.linear_proj(out.reshape(s, self.hq * self.d))
+            out = self.linear_proj(out.reshape(s, self.hq * self.d))
+            if self.proj_bias is not None:  # skip_bias_add: added in bias-dropout-add
+                out = out + self.proj_bias
+            return x + out
 
 
 class GatedDeltaNet(nn.Module):
@@ -257,8 +274,9 @@ class MLP(nn.Module):
         m, t = ctx.model, ctx.layout.tp
         self.ctx = ctx
         self.norm_w = _frozen(m.hidden)
-        self.fc1 = LoRAColumn(m.hidden, 2 * m.ffn // t, cfg, t, ctx.adapters, "fc1")
-        self.fc2 = LoRARow(m.ffn // t, m.hidden, cfg, ctx.layout, ctx.adapters, "fc2")
+        ffn = m.dense_ffn or m.ffn  # a dense layer of a model with experts: dense_ffn
+        self.fc1 = LoRAColumn(m.hidden, 2 * ffn // t, cfg, t, ctx.adapters, "fc1")
+        self.fc2 = LoRARow(ffn // t, m.hidden, cfg, ctx.layout, ctx.adapters, "fc2")
 
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
@@ -285,13 +303,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, ctx: RankContext, cfg: Any, kind: str) -> None:
+    """Layer ``index``: its mixer (``kind``) and its feed-forward, ``MoE`` or ``MLP`` as
+    ``SimModel.mlp_kind(index)`` says (Qwen3-MoE's ``mlp_only_layers`` and
+    ``decoder_sparse_step``, DeepSeek-V3's ``first_k_dense_replace``)."""
+
+    def __init__(self, ctx: RankContext, cfg: Any, kind: str, index: int = 0) -> None:
         super().__init__()
         from oracles.rank_sim.moe import MoE
 
-        self.ctx, self.kind = ctx, kind
+        self.ctx, self.kind, self.index = ctx, kind, index
         self.mixer = Attention(ctx, cfg) if kind == "attention" else GatedDeltaNet(ctx, cfg)
-        self.mlp: nn.Module = MoE(ctx, cfg) if ctx.model.moe else MLP(ctx, cfg)
+        moe = ctx.model.mlp_kind(index) == "moe"
+        self.mlp: nn.Module = MoE(ctx, cfg) if moe else MLP(ctx, cfg)
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.mixer(x))
@@ -304,7 +327,9 @@ class DecoderLayer(nn.Module):
 
 def build_layers(ctx: RankContext) -> nn.ModuleList:
     cfg = _config(ctx.model, ctx.layout)
-    layers = nn.ModuleList(DecoderLayer(ctx, cfg, kind) for kind in ctx.model.kinds)
+    layers = nn.ModuleList(
+        DecoderLayer(ctx, cfg, kind, i) for i, kind in enumerate(ctx.model.kinds)
+    )
     for name, p in layers.named_parameters():  # frozen base; only the adapters train
         p.requires_grad_(name.endswith(("lora_a", "lora_b")))
     return layers

@@ -238,7 +238,12 @@ class MoE(nn.Module):
         if self.shared:
             self.sh_fc1 = LoRAColumn(h, 2 * m.shared_expert_ffn // t, cfg, t, spec, "fc1")
             self.sh_fc2 = LoRARow(m.shared_expert_ffn // t, h, cfg, ctx.layout, spec, "fc2")
-            self.sh_gate_w = _frozen(1, h)
+            if m.shared_expert_gated:
+                self.sh_gate_w = _frozen(1, h)
+        # DeepSeek-V3's e_score_correction_bias (megatron's fp32 ``expert_bias`` buffer)
+        self.score_bias = _frozen(m.num_experts, dtype=F32) if m.expert_score_bias else None
+        # gpt-oss: each expert's fc2 bias, added after fc2 weighted by the row's prob
+        self.fc2_bias = _frozen(el, h) if m.expert_bias else None
 
     def experts_linear(self, x: torch.Tensor, which: int) -> torch.Tensor:
         """The local experts' fc1 (``which`` 1) or fc2 (2), with or without adapters."""
@@ -260,8 +265,91 @@ class MoE(nn.Module):
 
         full = gather_sp(hn, self.ctx.layout)
         out = self.sh_fc2(K.FusedSwiGLU.apply(self.sh_fc1(full)))
+        if not self.ctx.model.shared_expert_gated:  # DeepSeek's shared experts
+            return out
         gate = torch.sigmoid(F.linear(hn, self.sh_gate_w))
         return out * gate
+
+    def topk(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``compute_topk`` in ``topk_routing_with_score_function``: ``torch.topk``, or
+        ``group_limited_topk`` (moe_utils.py) when the model keeps ``router_group_topk``
+        groups: each group scored by the sum of its top (top-k / kept groups) scores,
+        the best groups kept as a mask over their experts (an fp32 tokens x experts
+        copy of the expanded group mask, its bool negation), the other experts' scores
+        filled with -inf (``masked_fill`` saves the bool mask while its output lives),
+        then top-k."""
+        m = self.ctx.model
+        k, keep = m.moe_top_k, m.router_group_topk
+        if not keep:
+            return torch.topk(scores, k=k, dim=1)
+        n, e, g = scores.shape[0], m.num_experts, m.router_groups
+        group_scores = scores.view(n, g, -1).topk(k // keep, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=keep, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores)
+        group_mask.scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(n, g, e // g).reshape(n, -1)
+        masked = scores.masked_fill(~score_mask.bool(), float("-inf"))
+        return torch.topk(masked, k=k, dim=-1)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``topk_routing_with_score_function`` (moe_utils.py, unfused) on the fp32
+        logits: the top-k probs and indices. softmax after top-k (Qwen3.5-MoE, gpt-oss,
+        Qwen3-MoE with ``norm_topk_prob``; the fp32 top-k softmax saves its output);
+        softmax over every expert before top-k (``router_pre_softmax``: saves the fp32
+        tokens x experts scores); sigmoid (DeepSeek-V3: saves the fp32 tokens x experts
+        scores), top-k on the scores plus the correction bias, the scores gathered at
+        those indices and normalised by their sum (the division saves both). Then
+        ``* routed_scaling`` (megatron's ``moe_router_topk_scaling_factor``)."""
+        m = self.ctx.model
+        if m.router_score == "sigmoid":
+            scores = torch.sigmoid(logits)
+            if self.score_bias is not None:
+                top = self.topk(scores + self.score_bias)[1]
+                picked = torch.gather(scores, dim=1, index=top)
+            else:
+                picked, top = self.topk(scores)
+            del scores
+            if m.moe_top_k > 1:
+                picked = picked / (picked.sum(dim=-1, keepdim=True) + 1e-20)
+            probs_k = picked
+        elif m.router_pre_softmax:
+            probs_k, top = self.topk(torch.softmax(logits, dim=-1, dtype=F32))
+        else:
+            scores_k, top = self.topk(logits)
+            probs_k = torch.softmax(scores_k, dim=-1, dtype=F32)
+        if m.routed_scaling:
+            probs_k = probs_k * m.routed_scaling
+        return probs_k, top
+
+    def clamped_glu(self, h: torch.Tensor) -> torch.Tensor:
+        """gpt-oss's clamped SwiGLU as megatron's unfused GLU runs it (experts.py
+        ``glu`` with ``activation_func_clamp_value`` and ``glu_linear_offset`` 1, the
+        activation ``quick_gelu``, x * sigmoid(1.702 x)): both clamps save their input (a
+        view of the fc1 output); ``quick_gelu`` is ``@jit_fuser`` (torch.compile) and
+        keeps its input, the clamped gate half; the product keeps quick_gelu's output
+        and ``up + 1``."""
+        from oracles.rank_sim.gpt_oss_kernels import QuickGeLU
+
+        lim = self.ctx.model.swiglu_limit
+        gate, up = torch.chunk(h, 2, dim=-1)
+        gate = gate.clamp(min=None, max=lim)
+        up = up.clamp(min=-lim, max=lim)
+        return QuickGeLU.apply(gate) * (up + 1.0)
+
+    def expert_fc2_bias(self, out: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """``TEGroupedMLP._apply_bias`` (fc2 built with ``skip_bias_add``): per local
+        expert ``t + b * p`` over its rows (bf16 bias times fp32 probs: fp32), the pieces
+        concatenated (fp32) and cast back to bf16. Nothing is saved (the bias is frozen;
+        the product's gradient for the probs needs only the bias); the fp32 pieces and
+        their concatenation are forward transients. The rows are split evenly over the
+        local experts (the routing inputs' assumption)."""
+        assert self.fc2_bias is not None
+        rows, el = out.shape[0], self.local_experts
+        sizes = [rows // el + (1 if e < rows % el else 0) for e in range(el)]
+        # the list is torch.cat's argument alone (as in megatron), so it is freed before
+        # the cast
+        split = zip(torch.split(out, sizes), self.fc2_bias, torch.split(probs, sizes), strict=True)
+        return torch.cat([t + b * p for t, b, p in split]).to(out.dtype)
 
     def activation(self, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """The experts' SwiGLU scaled by each row's routing prob (``MLP.forward`` with
@@ -272,8 +360,11 @@ class MoE(nn.Module):
         saved set: the fc1 output and the probs), as inductor fuses the unfused GLU."""
         if self.ctx.compiled:
             return WeightedSwiGLU.apply(h, probs)
-        x0, x1 = torch.chunk(h, 2, dim=-1)
-        glu = F.silu(x0) * (x1 + 0.0)
+        if self.ctx.model.expert_activation == "clamped_swiglu":
+            glu = self.clamped_glu(h)
+        else:
+            x0, x1 = torch.chunk(h, 2, dim=-1)
+            glu = F.silu(x0) * (x1 + 0.0)
         return (glu * probs).to(h.dtype)
 
     def layer(self, hn: torch.Tensor) -> torch.Tensor:
@@ -283,11 +374,10 @@ class MoE(nn.Module):
         shared = self.shared_expert(hn) if self.shared else None
         # route
         logits = RouterGating.apply(hn, self.router_w)
-        scores, top = torch.topk(logits, k=k, dim=1)
-        probs_k = torch.softmax(scores, dim=-1, dtype=F32)
+        probs_k, top = self.route(logits)
         probs = torch.zeros_like(logits).scatter(1, top, probs_k)
         routing_map = torch.zeros_like(logits).int().scatter(1, top, 1).bool()
-        del logits, scores, probs_k
+        del logits, probs_k
         # dispatch_preprocess: permute (unfused)
         map_t = routing_map.T.contiguous()
         indices = top.new_empty((n * k,))  # token ids, sorted by expert (masked_select)
@@ -320,6 +410,8 @@ class MoE(nn.Module):
         del fc1
         out = self.experts_linear(act, 2)
         del act
+        if self.fc2_bias is not None:
+            out = self.expert_fc2_bias(out, p[:, None])
         # combine_preprocess: un-sort; then routed_experts_compute returns
         if self.local_experts > 1:
             out = Rows.apply(out, rows)
