@@ -203,3 +203,20 @@ def test_config_errors_name_the_field() -> None:
         assert err.value.field == field, (field, err.value)
     g = from_hf_config(_gemma_raw())
     assert g.windows == (128,) * 5 + (0,) and g.kinds == ("attention",) * 6
+
+
+def test_gathered_kv_per_token_under_all_gather() -> None:
+    """CP2, the second rank: the whole row's gathered K/V replace the local rotated key
+    (Gemma 2: no k norm, so the qkv output is freed as well); MLA: the gathered key and
+    value replace the local key and value copy."""
+    n, cp = 512, 2
+    lay = _layout(n, cp=cp, rank=1)
+    g2 = _config("gemma-2-9b")
+    hq, hkv, d = g2.q_heads, g2.kv_groups, g2.head_dim
+    base = _gemma_attention(g2.hidden, hq, hkv, d, qk_norm=False)
+    expect = base - (hq + 2 * hkv) * d - hkv * d + 2 * cp * hkv * d
+    assert _per_layer(g2, lay, "attention") == BF16 * n * expect
+    mo = _dense(_config("moonlight-16b-a3b"), 11264)
+    qhd, dv = mo.qk_nope_head_dim + mo.qk_rope_head_dim, mo.v_head_dim
+    expect_mla = _mla_attention(mo, 1) + (cp - 1) * mo.q_heads * (qhd + dv)
+    assert _per_layer(mo, lay, "attention") == BF16 * n * expect_mla
