@@ -170,3 +170,24 @@ class LoRARow(nn.Module):
         elif self.layout.tp > 1:
             mid = mappings.reduce_from_tensor_model_parallel_region(mid)
         return out + F.linear(mid, self.lora_b)
+
+
+class LoRADuplicated(nn.Module):
+    """A frozen projection replicated on every TP rank, on the rank's own rows (Transformer
+    Engine's ``TELinear`` with ``parallel_mode="duplicated"``: megatron's TE spec for the
+    MLA down projections), plus (when a target) a rank-R adapter, A and B replicated. The
+    frozen base is ``F.linear`` on a weight without grad: it saves only the weight."""
+
+    def __init__(self, n_in: int, n_out: int, spec: AdapterSpec, name: str) -> None:
+        super().__init__()
+        self.name, self.adapted, self.p = name, spec.on(name), spec.dropout
+        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=BF16), requires_grad=False)
+        if self.adapted:
+            self.lora_a = nn.Parameter(torch.empty(spec.rank, n_in, dtype=BF16))
+            self.lora_b = nn.Parameter(torch.empty(n_out, spec.rank, dtype=BF16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        if not self.adapted:
+            return out
+        return out + F.linear(F.linear(adapter_input(x, self.p), self.lora_a), self.lora_b)

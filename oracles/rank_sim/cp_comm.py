@@ -34,6 +34,22 @@ count, no other rank's K/V. Backward all-to-alls the output and its gradient aga
 runs the flash backward over ``[CP·s, h/CP, d]`` and all-to-alls dq, dk, dv back.
 TE refuses packed ``thd`` input on this path (``qkv_format != "thd"``); the simulator
 treats the rank's tokens as one sequence there. Uneven counts are padded to the largest.
+
+A layer's sliding window (``SimModel.window``) under CP, as Transformer Engine runs it
+(``attn_forward_func_with_cp`` asserts ``cp_comm_type in ["a2a", "all_gather"]`` for a
+window other than (-1, 0) / (-1, -1)):
+
+- ``all_gather``: TE's ``AttnFuncWithCPAndKVAllGather`` gathers every rank's K/V whole
+  (``gather_along_first_dim``, then the chunk re-order) and only narrows what each step's
+  kernel reads (``get_kv_seq_info_after_all_gather``: a slice ``k_ag[start:end]``, a view
+  for batch 1; thd passes the whole gathered K/V with per-step ``cu_seqlens``). So the
+  gathered K/V held do not shrink with the window: the same bytes as window 0.
+- ``p2p``: refused for a windowed layer (TE's assertion), a SimInputError naming
+  ``cp_comm``.
+- ``a2a``: the window goes to the kernel over ``[CP·s, h/CP, d]``; nothing held changes.
+
+The value width may differ from the query/key width (multi-head latent attention): every
+output buffer here has the value's width.
 """
 
 from __future__ import annotations
@@ -55,6 +71,14 @@ def check_cp_comm(cp_comm: str, model: SimModel, tp: int, cp: int) -> str:
     heads per TP rank that CP does not divide."""
     if cp_comm not in CP_COMMS:
         raise SimInputError("cp_comm", cp_comm, f"one of {', '.join(CP_COMMS)}")
+    windowed = [i for i, kind in enumerate(model.kinds) if kind == "attention" and model.window(i)]
+    if cp_comm == "p2p" and cp > 1 and windowed:
+        raise SimInputError(
+            "cp_comm",
+            cp_comm,
+            f"layer {windowed[0]} has a sliding window of {model.window(windowed[0])} tokens; "
+            "Transformer Engine's CP supports a window under all_gather and a2a only",
+        )
     if cp_comm == "a2a" and cp > 1 and "attention" in model.kinds:
         hq = model.q_heads // tp
         hkv = max(model.kv_groups // tp, 1)  # fewer groups than TP: one group per rank
@@ -67,8 +91,12 @@ def check_cp_comm(cp_comm: str, model: SimModel, tp: int, cp: int) -> str:
     return cp_comm
 
 
-def core_attention(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The rank's core attention (q: (n, hq, d); k, v: (n, hkv, d)) under ``ctx.cp_comm``."""
+def core_attention(
+    ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0
+) -> torch.Tensor:
+    """The rank's core attention (q, k: (n, h, d); v: (n, hkv, dv)) under ``ctx.cp_comm``.
+    ``window`` (tokens, 0 = full) changes no buffer under the supported types (module
+    docstring); ``check_cp_comm`` has refused it under ``p2p``."""
     layout = ctx.layout
     counts = layout.attention_tokens
     if layout.cp == 1 or ctx.cp_comm == "all_gather":
@@ -134,12 +162,12 @@ class RingAttention(torch.autograd.Function):
             else:  # upper triangle: second half of q (a copy), full chunk
                 q_slots[i % 2] = q.new_empty((n // 2, hq, d))
             rows = q_slots[i % 2].shape[0]
-            outs.append(q.new_empty((rows, hq, d)))
+            outs.append(q.new_empty((rows, hq, v.shape[2])))
             lses.append(q.new_empty((rows, hq), dtype=F32))
             del kv_half
             if i == 1:
                 lse = lses[0].clone()
-                out = torch.zeros_like(q)
+                out = q.new_zeros((n, hq, v.shape[2]))
         assert out is not None and lse is not None
         ctx.save_for_backward(q, bufs[-1], out, lse)
         ctx.meta = (counts, rank, group, hkv, v.shape[2], k.shape, v.shape)
@@ -204,7 +232,7 @@ class UlyssesAttention(torch.autograd.Function):
         src = [x if n == width else x.new_empty((width, *x.shape[1:])) for x in (q, k, v)]
         qa, ka, va = _a2a(src, cp * width, [hq // cp, hkv // cp, hkv // cp], group)
         del src
-        out_a = qa.new_empty(qa.shape)  # flash forward over [CP·s, h/CP, d]
+        out_a = qa.new_empty((*qa.shape[:2], va.shape[2]))  # flash forward, [CP·s, h/CP, dv]
         lse = qa.new_empty((hq // cp, cp * width), dtype=F32)
         (out,) = _a2a([out_a], width, [hq], group)  # back to the local layout
         out = out[:n]

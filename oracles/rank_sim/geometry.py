@@ -79,6 +79,30 @@ class SimModel:
     attention_bias: bool = False  # q/k/v and output projections carry biases (gpt-oss)
     attention_sinks: bool = False  # one learned sink logit per query head (gpt-oss)
     qk_norm: bool = True  # RMSNorm on q and k per head (Qwen3); gpt-oss has none
+    # attention families (Gemma 2 / 3, multi-head latent attention); the defaults are
+    # the measured families' structure, so every existing model is unchanged
+    sandwich_norms: bool = False  # Gemma: post-attention and post-feedforward RMSNorm too
+    mlp_activation: str = "silu"  # the GLU's activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU)
+    embed_scale: bool = False  # the embedding output multiplied by sqrt(hidden) (Gemma)
+    attn_softcap: float = 0.0  # attention logit soft-capping (Gemma 2); 0: none
+    final_softcap: float = 0.0  # LM-head logit soft-capping (Gemma 2); 0: none
+    # multi-head latent attention (HF deepseek_v3 / kimi_k2): kv_lora_rank > 0 selects it;
+    # q_lora_rank 0 is a plain q projection (Moonlight)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def mla(self) -> bool:
+        """The attention layers are multi-head latent attention."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def rope_width(self) -> int:
+        """Width of the rotary tables: the rope part of an MLA head, else the head."""
+        return self.qk_rope_head_dim if self.mla else self.head_dim
 
     @property
     def layers(self) -> int:
@@ -262,7 +286,8 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         kinds = ("attention",) * layers
     hybrid = "gdn" in kinds
     moe: dict[str, Any] = {}
-    if family in MOE_FAMILIES:
+    dense_mla = family in MLA_FAMILIES and not text.get("n_routed_experts")
+    if family in MOE_FAMILIES and not dense_mla:  # an MLA config without experts is dense
         moe = moe_family_fields(text, family, layers, get)
     elif text.get("num_experts") or text.get("n_routed_experts"):
         experts = int(text.get("num_experts") or text.get("n_routed_experts"))
@@ -275,7 +300,7 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         }
         if moe["moe_top_k"] > experts:
             raise SimInputError("config.num_experts_per_tok", moe["moe_top_k"], "exceeds experts")
-    return SimModel(
+    fields: dict[str, Any] = dict(
         name=str(raw.get("_name_or_path") or name),
         hidden=hidden,
         ffn=moe["shared_expert_ffn"] if moe else int(get("intermediate_size")),
@@ -297,17 +322,89 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         family="" if family in DEFAULT_FAMILIES else family,
         **moe,
     )
+    fields.update(_attention_family(text, family, layers, get))
+    return SimModel(**fields)
+
+
+GEMMA_FAMILIES = ("gemma2", "gemma3_text", "gemma3")
+MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
+
+
+def _attention_family(text: dict[str, Any], family: str, layers: int, get: Any) -> dict[str, Any]:
+    """The attention families' fields of a config (Gemma 2 / 3: transformers'
+    ``Gemma2Config`` / ``Gemma3TextConfig``; MLA: ``DeepseekV3Config``); {} for others."""
+    if family in GEMMA_FAMILIES:
+        types = text.get("layer_types")
+        if not types:  # the configs' own defaults: Gemma 2 alternates, Gemma 3 5:1
+            pattern = text.get("sliding_window_pattern")
+            pattern = int(pattern if pattern is not None else 2 if family == "gemma2" else 6)
+            if pattern < 1:
+                raise SimInputError("config.sliding_window_pattern", pattern, "must be >= 1")
+            types = [
+                "sliding_attention" if (i + 1) % pattern else "full_attention"
+                for i in range(layers)
+            ]
+        if len(types) != layers:
+            raise SimInputError("config.layer_types", len(types), f"needs one per layer ({layers})")
+        unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+        if unknown:
+            raise SimInputError("config.layer_types", unknown[0], "not a Gemma layer type")
+        window = 0
+        if "sliding_attention" in types:
+            window = int(get("sliding_window"))
+            if window < 1:
+                raise SimInputError("config.sliding_window", window, "must be >= 1")
+        act = str(text.get("hidden_activation") or text.get("hidden_act") or "gelu_pytorch_tanh")
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise SimInputError("config.hidden_activation", act, "only gelu_pytorch_tanh")
+        return {
+            "family": family,
+            "kinds": ("attention",) * layers,
+            "windows": tuple(window if t == "sliding_attention" else 0 for t in types),
+            "qk_norm": family != "gemma2",
+            "sandwich_norms": True,
+            # Gemma2Config / Gemma3TextConfig tie the embeddings by default
+            "tie_embeddings": bool(text.get("tie_word_embeddings", True)),
+            "mlp_activation": "gelu_tanh",
+            "embed_scale": True,
+            "attn_softcap": float(text.get("attn_logit_softcapping") or 0.0),
+            "final_softcap": float(text.get("final_logit_softcapping") or 0.0),
+        }
+    if family in MLA_FAMILIES:
+        dims = {
+            key: int(get(key))
+            for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        }
+        for key, value in dims.items():
+            if value < 1:
+                raise SimInputError(f"config.{key}", value, "must be >= 1")
+        if dims["qk_rope_head_dim"] % 2:
+            raise SimInputError("config.qk_rope_head_dim", dims["qk_rope_head_dim"], "must be even")
+        q_rank = int(text.get("q_lora_rank") or 0)  # null: a plain q projection (Moonlight)
+        if q_rank < 0:
+            raise SimInputError("config.q_lora_rank", q_rank, "must be >= 1 or null")
+        heads = int(get("num_attention_heads"))
+        return {
+            "family": family,
+            "kv_groups": heads,  # every head has its own k_nope and v
+            "head_dim": dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"],
+            "gated_attention": False,
+            "qk_norm": False,
+            "q_lora_rank": q_rank,
+            **dims,
+        }
+    return {}
 
 
 # MoE families: the Hugging Face model_types whose expert layers moe.py restates
 MOE_FAMILIES = ("qwen3_moe", "gpt_oss", "deepseek_v3", "kimi_k2")
 # the model_types whose structure the layers' defaults are (SimModel.family "")
 DEFAULT_FAMILIES = (
-    "llama", "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "llama", "mistral", "qwen2", "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
 )  # fmt: skip
 # every model_type from_hf_config reads (a config without one is read as the generic
 # decoder these fields describe)
-FAMILIES = (*DEFAULT_FAMILIES, *MOE_FAMILIES)
+FAMILIES = (*DEFAULT_FAMILIES, *MOE_FAMILIES, "gemma2", "gemma3_text", "gemma3")
 
 
 def moe_family_fields(

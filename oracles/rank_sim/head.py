@@ -49,6 +49,15 @@ decoder, for the rank's own CP tokens.
   gradient for a frozen weight). Under TP, CCE's vocab-parallel mode: lse reduced over
   the TP group.
 
+Final logit soft-capping (``SimModel.final_softcap``, Gemma 2's
+``final_logit_softcapping``) under ``logits`` and ``fused``: ``tanh(logits / cap) * cap``
+on the bf16 logits before the loss, HF ``Gemma2ForCausalLM.forward``'s three eager ops.
+The division and the multiplication by a number save nothing; ``tanh`` saves its bf16
+output (2 B per logit, until backward); at the head's forward peak the capped logits,
+the kept tanh output and the loss's fp32 copy are live (8 B per logit, 6 B uncapped).
+``chunked:N`` (verl's function has no soft-cap) and ``linear-ce`` (Cut Cross Entropy
+caps inside its kernel, keeping no logits) are unchanged.
+
 Labels are one int64 per token, allocated with the batch at the start of the step. The
 loss is reduced on the rank (no gather of the hidden states); backward starts from it.
 Megatron pads the vocabulary to a multiple of 128 x TP (``make_vocab_size_divisible_by``
@@ -150,6 +159,9 @@ class Head(nn.Module):
             if kind in ("logits", "fused"):
                 logits, _ = self.output_layer(h, weight=self.weight() if self.tied else None)
                 del h
+                cap = ctx.model.final_softcap
+                if cap:  # Gemma 2: tanh(logits / cap) * cap on the bf16 logits
+                    logits = torch.tanh(logits / cap) * cap
                 if kind == "logits":
                     from megatron.core.tensor_parallel.cross_entropy import (
                         vocab_parallel_cross_entropy,

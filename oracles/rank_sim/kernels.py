@@ -51,11 +51,12 @@ GDN_KERNEL = STAND_IN  # set by select_gdn_kernel (at import, from the environme
 
 
 class FlashAttention(torch.autograd.Function):
-    """q: (n_q, hq, d); k, v: (n_k, hkv, d). Returns out (n_q, hq, d)."""
+    """q, k: (n_q / n_k, h, d); v: (n_k, hkv, dv). Returns out (n_q, hq, dv): the value's
+    width (dv = d except under multi-head latent attention)."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = q.new_empty(q.shape)
+        out = q.new_empty((*q.shape[:2], v.shape[2]))
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse)
         return out

@@ -116,7 +116,15 @@ class Attention(nn.Module):
     heads, a copy when a partition holds more than one group; q/k RMSNorm on the query
     copy and on key views of the projection; rope; CP K/V all-gather and the flash kernel
     (the checkpointed core under ``core_attn``); the output gate as megatron computes it
-    (``x * sigmoid(gate.float())`` in fp32, then back to bf16); output projection."""
+    (``x * sigmoid(gate.float())`` in fp32, then back to bf16); output projection.
+
+    Gemma (``model.sandwich_norms``): the output projection's result goes through its own
+    RMSNorm (HF ``Gemma3DecoderLayer.post_attention_layernorm``) before the residual add;
+    ``model.qk_norm`` off (Gemma 2) skips the q/k norms. ``window`` (set per layer by
+    ``build_layers`` from ``model.window``) reaches the CP core (cp_comm.py); the flash
+    kernel keeps the same set with or without a window or a logit soft-cap."""
+
+    window = 0  # this layer's sliding window in tokens (0: full causal attention)
 
     def __init__(self, ctx: RankContext, cfg: Any) -> None:
         super().__init__()
@@ -133,6 +141,7 @@ class Attention(nn.Module):
         self.groups = 1 if self.replicated else m.kv_groups // t
         self.norm_w = _frozen(m.hidden)
         self.qn_w, self.kn_w = _frozen(m.head_dim), _frozen(m.head_dim)
+        self.post_w = _frozen(m.hidden) if m.sandwich_norms else None
         spec = ctx.adapters
         width = m.kv_groups * self.group_width // t
         self.linear_qkv = LoRAColumn(m.hidden, width, cfg, t, spec, "qkv")
@@ -145,7 +154,7 @@ class Attention(nn.Module):
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         from oracles.rank_sim.cp_comm import core_attention
 
-        out = core_attention(self.ctx, q, k, v)
+        out = core_attention(self.ctx, q, k, v, self.window)
         if self.sinks is not None:
             from oracles.rank_sim.gpt_oss_kernels import AttentionSinks
 
@@ -198,6 +207,8 @@ class Attention(nn.Module):
             out = self.linear_proj(out.reshape(s, self.hq * self.d))
             if self.proj_bias is not None:  # skip_bias_add: added in bias-dropout-add
                 out = out + self.proj_bias
+            if self.post_w is not None:  # Gemma's post-attention norm
+                out = rmsnorm(out, self.post_w)
             return x + out
 
 
@@ -265,8 +276,12 @@ class GatedDeltaNet(nn.Module):
 
 
 class MLP(nn.Module):
-    """Pre-norm SwiGLU: fused gate‖up projection; the fused activation kernel, or
-    megatron's unfused GLU (silu(x0) * (x1 + glu_linear_offset)); down projection. Under
+    """Pre-norm GLU: fused gate‖up projection; the fused activation kernel, or
+    megatron's unfused GLU (act(x0) * (x1 + glu_linear_offset), megatron's ``MLP.forward``
+    ``glu``); down projection. ``act`` is SiLU (SwiGLU) or, for ``mlp_activation``
+    "gelu_tanh" (Gemma's ``gelu_pytorch_tanh``), ``F.gelu(approximate="tanh")`` (GeGLU;
+    one op, saves its input). Gemma (``sandwich_norms``): the down projection's result goes
+    through its own RMSNorm (``post_feedforward_layernorm``) inside the MLP. Under
     selective ``mlp`` the norm and everything after it are checkpointed."""
 
     def __init__(self, ctx: RankContext, cfg: Any) -> None:
@@ -277,6 +292,7 @@ class MLP(nn.Module):
         ffn = m.dense_ffn or m.ffn  # a dense layer of a model with experts: dense_ffn
         self.fc1 = LoRAColumn(m.hidden, 2 * ffn // t, cfg, t, ctx.adapters, "fc1")
         self.fc2 = LoRARow(ffn // t, m.hidden, cfg, ctx.layout, ctx.adapters, "fc2")
+        self.post_w = _frozen(m.hidden) if m.sandwich_norms else None
 
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
@@ -285,8 +301,10 @@ class MLP(nn.Module):
             act = K.FusedSwiGLU.apply(h)
         else:
             x0, x1 = torch.chunk(h, 2, dim=-1)
-            act = F.silu(x0) * (x1 + 0.0)
-        return self.fc2(act)
+            gelu = ctx.model.mlp_activation == "gelu_tanh"
+            act = (F.gelu(x0, approximate="tanh") if gelu else F.silu(x0)) * (x1 + 0.0)
+        y = self.fc2(act)
+        return rmsnorm(y, self.post_w) if self.post_w is not None else y
 
     def norm_body(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(rmsnorm(x, self.norm_w))
@@ -312,7 +330,7 @@ class DecoderLayer(nn.Module):
         from oracles.rank_sim.moe import MoE
 
         self.ctx, self.kind, self.index = ctx, kind, index
-        self.mixer = Attention(ctx, cfg) if kind == "attention" else GatedDeltaNet(ctx, cfg)
+        self.mixer = attention_layer(ctx, cfg) if kind == "attention" else GatedDeltaNet(ctx, cfg)
         moe = ctx.model.mlp_kind(index) == "moe"
         self.mlp: nn.Module = MoE(ctx, cfg) if moe else MLP(ctx, cfg)
 
@@ -325,11 +343,23 @@ class DecoderLayer(nn.Module):
         return self.body(x)
 
 
+def attention_layer(ctx: RankContext, cfg: Any) -> nn.Module:
+    """The model's attention layer: multi-head latent attention (mla.py) or ``Attention``."""
+    if ctx.model.mla:
+        from oracles.rank_sim.mla import MLAttention
+
+        return MLAttention(ctx, cfg)
+    return Attention(ctx, cfg)
+
+
 def build_layers(ctx: RankContext) -> nn.ModuleList:
     cfg = _config(ctx.model, ctx.layout)
     layers = nn.ModuleList(
         DecoderLayer(ctx, cfg, kind, i) for i, kind in enumerate(ctx.model.kinds)
     )
+    for i, layer in enumerate(layers):  # each attention layer's sliding window
+        if layer.kind == "attention":
+            layer.mixer.window = ctx.model.window(i)
     for name, p in layers.named_parameters():  # frozen base; only the adapters train
         p.requires_grad_(name.endswith(("lora_a", "lora_b")))
     return layers

@@ -205,6 +205,8 @@ def _step(
                 from megatron.core.tensor_parallel import mappings
 
                 emb = mappings.reduce_scatter_to_sequence_parallel_region(emb)
+            if model.embed_scale:  # Gemma: the lookup times sqrt(hidden), a fresh tensor
+                emb = emb * model.hidden**0.5
             x = emb
             if rc.full and not rc.no_grad:  # megatron's reentrant checkpoint needs grad
                 x = x.detach().requires_grad_(True)
@@ -216,7 +218,7 @@ def _step(
                 x = x.detach().requires_grad_(True)
             del emb
         with ctx.label("rope"):
-            tables = (torch.empty((longest, model.head_dim), dtype=BF16),) * 2
+            tables = (torch.empty((longest, model.rope_width), dtype=BF16),) * 2
             ctx.rope = (tables[0], torch.empty_like(tables[1]))
             del tables
         count = first
