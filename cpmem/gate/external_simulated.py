@@ -81,7 +81,7 @@ def described_rows(
     out = []
     for row in load_rows(sim_dir, ids):
         step = row_step(row, sim_dir, cache)
-        out.append(DescribedRow(row, family(step.geometry), describe_row(row, step)))
+        out.append(DescribedRow(row, family(step.geometry, step.compiled), describe_row(row, step)))
     return out
 
 

@@ -75,7 +75,8 @@ class Priced:
         return (
             None
             if got is None
-            else got >= required(self.peak(figure), figure, family(self.step.geometry))
+            else got
+            >= required(self.peak(figure), figure, family(self.step.geometry, self.step.compiled))
         )
 
     def headroom(self, figure: Figure) -> float | None:
@@ -109,7 +110,7 @@ class Priced:
         ``stage_forward_backward_bytes``) is below that stage's simulated peak with the
         family's allowance, as ``"s<stage>"`` / ``"s<stage>:fb"``: ``stage_bytes`` is a
         figure per stage, so each must cover its stage, not only the busiest."""
-        fam = family(self.step.geometry)
+        fam = family(self.step.geometry, self.step.compiled)
         est, row = self.estimate, self.row
         figures: list[tuple[str, Figure, tuple[int, ...] | None, tuple[int, ...]]] = [
             ("", "forward", est.stage_bytes, row.stage_forward),
@@ -133,7 +134,7 @@ class Priced:
         """CP ranks whose own forward figure is below their simulated peak (with the
         family's allowance): a policy that repeats the busiest figure covers every rank
         its busiest covers; one that prices ranks apart must cover each."""
-        fam = family(self.step.geometry)
+        fam = family(self.step.geometry, self.step.compiled)
         per = self.estimate.per_rank_bytes
         return [
             r
@@ -223,7 +224,7 @@ GROUPS: dict[str, Callable[[Priced], object]] = {
     "tp": lambda p: p.row.tp,
     "length": lambda p: _bucket(p.row.logical_tokens),
     "recompute": _recompute,
-    "family and recompute": lambda p: f"{family(p.step.geometry)} {_recompute(p)}",
+    "family and recompute": lambda p: f"{family(p.step.geometry, p.step.compiled)} {_recompute(p)}",
 }
 
 

@@ -133,7 +133,7 @@ def with_adapters(
     the layer kind each adapted projection sits in (a routed expert's per row)."""
     if adapter.is_harness:
         return widths
-    rows = moe_rows_per_token(geometry, ep, routing) if geometry.is_moe else 0
+    rows = moe_rows_per_token(geometry, ep, routing, tp=tp) if geometry.is_moe else 0
     return replace(
         widths,
         attention=widths.attention + extra_width(geometry, adapter, tp, "attention", core_kept, sp),

@@ -103,16 +103,21 @@ def mlp_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
     return common + swiglu_factor(geometry) * geometry.ffn // tp
 
 
-def moe_rows_per_token(geometry: ModelGeometry, ep: int, routing: MoeRouting) -> int:
-    """Expert rows one rank holds per global token.
+def moe_rows_per_token(geometry: ModelGeometry, ep: int, routing: MoeRouting, *, tp: int) -> int:
+    """Expert rows one rank holds per token of its own (its CP rank's count).
 
-    Concentrated routing (the safe assumption) lands every routed copy on one
-    expert-parallel rank: top-k rows per token. Balanced routing spreads them
-    evenly: ceil(top-k / EP).
-    """
+    The EP group is laid over the TP x CP world (expert tensor parallel 1): with EP no
+    wider than TP it routes the CP rank's own tokens; wider, it spans ``EP/TP`` CP ranks
+    and routes theirs too, each priced at this rank's count (the busiest's, an upper
+    bound). Concentrated routing (the safe assumption) lands every routed copy of the
+    group on this rank's experts, at most one per token and local expert
+    (``min(top-k, E/EP)`` per token). Balanced routing spreads them evenly:
+    ``ceil(top-k / EP)`` per routed token. The rank simulator's ``expert_rows``
+    (oracles/rank_sim/moe.py): Qwen3-30B-A3B at TP2 CP2 EP4 routes two CP ranks' tokens."""
+    spanned = max(1, ep // max(tp, 1))
     if routing == "balanced":
-        return -(-geometry.moe_top_k // max(ep, 1))
-    return geometry.moe_top_k
+        return -(-geometry.moe_top_k // max(ep, 1)) * spanned
+    return min(geometry.moe_top_k, geometry.num_experts // max(ep, 1)) * spanned
 
 
 def moe_width(
@@ -125,7 +130,7 @@ def moe_width(
     if not geometry.is_moe:
         return 0
     c = swiglu_factor(geometry)
-    rows = moe_rows_per_token(geometry, ep, routing)
+    rows = moe_rows_per_token(geometry, ep, routing, tp=tp)
     routed = rows * (2 * geometry.hidden + c * geometry.expert_ffn)
     shared = c * geometry.shared_expert_ffn // tp
     return common_width(geometry, tp, sp) + sandwich_width(geometry, tp, sp) + routed + shared

@@ -221,12 +221,21 @@ def measure_target(target: Target, cells: Sequence[TargetCell]) -> TargetResult:
     )
 
 
+GRID_FAMILIES = frozenset({"qwen3_moe", "gpt_oss", "gemma3_text", "gemma2", "deepseek_v3"})
+"""The families priced by structure only, each checked by its own rows of the simulated
+grid (``family_grid``: one published model each, its layers restated in the rank
+simulator from the family's published structure)."""
+
+
 def _non_moe(step: Step) -> bool:
-    return not step.geometry.is_moe
+    """A dense or hybrid row of the measured families' structure (the rows of the families
+    priced by structure only, ``GRID_FAMILIES``, are reported and held to the simulator's
+    central figure by tests/golden/test_family_rows.py)."""
+    return not step.geometry.is_moe and step.geometry.family not in GRID_FAMILIES
 
 
 def _non_moe_long(step: Step) -> bool:
-    return not step.geometry.is_moe and step.plan.logical_tokens >= 2048
+    return _non_moe(step) and step.plan.logical_tokens >= 2048
 
 
 def _cp(step: Step) -> bool:
@@ -292,7 +301,12 @@ hybrid row (forward and forward+backward) with at most 8% forward headroom on th
 (CP > 1, selective or no recompute). On the trainer-step rows (a head, other adapters,
 another CP comm: ``trainer_grid``) ``tight`` covers every row forward and
 forward+backward with at most 8% forward headroom on rows of >= 2,048 tokens, and
-``reference`` covers every row. A policy not listed declares none. MoE rows are
+``reference`` covers every row. The families' rows (``family_grid``: Qwen3-MoE,
+gpt-oss, Gemma 3, Gemma 2, DeepSeek-V3's latent attention and experts) are priced and
+reported, not yet judged here: ``tight`` covers the simulator's central figure on every
+one but the MoE rows under a ``moe`` checkpoint (tests/golden/test_family_rows.py), not
+yet with the simulator's validated error on top nor within 8% headroom
+(docs/simulated-grid.md, "Family rows"). A policy not listed declares none. The Qwen3.5-MoE rows are
 priced and reported (coverage, headroom, busiest rank) but no target selects them: the
 simulator's MoE layer is validated only to 9.4% (``SIM_WORST_UNDER["moe"]``; 4 of the
 12 measured MoE cells within its targets, oracles/rank_sim/README.md), so a verdict

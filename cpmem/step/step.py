@@ -81,6 +81,13 @@ class StepSettings:
         check_cp_comm(self.cp_comm)
         if self.cp_comm == "a2a" and self.layout.cp > 1:
             self._check_a2a_heads()
+        if self.cp_comm == "p2p" and self.layout.cp > 1 and self.geometry.windowed:
+            raise InputError(
+                "cp_comm",
+                "p2p",
+                f"{self.geometry.name} has sliding-window layers, which Transformer Engine's "
+                "CP attention runs only under all_gather or a2a (attn_forward_func_with_cp)",
+            )
         if not isinstance(self.cold, bool):
             raise InputError("cold", self.cold, "must be true or false")
         if self.moe_routing not in MOE_ROUTINGS:

@@ -123,7 +123,8 @@ class GridConfig:
 
     @property
     def model_source(self) -> str:
-        return MODELS.get(self.model, "preset")  # the MoE models are presets
+        # the MoE models are presets; the families' models are their published configs
+        return MODELS.get(self.model, FAMILY_MODELS.get(self.model, "preset"))
 
     @property
     def config_path(self) -> Path | None:
@@ -167,7 +168,7 @@ def by_id() -> dict[str, GridConfig]:
 
 def everything() -> list[GridConfig]:
     """Every grid's configurations in generation order."""
-    return grid() + moe_grid() + trainer_grid() + pipeline_grid()
+    return grid() + moe_grid() + trainer_grid() + pipeline_grid() + family_grid()
 
 
 # MoE configurations, kept out of ``grid()``: the dense grid's axes and
@@ -490,4 +491,97 @@ def pipeline_grid() -> list[GridConfig]:
                 GridConfig(cid, model, tp, cp, request, mode, modules, start + len(out),
                            pipeline=spec)
             )  # fmt: skip
+    return out
+
+
+# The model families priced by structure only (cpmem's presets of the families issue),
+# kept out of the grids above: their rows stay as they are. One model per family, each
+# its published config (golden/simulated/configs/, copied from examples/). Per model the
+# ten TP x CP layouts of up to 8 ranks x FAMILY_SLOTS slots; the slots rotate the
+# request (4k-32k tokens), the recompute path (none, selective core_attn, selective
+# core_attn with the feed-forward checkpointed, full), the head (megatron's logits and
+# loss, or the harness's hidden states) and the adapters (rank 16 or the harness's rank
+# 1) with the layout index, so that every model meets every layout, request, path, head
+# and rank; under CP the attention communication alternates between the all-gather and
+# the p2p ring, or Ulysses a2a on the models with sliding windows. MoE models lay EP over the
+# TP x CP world (ETP 1) and route concentrated (cpmem's safe assumption).
+FAMILY_MODELS: dict[str, str] = {
+    "qwen3-30b-a3b": "configs/qwen3-30b-a3b.json",
+    "gpt-oss-20b": "configs/gpt-oss-20b.json",
+    "gemma-3-12b": "configs/gemma-3-12b.json",
+    "gemma-2-9b": "configs/gemma-2-9b.json",
+    "moonlight-16b-a3b": "configs/moonlight-16b-a3b.json",
+}
+"""qwen3_moe, gpt_oss, gemma3_text, gemma2 and deepseek_v3 (multi-head latent attention
+with DeepSeek-V3's experts; Moonlight-16B-A3B, the family's smallest published model)."""
+FAMILY_MOE = ("qwen3-30b-a3b", "gpt-oss-20b", "moonlight-16b-a3b")
+FAMILY_LAYOUTS: tuple[tuple[int, int], ...] = (
+    (1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2),
+)  # fmt: skip
+"""(TP, CP): TP x CP up to 8 ranks."""
+FAMILY_REQUESTS: tuple[RequestSpec, ...] = (
+    RequestSpec("single-4k", (4 * K,)),
+    RequestSpec("single-8k", (8 * K,)),
+    RequestSpec("pair-16k", (16 * K, 16 * K)),
+    RequestSpec("pack4-uneven", (12 * K, 2 * K, 6 * K + 512, 1 * K + 300)),
+    RequestSpec("single-32k", (32 * K,)),
+)
+FAMILY_SLOTS = 4
+
+
+FAMILY_WINDOWED = ("gpt-oss-20b", "gemma-3-12b", "gemma-2-9b")
+"""The models with sliding-window layers: Transformer Engine runs their CP attention only
+under ``all_gather`` or ``a2a`` (``attn_forward_func_with_cp``), never the ``p2p`` ring."""
+FAMILY_HEADS: dict[str, tuple[int, int]] = {
+    "qwen3-30b-a3b": (32, 4),
+    "gpt-oss-20b": (64, 8),
+    "gemma-3-12b": (16, 8),
+    "gemma-2-9b": (16, 8),
+    "moonlight-16b-a3b": (16, 16),
+}
+"""(query heads, KV heads) of each family model (its config), for Ulysses' divisibility."""
+
+
+def family_comm(model: str, tp: int, cp: int, index: int) -> str:
+    """The slot's CP communication: the all-gather every other slot, else the p2p ring,
+    or on a windowed model Ulysses ``a2a`` where its heads per TP rank divide by CP."""
+    if cp == 1 or index % 2 == 0:
+        return "all_gather"
+    if model not in FAMILY_WINDOWED:
+        return "p2p"
+    q, kv = FAMILY_HEADS[model]
+    kv_rank = kv // tp if kv >= tp else 1
+    return "a2a" if (q // tp) % cp == 0 and kv_rank % cp == 0 else "all_gather"
+
+
+def family_recompute(model: str, index: int) -> tuple[str, str]:
+    """The slot's (mode, modules): the feed-forward checkpoint is ``moe`` on MoE models."""
+    ffn = "moe" if model in FAMILY_MOE else "mlp"
+    paths = (("none", ""), ("selective", "core_attn"), ("selective", f"core_attn+{ffn}"),
+             ("full", ""))  # fmt: skip
+    return paths[index % len(paths)]
+
+
+def family_grid() -> list[GridConfig]:
+    """The families' configurations, ids ``<model>:tpT:cpC[:epE]:<request>:<recompute>:
+    <trainer label>``; their generation order continues after ``pipeline_grid()``."""
+    start = len(grid()) + len(moe_grid()) + len(trainer_grid()) + len(pipeline_grid())
+    out: list[GridConfig] = []
+    for slot in range(FAMILY_SLOTS):
+        for li, (tp, cp) in enumerate(FAMILY_LAYOUTS):
+            for mi, model in enumerate(FAMILY_MODELS):
+                req = FAMILY_REQUESTS[(li + 2 * slot + mi) % len(FAMILY_REQUESTS)]
+                mode, modules = family_recompute(model, li + slot + mi)
+                head = ("logits", "hidden")[(li + slot) % 2]
+                rank = (16, 1)[(li // 2 + slot + mi) % 2]
+                comm = family_comm(model, tp, cp, li + slot + mi)
+                spec = TrainerSpec(head, rank, 0.0, "all", comm)
+                ep, routing = (tp * cp, "concentrated") if model in FAMILY_MOE else (1, "")
+                rc = mode + (f":{modules}" if modules else "")
+                where = f"tp{tp}:cp{cp}" + (f":ep{ep}" if routing else "")
+                cid = f"{model}:{where}:{req.name}:{rc}:{spec.label}"
+                out.append(
+                    GridConfig(cid, model, tp, cp, req, mode, modules, start + len(out),
+                               ep, routing, trainer=spec)
+                )  # fmt: skip
     return out

@@ -81,7 +81,7 @@ def _validated_worst_under() -> dict[str, dict[str, float]]:
         cols = [c.strip() for c in line.strip("|").split("|")]
         if len(cols) != 13 or cols[0] not in cells or cols[12].startswith("n/a"):
             continue
-        fam = family(load_model(cells[cols[0]].model))
+        fam = family(load_model(cells[cols[0]].model), cols[4] == "True")
         got = worst.setdefault(fam, {"forward": 0.0, "forward_backward": 0.0})
         got["forward"] = max(got["forward"], round(1 - float(cols[8]), 3))
         got["forward_backward"] = max(got["forward_backward"], round(1 - float(cols[11]), 3))
@@ -123,8 +123,10 @@ def test_the_reports_header_names_the_cold_set_up_the_tier_adds() -> None:
 
 
 def test_grid_families() -> None:
-    assert family(load_model("qwen3.5-4b")) == "hybrid"
-    assert family(load_model("qwen3-1.7b")) == "attention-only"
+    assert family(load_model("qwen3.5-4b"), False) == "hybrid"
+    assert family(load_model("qwen3-1.7b"), False) == "attention-only"
+    assert family(load_model("qwen3.5-35b-a3b"), False) == "moe-eager"
+    assert family(load_model("qwen3.5-35b-a3b"), True) == "moe"
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -168,7 +170,7 @@ def test_every_stage_is_held_to_its_own_simulated_peak() -> None:
     sim_dir = simulated_dir()
     row = next(r for r in load_rows(sim_dir) if r.is_pipeline and r.pp == 4)
     (priced,) = price_rows("tight", [row], sim_dir)
-    fam = family(priced.step.geometry)
+    fam = family(priced.step.geometry, priced.step.compiled)
     need = [required(s, "forward", fam) for s in row.stage_forward]
     fb = priced.estimate.stage_forward_backward_bytes
     at = replace(priced.estimate, stage_bytes=tuple(need))

@@ -63,7 +63,7 @@ def tight_widths(
     moe_width = moe.saved_width(geometry, tp, sp, layout.ep, step.moe_routing, step.compiled)
     if moe_width:
         moe_width += sandwich
-        rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing)
+        rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=tp)
         moe_width += rows * adapters.extra_width(geometry, step.adapter, tp, "expert", sp=sp)
     return TightWidths(
         common=common,
@@ -84,10 +84,11 @@ def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     recompute the layer inputs its checkpoints keep; without gradients the current
     layer's input only."""
     rc = step.recompute
+    state = moe.dispatcher_state_width(geometry, w, step) if geometry.moe_layers else 0
     if rc.full:
-        return geometry.layers * w.layer_input
+        return geometry.layers * w.layer_input + state
     if not rc.keeps_gradients:
-        return w.layer_input
+        return w.layer_input + state
     total = sum((w.mixer(m) + w.ffn(f)) * n for m, f, n in geometry.layer_kinds)
     dense = sum(1 for kind in geometry.mlps if kind == "dense")
     if rc.checkpoints(Module.MLP) and dense:
@@ -105,7 +106,7 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
     before backward starts."""
     rc = step.recompute
     if rc.one_layer_at_a_time:
-        candidates = [w.moe] if geometry.moe_layers else []
+        candidates = [moe.nograd_width(geometry, w, step)] if geometry.moe_layers else []
         if "attention" in geometry.mixers:
             candidates.append(attention.nograd_width(geometry, w, step))
         if "dense" in geometry.mlps:
@@ -139,6 +140,10 @@ def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> 
     for m, f, _ in geometry.layer_kinds:
         mixer = attention.recompute_width(step, w) if m == "attention" else w.mixer(m)
         ffn_backward = mlp.backward_buffers(geometry, w) if f == "dense" else 0
+        if f == "moe":  # recomputed with its dispatch buffers, then its backward's
+            ffn_backward = moe.dispatch_width(geometry, w, step) + moe.backward_width(
+                geometry, w, step
+            )
         widest = max(widest, mixer + w.ffn(f) + ffn_backward)
         if m == "gdn":
             widest = max(widest, gdn.backward_width(geometry, w))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
 from cpmem.pricing.tight.mlp import swiglu_saved
-from cpmem.pricing.tight.widths import TightWidths
+from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import common_width, moe_rows_per_token, sp_divisor
 from cpmem.step.step import MoeRouting, Step
 
@@ -24,6 +24,15 @@ six rows per token and layer (``H + 6·F_e + MOE_ROW_SMALL``). It validates on t
 eager concentrated ``core_attn`` cells within 0.978-1.011 (oracles/rank_sim/README.md,
 "MoE"); the reference's ``2H + c·F_e`` keeps a second H-wide copy megatron's code does
 not (7-8% over those cells in the simulator)."""
+
+CLAMPED_GLU_ROW_F = 1
+"""F_e-multiples gpt-oss's clamped GLU (``swiglu_limit``: the gate clamped above, the
+linear part both ways, ``(up + 1) * gate * sigmoid(alpha * gate)``) keeps per routed row
+beyond the eager GLU: torch's ``clamp`` saves its input, a view of the fc1 output the
+row keeps anyway, so only the shifted ``up + 1`` factor is new. Rank simulator
+(oracles/rank_sim/README.md "MoE families", gpt-oss-20b TP4 EP4 SP, 8,192 tokens):
+``H + 7·F_e + 2`` per row where the SwiGLU experts keep ``H + 6·F_e + 2``. Compiled, the
+fused kernel keeps the same set as without the clamp."""
 
 MOE_ROW_COMPILED_F = 3
 """F_e-multiples one routed expert row keeps under torch.compile: the fused
@@ -92,9 +101,9 @@ def saved_width(
     s = sp_divisor(tp, sp)
     h, fe = geometry.hidden, geometry.expert_ffn
     f = MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F if compiled else MOE_ROW_EAGER_F
-    if geometry.activation_clamp is not None:
-        f += 2
-    rows = moe_rows_per_token(geometry, ep, routing)
+    if geometry.activation_clamp is not None and not compiled:
+        f += CLAMPED_GLU_ROW_F
+    rows = moe_rows_per_token(geometry, ep, routing, tp=tp)
     routed = rows * (h + f * fe + MOE_ROW_SMALL)
     router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
     if geometry.router_scoring != "topk_softmax":
@@ -113,11 +122,67 @@ def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     priced by its saved set (``checkpointed_width``)."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
-    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing)
+    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=tp)
     h = geometry.hidden
     return rows * (MOE_DISPATCH_ROW_H * h + 2) + (h + 2 * geometry.num_experts) // sp_divisor(
         tp, sp
     )
+
+
+MOE_BACKWARD_ROW_H = 6
+"""H-multiples per expert row an MoE layer's backward holds beside its saved set: the
+gradients of the row movements (the combine's un-sort and all-to-all, the dispatch's
+sort, all-to-all and permute, each a fresh buffer in oracles/rank_sim/moe.py
+``Rows.backward``) and of the experts' output. Rank simulator, Qwen3-30B-A3B full
+recompute, 8,192 tokens, 8 rows per token, the backward's own buffers at the
+forward+backward peak: 96,332 elements per token at TP1 EP1 (12,041 per row, ``6H`` =
+12,288), 48,178 at TP2 EP2 SP (6,022 per row); priced at the larger."""
+
+DISPATCHER_STATE_E = 2.5
+"""bf16-equivalent elements per expert and local token each MoE layer holds after its
+forward whatever the recompute: megatron's ``dispatch_preprocess`` stores the dense fp32
+probs (2) and the bool routing map (0.5) on the layer's dispatcher
+(``self.probs``, ``self.routing_map``) and never clears them (oracles/rank_sim/moe.py).
+With gradients the saved set holds them already (``saved_width``); under full recompute
+and without gradients they stay beside the layer inputs. Rank simulator, Qwen3-30B-A3B
+TP1 full recompute, 8,192 tokens: 117,504 elements per token retained = 48 layer inputs
+(98,304) + 48 x 320 (2.5 x 128 experts) + the embedding's and the rope tables'."""
+
+
+def dispatcher_state_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token every MoE layer's dispatcher keeps after its forward
+    (``DISPATCHER_STATE_E``), over the MoE layers."""
+    layout = step.plan.layout
+    s = sp_divisor(w.tp, layout.sp and w.tp > 1)
+    per_layer = int(DISPATCHER_STATE_E * geometry.num_experts) // s
+    return geometry.moe_layers * per_layer
+
+
+def backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token an MoE layer's backward holds beside its saved set
+    (``MOE_BACKWARD_ROW_H``)."""
+    layout = step.plan.layout
+    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=w.tp)
+    return rows * MOE_BACKWARD_ROW_H * geometry.hidden
+
+
+def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """One MoE layer's peak in a pass without gradients (full recompute's forward, a
+    no-grad forward), beside the kept layer inputs: per routed row the dispatch's three
+    H-wide buffers (``MOE_DISPATCH_ROW_H``: the permuted rows, the all-to-all's output,
+    the sorted copy) and the experts' fc1 output formed as base + LoRA delta + sum
+    (``LORA_SUM_COPIES x 2F_e``); the shared expert's own such moment (``3 x 2F_s/t``);
+    the norm output, the SP-gathered input and the dense probs per token. Rank simulator,
+    Qwen3-30B-A3B TP2 EP2 SP full recompute, 8,192 tokens: the forward's MoE rise beside
+    the layer inputs is 78,912 elements per token at 8 rows (this: 8 x 10,752 + 1,088)."""
+    layout = step.plan.layout
+    tp, sp = w.tp, layout.sp and w.tp > 1
+    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=tp)
+    h = geometry.hidden
+    per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * geometry.expert_ffn
+    shared = LORA_SUM_COPIES * 2 * geometry.shared_expert_ffn // tp
+    per_token = (2 * geometry.num_experts) // sp_divisor(tp, sp)
+    return rows * per_row + shared + w.common - w.layer_input + per_token
 
 
 def checkpointed_width(w: TightWidths) -> int:
