@@ -106,10 +106,10 @@ def mlp_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
 def moe_rows_per_token(geometry: ModelGeometry, ep: int, routing: MoeRouting, *, tp: int) -> int:
     """Expert rows one rank holds per token of its own (its CP rank's count).
 
-    The EP group is laid over the TP x CP world (expert tensor parallel 1): with EP no
-    wider than TP it routes the CP rank's own tokens; wider, it spans ``EP/TP`` CP ranks
-    and routes theirs too, each priced at this rank's count (the busiest's, an upper
-    bound). Concentrated routing (the safe assumption) lands every routed copy of the
+    With expert tensor parallel 1, an EP group no wider than TP routes the CP rank's own
+    tokens (its TP ranks' sequence shards); a wider one spans ``EP/TP`` groups of TP
+    ranks, other CP ranks or data-parallel ranks with tokens of their own, and routes
+    theirs too, each priced at this rank's count (the busiest's, an upper bound). Concentrated routing (the safe assumption) lands every routed copy of the
     group on this rank's experts, at most one per token and local expert
     (``min(top-k, E/EP)`` per token). Balanced routing spreads them evenly:
     ``ceil(top-k / EP)`` per routed token. The rank simulator's ``expert_rows``

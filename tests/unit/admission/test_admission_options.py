@@ -95,8 +95,9 @@ ROWS = [
     Row("cp", M4, {}, 1, 2),
     # SP changes the layer inputs the full-recompute checkpoints keep (H/s per token)
     Row("sp", M17, {"tp": 2, "recompute": "full"}, True, False),
-    # expert parallelism spreads balanced routing's rows (concentrated ones land on one rank)
-    Row("ep", MOE, {"moe_routing": "balanced"}, 1, 4, policy="tight", lengths=[4096]),
+    # expert parallelism over the TP ranks spreads balanced routing's rows (concentrated
+    # ones land on one rank; an EP group wider than TP brings other ranks' tokens too)
+    Row("ep", MOE, {"moe_routing": "balanced", "tp": 4}, 1, 4, policy="tight", lengths=[4096]),
     Row("recompute", M4, {}, "selective", "full"),
     Row("modules", M4, {"recompute": "selective"}, "core_attn", "core_attn+mlp"),
     Row("planner", M4, {"cp": 2}, "gdn-segments", "balanced", lengths=[3000, 1000]),
