@@ -144,7 +144,7 @@ class Collected:
         return int(self.cells[cid]["logical_tokens"]) >= LONG_TOKENS
 
     def moe_row(self, cid: str) -> bool:
-        return self.families[cid] == "moe"
+        return self.families[cid].startswith("moe")
 
 
 # --- rendering -------------------------------------------------------------------------
