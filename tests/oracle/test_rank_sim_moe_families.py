@@ -247,7 +247,7 @@ def test_sink_gradient_is_allocated_in_backward() -> None:
         ({"n_group": 3}, "config.n_group"),
         ({"topk_group": 3}, "config.topk_group"),
         ({"first_k_dense_replace": 99}, "config.first_k_dense_replace"),
-        ({"n_routed_experts": None}, "config.n_routed_experts"),
+        ({"moe_intermediate_size": None}, "config.moe_intermediate_size"),
         ({"num_experts_per_tok": 300}, "config.num_experts_per_tok"),
         ({"scoring_func": "relu"}, "config.scoring_func"),
     ],
@@ -256,6 +256,12 @@ def test_deepseek_errors_name_the_field(change: dict[str, Any], field: str) -> N
     with pytest.raises(SimInputError) as err:
         from_hf_config({**DEEPSEEK, **change})
     assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_a_latent_attention_config_without_experts_is_dense() -> None:
+    """As cpmem reads it: no ``n_routed_experts``, every layer's MLP dense."""
+    dense = from_hf_config({**DEEPSEEK, "n_routed_experts": None})
+    assert not dense.moe and dense.ffn == DEEPSEEK["intermediate_size"]
 
 
 def test_other_families_errors_name_the_field() -> None:
