@@ -45,8 +45,8 @@ from cpmem.pricing.tight.compose import (  # noqa: E402
     kept_width,
     tight_widths,
 )
-from cpmem.pricing.tight.widths import TightWidths  # noqa: E402
 from cpmem.pricing.tight.moe import dispatcher_state_width  # noqa: E402
+from cpmem.pricing.tight.widths import TightWidths  # noqa: E402
 from cpmem.step.describe import describe_step  # noqa: E402
 from cpmem.step.step import Step  # noqa: E402
 from oracles import saved_tensors as st  # noqa: E402
