@@ -271,6 +271,7 @@ def test_estimates_grow_with_layers(
         name=f"{geometry.name}+{len(extra)}",
         mixers=geometry.mixers + extra,
         mlps=geometry.mlps + (geometry.mlps[-1],) * len(extra),
+        windows=geometry.windows + (geometry.windows[-1],) * len(extra) if geometry.windows else (),
     )
     planner = data.draw(st.sampled_from(PLANNERS))
     plan = plan_request(to_request(forest), grid.layout, planner, geometry)
