@@ -16,7 +16,6 @@ from cpmem.admission.capacity import DEFAULT_PACK, capacity
 from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
-from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
@@ -27,8 +26,10 @@ from cpmem.reports.capacity_plot import (
     write_capacity_plot,
 )
 from cpmem.reports.cli_render import (
+    model_rows,
     render_capacity,
     render_estimate,
+    render_models,
     render_whole_device,
 )
 from cpmem.reports.tables import table
@@ -473,36 +474,8 @@ def cmd_profile_record(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    rows: list[dict[str, Any]] = []
-    for g in PRESETS.values():
-        rows.append(
-            {
-                "name": g.name,
-                "family": g.family or "measured preset",
-                "measured": g.name in MEASURED,
-                "aliases": list(g.aliases),
-                "hidden": g.hidden,
-                "layers": g.layers,
-                "gdn_layers": g.gdn_layers,
-                "moe_layers": g.moe_layers,
-                "ffn": g.ffn,
-                "heads": f"{g.q_heads}/{g.kv_groups}/{g.head_dim}",
-                "fused_swiglu": g.fused_swiglu,
-            }
-        )
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(
-        f"{'name':<18} {'hidden':>6} {'layers':>6} {'gdn':>4} {'moe':>4} {'ffn':>6}  "
-        "heads(q/kv/d)  measured  aliases"
-    )
-    for r in rows:
-        print(
-            f"{r['name']:<18} {r['hidden']:>6} {r['layers']:>6} {r['gdn_layers']:>4} "
-            f"{r['moe_layers']:>4} {r['ffn']:>6}  {r['heads']:<13}  "
-            f"{'yes' if r['measured'] else 'no':<8}  {', '.join(r['aliases'])}"
-        )
+    rows = model_rows()
+    print(json.dumps(rows, indent=2) if args.json else render_models(rows))
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from cpmem.admission.admission import Decision
 from cpmem.admission.capacity import Capacity, Fit
 from cpmem.megatron.estimate import MegatronEstimate
+from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
 from cpmem.pricing.estimate import Estimate
 from cpmem.reports.tables import table
@@ -248,4 +249,39 @@ def render_megatron_estimate(est: MegatronEstimate) -> str:
         lines.append(f"backend spread (Transformer Engine picks per container): {spread}")
     if run.args.ignored:
         lines.append(f"ignored (no memory cpmem prices): {' '.join(run.args.ignored)}")
+    return "\n".join(lines)
+
+
+def model_rows() -> list[dict[str, Any]]:
+    """``cpmem models``: every built-in geometry, and whether it was measured."""
+    return [
+        {
+            "name": g.name,
+            "family": g.family or "measured preset",
+            "measured": g.name in MEASURED,
+            "aliases": list(g.aliases),
+            "hidden": g.hidden,
+            "layers": g.layers,
+            "gdn_layers": g.gdn_layers,
+            "moe_layers": g.moe_layers,
+            "ffn": g.ffn,
+            "heads": f"{g.q_heads}/{g.kv_groups}/{g.head_dim}",
+            "fused_swiglu": g.fused_swiglu,
+        }
+        for g in PRESETS.values()
+    ]
+
+
+def render_models(rows: list[dict[str, Any]]) -> str:
+    """The ``cpmem models`` table."""
+    lines = [
+        f"{'name':<18} {'hidden':>6} {'layers':>6} {'gdn':>4} {'moe':>4} {'ffn':>6}  "
+        "heads(q/kv/d)  measured  aliases"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['name']:<18} {r['hidden']:>6} {r['layers']:>6} {r['gdn_layers']:>4} "
+            f"{r['moe_layers']:>4} {r['ffn']:>6}  {r['heads']:<13}  "
+            f"{'yes' if r['measured'] else 'no':<8}  {', '.join(r['aliases'])}"
+        )
     return "\n".join(lines)
