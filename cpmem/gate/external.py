@@ -107,20 +107,24 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
             linear_conv_kernel_dim=g.gdn_conv_kernel,
         )
     if g.is_moe:
-        cfg.update(
-            num_experts=g.num_experts,
-            num_experts_per_tok=g.moe_top_k,
-            moe_intermediate_size=g.expert_ffn,
-            shared_expert_intermediate_size=g.shared_expert_ffn,
-            decoder_sparse_step=1,
-            mlp_only_layers=[i for i, m in enumerate(g.mlps) if m == "dense"],
-        )
+        cfg.update(_qwen_experts(g), shared_expert_intermediate_size=g.shared_expert_ffn)
     if g.activation_clamp is not None:
         cfg["swiglu_limit"] = g.activation_clamp
     max_positions = getattr(g, "max_position_embeddings", None)  # recorded by newer presets
     if max_positions is not None:
         cfg["max_position_embeddings"] = max_positions
     return cfg
+
+
+def _qwen_experts(g: ModelGeometry) -> dict[str, Any]:
+    """The Qwen families' expert fields: the routed experts and which layers are dense."""
+    return {
+        "num_experts": g.num_experts,
+        "num_experts_per_tok": g.moe_top_k,
+        "moe_intermediate_size": g.expert_ffn,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [i for i, m in enumerate(g.mlps) if m == "dense"],
+    }
 
 
 FAMILY_EXPORTS = ("qwen3_moe", "gpt_oss", "gemma2", "gemma3_text", "deepseek_v3", "kimi_k2")
@@ -155,14 +159,7 @@ def _family_config(g: ModelGeometry) -> dict[str, Any]:
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
         cfg["final_logit_softcapping"] = g.final_logit_softcap
     if g.family == "qwen3_moe":
-        cfg.update(
-            num_experts=g.num_experts,
-            num_experts_per_tok=g.moe_top_k,
-            moe_intermediate_size=g.expert_ffn,
-            decoder_sparse_step=1,
-            mlp_only_layers=[i for i, m in enumerate(g.mlps) if m == "dense"],
-            norm_topk_prob=g.router_scoring == "topk_softmax",
-        )
+        cfg.update(_qwen_experts(g), norm_topk_prob=g.router_scoring == "topk_softmax")
     if g.family == "gpt_oss":
         cfg.update(
             num_local_experts=g.num_experts,
