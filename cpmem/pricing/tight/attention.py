@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing import cp_comm
-from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width
+from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width, keeps_gathered_kv
 from cpmem.pricing.tight.calibrated import EAGER_NONE_GATED, UNGATED_RUNTIME_Q
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import mla_core_width
@@ -30,13 +30,18 @@ over the ``core_attn`` peaks (golden/reports/rank_sim_validation.md)."""
 
 UNGATED_GROUP_COPY_Q = 1
 """Q-multiples of the query's per-group copy on ungated attention where the rank holds
-more than one query group: megatron-core 0.16's ``get_query_key_value_tensors`` splits
-the per-group QKV projection and reshapes the query to heads, which copies when the
-groups interleave (one group per rank: a view). The rank simulator keeps it
-(Qwen3-32B-style, 4,096 tokens, ``core_attn``: ``3Q + 3KV`` + this at TP1, ``3Q + 3KV``
-at TP8, one group per rank); every measured ungated cell (Qwen3-1.7B TP2 and CP2: 4 and
-8 groups per rank) holds it and ``UNGATED_RUNTIME_Q`` besides. Not priced on gated
-attention (``GATE_SIGMOID_Q``)."""
+more than one query group and a q RMSNorm keeps it: megatron-core 0.16's
+``get_query_key_value_tensors`` splits the per-group QKV projection and reshapes the
+query to heads, which copies when the groups interleave (one group per rank: a view);
+the q norm saves that copy as its input. Without a q norm (Gemma 2, gpt-oss) the copy
+goes straight into the rope, whose backward needs only its cos/sin tables, and is freed.
+The rank simulator keeps it with the norm (Qwen3-32B-style, 4,096 tokens, ``core_attn``:
+``3Q + 3KV`` + this at TP1, ``3Q + 3KV`` at TP8, one group per rank) and not without
+(Gemma 2 9B, two groups at TP1: 29,251 elements per token per attention layer, the
+``3Q + 3KV`` set with the norms, the sandwich norm's input and the LoRA activations);
+every measured ungated cell (Qwen3-1.7B, q/k-normed, TP2 and CP2: 4 and 8 groups per
+rank) holds it and ``UNGATED_RUNTIME_Q`` besides. Not priced on gated attention
+(``GATE_SIGMOID_Q``)."""
 
 FLASH_BACKWARD_DQ_Q = 3
 """Q-multiples of a flash attention backward's query gradient: dq (bf16) and its fp32
@@ -67,7 +72,7 @@ def core_width(geometry: ModelGeometry, tp: int, eager_none: bool, sp: bool = Fa
     roped q and k, the kernel output, and the output gate's fp32 sigmoid and gated output
     (``GATE_SIGMOID_Q``) -> ``7Q + 3KV``. Ungated: the oracle's CPU flash kernel keeps
     ``3Q + 3KV``, the measured runtime one more Q (``UNGATED_RUNTIME_Q``) and, where the
-    rank holds more than one query group, the per-group query copy
+    rank holds more than one query group and a q norm keeps it, the per-group query copy
     (``UNGATED_GROUP_COPY_Q``). Eager gated attention outside a ``core_attn`` checkpoint
     also keeps ``EAGER_NONE_GATED`` (``eager_none``). With fewer KV groups than TP ranks
     the replicated-QKV LoRA path adds the rest of the full-width projection."""
@@ -79,13 +84,33 @@ def core_width(geometry: ModelGeometry, tp: int, eager_none: bool, sp: bool = Fa
         g = 5 + GATE_SIGMOID_Q
     else:
         groups_per_rank = geometry.kv_groups // tp if geometry.kv_groups >= tp else 1
-        g = 3 + UNGATED_RUNTIME_Q + (UNGATED_GROUP_COPY_Q if groups_per_rank > 1 else 0)
+        copy = groups_per_rank > 1 and geometry.qk_norm
+        g = 3 + UNGATED_RUNTIME_Q + (UNGATED_GROUP_COPY_Q if copy else 0)
     core = (g * q + 3 * kv) // tp
     if gated and eager_none:
         core += EAGER_NONE_GATED * q // tp
     if geometry.kv_groups < tp:  # replicated-QKV LoRA path
         core += ((2 if gated else 1) * q + 2 * kv) * (tp - 1) // tp
     return core
+
+
+def gather_freed_width(step: Step, tp: int) -> int:
+    """Elements per token an attention layer without a k norm gives back of its saved set
+    when it keeps the CP all-gather's K/V (``all_gather``, CP > 1, the core kept): the
+    flash kernel saves the gathered K and V, whose own slot holds the rank's K/V
+    (``+2·KV/t``), so nothing holds the local rotated key (``-KV/t``) or the QKV
+    projection output that the value was a view of (``-(Q + 2·KV)/t``): ``(Q + KV)/t``.
+    Rank simulator (oracles/rank_sim/cp_comm.py ``core_attention``: ``GatherTokens``
+    saves nothing of its input), Gemma 2 9B ``none`` under ``all_gather``: without this
+    +12-14% over the simulator at CP 2-8 where CP 1 is +7-8%. With a k norm the norm's
+    saved key view holds the projection, so only the rotated key goes and the own slot
+    stands beside it (``+KV/t`` over the widths): not priced, as the measured
+    Qwen3/Qwen3.5 CP 2 cells are priced without it and the margin covers it on every
+    grid row. 0 for latent attention (its own set) and where no gathered K/V is kept."""
+    g = step.geometry
+    if g.qk_norm or g.is_mla or step.cp_comm != "all_gather" or not keeps_gathered_kv(step):
+        return 0
+    return g.q_width // tp + g.kv_pair_width // min(tp, g.kv_groups) // 2
 
 
 def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:

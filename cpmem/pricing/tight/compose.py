@@ -51,7 +51,9 @@ def tight_widths(
     common = common_width(geometry, tp, sp)
     sandwich = sandwich_width(geometry, tp, sp)  # the post-norm's input, outside the cores
     eager_none = not step.compiled and step.recompute.keeps_everything
-    core = attention.core_width(geometry, tp, eager_none, sp)
+    core = attention.core_width(geometry, tp, eager_none, sp) - attention.gather_freed_width(
+        step, tp
+    )
     rc = step.recompute
     core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
     core += adapters.extra_width(geometry, step.adapter, tp, "attention", core_kept, sp)

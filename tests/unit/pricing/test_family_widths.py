@@ -5,6 +5,8 @@ rules (Transformer Engine's CP attention with sliding windows)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cpmem.api import describe_step
@@ -119,3 +121,40 @@ def test_sliding_windows_change_no_all_gather_figure():
         a = estimate(gemma, [16384], cp=4, policy=policy)
         b = estimate(full, [16384], cp=4, policy=policy)
         assert a.estimate_bytes == b.estimate_bytes
+
+
+def test_without_a_q_norm_the_query_copy_is_not_kept():
+    """oracles/rank_sim/README.md "Gemma 2 and Gemma 3": Gemma 2 (no q/k norm, two query
+    groups per rank at TP1) keeps the qkv output, the rotated q and k and the kernel's
+    out, ``3Q + 3KV``; the runtime's extra Q (``UNGATED_RUNTIME_Q``) on top, and no
+    per-group copy: megatron's reshape copy goes into the rope, which saves only its
+    tables. With a q norm (saving the copy as its input) the copy is kept."""
+    gemma2 = PRESETS["gemma-2-9b"]
+    q, kv = 16 * 256, 8 * 256  # 16 query heads, 8 KV groups of head_dim 256
+    assert attention.core_width(gemma2, 1, eager_none=False) == 4 * q + 3 * kv
+    normed = replace(gemma2, qk_norm=True)
+    assert attention.core_width(normed, 1, eager_none=False) == 5 * q + 3 * kv
+    assert attention.core_width(normed, 8, eager_none=False) == (4 * q + 3 * kv) // 8
+
+
+def test_the_cp_all_gather_frees_the_projection_without_a_k_norm():
+    """oracles/rank_sim/README.md "Sliding windows under CP": under ``all_gather`` a
+    Gemma 2 layer's flash kernel keeps the gathered K/V of every rank (its own rows
+    included), so the local rotated key (KV) and the qkv output (Q + 2KV) are freed:
+    Q + KV per token below the widths, at TP1; nothing where the core is checkpointed,
+    under ``a2a``, without CP, or with a k norm holding the projection."""
+    q, kv = 16 * 256, 8 * 256
+    gathered = _step("gemma-2-9b", 8192, cp=2, recompute="none", cp_comm="all_gather")
+    assert attention.gather_freed_width(gathered, 1) == q + kv
+    assert attention.gather_freed_width(gathered, 2) == (q + kv) // 2
+    for other in (
+        _step("gemma-2-9b", 8192, cp=2, recompute="none", cp_comm="a2a"),
+        _step("gemma-2-9b", 8192, cp=2, modules="core_attn"),
+        _step("gemma-2-9b", 8192, recompute="none"),
+        _step("qwen3-1.7b", 8192, cp=2, recompute="none", cp_comm="all_gather"),
+    ):
+        assert attention.gather_freed_width(other, 1) == 0
+    # the width tight keeps per attention layer drops by exactly that
+    kept = tight_widths(gathered.geometry, gathered).attention_core
+    alone = tight_widths(gathered.geometry, _step("gemma-2-9b", 8192, recompute="none"))
+    assert alone.attention_core - kept == q + kv
