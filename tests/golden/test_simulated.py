@@ -54,7 +54,7 @@ def test_simulated_data_is_intact() -> None:
 
 def test_subset_is_spread() -> None:
     rows = load_rows(simulated_dir(), _pin()["rows"])
-    assert 24 <= len(rows) <= 70
+    assert 24 <= len(rows) <= 76
     assert {r.cp for r in rows} == {1, 2, 4, 8}
     assert {r.tp for r in rows} >= {1, 2, 4}
     assert any(r.tp > 1 and r.cp > 1 for r in rows)
@@ -70,6 +70,8 @@ def test_subset_is_spread() -> None:
     assert len(staged) >= 6 and {r.pp for r in staged} == {2, 4, 8}  # uneven, mixed lengths
     assert {r.vpp for r in staged} == {1, 2} and any(r.microbatch_lengths for r in staged)
     assert any(r.stage_layers for r in staged) and any(r.tp > 1 for r in staged)
+    families = {"gemma-2-9b", "gemma-3-12b", "gpt-oss-20b", "moonlight-16b-a3b", "qwen3-30b-a3b"}
+    assert families <= {r.model for r in rows}  # every family_grid model
 
 
 def _validated_worst_under() -> dict[str, dict[str, float]]:
