@@ -40,13 +40,17 @@ def test_example_config_reads_back_to_its_preset(name):
 # (Gemma 2 report, table 2); DeepSeek-V3 "671B total parameters" (its report; the 685B of
 # the checkpoint include the 14B multi-token-prediction module, which Hugging Face's model
 # does not build); Moonlight-16B-A3B "16B"; Gemma 3 12B "12B" with a 0.4B SigLIP vision
-# tower the text config leaves out.
+# tower the text config leaves out. Kimi-K2: the model card's "1T" total, 61 layers of
+# which 1 dense, 384 experts of 2,048 and one shared, 64 heads, a 160K vocabulary: 60 x 384
+# experts of 3 x 7,168 x 2,048 are 1,014.7B, the attention 6.2B, the embedding and head
+# 2.3B: 1,026.4B counted from that table (the technical report, arXiv 2507.20534, says 1.04T).
 PUBLISHED = {
     "qwen3-30b-a3b": (30.5, 0.05),
     "gpt-oss-20b": (20.91, 0.01),
     "gemma-2-9b": (0.918 + 8.32, 0.01),
     "deepseek-v3": (671, 0.5),
     "moonlight-16b-a3b": (16, 0.1),
+    "kimi-k2": (1026.4, 0.5),
     "gemma-3-12b": (12 - 0.4, 0.25),
 }
 
@@ -74,6 +78,8 @@ def test_layer_patterns_follow_each_family():
     assert v3.is_mla and v3.head_dim == 192 and v3.kv_pair_width == 128 * (192 + 128)
     moonlight = PRESETS["moonlight-16b-a3b"]
     assert moonlight.q_lora_rank == 0 and moonlight.shared_expert_ffn == 2 * 1408
+    kimi = PRESETS["kimi-k2"]
+    assert kimi.mlps[:2] == ("dense", "moe") and kimi.moe_layers == 60 and kimi.is_mla
 
 
 def test_qwen3_moe_dense_layers_and_sliding_window():
@@ -124,6 +130,11 @@ def test_unknown_family_refused_even_with_layer_types():
         ("gemma-2-9b", lambda c: c.__setitem__("hidden_activation", "relu"), "hidden_activation"),
         ("deepseek-v3", lambda c: c.__setitem__("attention_bias", True), "attention_bias"),
         ("gemma-3-12b", lambda c: c.__setitem__("some_new_field", 1), "some_new_field"),
+        (
+            "kimi-k2",
+            lambda c: c.__setitem__("quantization_config", {"quant_method": "fp8"}),
+            "quantization_config",
+        ),
     ],
 )
 def test_fields_cpmem_does_not_read_are_refused_by_name(example, mutate, field):
