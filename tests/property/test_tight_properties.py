@@ -34,6 +34,7 @@ from cpmem.plan.layout import round_up
 from cpmem.plan.planners import PLANNERS
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
+from cpmem.pricing.tight import attention
 from cpmem.step.describe import describe_step
 from cpmem.step.step import Step
 
@@ -157,6 +158,13 @@ def planned(setting: Setting, lengths: list[int], shared: int, planner: str) -> 
         return None
 
 
+def within_context(setting: Setting, lengths: list[int]) -> bool:
+    """Every sequence within the model's ``max_position_embeddings`` (Gemma 2: 8,192),
+    past which a request is refused, not priced."""
+    limit = get_preset(setting.model).max_position_embeddings
+    return limit is None or max(lengths) <= limit
+
+
 def monotone_planners(cp: int) -> tuple[str, ...]:
     """Planners whose every rank's count never falls when a sequence grows: zigzag (each
     row padded to 2·CP, cut evenly), and any planner without CP (one rank holds all)."""
@@ -184,6 +192,7 @@ def test_a_longer_sequence_never_prices_lower(
     extra = data.draw(st.integers(1, 4096), label="extra")
     longer = list(lengths)
     longer[index] += extra
+    assume(within_context(setting, longer))  # past the context length is refused by design
     short_est = planned(setting, lengths, shared, planner)
     assume(short_est is not None)
     assert short_est is not None
@@ -199,6 +208,7 @@ def test_one_more_sequence_never_prices_lower(
     lengths, shared = request
     planner = data.draw(st.sampled_from(monotone_planners(setting.cp)), label="planner")
     added = shared + data.draw(st.integers(1, 4096), label="added")  # past the shared prefix
+    assume(within_context(setting, [added]))
     fewer = planned(setting, lengths, shared, planner)
     assume(fewer is not None)
     assert fewer is not None
@@ -273,13 +283,21 @@ def planned_steps(draw: st.DrawFn) -> tuple[Setting, dict[str, Any]]:
 def test_more_recompute_never_prices_higher(case: tuple[Setting, dict[str, Any]]) -> None:
     """The same plan: none >= selective(core_attn) >= full >= no-grad on the forward
     (the estimate and every rank's), selective(core_attn) >= full >= no-grad on
-    forward+backward."""
+    forward+backward. One exception to the first link, which the rank simulator shows:
+    on a model without a k norm under the CP all-gather (Gemma 2), the kernel without
+    a checkpoint keeps the gathered K/V and frees the projection
+    (``attention.gather_freed_width``), while a ``core_attn`` checkpoint's saved local
+    key and value pin it: at CP 2 the checkpoint keeps ``3Q + 3KV`` per token where the
+    kernel keeps ``2Q + 4KV`` (rank simulator, Gemma 2 cut to 2 layers, 4,096 tokens at
+    CP 2, rank 0: 29,189 and 27,173 elements per token per attention layer)."""
     setting, inputs = case
     none, core, full, nograd = (
         setting.price(rc, **inputs) for rc in (NONE, CORE_ATTN, FULL, NO_GRAD)
     )
     chain = (("none", none), ("core_attn", core), ("full", full), ("no-grad", nograd))
-    for (hi_name, hi), (lo_name, lo) in pairwise(chain):
+    step = setting.step(NONE, **inputs)
+    forward = chain[1:] if attention.gather_freed_width(step, step.plan.layout.tp) else chain
+    for (hi_name, hi), (lo_name, lo) in pairwise(forward):
         assert hi.estimate_bytes >= lo.estimate_bytes, f"forward {hi_name} < {lo_name}"
         for r, (a, b) in enumerate(zip(hi.per_rank_bytes, lo.per_rank_bytes, strict=True)):
             assert a >= b, f"rank {r} forward {hi_name} < {lo_name}"
