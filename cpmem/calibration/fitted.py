@@ -7,7 +7,7 @@ for a fitted policy the gate also requires:
 - cross-validation: refitted without each fold (one model, each model's longest
   shape, one recompute mode), the held-out cells are covered. Held-out misses the
   policy is known to have are declared, with the reason, in ``KNOWN_HELDOUT_MISSES``:
-  a new miss fails the gate, and so does a declared one that no longer happens (the
+  a new miss fails the gate, and so does a declared one that does not happen (the
   list only shrinks);
 - mutants: each structural mutant of the policy (one modelled term removed or
   broken), refitted, misses a declared target or adds held-out misses.
@@ -105,7 +105,7 @@ def cross_validation_check(samples: Sequence[Sample], fitted: FittedPolicy) -> d
         "misses": [_miss_text(m) for m in misses],
         "known_misses": [f"{_miss_text(m)}: {why}" for m, why in known.items()],
         "failing": [f"new held-out miss: {_miss_text(m)}" for m in new]
-        + [f"declared miss no longer happens (remove it): {_miss_text(m)}" for m in gone],
+        + [f"declared miss did not happen (remove it): {_miss_text(m)}" for m in gone],
     }
 
 

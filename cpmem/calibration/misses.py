@@ -1,7 +1,7 @@
 """Held-out misses a fitted policy is known to have, each with its reason.
 
 The cross-validation check (``cpmem.calibration.fitted.cross_validation_check``) fails on
-a miss not listed here, and on a listed one that no longer happens: the list only
+a miss not listed here, and on a listed one that does not happen: the list only
 shrinks.
 """
 

@@ -638,7 +638,7 @@ def test_a_new_held_out_miss_fails_and_a_stale_declared_one_too(
     monkeypatch.setitem(fitted.KNOWN_HELDOUT_MISSES, "tight", {**known, stale: "planted"})
     rep = run_gate("tight")
     assert rep["checks"]["cross_validation"]["failing"] == [
-        "declared miss no longer happens (remove it): "
+        "declared miss did not happen (remove it): "
         "leave one model out (qwen3-1.7b): no-such-cell forward"
     ]
 

@@ -462,7 +462,7 @@ def tamper_source(sources: Path, row_no: int, column: str, new: str) -> str:
     ("column", "new", "source_row"),
     [
         ("min_estimate_to_forward_ratio", "1.2633813310934773", None),  # the ratio itself
-        ("forward_peak_max_bytes", "336145409", None),  # a peak the ratio no longer matches
+        ("forward_peak_max_bytes", "336145409", None),  # a peak the ratio does not match
         ("min_estimate_to_forward_ratio", "1.0", "refused"),  # a ratio without a peak
     ],
 )

@@ -2,7 +2,7 @@
 
 Each test runs the simulator now (oracles/rank_sim/, CPU, fake tensors, a small
 configuration), derives the figure a constant's docstring names from what it allocates
-and keeps, and fails when the constant no longer equals it. Nothing here prices a step
+and keeps, and fails when the constant stops equalling it. Nothing here prices a step
 with cpmem: the expected values are the simulator's.
 """
 

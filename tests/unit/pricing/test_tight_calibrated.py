@@ -3,7 +3,7 @@
 cpmem/pricing/tight/calibrated.py names, for each constant it holds, the cells that
 chose it. Each test here recomputes that evidence from the measured sources read raw
 with the csv module (``raw_sources``) and the documented model geometry, and fails
-when the constant no longer matches it. Nothing here prices a cell with cpmem.
+when the constant stops matching it. Nothing here prices a cell with cpmem.
 
 ``COLD_SETUP`` and ``LOSS_BACKWARD_OUTPUTS`` are restated from the golden cells by
 tests/golden/test_fitting.py; the fitted ``MARGIN`` by the refit there.
