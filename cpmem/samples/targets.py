@@ -223,7 +223,7 @@ def measure_target(target: Target, cells: Sequence[TargetCell]) -> TargetResult:
 
 def _non_moe(step: Step) -> bool:
     """A dense or hybrid row: every model without routed experts, the families priced by
-    structure only (Gemma 2, Gemma 3: ``family_grid``) as the measured ones."""
+    structure only (Gemma 2, Gemma 3: ``family_grid``) selected as the measured ones."""
     return not step.geometry.is_moe
 
 
@@ -294,9 +294,9 @@ hybrid row (forward and forward+backward) with at most 8% forward headroom on th
 (CP > 1, selective or no recompute). On the trainer-step rows (a head, other adapters,
 another CP comm: ``trainer_grid``) ``tight`` covers every row forward and
 forward+backward with at most 8% forward headroom on rows of >= 2,048 tokens, and
-``reference`` covers every row. The families' rows (``family_grid``) meet the same
-targets as the measured families': Gemma 3's and Gemma 2's are dense rows. A policy not
-listed declares none. The MoE rows (Qwen3.5-MoE's and the MoE families': Qwen3-MoE,
+``reference`` covers every row. The families' rows (``family_grid``) are held to the
+same targets as the measured families': Gemma 3's and Gemma 2's are dense rows. A policy
+not listed declares none. The MoE rows (Qwen3.5-MoE's and the MoE families': Qwen3-MoE,
 gpt-oss, DeepSeek-V3's latent attention and experts) are priced and reported
 (coverage, headroom, busiest rank) but no target selects them: the simulator's MoE
 layer is validated only to 9.4% (``SIM_WORST_UNDER["moe"]``; 4 of the 12 measured MoE
