@@ -24,6 +24,15 @@ class Device:
     compute_capability_major: int | None = field(default=None, compare=False)
     """The CUDA compute capability's major version, where the preset knows it: it sizes
     the kernel workspaces a Megatron-LM run keeps (``cpmem.megatron.static``)."""
+    compute_capability_minor: int | None = field(default=None, compare=False)
+    """The minor version, where the preset knows it: Transformer Engine's attention
+    selection tells sm90 from sm89 and sm100 from sm103 (``cpmem.step.attention_backend``)."""
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """(major, minor), where the preset knows both."""
+        major, minor = self.compute_capability_major, self.compute_capability_minor
+        return None if major is None or minor is None else (major, minor)
 
     def __post_init__(self) -> None:
         if (
@@ -48,6 +57,7 @@ DEVICES: dict[str, Device] = {
             "deviceQuery, NVIDIA A100-SXM4-80GB, CUDA 12.2: 81051 MBytes (84987740160 bytes); "
             "PyTorch OOM messages print 79.15 GiB; compute capability 8.0",
             8,
+            0,
         ),
         Device(
             "h100",
@@ -55,6 +65,7 @@ DEVICES: dict[str, Device] = {
             "NVIDIA H100 80GB HBM3: torch total_memory=81008MB; vllm-project/vllm#27508: "
             "'GPU 0 has a total capacity of 79.11 GiB' (nvidia-smi 81559MiB); compute capability 9.0",
             9,
+            0,
         ),
         Device(
             "h200",
@@ -63,6 +74,7 @@ DEVICES: dict[str, Device] = {
             "total 150,121,021,440, reserve 4,503,630,643); vllm-project/vllm#34553: "
             "'total capacity of 139.81 GiB' (nvidia-smi 143771MiB); compute capability 9.0",
             9,
+            0,
         ),
         Device(
             "b200",
@@ -71,6 +83,7 @@ DEVICES: dict[str, Device] = {
             "(pytorch/ao#4002: 'Total Global Memory: 178.35 GB'; nvidia-smi 183359MiB); "
             "compute capability 10.0",
             10,
+            0,
         ),
         Device(
             "gb200",
@@ -79,6 +92,7 @@ DEVICES: dict[str, Device] = {
             "capacity: no torch total_memory figure is on record, so give the device's own "
             "with --device-total-bytes for admission); compute capability 10.0",
             10,
+            0,
         ),
         Device(
             "mi300x",

@@ -421,6 +421,8 @@ EXCLUDED: dict[tuple[type, str], str] = {
     "part of the device)",
     (Device, "compute_capability_major"): "sizes the kernel workspaces of a Megatron-LM run "
     "(cpmem.megatron.static); no LoRA step's figure reads it",
+    (Device, "compute_capability_minor"): "read by Transformer Engine's attention selection "
+    "for a Megatron-LM run (cpmem.step.attention_backend); no LoRA step's figure reads it",
 }
 
 
