@@ -15,6 +15,7 @@ import pytest
 from cpmem.errors import InputError
 from cpmem.step.attention_backend import (
     CONTAINERS,
+    CUDNN_VERSIONS,
     DEFAULT_CONTAINER,
     AttentionQuery,
     Container,
@@ -438,3 +439,30 @@ def test_each_preset_carries_the_compute_capability_its_source_names(name: str) 
     m = re.search(r"compute capability (\d+)\.(\d+)", device.source)
     assert m is not None
     assert device.compute_capability == (int(m.group(1)), int(m.group(2)))
+
+
+@pytest.mark.parametrize("cc", [A100, H100, GB200])
+@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("thd", [False, True])
+def test_every_cudnn_of_the_set_picks_as_the_default_for_causal_training(
+    cc: tuple[int, int], det: bool, thd: bool
+) -> None:
+    """What DEFAULT_CONTAINER's source says of its unread cuDNN version: without a window,
+    every cuDNN in CUDNN_VERSIONS passes the same clauses of fused_attn.cpp:290-445."""
+    fmt: dict[str, Any] = {"qkv_format": "thd", "attn_mask_type": "padding_causal"} if thd else {}
+    for d in (64, 128, 256):
+        for cp in (1, 2):
+            q = query(
+                cc,
+                head_dim_qk=d,
+                head_dim_v=d,
+                deterministic_mode=det,
+                context_parallel_size=cp,
+                attention_dropout=0.1,
+                **fmt,
+            )
+            picks = {
+                pick(q, Container("x", (2, 11), cudnn, DEFAULT_CONTAINER.flash_attn_2))
+                for cudnn in CUDNN_VERSIONS
+            }
+            assert picks == {pick(q, DEFAULT_CONTAINER)}, (d, cp)
