@@ -4,9 +4,11 @@ section of ``golden/reports/peers.md``.
 ``python -m cpmem.gate.megatron_report`` prints the report; ``--write PATH`` writes it,
 ``--check PATH`` fails when the written one is stale (``nox -s golden``). The peers on
 these recordings are Megatron-LM's own ``report_theoretical_memory``
-(``oracles.peers.megatron_args_theoretical``, given the run's resolved arguments) and
-the even CP split of it (its activation term divided by CP, the split a user applies
-to a formula that has none); cpmem is priced as the tier prices it.
+(``oracles.peers.megatron_args_theoretical``, given the run's resolved arguments), the
+even CP split of it (its activation term divided by CP, the split a user applies to a
+formula that has none) and Megatron-Bridge's ``estimate_training_memory``
+(``oracles.peers_bridge.bridge_args_theoretical``, given the same arguments); cpmem is
+priced as the tier prices it.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ from cpmem.units import fmt_gib
 
 REPORT_PATH = "golden/reports/megatron.md"
 MEGATRON_FORMULA = "oracles.peers:megatron_args_theoretical"
-"""The peer, loaded as the gate loads every external estimator (an oracle is never
+BRIDGE_FORMULA = "oracles.peers_bridge:bridge_args_theoretical"
+"""The peers, loaded as the gate loads every external estimator (an oracle is never
 imported by cpmem's modules)."""
 
 
 def formula_arguments(run: MegatronRun) -> dict[str, Any]:
-    """The run's arguments as Megatron-LM's formula reads them (its defaults resolved)."""
+    """The run's arguments as Megatron-LM's formula reads them (its defaults resolved),
+    with the two Megatron-Bridge's formula reads besides (``context_parallel_size``,
+    ``moe_router_topk``)."""
     a = run.args
     return {
         "num_layers": a.num_layers,
@@ -55,6 +60,7 @@ def formula_arguments(run: MegatronRun) -> dict[str, Any]:
         "untie_embeddings_and_output_weights": a.untie_embeddings_and_output_weights,
         "tensor_model_parallel_size": run.tp,
         "pipeline_model_parallel_size": run.pp,
+        "context_parallel_size": run.cp,
         "virtual_pipeline_model_parallel_size": run.virtual_chunks
         if run.virtual_chunks > 1
         else None,
@@ -77,6 +83,7 @@ def formula_arguments(run: MegatronRun) -> dict[str, Any]:
         "mtp_num_layers": None,
         "expert_tensor_parallel_size": run.etp if run.moe else 1,
         "expert_model_parallel_size": run.ep,
+        "moe_router_topk": a.moe_router_topk,
         "add_bias_linear": a.add_bias_linear,
     }
 
@@ -84,20 +91,27 @@ def formula_arguments(run: MegatronRun) -> dict[str, Any]:
 Formula = Callable[[dict[str, Any]], dict[str, float]]
 
 
-def peer_figures(row: TierRow, formula: Formula) -> dict[str, tuple[float, float]]:
+def peer_figures(row: TierRow, formula: Formula, bridge: Formula) -> dict[str, tuple[float, float]]:
     """Each estimator's (static, peak) figure for a recording."""
-    f = formula(formula_arguments(row.estimate.run))
+    args = formula_arguments(row.estimate.run)
+    f = formula(args)
     weights, act = f["weight_and_optimizer_bytes"], f["activation_bytes"]
+    b = bridge(args)
     return {
         "Megatron-LM report_theoretical_memory": (weights, weights + act),
         "even CP split of it": (weights, weights + act / row.estimate.run.cp),
+        "Megatron-Bridge estimate_training_memory": (
+            b["weight_and_optimizer_bytes"],
+            b["total_bytes"],
+        ),
         "cpmem": (float(row.estimate.static_bytes), float(row.explained_peak)),
     }
 
 
 def _peer_table(rows: Sequence[TierRow]) -> list[str]:
     formula: Formula = load_estimator(MEGATRON_FORMULA)
-    figures = [peer_figures(r, formula) for r in rows]
+    bridge: Formula = load_estimator(BRIDGE_FORMULA)
+    figures = [peer_figures(r, formula, bridge) for r in rows]
     names = list(figures[0]) if figures else []
     out = []
     for name in names:
@@ -151,6 +165,17 @@ def peers_section(tier: MegatronTier) -> list[str]:
         "Megatron-LM's formula prices the first pipeline stage with no biases, no kernel "
         "workspaces, no fp32 copy of the logits at PP > 1 and no unfused attention scores; "
         "the recordings are the last stage's.",
+        "",
+        "Megatron-Bridge's `estimate_training_memory` (`oracles.peers_bridge."
+        "bridge_args_theoretical`, restated from `theoretical_memory_utils.py` at "
+        "Megatron-Bridge 067f987d and checked equal to the source, to the byte, on every "
+        "recording's arguments; static = its weight-and-optimizer term, peak = its total) "
+        "counts Megatron-LM's weights and Adam state with every norm as a LayerNorm's "
+        "weight and bias split over TP, no router weights and the distributed optimizer "
+        "sharded over DP x CP, and always Table 2's SP + selective-recompute activations "
+        "(whatever the recompute and SP; a MoE layer `topk x moe_ffn + shared` wide) over "
+        "TP x CP, for the first stage, the output layer at PP 1; its training-time report "
+        "prints the activation term only under SP with selective recompute.",
     ]
 
 

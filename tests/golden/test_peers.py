@@ -18,6 +18,8 @@ import pytest
 from cpmem.cli import main as cli
 from cpmem.gate.external import describe, describe_row
 from cpmem.gate.external_simulated import described_rows, gate_external_simulated
+from cpmem.gate.megatron_report import peer_figures
+from cpmem.gate.megatron_tier import STATIC_TOLERANCE, run_tier
 from cpmem.gate.peers import collect
 from cpmem.gate.peers import main as report_main
 from cpmem.gate.run import run_gate
@@ -28,6 +30,7 @@ from cpmem.reports import peers as report
 from cpmem.reports.tables import pct
 from cpmem.samples.rows import SIM_WORST_UNDER, load_rows, simulated_dir
 from oracles import peers
+from oracles.peers_bridge import bridge_args_theoretical
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -560,3 +563,30 @@ def test_the_report_names_the_seed_pair(collected: report.Collected) -> None:
     assert report.NAMED[0] == ("measured", SEED)
     for tier, cid in report.NAMED:
         assert cid in (RAW_CELLS if tier == "measured" else RAW_ROWS)
+
+
+def test_the_megatron_section_shows_bridges_formula(collected: report.Collected) -> None:
+    """The Bridge row rebuilt from each recording's figures, and one recording's figure
+    as ``tests/oracle/test_bridge_theoretical.py`` works it by hand."""
+    name, rows = "Megatron-Bridge estimate_training_memory", run_tier(GOLDEN_DIR).rows
+    figures = [
+        peer_figures(r, peers.megatron_args_theoretical, bridge_args_theoretical) for r in rows
+    ]
+    (at,) = [
+        i
+        for i, r in enumerate(rows)
+        if r.recording.recording_id == "gpt/gpt3_mcore_te_tp2_pp2_cp2/dev_dgx_a100"
+    ]
+    # (37,774,336 / 4 + 25,821,184 / 2) x 18 B = 402,375,168 of weights; activations
+    # (855,638,016 + 65,536 + 4,194,304) / (TP 2 x CP 2) = 214,974,464: 617,349,632 in all
+    assert figures[at][name] == (402_375_168, 617_349_632)
+    static = [f[name][0] / r.measured_static - 1 for f, r in zip(figures, rows, strict=True)]
+    peak = [f[name][1] / r.measured_peak - 1 for f, r in zip(figures, rows, strict=True)]
+    n = len(rows)
+    within, covers = sum(abs(e) <= STATIC_TOLERANCE for e in static), sum(e >= 0 for e in peak)
+    cells = [f"{within}/{n}", pct(statistics.median(static)), f"{covers}/{n}"]
+    line = f"| {name} | {' | '.join(cells)} | {pct(statistics.median(peak))} | {pct(min(peak))} |"
+    assert line in collected.megatron
+    assert any(
+        x.startswith("Megatron-Bridge's `estimate_training_memory`") for x in collected.megatron
+    )
