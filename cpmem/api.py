@@ -3,21 +3,20 @@
 ``estimate`` takes ``describe_step``'s arguments (``cpmem.step.describe``), so every
 option it accepts is the one the CLI, admission and the gate pass the same way;
 ``describe_step`` returns the ``Step`` itself for callers that price it several ways
-(``price_step``, ``cpmem.admission.admit``). ``estimate_megatron`` prices the second
-measured runtime, a Megatron-LM GPT training run from Megatron-LM's own arguments
-(``describe_megatron``: the run on one named rank).
+(``price_step``, ``cpmem.admission.admit``). ``describe_megatron`` reads a Megatron-LM
+GPT training run from Megatron-LM's own arguments into that same step description
+(``estimate_megatron`` prices it), so a Megatron-LM run is admitted, searched and
+priced as any step is.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Unpack
+from typing import Any, Unpack
 
 from cpmem.errors import InputError, require_bytes
-from cpmem.megatron.admission import admit_megatron, megatron_capacity
-from cpmem.megatron.args import MegatronArgs, read_megatron_args
-from cpmem.megatron.estimate import MegatronEstimate, price_megatron
-from cpmem.megatron.run import MegatronRun, describe_megatron_run
+from cpmem.megatron.args import MegatronArgs
+from cpmem.megatron.describe import describe_megatron as _describe_megatron
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
 from cpmem.plan.plan import explicit_plan
@@ -85,24 +84,38 @@ def record_profile(
     return step.signature, tokens
 
 
+MEGATRON_POLICY = "tight"
+"""The policy a Megatron-LM run is priced with by default: ``tight``, the structure both
+measured runtimes check (``reference`` is ART's published LoRA formula and names the
+runtime among the options it does not price)."""
+
+
 def describe_megatron(
     megatron_args: str | Path | MegatronArgs,
     *,
     world_size: int,
-    rank: str | int = "last",
+    rank: str | int = "busiest",
     device: str | Device = "h100",
     attention_backend: str | None = None,
-) -> MegatronRun:
+    container: str = "dev",
+    **overrides: Any,
+) -> Step:
     """A Megatron-LM GPT run from its arguments (a functional test's ``model_config.yaml``,
-    a flags file, or ``MegatronArgs``) on ``world_size`` GPUs, priced on ``rank``
-    (``last``: the rank Megatron-LM logs; ``busiest``; or a global rank) of ``device``."""
-    args = (
-        megatron_args
-        if isinstance(megatron_args, MegatronArgs)
-        else read_megatron_args(megatron_args)
-    )
-    return describe_megatron_run(
-        args, world_size=world_size, rank=rank, device=device, attention_backend=attention_backend
+    a flags file, or ``MegatronArgs``) on ``world_size`` GPUs of ``device``, as the one step
+    description every caller prices (``cpmem.megatron.describe``), answered for ``rank``
+    (``busiest``: the stage and data-parallel rank where static memory and activations
+    together peak; ``last``: the rank Megatron-LM logs; or a global rank). ``overrides``
+    are ``describe_step``'s keywords over the arguments' (``lora_rank``: a LoRA run on
+    that model). ``attention_backend`` None: the arguments', ``auto`` as Transformer
+    Engine picks it in ``container``."""
+    return _describe_megatron(
+        megatron_args,
+        world_size=world_size,
+        rank=rank,
+        device=device,
+        attention_backend=attention_backend,
+        container=container,
+        **overrides,
     )
 
 
@@ -110,25 +123,30 @@ def estimate_megatron(
     megatron_args: str | Path | MegatronArgs,
     *,
     world_size: int,
-    rank: str | int = "last",
+    rank: str | int = "busiest",
     device: str | Device = "h100",
     attention_backend: str | None = None,
-) -> MegatronEstimate:
-    """``static_bytes`` (allocated between steps) and ``peak_bytes`` (the allocator's peak
-    over a steady step) of a Megatron-LM run on one rank; see ``describe_megatron``."""
-    return price_megatron(
-        describe_megatron(
-            megatron_args,
-            world_size=world_size,
-            rank=rank,
-            device=device,
-            attention_backend=attention_backend,
-        )
+    container: str = "dev",
+    policy: str = MEGATRON_POLICY,
+    **overrides: Any,
+) -> Estimate:
+    """A Megatron-LM run priced with ``policy``: ``static`` (allocated between steps) and
+    ``peak_bytes`` (the allocator's peak over a steady step) on the answered rank's stage;
+    see ``describe_megatron``."""
+    step = describe_megatron(
+        megatron_args,
+        world_size=world_size,
+        rank=rank,
+        device=device,
+        attention_backend=attention_backend,
+        container=container,
+        **overrides,
     )
+    return price(step, policy)
 
 
 __all__ = [
-    "admit_megatron",
+    "MEGATRON_POLICY",
     "describe_megatron",
     "describe_settings",
     "describe_step",
@@ -136,7 +154,6 @@ __all__ = [
     "estimate_megatron",
     "explicit_plan",
     "load_model",
-    "megatron_capacity",
     "price_step",
     "record_profile",
 ]

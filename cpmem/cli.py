@@ -35,6 +35,7 @@ from cpmem.reports.cli_render import (
 from cpmem.reports.tables import table
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import MODES
+from cpmem.step.runtime import ATTENTION_BACKENDS, RUNTIMES, TRAININGS
 from cpmem.units import GIB, fmt_gib
 
 Handler = Callable[[argparse.Namespace], int]
@@ -112,10 +113,24 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
     p.add_argument("--lora-targets", default="all", help=HELP["--lora-targets"])
     p.add_argument(
         "--cp-comm",
-        choices=("all_gather", "p2p", "a2a"),
-        default="all_gather",
+        choices=("all_gather", "p2p", "a2a", "a2a+p2p"),
+        default=None,
         help=HELP["--cp-comm"],
     )
+    proc = p.add_argument_group("the process and what it trains")
+    proc.add_argument("--runtime", choices=RUNTIMES, default="art", help=HELP["--runtime"])
+    proc.add_argument("--training", choices=TRAININGS, default="lora", help=HELP["--training"])
+    proc.add_argument(
+        "--attention-backend",
+        choices=("auto", *ATTENTION_BACKENDS),
+        default=None,
+        help=HELP["--attention-backend"],
+    )
+    proc.add_argument("--etp", type=int, default=None, help=HELP["--etp"])
+    proc.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help=HELP["--dtype"]
+    )
+    proc.add_argument("--rank", default=None, help=HELP["--rank"])
     whole = p.add_argument_group("the whole device (static memory and the device's budget)")
     whole.add_argument("--dp", type=int, default=1, help=HELP["--dp"])
     whole.add_argument(
@@ -166,6 +181,12 @@ def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
         else parse_int_list("stage_layers", args.stage_layers),
         "first_stage_layers": args.first_stage_layers,
         "last_stage_layers": args.last_stage_layers,
+        "runtime": args.runtime,
+        "training": args.training,
+        "attention_backend": args.attention_backend,
+        "etp": args.etp,
+        "dtype": args.dtype,
+        "rank": args.rank or "busiest",
         **({} if args.microbatches is None else {"microbatches": args.microbatches}),
     }
 
@@ -422,7 +443,7 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
-        return cli_megatron.capacity(args, _defaults("capacity"))
+        return cli_megatron.capacity_command(args, _defaults("capacity"))
     plot = None
     if args.plot is not None:  # checked before the search runs
         require_matplotlib()

@@ -9,16 +9,30 @@ HELP: dict[str, str] = {
     "--model": "preset name or recorded Hugging Face id (see `cpmem models`)",
     "--config": "path to a Hugging Face config.json (e.g. examples/qwen3-1.7b/config.json)",
     "--megatron-args": "a Megatron-LM GPT training run: a functional test's model_config.yaml "
-    "(its MODEL_ARGS and ENV_VARS) or a text file of pretrain_gpt.py flags; prices the run's "
-    "static_bytes (allocated between steps) and peak_bytes (the allocator's peak over a steady "
-    "step) on one rank, with --world-size, --rank, --device (default h100) and "
-    "--attention-backend (docs/megatron-runtime.md)",
+    "(its MODEL_ARGS and ENV_VARS) or a text file of pretrain_gpt.py flags, read into the same "
+    "step as --model/--config (full-parameter training, Megatron-LM's runtime) and priced by "
+    "--policy tight unless named; every other flag given overrides the arguments' setting "
+    "(--lora-rank N: a LoRA run on that model); with --world-size and --device (default h100) "
+    "(docs/megatron-runtime.md)",
     "--world-size": "with --megatron-args: the GPUs the run uses; DP = world / (TP x PP x CP)",
-    "--rank": "with --megatron-args: last (the rank Megatron-LM logs memory on: the last "
-    "pipeline stage), busiest (the stage whose peak is largest) or a global rank number",
-    "--attention-backend": "with --megatron-args: flash, fused, unfused or local, overriding "
-    "the arguments' --attention-backend; under auto the covering backend (unfused) is priced "
-    "and the flash figure reported beside it",
+    "--container": "with --megatron-args: the container Transformer Engine's attention choice "
+    "is made in under --attention-backend auto: dev (NGC PyTorch 25.11, TE 2.11; default) or "
+    "lts (Megatron-LM's LTS image, whose flash-attn TE does not use)",
+    "--rank": "the rank answered: busiest (default: the stage and data-parallel rank where "
+    "static memory and activations together peak), last (the last global rank, which "
+    "Megatron-LM logs) or a global rank number in megatron's order (tp-cp-ep-dp-pp)",
+    "--attention-backend": "the core attention's kernel: fused (cuDNN), flash (flash-attn), "
+    "unfused or local (s x s probabilities kept), or auto: the one Transformer Engine's "
+    "selection picks for the run (never unfused under CP); default: the runtime's (ART: fused; "
+    "--megatron-args: its own --attention-backend)",
+    "--runtime": "the process: art (ART's LoRA trainer, the calibration harness golden/ measured; "
+    "default) or megatron-lm (Megatron-LM's pretrain_gpt.py: its data loader's mask, its CP split, "
+    "p2p CP comm, no fitted margin)",
+    "--training": "what is trained: lora (adapters on a frozen base; default) or full (every "
+    "parameter: bf16 weights, fp32 main gradients, Adam's master copy and moments)",
+    "--etp": "expert tensor parallel size, MoE models (default 1: each routed expert whole on "
+    "its EP rank, as the measured runtime runs them)",
+    "--dtype": "parameters' and activations' dtype: bf16 (default), fp16 or fp32",
     "--fused-activation": "the runtime fuses the SwiGLU activation (default: by model family)",
     "--unfused-activation": "the runtime runs SwiGLU unfused",
     "--lengths": "sequence lengths of the request, comma-separated, e.g. 4096,4096",
@@ -55,7 +69,8 @@ HELP: dict[str, str] = {
     "--lora-targets": "projections with adapters: all (default), attention, mlp, or names "
     "joined by commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts",
     "--cp-comm": "attention's CP communication: all_gather (K/V gathered, the measured "
-    "runtime; default), p2p (ring), a2a (Ulysses all-to-all over heads)",
+    "runtime; ART's default), p2p (ring; Megatron-LM's default), a2a (Ulysses all-to-all "
+    "over heads), a2a+p2p (Megatron-LM's hierarchical CP, priced as its p2p ring)",
     "--profiles": "JSON store of learned-profile floors (largest bytes per token observed "
     "for the step, recorded with `cpmem profile record`; priced by --policy reference and "
     "global, listed as ignored by tight)",

@@ -1,9 +1,12 @@
-"""The command line of the second measured runtime: ``cpmem estimate|admit|capacity
---megatron-args FILE`` (``cpmem.megatron``).
+"""``cpmem estimate|admit|capacity --megatron-args FILE``: a Megatron-LM run read from its
+own arguments into the one step description (``cpmem.api.describe_megatron``), then
+priced, admitted or searched as every step is.
 
-``cpmem.cli`` adds these flags to the three commands and hands a command here when
-``--megatron-args`` is given, with the command's parser defaults: a flag whose value is
-not its default belongs to the LoRA step's description and is refused by name.
+``cpmem.cli`` hands a command here when ``--megatron-args`` is given, with the command's
+parser defaults: every flag the user gave (its value differs from the default) is passed
+over the arguments' settings as ``describe_step``'s keyword (``--lora-rank 16`` prices a
+LoRA run on that model; ``--recompute full`` another recompute; ``--policy reference``
+ART's published formula, which names the runtime as an option it does not price).
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import argparse
 import json
 from typing import Any
 
-from cpmem.api import describe_megatron
+from cpmem.admission.admission import admit_step
+from cpmem.admission.capacity import capacity
+from cpmem.api import MEGATRON_POLICY, describe_megatron
 from cpmem.cli_help import HELP
 from cpmem.errors import InputError, require_bytes
-from cpmem.megatron.admission import admit_megatron, megatron_capacity
-from cpmem.megatron.estimate import price_megatron
-from cpmem.megatron.run import MegatronRun
-from cpmem.reports.cli_render import render_megatron_estimate
+from cpmem.megatron.args import read_megatron_args
+from cpmem.megatron.describe import megatron_run
+from cpmem.pricing.registry import backend_spread, price
+from cpmem.reports.cli_render import render_capacity, render_megatron_estimate
+from cpmem.step.step import Step
 from cpmem.units import GIB, fmt_gib
 
 
@@ -26,84 +32,156 @@ def add_megatron_args(p: argparse.ArgumentParser) -> None:
     """The flags of a Megatron-LM run priced from ``--megatron-args`` (``cpmem.megatron``)."""
     group = p.add_argument_group("a Megatron-LM run (with --megatron-args FILE)")
     group.add_argument("--world-size", type=int, help=HELP["--world-size"])
-    group.add_argument("--rank", default="last", help=HELP["--rank"])
-    group.add_argument("--attention-backend", help=HELP["--attention-backend"])
+    group.add_argument("--container", default="dev", help=HELP["--container"])
 
 
-MEGATRON_FLAGS = frozenset(
-    {"megatron_args", "world_size", "rank", "attention_backend", "device", "json", "budget_gib"}
+OWN_FLAGS = frozenset(
+    {
+        "megatron_args",
+        "world_size",
+        "rank",
+        "attention_backend",
+        "device",
+        "json",
+        "budget_gib",
+        "container",
+        "policy",
+        "handler",
+        "command",
+        "figure",
+    }
 )
-"""The flags a ``--megatron-args`` command reads; any other flag given is refused."""
+"""The flags a ``--megatron-args`` command reads itself; every other flag given is an
+override of the run's step."""
+
+FLAG_KEYWORDS = {"fused": "fused_swiglu"}
+"""Flags whose ``describe_step`` keyword has another name."""
+
+NOT_OVERRIDES = frozenset({"layouts", "pack", "plot", "free_bytes", "reusable_reserved_bytes"})
+"""Flags of the commands that describe no step setting (capacity's search, a runtime's
+budget figures): refused with ``--megatron-args`` by name."""
 
 
-def _megatron_run(args: argparse.Namespace, defaults: dict[str, Any]) -> MegatronRun:
-    """The run ``--megatron-args`` describes; a LoRA step's flag given with it (one whose
-    value is not the command's ``defaults``) is refused."""
-    given = sorted(
-        k
+def _overrides(args: argparse.Namespace, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``describe_step``'s keywords for the flags the user gave over the run's."""
+    given = {
+        k: v
         for k, v in vars(args).items()
-        if k not in MEGATRON_FLAGS and k in defaults and v != defaults[k] and k != "handler"
-    )
-    if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        verb = "does" if len(given) == 1 else "do"
+        if k not in OWN_FLAGS and k in defaults and v != defaults[k]
+    }
+    refused = sorted(k for k in given if k in NOT_OVERRIDES)
+    if refused:
+        flags = ", ".join("--" + k.replace("_", "-") for k in refused)
+        raise InputError("megatron_args", args.megatron_args, f"does not take {flags}")
+    out = {FLAG_KEYWORDS.get(k, k): v for k, v in given.items()}
+    if "lengths" in out:
         raise InputError(
-            "megatron_args",
-            args.megatron_args,
-            f"describes the whole run; {flags} {verb} not apply to it (the layout, recompute "
-            "and dtype come from Megatron-LM's arguments)",
+            "lengths",
+            out["lengths"],
+            "a Megatron-LM run's request is --micro-batch-size sequences of --seq-length "
+            "tokens (its arguments)",
         )
+    return out
+
+
+def _step(args: argparse.Namespace, defaults: dict[str, Any], rank: str | None = None) -> Step:
     if args.world_size is None:
         raise InputError("world_size", None, "give --world-size N with --megatron-args")
     return describe_megatron(
         args.megatron_args,
         world_size=args.world_size,
-        rank=args.rank,
+        rank=rank or args.rank or "busiest",
         device=args.device or "h100",
         attention_backend=args.attention_backend,
+        container=args.container,
+        **_overrides(args, defaults),
     )
+
+
+def _policy(args: argparse.Namespace, defaults: dict[str, Any]) -> str:
+    """The policy asked for, else ``tight`` (``cpmem.api.MEGATRON_POLICY``)."""
+    return str(args.policy) if args.policy != defaults.get("policy") else MEGATRON_POLICY
 
 
 def estimate(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
-    est = price_megatron(_megatron_run(args, defaults))
+    step = _step(args, defaults)
+    policy = _policy(args, defaults)
+    est = price(step, policy)
+    spread = backend_spread(step, policy)
+    ignored = read_megatron_args(args.megatron_args).ignored
     if args.json:
-        print(json.dumps(est.to_dict(), indent=2))
+        out = est.to_dict()
+        out.update(megatron_fields(step, spread, ignored))
+        print(json.dumps(out, indent=2))
     else:
-        print(render_megatron_estimate(est))
+        print(render_megatron_estimate(est, step, spread, ignored))
     return 0
 
 
+def megatron_fields(step: Step, spread: dict[str, int], ignored: tuple[str, ...]) -> dict[str, Any]:
+    """What a Megatron-LM run's JSON adds to the estimate's: the run's world, the backend
+    priced and its spread, the arguments read and changing nothing."""
+    runtime = step.settings.runtime
+    return {
+        "world_size": step.settings.world_size,
+        "attention_backend": runtime.attention_backend,
+        "attention_backend_asked": runtime.backend_asked,
+        "backend_spread_peak_bytes": dict(spread),
+        "ignored_args": list(ignored),
+    }
+
+
 def admit(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
-    run = _megatron_run(args, defaults)
+    step = _step(args, defaults)
+    policy = _policy(args, defaults)
     budget = (
         None if args.budget_gib is None else int(require_bytes("budget_gib", args.budget_gib * GIB))
     )
-    decision = admit_megatron(run, budget)
+    decision = admit_step(step, budget, policy=policy, figure="forward_backward")
     if args.json:
         print(json.dumps(decision.to_dict(), indent=2))
-    else:
-        print(
-            f"{decision.action.upper()}: peak {fmt_gib(decision.estimate.peak_bytes)} GiB on rank "
-            f"{run.stage_rank(decision.estimate.stage)}, budget {fmt_gib(decision.budget_bytes)} "
-            f"GiB ({decision.budget_source})"
-        )
-        if decision.suggestion:
-            print(f"  suggestion: {decision.suggestion}")
-    return 0 if decision.action == "fit" else 3
+        return 0 if decision.action != "refuse" else 3
+    est = decision.estimate
+    stage = est.device_stage("forward_backward")
+    print(
+        f"{decision.action.upper()}: required {fmt_gib(decision.required_bytes)} GiB "
+        f"(the peak of {step.settings.rank} rank, stage {stage} of "
+        f"{step.settings.pipeline.pp}), usable {fmt_gib(decision.available_bytes)} GiB"
+    )
+    if decision.suggestion:
+        print(f"  suggestion: {decision.suggestion}")
+    return 0 if decision.action != "refuse" else 3
 
 
-def capacity(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
-    run = _megatron_run(args, defaults)
-    found = megatron_capacity(run)
+def capacity_command(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
+    """The longest sequence of ``--micro-batch-size`` sequences that fits the device, the
+    run's other arguments unchanged (``cpmem.admission.capacity`` at its TP x CP)."""
+    if args.world_size is None:
+        raise InputError("world_size", None, "give --world-size N with --megatron-args")
+    read = read_megatron_args(args.megatron_args)
+    run = megatron_run(
+        read,
+        world_size=args.world_size,
+        device=args.device or "h100",
+        rank=args.rank or "busiest",
+        attention_backend=args.attention_backend,
+        container=args.container,
+        name=args.megatron_args,
+    )
+    settings: dict[str, Any] = {
+        k: v for k, v in run.arguments.items() if k not in ("lengths", "tp", "cp")
+    }
+    settings.update(_overrides(args, defaults))
+    found = capacity(
+        run.geometry,
+        layouts=[(run.arguments["tp"], run.arguments["cp"])],
+        pack=read.micro_batch_size,
+        policy=_policy(args, defaults),
+        figure="forward_backward",
+        **settings,
+    )
     if args.json:
         print(json.dumps(found.to_dict(), indent=2))
-    elif found.seq_length is None:
-        print(f"no --seq-length fits {fmt_gib(found.budget_bytes)} GiB ({run.device.name})")
     else:
-        assert found.estimate is not None
-        print(
-            f"longest --seq-length: {found.seq_length} (peak "
-            f"{fmt_gib(found.estimate.peak_bytes)} GiB of {fmt_gib(found.budget_bytes)} GiB on "
-            f"{run.device.name}; bounded by {found.limit})"
-        )
+        print(render_capacity(found))
     return 0

@@ -323,6 +323,8 @@ def capacity(
     )
     args["device"] = dev
     args["allow_long"] = True
+    if geometry.positions == "learned":  # no position beyond a learned table's rows
+        cap = min(cap, geometry.learned_position_rows)
 
     excluded: list[Excluded] = []
     if layouts is None:

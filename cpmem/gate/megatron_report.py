@@ -23,15 +23,17 @@ from cpmem.gate.megatron_tier import (
     CHECKS,
     DECLARED_MISSES,
     HEADROOM_MEDIAN,
+    MIB,
     STATIC_TOLERANCE,
     MegatronTier,
     TierRow,
     run_tier,
 )
 from cpmem.golden.files import default_golden_dir
-from cpmem.megatron.run import MegatronRun
+from cpmem.pricing.weights import padded_vocab
 from cpmem.reports.kept import kept_report_cli
 from cpmem.reports.tables import pct, table
+from cpmem.step.step import Step
 from cpmem.units import fmt_gib
 
 REPORT_PATH = "golden/reports/megatron.md"
@@ -41,51 +43,64 @@ BRIDGE_FORMULA = "oracles.peers_bridge:bridge_args_theoretical"
 imported by cpmem's modules)."""
 
 
-def formula_arguments(run: MegatronRun) -> dict[str, Any]:
-    """The run's arguments as Megatron-LM's formula reads them (its defaults resolved),
-    with the two Megatron-Bridge's formula reads besides (``context_parallel_size``,
-    ``moe_router_topk``)."""
-    a = run.args
+def formula_arguments(row: TierRow) -> dict[str, Any]:
+    """The run's arguments as Megatron-LM's formula reads them (its defaults resolved, as
+    the step was read), with the two Megatron-Bridge's formula reads besides
+    (``context_parallel_size``, ``moe_router_topk``)."""
+    step = row.step
+    g, settings, layout, pipe = (
+        step.geometry,
+        step.settings,
+        step.plan.layout,
+        step.settings.pipeline,
+    )
+    lengths = step.request.sequence_lengths if step.request is not None else [0]
+    moe = g.is_moe
     return {
-        "num_layers": a.num_layers,
-        "hidden_size": a.hidden_size,
-        "num_attention_heads": a.num_attention_heads,
-        "kv_channels": run.head_dim,
-        "group_query_attention": a.group_query_attention,
-        "num_query_groups": run.kv_groups,
-        "swiglu": a.swiglu,
-        "ffn_hidden_size": run.ffn,
-        "normalization": a.normalization,
-        "padded_vocab_size": run.padded_vocab,
-        "untie_embeddings_and_output_weights": a.untie_embeddings_and_output_weights,
-        "tensor_model_parallel_size": run.tp,
-        "pipeline_model_parallel_size": run.pp,
-        "context_parallel_size": run.cp,
-        "virtual_pipeline_model_parallel_size": run.virtual_chunks
-        if run.virtual_chunks > 1
-        else None,
-        "data_parallel_size": run.dp,
-        "use_distributed_optimizer": a.use_distributed_optimizer,
-        "seq_length": a.seq_length,
-        "micro_batch_size": a.micro_batch_size,
-        "sequence_parallel": run.sp,
-        "recompute_granularity": a.recompute_granularity,
-        "num_microbatches": run.microbatches,
-        "world_size": run.world_size,
+        "num_layers": g.layers,
+        "hidden_size": g.hidden,
+        "num_attention_heads": g.q_heads,
+        "kv_channels": g.head_dim,
+        "group_query_attention": g.kv_groups != g.q_heads,
+        "num_query_groups": g.kv_groups,
+        "swiglu": g.gated_mlp,
+        "ffn_hidden_size": g.ffn if not moe else g.expert_ffn,
+        "normalization": "LayerNorm" if g.norm == "layernorm" else "RMSNorm",
+        "padded_vocab_size": padded_vocab(g, layout.tp),
+        "untie_embeddings_and_output_weights": not g.tied_embeddings,
+        "tensor_model_parallel_size": layout.tp,
+        "pipeline_model_parallel_size": pipe.pp,
+        "context_parallel_size": layout.cp,
+        "virtual_pipeline_model_parallel_size": pipe.vpp if pipe.vpp > 1 else None,
+        "data_parallel_size": layout.dp,
+        "use_distributed_optimizer": settings.optimizer.distributed,
+        "seq_length": max(lengths),
+        "micro_batch_size": len(lengths),
+        "sequence_parallel": layout.sp_active,
+        "recompute_granularity": _granularity(step),
+        "num_microbatches": pipe.microbatches,
+        "world_size": settings.world_size,
         # no hybrid layers, latent attention or MTP; the experts as the run has them
         "hybrid_layer_pattern": None,
         "multi_latent_attention": False,
-        "num_experts": a.num_experts,
-        "moe_layer_freq": a.moe_layer_freq,
-        "moe_ffn_hidden_size": run.moe_ffn if run.moe else None,
-        "moe_shared_expert_intermediate_size": a.moe_shared_expert_intermediate_size,
+        "num_experts": g.num_experts if moe else None,
+        "moe_layer_freq": 1,
+        "moe_ffn_hidden_size": g.expert_ffn if moe else None,
+        "moe_shared_expert_intermediate_size": g.shared_expert_ffn or None,
         "moe_latent_size": None,
         "mtp_num_layers": None,
-        "expert_tensor_parallel_size": run.etp if run.moe else 1,
-        "expert_model_parallel_size": run.ep,
-        "moe_router_topk": a.moe_router_topk,
-        "add_bias_linear": a.add_bias_linear,
+        "expert_tensor_parallel_size": layout.etp if moe else 1,
+        "expert_model_parallel_size": layout.ep,
+        "moe_router_topk": g.moe_top_k if moe else 2,
+        "add_bias_linear": g.attention_bias,
     }
+
+
+def _granularity(step: Step) -> str | None:
+    rc = step.recompute
+    if rc.full:
+        return "full"
+    return "selective" if rc.keeps_saved_sets and rc.modules else None
 
 
 Formula = Callable[[dict[str, Any]], dict[str, float]]
@@ -93,18 +108,18 @@ Formula = Callable[[dict[str, Any]], dict[str, float]]
 
 def peer_figures(row: TierRow, formula: Formula, bridge: Formula) -> dict[str, tuple[float, float]]:
     """Each estimator's (static, peak) figure for a recording."""
-    args = formula_arguments(row.estimate.run)
+    args = formula_arguments(row)
     f = formula(args)
     weights, act = f["weight_and_optimizer_bytes"], f["activation_bytes"]
     b = bridge(args)
     return {
         "Megatron-LM report_theoretical_memory": (weights, weights + act),
-        "even CP split of it": (weights, weights + act / row.estimate.run.cp),
+        "even CP split of it": (weights, weights + act / row.step.plan.layout.cp),
         "Megatron-Bridge estimate_training_memory": (
             b["weight_and_optimizer_bytes"],
             b["total_bytes"],
         ),
-        "cpmem": (float(row.estimate.static_bytes), float(row.explained_peak)),
+        "cpmem": (float(row.static_bytes), float(row.peak_bytes)),
     }
 
 
@@ -157,8 +172,8 @@ def peers_section(tier: MegatronTier) -> list[str]:
         "`theoretical_memory_usage.py` at the recordings' snapshot and checked equal to the "
         "source on 200+ argument sets) gives its weight-and-optimizer term as the static "
         "figure and its total as the peak; the even CP split divides its activation term by "
-        "CP. cpmem's peak is the tier's (the smallest covering backend figure under "
-        "`--attention-backend auto`).",
+        "CP. cpmem's peak is the tier's: `peak_bytes` of the rank Megatron-LM logs, under "
+        "`--attention-backend auto` with Transformer Engine's pick.",
         "",
         *_peer_table(rows),
         "",
@@ -222,22 +237,25 @@ def _term_rows(tier: MegatronTier) -> list[list[str]]:
     """The terms only the rank simulator stood behind before, against these recordings."""
     groups: list[tuple[str, Callable[[TierRow], bool]]] = [
         ("the LM head and its loss (every recording: the last stage)", lambda r: True),
-        (
-            "PP 1, one micro-batch at a time (gradient accumulation)",
-            lambda r: r.estimate.run.pp == 1,
-        ),
+        ("PP 1, one micro-batch at a time (gradient accumulation)", lambda r: r.pp == 1),
         (
             "1F1B pipeline, one micro-batch in flight on the last stage",
-            lambda r: r.estimate.run.pp > 1 and r.estimate.run.virtual_chunks == 1,
+            lambda r: r.pp > 1 and not r.interleaved,
         ),
-        ("interleaved pipeline, chunks in flight", lambda r: r.estimate.run.virtual_chunks > 1),
-        ("context parallelism (p2p, a2a+p2p)", lambda r: r.estimate.run.cp > 1),
-        ("sequence parallelism", lambda r: r.estimate.run.sp),
-        ("full recompute", lambda r: r.estimate.run.args.recompute_granularity == "full"),
-        ("unfused attention (named)", lambda r: r.estimate.run.args.attention_backend == "unfused"),
-        ("local transformer implementation", lambda r: r.estimate.run.attention_backend == "local"),
-        ("fp16", lambda r: r.estimate.run.args.fp16),
-        ("distributed optimizer", lambda r: r.estimate.run.args.use_distributed_optimizer),
+        ("interleaved pipeline, chunks in flight", lambda r: r.interleaved),
+        ("context parallelism (p2p, a2a+p2p)", lambda r: r.step.plan.layout.cp > 1),
+        ("sequence parallelism", lambda r: r.step.plan.layout.sp_active),
+        ("full recompute", lambda r: r.step.recompute.full),
+        ("unfused attention (named)", lambda r: _backend(r) == ("unfused", "unfused")),
+        (
+            "attention auto: flash-attn picked (A100, deterministic GB200)",
+            lambda r: _backend(r) == ("flash", "auto"),
+        ),
+        ("attention auto: fused (cuDNN) picked", lambda r: _backend(r) == ("fused", "auto")),
+        ("local transformer implementation", lambda r: _backend(r)[0] == "local"),
+        ("fp16", lambda r: r.step.settings.optimizer.grad_bytes == 2),
+        ("distributed optimizer", lambda r: r.step.settings.optimizer.distributed),
+        ("MoE (worst-case routing)", lambda r: r.step.geometry.is_moe),
     ]
     out = []
     for name, select in groups:
@@ -257,10 +275,15 @@ def _term_rows(tier: MegatronTier) -> list[list[str]]:
     return out
 
 
+def _backend(row: TierRow) -> tuple[str, str]:
+    runtime = row.step.settings.runtime
+    return runtime.attention_backend, runtime.backend_asked
+
+
 def _recording_rows(tier: MegatronTier) -> list[list[str]]:
     out = []
     for r in sorted(tier.rows, key=lambda x: x.recording.recording_id):
-        rec, est = r.recording, r.estimate
+        rec = r.recording
         marks = []
         for c in CHECKS:
             if not r.passed(c):
@@ -271,11 +294,12 @@ def _recording_rows(tier: MegatronTier) -> list[list[str]]:
                 rec.device,
                 str(rec.world_size),
                 fmt_gib(r.measured_static),
-                fmt_gib(est.static_bytes),
+                fmt_gib(r.static_bytes),
                 pct(r.static_error),
                 fmt_gib(r.measured_peak),
-                fmt_gib(r.explained_peak),
+                fmt_gib(r.peak_bytes),
                 pct(r.headroom),
+                _backend(r)[0],
                 ", ".join(marks) or "ok",
             ]
         )
@@ -288,9 +312,11 @@ def render_report(tier: MegatronTier) -> str:
     declared = [
         [
             m.check,
-            f"`{m.case}`",
-            m.platform,
+            m.label,
             m.direction,
+            pct(m.limit),
+            f"{m.cap_bytes / MIB:,.0f} MiB"
+            + (" (or what the run's figures explain)" if m.cap else ""),
             str(sum(r.declared(m.check) is m for r in tier.rows)),
             m.why,
         ]
@@ -317,10 +343,15 @@ def render_report(tier: MegatronTier) -> str:
         "recorded values, so the same case's recordings (containers, `_2nd` files) differ by "
         "up to a few percent; a 3% static check is inside that band only where the runs "
         "themselves agree.",
-        "- No constant here is fitted to these recordings: every term is a tensor read from "
-        "Megatron-LM's, Transformer Engine's or PyTorch's source (`cpmem/megatron/`), so "
-        "there is nothing to cross-validate over cases; the recordings kept aside check the "
-        "terms as they stand.",
+        "- Priced by `tight`, the layer kinds' one model both measured runtimes check, with "
+        "no margin for Megatron-LM's runs: no constant is fitted to these recordings (each "
+        "term a tensor read from Megatron-LM's, Transformer Engine's or PyTorch's source; "
+        "`docs/megatron-runtime.md` names the few whose lifetime the recordings decided), "
+        "so there is nothing to cross-validate over cases; the recordings kept aside check "
+        "the terms as they stand.",
+        "- `--attention-backend auto`: Transformer Engine's pick in the default container "
+        "(`cpmem.step.backend_choice`); the figures under the backends other containers pick "
+        "are reported, never counted.",
         "",
         "## Checks",
         "",
@@ -361,7 +392,7 @@ def render_report(tier: MegatronTier) -> str:
         "## Declared misses",
         "",
         *table(
-            ["check", "case", "platform", "direction", "limit", "recordings", "why"],
+            ["check", "miss", "direction", "limit", "cap", "recordings", "why"],
             declared,
             style="markdown",
         ),
@@ -379,6 +410,7 @@ def render_report(tier: MegatronTier) -> str:
                 "peak GiB",
                 "priced",
                 "headroom",
+                "backend",
                 "status",
             ],
             _recording_rows(tier),

@@ -1,199 +1,84 @@
 """The gate's second measured tier: Megatron-LM's functional-test recordings.
 
-Every recording of ``golden/megatron/recordings.csv`` (the GPT and MoE families) is priced from its
-case's own ``model_config.yaml`` on the rank Megatron-LM logs (``rank="last"``), its
-recipe's world size and its platform's device, and held to:
+Every recording of ``golden/megatron/recordings.csv`` (the GPT and MoE families) is read
+from its case's own ``model_config.yaml`` into the one step description
+(``cpmem.megatron.describe``), answered for the rank Megatron-LM logs (``rank="last"``) on
+its recipe's world size and its platform's device, priced by ``tight`` (the structure
+every measured runtime checks; Megatron-LM's runs carry no fitted margin), and held to:
 
-- ``static``: ``static_bytes`` within ``STATIC_TOLERANCE`` (3%) of the last finite
-  ``mem-allocated-bytes`` (what stays allocated after an optimizer step);
-- ``covers``: ``peak_bytes`` at least the largest ``mem-max-allocated-bytes`` (the
-  allocator's peak since the process started);
+- ``static``: ``static_bytes`` (the answered stage's static memory) within
+  ``STATIC_TOLERANCE`` (3%) of the last finite ``mem-allocated-bytes``;
+- ``covers``: ``peak_bytes`` (``Estimate.peak_bytes``: static memory plus the step's
+  forward+backward figure on that stage, the figure users get) at least the largest
+  ``mem-max-allocated-bytes``;
 - ``headroom``: ``peak_bytes`` at most 10% above that peak where it is at least 8 GiB,
-  at most 20% below; over every recording, the median headroom at most 10%. Under
-  ``--attention-backend auto`` Transformer Engine picks the backend per container; the
-  priced figure is the covering backend's, and the headroom is read against the
-  smallest backend figure that covers the recording (``backend_spread_peak_bytes``).
+  at most 20% below; over every recording, the median headroom at most 10%.
 
-A recording the model does not explain is a declared miss (``DECLARED_MISSES``), with
-the tensor or the evidence that explains it; any other failure fails the tier.
-Recordings whose file names no platform (``golden_values_dev.json``,
-``golden_values_lts.json``) are counted and not priced; cases whose arguments cpmem
-refuses are counted with the refused flag.
+Under ``--attention-backend auto`` the backend is the one Transformer Engine's selection
+picks in the default container (``cpmem.step.backend_choice``); ``spread`` holds
+``peak_bytes`` under each backend another container picks, reported, never counted as
+the figure.
+
+A recording the model does not explain is a declared miss (``DECLARED_MISSES``): matched
+by what the run does (its layout, backend, device, a resumed process's second recording),
+the tensor or the evidence behind it, and capped twice: the error it excuses
+(``limit``) and the bytes (``cap_bytes``). Anything else fails the tier. Recordings
+whose file names no platform are counted and not priced; cases whose arguments cpmem
+refuses are counted with the refusal.
 
 The recordings' own tolerance: Megatron-LM's CI passes a run whose memory stays within
 5% of the recorded values (``test_pretraining_regular_pipeline.py``), so two runs of the
-same case may differ by up to about 5% (the ``_2nd`` files, and the same case across
-containers, show it); a 3% static check is tighter than the runtime holds itself to.
+same case may differ by up to about 5%; a 3% static check is tighter than the runtime
+holds itself to.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cpmem.errors import InputError
 from cpmem.golden.megatron import Recording, load_recordings
 from cpmem.megatron.args import MegatronArgs, read_megatron_args
-from cpmem.megatron.estimate import MegatronEstimate, price_megatron
-from cpmem.megatron.run import describe_megatron_run
+from cpmem.megatron.describe import describe_megatron
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.registry import backend_spread, price
+from cpmem.step.step import Step
 
+MIB = 1 << 20
 STATIC_TOLERANCE = 0.03
 LARGE_PEAK_BYTES = 8 << 30
 HEADROOM_LARGE = 0.10
 HEADROOM_SMALL = 0.20
 HEADROOM_MEDIAN = 0.10
 CHECKS = ("static", "covers", "headroom")
-
-
-@dataclass(frozen=True)
-class DeclaredMiss:
-    """Recordings a check is known to fail, and why: ``case`` a regular expression over
-    case names, ``platform`` over ``environment_platform``, ``second`` whether only a
-    resumed run's ``_2nd`` file, ``direction`` ``under`` (the recording above the
-    figure) or ``over`` (below it) or ``any``."""
-
-    check: str
-    case: str
-    why: str
-    limit: float
-    """The largest error the declaration excuses (``TierRow.error``'s magnitude): a
-    recording further off fails even where the rest matches."""
-    platform: str = ".*"
-    direction: str = "any"
-    second: bool | None = None
-    min_pp: int = 1
-    """The declaration covers runs of at least this many pipeline stages (a case's name
-    says its layout, its arguments decide it)."""
-
-    def matches(self, row: TierRow, check: str) -> bool:
-        rec = row.recording
-        where = f"{rec.environment}_{rec.platform}"
-        if self.second is not None and rec.second_recording != self.second:
-            return False
-        if self.direction != "any" and row.direction(check) != self.direction:
-            return False
-        if abs(row.error(check)) > self.limit or row.estimate.run.pp < self.min_pp:
-            return False
-        return (
-            check == self.check
-            and re.fullmatch(self.case, rec.case) is not None
-            and re.fullmatch(self.platform, where) is not None
-        )
-
-
-_PP_BUFFERS = (
-    "pipeline runs (PP 2/4) keep 8-13 MiB between steps beyond every priced tensor "
-    "(interleaved over 3 chunks: 24-28 MiB, up to 45 MiB on GB200 with overlapped "
-    "gradient reduction; at most 8.5% of the static bytes) on all three platforms: two to three "
-    "(interleaved: six to seven) [s, b, h] bf16 tensors of 4 MiB outliving the step; "
-    "the schedule's source (schedules.py, p2p_communication.py) keeps no such buffer "
-    "by reading, so the tensor is not found yet"
-)
-_GB200_WORKSPACE = (
-    "GB200 runs of these cases hold 40-50 MiB less between steps than the same "
-    "arguments on A100 and H100 and than GB200's deterministic runs: a container "
-    "whose cuBLAS/cuBLASLt workspaces are smaller than the 32 MiB pair priced; "
-    "over-priced, never under"
-)
-_RESUMED_OUTLIER = (
-    "one resumed process's second recording holds 100-200 MiB more than every other "
-    "recording of its case (the 5% CI band lets a rerun drift): its restart's "
-    "checkpoint-load buffers outliving the load, not a tensor of the step"
-)
-_AUTO_BACKEND = (
-    "--attention-backend auto at TP 4: the flash/fused figure is 8-21 MiB (0.7-2.1%) "
-    "under these recordings (the same cases' other platforms are covered), so the "
-    "smallest covering backend figure is the unfused one, 29-47% above"
-)
-_WORST_ROUTING = (
-    "MoE routing priced at its worst case (every token's copies on this rank's experts "
-    "as far as top-k allows): at EP 4-8 with one or two experts a rank that is 4x the "
-    "balanced rows; the recordings sit near the balanced figure, so the covering figure "
-    "is 20-85% above them (a bound, not the expectation)"
-)
-DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
-    DeclaredMiss("headroom", r"gpt3_moe_mcore_te_ep8_.*", _WORST_ROUTING, 0.85),
-    DeclaredMiss(
-        "headroom", r"gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4.*", _WORST_ROUTING, 0.85
-    ),
-    DeclaredMiss(
-        "headroom",
-        r"gpt3_mcore_te_tp2_pp1_(resume_torch_dist_)?te_8experts2parallel_top2router",
-        _WORST_ROUTING,
-        0.30,
-    ),
-    DeclaredMiss(
-        "static",
-        r"gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4.*",
-        "--overlap-moe-expert-parallel-comm keeps 55-59 MiB between steps beyond every "
-        "priced tensor on H100 and GB200 (3.7-3.9%): about one more cuBLAS and cuBLASLt "
-        "workspace pair (64 MiB), as a second compute stream of the combined 1F1B "
-        "schedule would allocate; not confirmed in the source",
-        0.045,
-        direction="under",
-    ),
-    DeclaredMiss("static", r".*_pp[24]_.*", _PP_BUFFERS, 0.085, direction="under", min_pp=2),
-    DeclaredMiss(
-        "static",
-        r".*(nondeterministic|reshard).*",
-        _GB200_WORKSPACE,
-        0.16,
-        "dev_dgx_gb200",
-        "over",
-    ),
-    DeclaredMiss(
-        "static",
-        r"gpt3_mcore_te_tp2_pp2_resume_torch_dist_cp2_nondeterministic",
-        _RESUMED_OUTLIER,
-        0.28,
-        "dev_dgx_h100",
-        "under",
-        second=True,
-    ),
-    DeclaredMiss(
-        "static",
-        r"gpt3_mcore_te_tp(4_pp1|1_pp4_vp1)_resume_torch_dist_dist_optimizer_overlap_grad_reduce",
-        _RESUMED_OUTLIER,
-        0.27,
-        "lts_dgx_a100",
-        "under",
-        second=True,
-    ),
-    DeclaredMiss("covers", r".*cp2_nondeterministic", _RESUMED_OUTLIER, 0.16, second=True),
-    DeclaredMiss(
-        "covers",
-        r"gpt3_mcore_te_tp2_pp2_cp2.*_1node",
-        "GB200 single-node CP runs peak 0.1-1.0 MiB (under 0.1%) above the figure: "
-        "the allocator counts whole blocks, up to 1 MiB above a request each",
-        0.002,
-        "dev_dgx_gb200",
-    ),
-    DeclaredMiss(
-        "covers",
-        r".*qk_layernorm.*",
-        "the query/key norms at TP 4 hold 2-8 MiB more per step than their outputs "
-        "priced (a contiguous copy of their strided input, not confirmed)",
-        0.01,
-        r"lts_dgxa100_dracooci.*",
-    ),
-    DeclaredMiss("headroom", r"gpt3_mcore_te_tp4_pp[12]_.*", _AUTO_BACKEND, 0.50),
-    DeclaredMiss(
-        "headroom",
-        r".*_pp4_vp1_resume.*",
-        "--attention-backend auto, interleaved: the pipeline's unpriced 24-28 MiB (the "
-        "static miss above) leaves the flash figure 3-17 MiB under these recordings, "
-        "so the smallest covering backend figure is the unfused one, 52-66% above",
-        0.70,
-    ),
-)
+POLICY = "tight"
 
 
 @dataclass(frozen=True)
 class TierRow:
+    """One recording, the step it ran and the estimate of it."""
+
     recording: Recording
-    estimate: MegatronEstimate
+    step: Step
+    estimate: Estimate
+    spread: dict[str, int] = field(default_factory=dict)
+    """``peak_bytes`` under each backend another container's Transformer Engine picks."""
+    balanced_peak: int | None = None
+    """Of an MoE run: ``peak_bytes`` under balanced routing (the priced figure is the
+    worst case a router without capacity can reach)."""
+
+    @property
+    def static_bytes(self) -> int:
+        static = self.estimate.static
+        assert static is not None
+        return static.total
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.estimate.peak_bytes
 
     @property
     def measured_static(self) -> float:
@@ -207,18 +92,11 @@ class TierRow:
 
     @property
     def static_error(self) -> float:
-        return self.estimate.static_bytes / self.measured_static - 1
-
-    @property
-    def explained_peak(self) -> int:
-        """The smallest backend figure that covers the recording (the priced figure
-        where the backend is named, or where no other covers)."""
-        covering = [p for p in self.estimate.spread.values() if p >= self.measured_peak]
-        return min(covering) if covering else self.estimate.peak_bytes
+        return self.static_bytes / self.measured_static - 1
 
     @property
     def headroom(self) -> float:
-        return self.explained_peak / self.measured_peak - 1
+        return self.peak_bytes / self.measured_peak - 1
 
     @property
     def headroom_limit(self) -> float:
@@ -228,26 +106,224 @@ class TierRow:
         if check == "static":
             return abs(self.static_error) <= STATIC_TOLERANCE
         if check == "covers":
-            return self.estimate.peak_bytes >= self.measured_peak
+            return self.peak_bytes >= self.measured_peak
         return self.headroom <= self.headroom_limit
 
     def error(self, check: str) -> float:
-        """How far the recording is from passing ``check``'s figure: the static error,
-        the peak's error against the recording, or the headroom."""
+        """How far the recording is from the check's figure: the static error, or the
+        peak's error against the recording (covers and headroom)."""
+        return self.static_error if check == "static" else self.headroom
+
+    def excess_bytes(self, check: str) -> float:
+        """The bytes a failure of ``check`` is off by: the static bytes' distance from
+        the recording, the recording above the peak, the peak above its headroom limit."""
         if check == "static":
-            return self.static_error
+            return abs(self.static_bytes - self.measured_static)
         if check == "covers":
-            return self.estimate.peak_bytes / self.measured_peak - 1
-        return self.headroom
+            return max(0.0, self.measured_peak - self.peak_bytes)
+        return max(0.0, self.peak_bytes - self.measured_peak * (1 + self.headroom_limit))
 
     def direction(self, check: str) -> str:
         """``under`` where the recording is above the figure, else ``over``."""
         if check == "static":
             return "under" if self.static_error < 0 else "over"
-        return "under" if self.estimate.peak_bytes < self.measured_peak else "over"
+        return "under" if self.peak_bytes < self.measured_peak else "over"
 
     def declared(self, check: str) -> DeclaredMiss | None:
         return next((m for m in DECLARED_MISSES if m.matches(self, check)), None)
+
+    # --- what the run does (the declared misses' predicates) ---------------------
+    @property
+    def pp(self) -> int:
+        return self.step.settings.pipeline.pp
+
+    @property
+    def interleaved(self) -> bool:
+        return self.step.settings.pipeline.vpp > 1
+
+    @property
+    def platform(self) -> str:
+        return self.recording.device
+
+
+@dataclass(frozen=True)
+class DeclaredMiss:
+    """Recordings a check is known to fail, and why. ``applies`` says which runs it is
+    for, by what they do; ``limit`` caps the error it excuses (``TierRow.error``'s
+    magnitude) and ``cap_bytes`` the bytes (``TierRow.excess_bytes``), so a recording
+    further off fails even where the rest matches; ``direction``: ``under`` (the
+    recording above the figure), ``over`` or ``any``."""
+
+    check: str
+    label: str
+    why: str
+    applies: Callable[[TierRow], bool]
+    limit: float
+    cap_bytes: int
+    direction: str = "any"
+    cap: Callable[[TierRow], float] | None = None
+    """Where the bytes it excuses depend on the run (the spread's figure), their cap."""
+
+    def matches(self, row: TierRow, check: str) -> bool:
+        if check != self.check:
+            return False
+        if self.direction != "any" and row.direction(check) != self.direction:
+            return False
+        cap = self.cap_bytes if self.cap is None else min(self.cap_bytes, self.cap(row))
+        if abs(row.error(check)) > self.limit or row.excess_bytes(check) > cap:
+            return False
+        return self.applies(row)
+
+
+SPREAD_BAND = 0.02
+"""Beyond the spread's figure, what a recording of another container may hold: the same
+runs' own spread between reruns (the CI accepts 5%; the recordings of one case and
+backend agree within 2%)."""
+
+
+def _spread_explains(row: TierRow) -> float:
+    """The bytes the spread's largest figure holds above ``peak_bytes``, with the reruns'
+    band on it (0 without a spread)."""
+    top = max(row.spread.values(), default=0)
+    return max(0.0, top * (1 + SPREAD_BAND) - row.peak_bytes) if top else 0.0
+
+
+_PP_BUFFERS = (
+    "pipeline runs keep [s, b, h] activations between steps beyond every priced tensor: "
+    "8-13 MiB at PP 2-4 under 1F1B (two to three 4 MiB tensors), 24-28 MiB interleaved, "
+    "up to 45 MiB on GB200; the schedule's source (schedules.py, p2p_communication.py) "
+    "keeps no buffer by reading (the sent and received tensors' stream-recorded frees are "
+    "the candidate), so the tensor is not found; the same bytes are live at the peak"
+)
+_SPREAD = (
+    "--attention-backend auto recorded in a container whose Transformer Engine ran "
+    "another backend than the default container's pick (an older flash-attn, the unfused "
+    "backend): the recording sits at or below the spread's figure for that backend "
+    "(Estimate spread, reported beside peak_bytes)"
+)
+_TP4 = (
+    "TP 4 without sequence parallelism: the recordings' activations exceed the priced "
+    "ones by 7-9 MiB on H100 (fused) and 13-21 MiB on A100 and GB200 (flash-attn), where "
+    "at TP 1 and 2 they are covered; not a tensor of the step found"
+)
+DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
+    DeclaredMiss(
+        "static",
+        "pipeline buffers",
+        _PP_BUFFERS,
+        lambda r: r.pp > 1,
+        0.10,
+        48 * MIB,
+        "under",
+    ),
+    DeclaredMiss(
+        "covers",
+        "pipeline buffers",
+        _PP_BUFFERS,
+        lambda r: r.pp > 1,
+        0.02,
+        48 * MIB,
+    ),
+    DeclaredMiss(
+        "covers",
+        "backend spread",
+        _SPREAD,
+        lambda r: r.step.settings.runtime.backend_asked == "auto" and bool(r.spread),
+        0.70,
+        4 << 30,
+        cap=_spread_explains,
+    ),
+    DeclaredMiss(
+        "covers",
+        "TP 4 without SP",
+        _TP4,
+        lambda r: r.step.plan.layout.tp == 4 and not r.step.plan.layout.sp_active,
+        0.025,
+        24 * MIB,
+    ),
+    DeclaredMiss(
+        "headroom",
+        "MoE routing bound",
+        "MoE routed rows priced at their worst case (every token's copies on this rank's "
+        "experts as far as top-k allows): a bound for a router without capacity factor; the "
+        "recordings sit near the balanced figure, so the bound is up to 85% above them "
+        "(expert parallelism: the EP group routes other ranks' tokens here too)",
+        lambda r: r.step.geometry.is_moe and r.step.plan.layout.ep > 1,
+        0.90,
+        2 << 30,
+    ),
+    DeclaredMiss(
+        "static",
+        "MoE overlap",
+        "--overlap-moe-expert-parallel-comm keeps 55-59 MiB between steps beyond every "
+        "priced tensor on H100 and GB200 (3.7-3.9%): about one more pair of cuBLAS "
+        "workspaces (64 MiB), as a second compute stream of the combined 1F1B schedule would "
+        "allocate; not confirmed in the source",
+        lambda r: r.step.settings.runtime.overlap_moe_comm,
+        0.045,
+        64 * MIB,
+        "under",
+    ),
+    DeclaredMiss(
+        "static",
+        "GB200 workspaces",
+        "some GB200 runs hold 40-50 MiB less between steps than the same arguments on "
+        "A100 and H100 and than GB200's other runs: a container whose cuBLAS workspaces are "
+        "smaller than the pair priced; over-priced, never under",
+        lambda r: r.platform == "gb200",
+        0.20,
+        56 * MIB,
+        "over",
+    ),
+    DeclaredMiss(
+        "static",
+        "resumed process",
+        "a resumed run's second process holds 100-200 MiB more than every other recording "
+        "of its case (the 5% CI band lets a rerun drift): its restart's checkpoint-load "
+        "buffers outliving the load, not a tensor of the step",
+        lambda r: r.recording.second_recording,
+        0.28,
+        256 * MIB,
+        "under",
+    ),
+    DeclaredMiss(
+        "covers",
+        "resumed process",
+        "a resumed run's second process peaks with its restart's checkpoint-load buffers "
+        "(the static miss of the same name) live",
+        lambda r: r.recording.second_recording,
+        0.16,
+        256 * MIB,
+    ),
+    DeclaredMiss(
+        "covers",
+        "allocator blocks",
+        "the caching allocator counts whole blocks, a large-pool block up to 1 MiB above its "
+        "request (CUDACachingAllocator.cpp splits a block only where more than 1 MiB "
+        "remains): recordings 0.1-5 MiB above the figure (single-node GB200 CP runs, full "
+        "recompute)",
+        lambda r: True,
+        0.0025,
+        6 * MIB,
+    ),
+)
+
+
+def price_recording(
+    recording: Recording, golden_dir: Path, args: MegatronArgs | None = None
+) -> TierRow:
+    """A recording's case priced as it ran: its arguments (read from its case's
+    ``model_config.yaml`` unless given), world size, device and last rank."""
+    if args is None:
+        args = read_megatron_args(recording.model_config(golden_dir))
+    step = describe_megatron(
+        args, world_size=recording.world_size, device=recording.device, rank="last"
+    )
+    est = price(step, POLICY)
+    balanced = None
+    if step.geometry.is_moe:
+        balanced = price(step.with_settings(moe_routing="balanced"), POLICY).peak_bytes
+    return TierRow(recording, step, est, backend_spread(step, POLICY), balanced)
 
 
 @dataclass(frozen=True)
@@ -277,19 +353,6 @@ class MegatronTier:
         return all(not self.failing(c) for c in CHECKS) and self.median_headroom <= HEADROOM_MEDIAN
 
 
-def price_recording(
-    recording: Recording, golden_dir: Path, args: MegatronArgs | None = None
-) -> MegatronEstimate:
-    """A recording's case priced as it ran: its arguments (read from its case's
-    ``model_config.yaml`` unless given), world size, device, last rank."""
-    if args is None:
-        args = read_megatron_args(recording.model_config(golden_dir))
-    run = describe_megatron_run(
-        args, world_size=recording.world_size, rank="last", device=recording.device
-    )
-    return price_megatron(run)
-
-
 def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
     """The tier over the recordings of ``family`` (default: every family)."""
     rows: list[TierRow] = []
@@ -314,11 +377,9 @@ def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
             read = cases[path]
             if isinstance(read, InputError):
                 raise read
-            est = price_recording(rec, golden_dir, read)
+            rows.append(price_recording(rec, golden_dir, read))
         except InputError as exc:
             refused.setdefault(str(exc), []).append(rec.recording_id)
-            continue
-        rows.append(TierRow(rec, est))
     return MegatronTier(
         tuple(rows),
         {k: tuple(v) for k, v in refused.items()},

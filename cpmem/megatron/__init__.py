@@ -1,10 +1,10 @@
-"""The second measured runtime: Megatron-LM's own GPT training runs.
+"""Megatron-LM's own arguments, read into the one step description.
 
 ``args`` reads Megatron-LM's arguments (a functional test's ``model_config.yaml`` or a
-flags file) with Megatron-LM's defaults; ``run`` describes the run on one named rank
-(``describe_megatron_run``, the one description every caller prices: the API, the CLI's
-``estimate``, ``admit`` and ``capacity``, and the gate's measured tier); ``static``,
-``activations`` and ``estimate`` price it: the bytes left allocated between steps and
-the allocator's peak over a steady step. Full-parameter training, an LM head and its
-loss, an optimizer step: nothing here reads the LoRA estimator's step.
+flags file) with Megatron-LM's defaults, each flag priced, ignored or refused;
+``describe`` turns them into ``describe_step``'s keywords (the model, the layout, the
+recompute setting, the process, the request) and the ``Step`` every caller prices: the
+API, the CLI's ``estimate``, ``admit`` and ``capacity``, and the gate's measured tier.
+Nothing here prices: a Megatron-LM run is priced by the policies, layer kind by layer
+kind, as any step is.
 """

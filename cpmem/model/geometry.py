@@ -11,6 +11,10 @@ from cpmem.errors import InputError, require_nonnegative_int, require_positive_i
 MixerKind = Literal["attention", "gdn"]
 MlpKind = Literal["dense", "moe"]
 RouterScoring = Literal["topk_softmax", "softmax_topk", "sigmoid"]
+NormKind = Literal["rmsnorm", "layernorm"]
+PositionKind = Literal["rope", "learned", "none"]
+NORM_KINDS: tuple[NormKind, ...] = ("rmsnorm", "layernorm")
+POSITION_KINDS: tuple[PositionKind, ...] = ("rope", "learned", "none")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,23 @@ class ModelGeometry:
     attention_bias: bool = False
     mlp_bias: bool = False
     router_bias: bool = False
+    # the layer kinds Megatron-LM's arguments vary (every Hugging Face family cpmem reads
+    # is RMSNorm, a gated MLP, rope and no dropout): the norm (LayerNorm holds a bias
+    # beside its weight), whether the MLP is gated (SwiGLU, GeGLU: fc1 is 2F wide) or
+    # plain (GeLU, squared ReLU: fc1 is F wide), the position embedding (``learned``: a
+    # ``learned_position_rows x H`` table on the first stage, megatron's
+    # ``learned_absolute`` with ``max_position_embeddings`` rows), and the dropout
+    # probabilities of the hidden states (after attention, after the MLP, after the
+    # embedding) and of the attention probabilities
+    norm: NormKind = "rmsnorm"
+    gated_mlp: bool = True
+    positions: PositionKind = "rope"
+    learned_position_rows: int = 0
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    # the vocabulary is padded to a multiple of this x TP (megatron's
+    # ``--make-vocab-size-divisible-by``, 128 by default)
+    vocab_multiple: int = 128
     # gpt-oss's learned per-head attention sink logits (one fp32-sized scalar per head)
     attention_sinks: bool = False
     # how the router scores the experts: top-k of the logits then a softmax over them
@@ -126,6 +147,22 @@ class ModelGeometry:
                 "router_scoring",
                 self.router_scoring,
                 "must be topk_softmax, softmax_topk or sigmoid",
+            )
+        if self.norm not in NORM_KINDS:
+            raise InputError("norm", self.norm, f"must be one of {list(NORM_KINDS)}")
+        if self.positions not in POSITION_KINDS:
+            raise InputError("positions", self.positions, f"must be one of {list(POSITION_KINDS)}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            p = getattr(self, name)
+            if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
+                raise InputError(name, p, "must be a probability in [0, 1)")
+        require_positive_int("vocab_multiple", self.vocab_multiple)
+        require_nonnegative_int("learned_position_rows", self.learned_position_rows)
+        if (self.positions == "learned") != (self.learned_position_rows > 0):
+            raise InputError(
+                "learned_position_rows",
+                self.learned_position_rows,
+                "a learned position table has rows exactly where positions are learned",
             )
         if self.final_logit_softcap is not None and not self.final_logit_softcap > 0:
             raise InputError("final_logit_softcap", self.final_logit_softcap, "must be > 0")

@@ -16,6 +16,10 @@ class ParallelLayout:
     sp: bool = False
     ep: int = 1
     dp: int = 1
+    etp: int = 1
+    """Expert tensor parallelism: each routed expert's linears split over ``etp`` ranks
+    (megatron's ``--expert-tensor-parallel-size``); the measured runtime's experts are
+    whole on their EP rank (1)."""
     """Data-parallel replicas: they price nothing of a step's activations; a distributed
     optimizer shards its states over them (``cpmem.pricing.static``)."""
 
@@ -24,6 +28,7 @@ class ParallelLayout:
         require_positive_int("cp", self.cp)
         require_positive_int("ep", self.ep)
         require_positive_int("dp", self.dp)
+        require_positive_int("etp", self.etp)
 
     @property
     def sp_active(self) -> bool:

@@ -25,6 +25,15 @@ class Component(StrEnum):
     """Other CP ranks' K and V, all-gathered and saved by the attention kernel."""
     ROPE_TABLES = "rope_tables"
     """The rotary embedding's cos/sin tables, live through backward."""
+    ATTENTION_SCORES = "attention_scores"
+    """An unfused attention's ``s x s`` probabilities (and dropout mask and output) every
+    attention layer keeps for backward where its core is kept."""
+    EMBEDDING = "embedding"
+    """What the embedding keeps until backward on the rank that embeds: the token ids
+    (and learned positions' ids) its lookups save, the embedding dropout's mask."""
+    DATALOADER_MASK = "dataloader_mask"
+    """The data loader's ``[b, 1, s, s]`` bool attention mask, held while a micro-batch's
+    forward runs on the first and last pipeline stages."""
     OUTPUTS = "outputs"
     """The returned outputs (by default the hidden states of the logical tokens)."""
     GATHERED_OUTPUTS = "gathered_outputs"
@@ -72,6 +81,8 @@ RETAINED: frozenset[Component] = frozenset(
         Component.SEGMENT_STATES,
         Component.CP_GATHERED_KV,
         Component.ROPE_TABLES,
+        Component.EMBEDDING,
+        Component.ATTENTION_SCORES,
         Component.HEAD_KEPT,
         Component.PIPELINE_IN_FLIGHT,
         Component.PIPELINE_INPUTS,

@@ -67,6 +67,9 @@ class Estimate:
     """Every pipeline stage's static memory (its layers, the embedding on the first, the
     output layer on the last); ``static`` is the one of ``device_stage()``. Empty without
     stages."""
+    answered_stage: int | None = None
+    """The pipeline stage of the step's rank where it names one (``last`` or a global
+    rank, ``StepSettings.rank``); None: the busiest (``device_stage``)."""
     ignored_options: tuple[str, ...] = ()
     """The options set on the step that this policy does not price (each a one-line
     reason: ``option: why``), attached by ``cpmem.pricing.registry.price``."""
@@ -101,6 +104,8 @@ class Estimate:
         the first stage holds the embedding, the last the output layer."""
         if not self.stage_statics:
             return 0
+        if self.answered_stage is not None:
+            return self.answered_stage
         return max(
             range(len(self.stage_statics)),
             key=lambda s: self.stage_statics[s].total + self.stage_figure(s, figure),
@@ -112,6 +117,14 @@ class Estimate:
         memory outside PyTorch."""
         activations, static = self.device_required(figure)
         return activations + (0 if static is None else static.total)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The allocator's peak over the step on the answered stage: static memory plus the
+        forward+backward activations where the policy prices backward (else the forward's):
+        what Megatron-LM logs as ``mem-max-allocated-bytes`` from its second step on."""
+        figure = "forward" if self.forward_backward_bytes is None else "forward_backward"
+        return self.whole_device_bytes(figure)
 
     def device_required(self, figure: str = "forward") -> tuple[int, StaticMemory | None]:
         """The activation figure and the static memory of ``device_stage(figure)``: the

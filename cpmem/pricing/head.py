@@ -63,7 +63,7 @@ CHUNK_BACKWARD_BYTES = 5 * FP32
 targets, ``one_hot - probs`` and the fp32 gradient it scales into."""
 VOCAB_DIVISOR = 128
 """Megatron pads the vocabulary to a multiple of 128 x TP (``make_vocab_size_divisible_by``'s
-default) so that every TP rank holds an equal shard."""
+default, ``ModelGeometry.vocab_multiple``) so that every TP rank holds an equal shard."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,9 @@ class HeadBytes:
 
 def vocab_shard(step: Step) -> int:
     """Vocabulary columns of the output layer on one TP rank: ``V/t`` of the vocabulary
-    padded to a multiple of ``VOCAB_DIVISOR x TP``."""
+    padded to a multiple of ``vocab_multiple x TP``."""
     tp = step.plan.layout.tp
-    multiple = VOCAB_DIVISOR * tp
+    multiple = step.geometry.vocab_multiple * tp
     return -(-step.geometry.vocab // multiple) * multiple // tp
 
 
@@ -92,11 +92,39 @@ def head_input_bytes(step: Step, tokens: int) -> int:
     return tokens * h * b + (tokens // s * h * b if s > 1 else 0)
 
 
+def trained_head_bytes(step: Step, tokens: int) -> HeadBytes:
+    """What a trained output layer adds to a frozen one's moments (full-parameter
+    training; 0 for LoRA, whose output layer is megatron's ``LinearWithFrozenWeight`` and
+    saves only its weight): it keeps its input, the final norm's output on the rank's
+    sequence shard, beside the norm's own saved input (``2H/s`` per token: megatron's
+    ``LinearWithGradAccumulationAndAsyncCommunication`` saves the local shard and gathers
+    it again in backward)."""
+    settings = step.settings
+    if settings.training != "full":
+        return HeadBytes()
+    layout = step.plan.layout
+    h, b = step.geometry.hidden, step.dtype_bytes
+    norm = 2 * tokens // sp_divisor(layout.tp, layout.sp) * h * b
+    return HeadBytes(kept=norm, backward=norm)  # backward: a moment, the kept included
+
+
 def head_bytes(step: Step, tokens: int) -> HeadBytes:
     """The head's moments for a rank holding ``tokens`` model tokens."""
     head = step.head
     if head.returns_hidden:
         return HeadBytes()
+    trained = trained_head_bytes(step, tokens)
+    frozen = _frozen_head_bytes(step, tokens)
+    return HeadBytes(
+        kept=frozen.kept + trained.kept,
+        forward=frozen.forward + trained.forward,
+        backward=frozen.backward + trained.backward,
+    )
+
+
+def _frozen_head_bytes(step: Step, tokens: int) -> HeadBytes:
+    """The head's moments with a frozen output layer."""
+    head = step.head
     vt = vocab_shard(step)
     h, b = step.geometry.hidden, step.dtype_bytes
     read = head_input_bytes(step, tokens)

@@ -103,6 +103,7 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
         head=step.head if last else Head("hidden"),
         output_bytes=step.settings.output_bytes if last else 0,
         profiles=None,
+        holds_embedding=pipe.is_first(stage, chunk),
     )
     priced = replace(microbatch, settings=settings)
     if not step.profiles:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.adapters import with_adapters
 from cpmem.pricing.cold import COLD_SETUP
@@ -110,7 +111,24 @@ GLOBAL = ReferenceStructure(tokens=packed_tokens)
 
 
 def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Estimate:
-    """The reference formula with ``structure``'s pieces, named ``name``."""
+    """The reference formula with ``structure``'s pieces, named ``name``: ART's published
+    formula for its LoRA trainer, refused for another runtime or full training (its
+    widths are a frozen base's with LoRA: ``tight`` prices both)."""
+    settings = step.settings
+    if settings.runtime.name != "art":
+        raise InputError(
+            "policy",
+            name,
+            f"is ART's published LoRA formula; the {settings.runtime.name} runtime is priced "
+            "by --policy tight",
+        )
+    if settings.training != "lora":
+        raise InputError(
+            "policy",
+            name,
+            f"is ART's published LoRA formula; --training {settings.training} is priced by "
+            "--policy tight",
+        )
     geometry, plan, rc = step.geometry, step.plan, step.recompute
     layout = plan.layout
     b = step.dtype_bytes
@@ -176,6 +194,8 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
 REFERENCE_IGNORES = {
     "compiled": "the reference's widths are eager's (tight prices torch.compile)",
     "moe_routing": "the reference charges every expert row concentrated (tight prices balanced)",
+    "attention_backend": "the reference's widths are the measured kernels'; tight prices "
+    "flash-attn's copies and the unfused backends' probabilities",
 }
 
 

@@ -14,7 +14,7 @@ from cpmem.pricing.accumulation import price_accumulation
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.pipeline import price_pipeline
-from cpmem.pricing.static import static_memory
+from cpmem.pricing.static import rank_stage, static_memory
 from cpmem.step.step import Step
 
 Policy = Callable[[Step], Estimate]
@@ -45,6 +45,7 @@ SETTABLE: dict[str, Callable[[Step], bool]] = {
     "compiled": lambda s: s.compiled,
     "moe_routing": lambda s: s.moe_routing != "concentrated",
     "profiles": lambda s: bool(s.profiles),
+    "attention_backend": lambda s: s.settings.runtime.attention_backend != "fused",
 }
 """The options a policy may leave unpriced, each with whether a step sets it (away from
 its default)."""
@@ -58,9 +59,11 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"moe_routing: {g.name} has no routed experts")
     if layout.ep > 1 and not g.is_moe:
         out.append(f"ep: {g.name} has no routed experts to shard")
-    if step.cp_comm != "all_gather" and layout.cp == 1:
+    runtime_comm = "p2p" if settings.runtime.name == "megatron-lm" else "all_gather"
+    if step.cp_comm != runtime_comm and layout.cp == 1:
         out.append("cp_comm: cp is 1, attention exchanges nothing")
-    if layout.dp > 1 and not settings.optimizer.distributed:
+    art = settings.runtime.name == "art"
+    if layout.dp > 1 and not settings.optimizer.distributed and art:
         out.append("dp: only the distributed optimizer's shards read it")
     if settings.output_bytes is not None and not step.head.returns_hidden:
         out.append(f"output_bytes: the {step.head.label} head returns no hidden states")
@@ -97,16 +100,18 @@ def price(inputs: Step, policy: str = "reference") -> Estimate:
         est = fn(inputs)
     settings = inputs.settings
     stages = settings.pipeline.pp if settings.pipeline.active else 0
-    statics = tuple(static_memory(settings, stage=s) for s in range(stages))
+    statics = tuple(static_memory(settings, stage=s, step=inputs) for s in range(stages))
+    answered = None if settings.rank == "busiest" else rank_stage(settings)
     if statics:  # the stage where static memory and activations together are largest
         fullest = max(range(stages), key=lambda s: statics[s].total + est.stage_bytes[s])
-        static = statics[fullest]
+        static = statics[fullest if answered is None else answered]
     else:
-        static = static_memory(settings)
+        static = static_memory(settings, step=inputs)
     device = settings.device
     return replace(
         est,
         stage_statics=statics,
+        answered_stage=answered if statics else None,
         ignored_options=ignored_options(inputs, policy),
         static=static,
         device_budget=None if device is None else device_budget(device, static),
@@ -115,3 +120,15 @@ def price(inputs: Step, policy: str = "reference") -> Estimate:
 
 def policy_names() -> list[str]:
     return sorted(POLICIES)
+
+
+def backend_spread(inputs: Step, policy: str = "tight") -> dict[str, int]:
+    """Under an attention backend Transformer Engine chose (``Runtime.backend_spread``):
+    the step's ``peak_bytes`` with each backend another container would pick, the same
+    step otherwise (empty where the backend was named)."""
+    runtime = inputs.settings.runtime
+    out: dict[str, int] = {}
+    for backend in runtime.backend_spread:
+        other = runtime.with_backend(backend, runtime.backend_asked, runtime.backend_spread)
+        out[backend] = price(inputs.with_settings(runtime=other), policy).peak_bytes
+    return out

@@ -16,10 +16,23 @@ how the adapters are trained (``StepSettings.optimizer``), each term named:
   ``megatron/core/optimizer/__init__.py``, ``distrib_optimizer.py`` cuts each buffer into
   ``d = dp x cp`` slices). Megatron-LM's distributed-optimizer guide: 18 B per parameter
   for bf16 parameters with fp32 gradients, ``6 + 12/d`` with the distributed optimizer;
-- ``kernel_workspaces``: what a process keeps once its first step has run (cuBLAS
-  workspaces): 96 MiB, the step every measured process's baseline takes after its first
-  repetition (``WARM_WORKSPACES``); priced on a warm step only, since a cold step's
-  activation figure already holds its kernel set-up (``cold_setup``);
+- the workspaces and buffers a process keeps once its first step has run
+  (``cpmem.pricing.workspaces``: two cuBLAS workspaces, Transformer Engine's, megatron's
+  global buffer), priced on a warm step only, since a cold step's activation figure
+  already holds its kernel set-up (``cold_setup``).
+
+Under ``training="full"`` (Megatron-LM's runs) every parameter is trained:
+
+- ``weights``: the stage's bf16 (fp16, fp32) parameters, in megatron-core's padded buffer
+  under the distributed optimizer (``cpmem.pricing.param_buffers``), as they are otherwise;
+- ``gradient_buffer``: the ``main_grad`` buffer of the same layout (fp32 unless
+  ``Optimizer.grad_bytes`` is 2);
+- ``optimizer_states``: the fp32 master copy (of 2-byte parameters) and the moments of the
+  rank's slice: the whole stage, or the real elements of its slice of every buffer under
+  the distributed optimizer (dense parameters over DP x CP, the routed experts over the
+  expert data-parallel group, the tied output copy in a buffer of its own);
+- ``master_gradients``: where ``main_grad`` is not fp32, the fp32 copy the optimizer
+  makes of it (``main_grad.float()``) and keeps until the next ``zero_grad``.
 
 The measured runtime's baselines (its own rank-8 adapters, trained by megatron's
 optimizer, never stepped, beside the harness's rank-1 slot) are checked against this
@@ -35,25 +48,20 @@ from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
-from cpmem.pricing.weights import rank_weights
-from cpmem.step.step import StepSettings
+from cpmem.pricing.param_buffers import buffer_shard
+from cpmem.pricing.weights import rank_weights, stage_tensors
+from cpmem.pricing.workspaces import workspace_components
+from cpmem.step.ranks import coordinates
+from cpmem.step.step import Step, StepSettings
 from cpmem.step.trainer import Adapter, Optimizer
-from cpmem.units import MIB
 
 ADAPTER_PARAM_BYTES = 2
 """bf16 adapter parameters (the base's dtype)."""
-GRAD_BYTES = 4
-"""fp32 gradients (megatron's ``main_grad``)."""
 MASTER_BYTES = 4
 """The fp32 master copy of a bf16 trainable parameter."""
 MOMENT_BYTES = {"adam": 8, "sgd": 4, "none": 0}
 """The optimizer's fp32 moments per trainable parameter: Adam's two, SGD's momentum
 (Megatron-LM, docs "Distributed Optimizer": master + moments = 12 B for Adam)."""
-WARM_WORKSPACES = 96 * MIB
-"""What a process's allocated bytes gain from its first step and keep: every measured
-process whose first cell recorded both baselines rose by 96 MiB (+1 KiB) between its
-first and second repetition (golden cells: Qwen3.5-27B TP2/TP4/TP8, Qwen3.5-4B TP2,
-Qwen3-1.7B TP2); three cuBLAS workspaces of 32 MiB, PyTorch's Hopper default."""
 
 
 class StaticComponent(StrEnum):
@@ -63,7 +71,14 @@ class StaticComponent(StrEnum):
     ADAPTER_PARAMS = "adapter_params"
     ADAPTER_GRADS = "adapter_grads"
     OPTIMIZER_STATES = "optimizer_states"
-    KERNEL_WORKSPACES = "kernel_workspaces"
+    WEIGHTS = "weights"
+    GRADIENT_BUFFER = "gradient_buffer"
+    MASTER_GRADIENTS = "master_gradients"
+    CUBLAS_WORKSPACES = "cublas_workspaces"
+    TE_CUBLASLT_WORKSPACE = "te_cublaslt_workspace"
+    TE_GROUPED_GEMM_WORKSPACES = "te_grouped_gemm_workspaces"
+    GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
+    PIPELINE_RECEIVED = "pipeline_received"
 
 
 SOURCES: dict[StaticComponent, str] = {
@@ -71,7 +86,14 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.ADAPTER_PARAMS: "LoRA A (r x in) and B (out x r) per adapted projection, bf16",
     StaticComponent.ADAPTER_GRADS: "fp32 main_grad per trainable parameter",
     StaticComponent.OPTIMIZER_STATES: "fp32 master (built with the optimizer) + moments (first step)",
-    StaticComponent.KERNEL_WORKSPACES: "measured: baselines after a process's first step",
+    StaticComponent.WEIGHTS: "trained parameters, megatron-core's DDP buffer layout",
+    StaticComponent.GRADIENT_BUFFER: "main_grad buffer of the parameters' layout",
+    StaticComponent.MASTER_GRADIENTS: "fp32 copy of a 2-byte main_grad at the optimizer step",
+    StaticComponent.CUBLAS_WORKSPACES: "PyTorch cuBLAS workspace per thread (forward, backward)",
+    StaticComponent.TE_CUBLASLT_WORKSPACE: "Transformer Engine's cuBLASLt workspace",
+    StaticComponent.TE_GROUPED_GEMM_WORKSPACES: "TE grouped GEMM's per-stream workspaces",
+    StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
+    StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
 }
 
 
@@ -157,30 +179,164 @@ def _attention_adapters(g: ModelGeometry, tp: int) -> dict[str, int]:
 
 
 def static_memory(
-    settings: StepSettings, *, stepped: bool | None = None, stage: int = 0
+    settings: StepSettings,
+    *,
+    stepped: bool | None = None,
+    stage: int | None = None,
+    step: Step | None = None,
 ) -> StaticMemory:
     """One rank's static bytes for a step run under ``settings``, on pipeline ``stage``
-    (its layers; the embedding on the first, the output layer on the last). ``stepped``:
-    whether an optimizer step has run before it (by default: the step is warm), which
-    decides whether the optimizer's moments exist yet."""
+    (its layers; the embedding on the first, the output layer on the last; default: the
+    settings' rank's stage, the first for ``busiest``). ``stepped``: whether an optimizer
+    step has run before it (by default: the step is warm), which decides whether the
+    optimizer's moments exist yet. ``step``: the step whose tokens size megatron's global
+    buffer (none without it)."""
+    if stage is None:
+        stage = rank_stage(settings)
+    stepped = (not settings.cold) if stepped is None else stepped
+    components: dict[str, int] = {}
+    if settings.training == "full":
+        parts = _full_training(settings, stage, stepped)
+    else:
+        parts = _adapters(settings, stage, stepped)
+    components.update({str(k): v for k, v in parts.items()})
+    components.update(workspace_components(settings, stage, step))
+    received = pipeline_received_bytes(settings, stage, step)
+    if received:
+        components[str(StaticComponent.PIPELINE_RECEIVED)] = received
+    return StaticMemory({k: int(v) for k, v in components.items()})
+
+
+RECEIVED_KEPT = 2
+"""Tensors per model chunk the pipeline leaves between steps: the activation it received
+last, which megatron-core's ``TransformerBlock.set_input_tensor`` keeps as
+``self.input_tensor`` until the next step's first forward sets another, and that
+tensor's ``.grad`` (it is received as a leaf with ``requires_grad=True``,
+``p2p_communication.py``; ``backward_step`` reads ``x.grad`` and sends it). Megatron-LM's
+pipeline recordings hold 8-13 MiB between steps beyond the other tensors under 1F1B
+(two [s, b, h] activations of 4 MiB and the allocator's blocks) and 24-28 MiB
+interleaved over three chunks (six); their peaks hold them too (through the step each
+chunk's block keeps the input it was last set and that input's gradient once its
+backward ran), and Megatron-LM's 7B interleaved run over eight chunks holds 1 GiB
+between steps beyond the rest on the last stage: sixteen 64 MiB activations."""
+
+
+def pipeline_received_bytes(settings: StepSettings, stage: int, step: Step | None) -> int:
+    """What the pipeline leaves between steps on ``stage``: ``RECEIVED_KEPT`` layer inputs
+    of the step's busiest rank per model chunk that receives one (all but the first
+    virtual stage's), in the activations' dtype (the ``[s/cp/(tp under SP), b, h]``
+    tensor megatron sends between stages)."""
+    pipe = settings.pipeline
+    if not pipe.active or step is None or not settings.recompute.keeps_gradients:
+        return 0
+    chunks = sum(1 for c in range(pipe.vpp) if not pipe.is_first(stage, c))
+    layout = step.plan.layout
+    rows = step.plan.busiest_tokens // (layout.tp if layout.sp_active else 1)
+    return RECEIVED_KEPT * chunks * rows * settings.geometry.hidden * settings.dtype_bytes
+
+
+def rank_stage(settings: StepSettings) -> int:
+    """The pipeline stage of the settings' rank (the first for ``busiest``: the caller
+    compares every stage)."""
+    rank = settings.rank
+    if rank == "busiest":
+        return 0
+    if rank == "last":
+        return settings.pipeline.pp - 1
+    layout = settings.layout
+    return coordinates(rank, layout.tp, layout.cp, layout.dp, settings.pipeline.pp).pp
+
+
+def dp_slice(settings: StepSettings, shards: int, experts: bool = False) -> int:
+    """Which of a buffer's ``shards`` slices the settings' rank holds: the first for
+    ``busiest`` (all real elements), the last for ``last``, a global rank's own
+    otherwise: its data-parallel x context-parallel index, or for the routed experts its
+    index in the expert data-parallel group (the expert order is ``tp-ep-dp-pp`` with
+    ETP as its TP)."""
+    rank = settings.rank
+    if rank == "busiest":
+        return 0
+    if rank == "last":
+        return shards - 1
+    layout = settings.layout
+    if experts:
+        return (rank // (layout.etp * layout.ep)) % shards
+    c = coordinates(rank, layout.tp, layout.cp, layout.dp, settings.pipeline.pp)
+    return (c.dp * layout.cp + c.cp) % shards
+
+
+def _stage_layers(settings: StepSettings, stage: int) -> list[int]:
+    pipe = settings.pipeline
+    n = settings.geometry.layers
+    return [i for c in range(pipe.vpp) for i in pipe.chunk_layers(n, stage, c)]
+
+
+def _adapters(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticComponent, int]:
+    """A frozen base with trained adapters."""
     g, layout, opt = settings.geometry, settings.layout, settings.optimizer
     pipe = settings.pipeline
-    layers = [i for c in range(pipe.vpp) for i in pipe.chunk_layers(g.layers, stage, c)]
+    layers = _stage_layers(settings, stage)
     trainable = adapter_parameters(g, settings.adapter, layout, layers)
     trains = opt.kind != "none"
-    stepped = (not settings.cold) if stepped is None else stepped
     states = trainable * (MASTER_BYTES if trains else 0)
     states += trainable * MOMENT_BYTES[opt.kind] if stepped else 0
-    components = {
+    return {
         StaticComponent.BASE_WEIGHTS: rank_weights(
             g, layout, layers, first=stage == 0, last=stage == pipe.pp - 1
         ).total,
         StaticComponent.ADAPTER_PARAMS: trainable * ADAPTER_PARAM_BYTES,
-        StaticComponent.ADAPTER_GRADS: trainable * GRAD_BYTES if trains else 0,
+        StaticComponent.ADAPTER_GRADS: trainable * opt.grad_bytes if trains else 0,
         StaticComponent.OPTIMIZER_STATES: _sharded(states, optimizer_shards(layout), opt),
-        StaticComponent.KERNEL_WORKSPACES: 0 if settings.cold else WARM_WORKSPACES,
     }
-    return StaticMemory({str(k): int(v) for k, v in components.items()})
+
+
+def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticComponent, int]:
+    """Every parameter trained: the buffers megatron-core's DDP and optimizer keep."""
+    g, layout, opt = settings.geometry, settings.layout, settings.optimizer
+    tensors = stage_tensors(
+        g,
+        layout,
+        _stage_layers(settings, stage),
+        first=stage == 0,
+        last=stage == settings.pipeline.pp - 1,
+    )
+    dense = optimizer_shards(layout)
+    groups = [
+        (tensors.dense, dense, False),
+        (tensors.tied_copy, dense, False),
+        (tensors.experts, expert_shards(settings), True),
+    ]
+    padded = optimizer_elements = 0
+    for group, shards, experts in groups:
+        if not group:
+            continue
+        if opt.distributed:
+            shard = buffer_shard(group, shards, dp_slice(settings, shards, experts))
+            padded += shard.numel
+            optimizer_elements += shard.real
+        else:
+            padded += sum(group)
+            optimizer_elements += sum(group)
+    trains = opt.kind != "none"
+    p = settings.dtype_bytes
+    master = MASTER_BYTES * optimizer_elements if trains and p < MASTER_BYTES else 0
+    moments = MOMENT_BYTES[opt.kind] * optimizer_elements if stepped else 0
+    out = {
+        StaticComponent.WEIGHTS: p * padded,
+        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
+        StaticComponent.OPTIMIZER_STATES: master + moments,
+    }
+    if trains and opt.grad_bytes < MASTER_BYTES:
+        out[StaticComponent.MASTER_GRADIENTS] = MASTER_BYTES * optimizer_elements
+    return out
+
+
+def expert_shards(settings: StepSettings) -> int:
+    """The ranks the distributed optimizer shards a routed expert's state over: the
+    expert data-parallel group, world / (ETP x EP x PP) (megatron's expert
+    ``RankGenerator`` folds CP into it; ``intra_expt_dp_group``)."""
+    layout = settings.layout
+    return max(1, settings.world_size // (layout.etp * layout.ep * settings.pipeline.pp))
 
 
 def optimizer_shards(layout: ParallelLayout) -> int:

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
-from cpmem.pricing.head import VOCAB_DIVISOR
 
 WEIGHT_BYTES = 2
 """bf16, the dtype of every measured cell's frozen base."""
@@ -44,14 +44,20 @@ class LayerParameters:
     experts: int
     replicated: int
 
-    def on_rank(self, tp: int, ep: int) -> float:
-        return self.sharded / tp + self.experts / ep + self.replicated
+    def on_rank(self, tp: int, ep: int, etp: int = 1) -> float:
+        return self.sharded / tp + self.experts / (ep * etp) + self.replicated
 
 
 def padded_vocab(geometry: ModelGeometry, tp: int) -> int:
-    """The vocabulary megatron allocates: padded to a multiple of ``128 x TP``."""
-    multiple = VOCAB_DIVISOR * tp
+    """The vocabulary megatron allocates: padded to a multiple of ``vocab_multiple x TP``
+    (``--make-vocab-size-divisible-by``, 128 by default)."""
+    multiple = geometry.vocab_multiple * tp
     return -(-geometry.vocab // multiple) * multiple
+
+
+def norm_parameters(geometry: ModelGeometry, width: int) -> int:
+    """A norm's parameters over ``width``: RMSNorm's weight, LayerNorm's weight and bias."""
+    return 2 * width if geometry.norm == "layernorm" else width
 
 
 def mixer_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
@@ -63,7 +69,8 @@ def mixer_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
     if kind == "attention":
         q_out = g.q_width * (2 if g.attention_output_gate else 1)
         sharded = h * (q_out + 2 * g.kv_width) + g.q_width * h
-        replicated = h + sandwich + (2 * g.head_dim if g.qk_norm else 0)  # norms
+        qk = 2 * norm_parameters(g, g.head_dim) if g.qk_norm else 0
+        replicated = norm_parameters(g, h) + sandwich + qk  # norms
         if g.attention_bias:  # the QKV bias is sharded with its output, proj's is whole
             sharded += q_out + 2 * g.kv_width
             replicated += h
@@ -77,17 +84,26 @@ def mixer_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
     return LayerParameters(sharded, 0, h + g.gdn_value_dim)  # input norm, gated out norm
 
 
+def fc1_width(geometry: ModelGeometry, ffn: int) -> int:
+    """fc1's output width for an MLP of ``ffn``: gate and up (``2F``) where gated, ``F``
+    for a plain GeLU / squared-ReLU MLP."""
+    return 2 * ffn if geometry.gated_mlp else ffn
+
+
 def mlp_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
     """A feed-forward block's parameters, with its pre-MLP norm."""
     g, h = geometry, geometry.hidden
-    norms = h * (2 if g.sandwich_norms else 1)  # pre-MLP norm (and Gemma's post-MLP norm)
+    # pre-MLP norm (and Gemma's post-MLP norm)
+    norms = norm_parameters(g, h) + (h if g.sandwich_norms else 0)
     if kind == "dense":
-        bias = 2 * g.ffn if g.mlp_bias else 0
-        return LayerParameters(3 * h * g.ffn + bias, 0, norms + (h if g.mlp_bias else 0))
-    shared = 3 * h * g.shared_expert_ffn
+        fc1 = fc1_width(g, g.ffn)
+        bias = fc1 if g.mlp_bias else 0
+        return LayerParameters((fc1 + g.ffn) * h + bias, 0, norms + (h if g.mlp_bias else 0))
+    shared = (fc1_width(g, g.shared_expert_ffn) + g.shared_expert_ffn) * h
     # the shared expert's sigmoid gate, H -> 1, replicated (none on DeepSeek-V3's)
     gate = h if g.shared_expert_ffn and g.shared_expert_gate else 0
-    per_expert = 3 * h * g.expert_ffn + (2 * g.expert_ffn + h if g.mlp_bias else 0)
+    fc1 = fc1_width(g, g.expert_ffn)
+    per_expert = (fc1 + g.expert_ffn) * h + (fc1 + h if g.mlp_bias else 0)
     router = h * g.num_experts + (g.num_experts if g.router_bias else 0)
     return LayerParameters(shared, g.num_experts * per_expert, norms + router + gate)
 
@@ -136,28 +152,136 @@ def rank_weights(
     default); ``first`` / ``last``: whether it is the first / last pipeline stage, which
     holds the embedding / the output layer and the final norm (tied embeddings: megatron
     keeps a copy of the embedding on the last stage for the output layer)."""
-    tp, ep = layout.tp, layout.ep
+    tp = layout.tp
     held = tuple(range(geometry.layers) if layers is None else layers)
-    params = _layer_parameters(geometry, tp, ep, held)
+    params = _layer_parameters(geometry, tp, layout.ep, layout.etp, held)
     matrix = padded_vocab(geometry, tp) // tp * geometry.hidden * WEIGHT_BYTES
+    positions = geometry.learned_position_rows * geometry.hidden * WEIGHT_BYTES
     tied = geometry.tied_embeddings
     return Weights(
-        embedding=matrix if first or (last and tied) else 0,
+        embedding=(matrix if first or (last and tied) else 0) + (positions if first else 0),
         output_layer=matrix if last and not tied else 0,
         layers=int(params) * WEIGHT_BYTES,
-        final_norm=geometry.hidden * WEIGHT_BYTES if last else 0,
+        final_norm=norm_parameters(geometry, geometry.hidden) * WEIGHT_BYTES if last else 0,
     )
 
 
 @lru_cache(maxsize=1024)
-def _layer_parameters(geometry: ModelGeometry, tp: int, ep: int, held: tuple[int, ...]) -> float:
+def _layer_parameters(
+    geometry: ModelGeometry, tp: int, ep: int, etp: int, held: tuple[int, ...]
+) -> float:
     """The parameters of the ``held`` layers on one rank (cached: every estimate prices
     its static memory, and a geometry's layers do not change)."""
     params = 0.0
     for i in held:
-        params += mixer_parameters(geometry, geometry.mixers[i]).on_rank(tp, ep)
-        params += mlp_parameters(geometry, geometry.mlps[i]).on_rank(tp, ep)
+        params += mixer_parameters(geometry, geometry.mixers[i]).on_rank(tp, ep, etp)
+        params += mlp_parameters(geometry, geometry.mlps[i]).on_rank(tp, ep, etp)
     return params
+
+
+@dataclass(frozen=True)
+class StageTensors:
+    """One rank's trainable parameters of a pipeline stage, tensor by tensor (elements on
+    the rank), as megatron-core's DDP places them in its buffers: the dense parameters,
+    the tied output copy a later stage holds in a bucket of its own, and the routed
+    experts' (their own expert-parallel buffer)."""
+
+    dense: tuple[int, ...]
+    tied_copy: tuple[int, ...]
+    experts: tuple[int, ...]
+
+
+def layer_tensors(geometry: ModelGeometry, layer: int, tp: int) -> list[int]:
+    """Element counts of layer ``layer``'s dense parameters on one TP rank (every tensor
+    but the routed experts'): the attention's QKV and output projections, the MLP's fc1
+    and fc2 (under MoE the router's ``[E, H]`` weight and the shared experts' MLP), the
+    two input norms, the biases and the q/k norms. Their sum is ``mixer_parameters`` +
+    ``mlp_parameters`` on the rank (a test holds it); the order is what megatron's
+    distributed-optimizer buffer pads tensor by tensor."""
+    g, h = geometry, geometry.hidden
+    if g.mixers[layer] != "attention" or g.is_mla or g.attention_output_gate:
+        raise InputError(
+            "training",
+            "full",
+            f"full-parameter training prices dense or MoE attention layers only "
+            f"({g.name}'s layer {layer} is {g.mixers[layer]}"
+            f"{', latent' if g.is_mla else ''}{', gated' if g.attention_output_gate else ''})",
+        )
+    if g.sandwich_norms or g.attention_sinks:
+        raise InputError(
+            "training", "full", f"full-parameter training does not price {g.name}'s extra norms"
+        )
+    qkv_out = g.q_width + 2 * g.kv_width
+    tensors = [qkv_out * h // tp, h * g.q_width // tp]
+    biases = [qkv_out // tp, h]  # a row-parallel bias is whole
+    widths = [g.ffn] if g.mlps[layer] == "dense" else []
+    if g.mlps[layer] == "moe":
+        tensors.append(g.num_experts * h)
+        if g.router_bias:
+            biases.append(g.num_experts)
+        if g.shared_expert_ffn:
+            widths.append(g.shared_expert_ffn)
+        if g.shared_expert_ffn and g.shared_expert_gate:
+            tensors.append(h)
+    for f in widths:
+        tensors += [fc1_width(g, f) * h // tp, h * f // tp]
+        biases += [fc1_width(g, f) // tp, h]
+    norm = [h, h] if g.norm == "layernorm" else [h]
+    tensors += norm + norm  # the attention's and the MLP's input norms
+    if g.attention_bias:
+        tensors += biases
+    if g.qk_norm:
+        qk = [g.head_dim] * (2 if g.norm == "layernorm" else 1)
+        tensors += qk + qk
+    return tensors
+
+
+def expert_tensors(geometry: ModelGeometry, layer: int, ep: int, etp: int) -> list[int]:
+    """Element counts of layer ``layer``'s routed experts on one rank: ``E / EP`` local
+    experts, each an MLP of ``expert_ffn`` whose linears are split over ETP (megatron's
+    ``SequentialMLP`` and ``TEGroupedMLP`` hold the same elements). Empty for a dense
+    layer."""
+    g, h = geometry, geometry.hidden
+    if g.mlps[layer] != "moe":
+        return []
+    f, fc1 = g.expert_ffn, fc1_width(g, g.expert_ffn)
+    one = [fc1 * h // etp, h * f // etp]
+    if g.mlp_bias:
+        one += [fc1 // etp, h]
+    return one * (g.num_experts // ep)
+
+
+def stage_tensors(
+    geometry: ModelGeometry,
+    layout: ParallelLayout,
+    layers: Sequence[int],
+    *,
+    first: bool,
+    last: bool,
+) -> StageTensors:
+    """The stage's parameters tensor by tensor: its layers', the embedding (and a learned
+    position table) on the first stage, the final norm and the output layer on the last
+    (with tied embeddings on a last stage that is not the first, megatron's copy of the
+    embedding: ``language_module.py``'s ``shared_embedding_or_output_weight``)."""
+    g, h, tp = geometry, geometry.hidden, layout.tp
+    dense: list[int] = []
+    experts: list[int] = []
+    for i in layers:
+        dense += layer_tensors(g, i, tp)
+        experts += expert_tensors(g, i, layout.ep, layout.etp)
+    vocab_shard = padded_vocab(g, tp) // tp * h
+    if first:
+        dense.append(vocab_shard)
+        if g.learned_position_rows:
+            dense.append(g.learned_position_rows * h)
+    tied: list[int] = []
+    if last:
+        dense += [h, h] if g.norm == "layernorm" else [h]
+        if not g.tied_embeddings:
+            dense.append(vocab_shard)
+        elif not first:
+            tied.append(vocab_shard)
+    return StageTensors(tuple(dense), tuple(tied), tuple(experts))
 
 
 def total_parameters(geometry: ModelGeometry) -> int:

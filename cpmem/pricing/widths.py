@@ -37,10 +37,13 @@ def sp_divisor(tp: int, sp: bool) -> int:
     return tp if sp and tp > 1 else 1
 
 
-def common_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
-    """Norm output kept for the LoRA input; under SP the gathered LoRA input too."""
+def common_width(geometry: ModelGeometry, tp: int, sp: bool, lora: bool = True) -> int:
+    """A sub-layer's input norm: its input and its output (``2H/s``), and under SP with
+    LoRA adapters the SP-gathered adapter input the LoRA wrapper keeps (``H``); a trained
+    projection (``lora`` False) saves its own sequence shard and gathers it again in
+    backward (megatron's ``LinearWithGradAccumulationAndAsyncCommunication``)."""
     s = sp_divisor(tp, sp)
-    return 2 * geometry.hidden // s + (geometry.hidden if s > 1 else 0)
+    return 2 * geometry.hidden // s + (geometry.hidden if s > 1 and lora else 0)
 
 
 def sandwich_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:

@@ -4,16 +4,16 @@ whole device under an admission decision, a capacity table (``cpmem estimate``, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cpmem.admission.admission import Decision
 from cpmem.admission.capacity import Capacity, Fit
-from cpmem.megatron.estimate import MegatronEstimate
 from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
 from cpmem.pricing.estimate import Estimate
 from cpmem.reports.tables import table
+from cpmem.step.step import Step
 from cpmem.units import fmt_gib
 
 
@@ -219,36 +219,51 @@ def _gib_rows(components: Mapping[str, int]) -> list[str]:
     return table(None, [["  " + k, f"{fmt_gib(v)} GiB"] for k, v in components.items()], right=(1,))
 
 
-def render_megatron_estimate(est: MegatronEstimate) -> str:
-    """A Megatron-LM run's two figures on its rank, each with its named terms."""
-    run = est.run
-    lines = [
-        f"Megatron-LM run on rank {run.stage_rank(est.stage)} of {run.world_size} "
-        f"({run.rank_asked}; stage {est.stage} of {run.pp}), TP {run.tp} PP {run.pp} "
-        f"CP {run.cp} DP {run.dp}"
-        + (f" VP {run.virtual_chunks}" if run.virtual_chunks > 1 else "")
-        + (
-            f", {run.num_experts} experts: EP {run.ep} ETP {run.etp} expert-DP {run.edp}, "
-            f"{run.routing} routing"
-            if run.moe
-            else ""
+def render_megatron_estimate(
+    est: Estimate, step: Step, spread: Mapping[str, int], ignored: Sequence[str]
+) -> str:
+    """A Megatron-LM run on its answered rank: the step as read, its static memory and
+    its peak over a steady step, each with its named terms."""
+    settings, layout, pipe = step.settings, step.plan.layout, step.settings.pipeline
+    stage = est.device_stage("forward_backward")
+    runtime = settings.runtime
+    world = settings.world_size
+    moe = ""
+    if step.geometry.is_moe:
+        moe = (
+            f", {step.geometry.num_experts} experts: EP {layout.ep} ETP {layout.etp}, "
+            f"{settings.moe_routing} routing"
         )
-        + f", {run.microbatches} micro-batches, {run.device.name}, attention "
-        f"{run.attention_backend}"
-        + (" (auto: the covering backend)" if run.args.attention_backend == "auto" else ""),
-        f"static_bytes {fmt_gib(est.static_bytes)} GiB (allocated between steps)",
+    asked = " (auto: Transformer Engine's pick)" if runtime.backend_asked == "auto" else ""
+    lines = [
+        f"Megatron-LM run, {settings.training} training, {settings.rank} rank (stage {stage} "
+        f"of {pipe.pp}) of {world}: TP {layout.tp} PP {pipe.pp} CP {layout.cp} DP {layout.dp}"
+        + (f" VP {pipe.vpp}" if pipe.vpp > 1 else "")
+        + moe
+        + f", {pipe.microbatches} micro-batches, "
+        f"{settings.device.name if settings.device else 'no device'}, attention "
+        f"{runtime.attention_backend}{asked}; policy {est.policy}",
     ]
-    lines += _gib_rows(est.static_components)
+    static = est.static if not est.stage_statics else est.stage_statics[stage]
+    if static is not None:
+        lines.append(f"static_bytes {fmt_gib(static.total)} GiB (allocated between steps)")
+        lines += _gib_rows(static.components)
+    figure = "forward" if est.forward_backward_bytes is None else "forward_backward"
     lines.append(
-        f"peak_bytes {fmt_gib(est.peak_bytes)} GiB (the allocator's peak over a steady step; "
-        f"{est.in_flight} micro-batch chunk(s) in flight)"
+        f"peak_bytes {fmt_gib(est.peak_bytes)} GiB (the allocator's peak over a steady step: "
+        f"static memory + {fmt_gib(est.stage_figure(stage, figure))} GiB of activations"
+        + (f"; {est.pipeline_op}" if est.pipeline_op else "")
+        + ")"
     )
-    lines += _gib_rows(est.peak_components)
-    if est.spread:
-        spread = ", ".join(f"{k} {fmt_gib(v)} GiB" for k, v in est.spread.items())
-        lines.append(f"backend spread (Transformer Engine picks per container): {spread}")
-    if run.args.ignored:
-        lines.append(f"ignored (no memory cpmem prices): {' '.join(run.args.ignored)}")
+    components = est.forward_backward_components or est.components
+    lines += _gib_rows({k: v for k, v in components.items() if v})
+    if spread:
+        shown = ", ".join(f"{k} {fmt_gib(v)} GiB" for k, v in spread.items())
+        lines.append(f"backend spread (another container's Transformer Engine picks): {shown}")
+    if est.ignored_options:
+        lines.append("not priced by this policy: " + "; ".join(est.ignored_options))
+    if ignored:
+        lines.append(f"ignored (no memory cpmem prices): {' '.join(ignored)}")
     return "\n".join(lines)
 
 

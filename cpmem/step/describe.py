@@ -21,7 +21,15 @@ from cpmem.plan.request import Request
 from cpmem.step.device import Device, resolve_device
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
+from cpmem.step.ranks import RankChoice, parse_rank
 from cpmem.step.recompute import Recompute
+from cpmem.step.runtime import (
+    ATTENTION_BACKENDS,
+    AttentionBackend,
+    Runtime,
+    check_runtime,
+    check_training,
+)
 from cpmem.step.step import STEP_KINDS, MoeRouting, Step, StepKind, StepSettings
 from cpmem.step.trainer import (
     Adapter,
@@ -55,7 +63,7 @@ class SettingsArguments(TypedDict, total=False):
     lora_rank: int
     lora_dropout: float
     lora_targets: str | Sequence[str]
-    cp_comm: str
+    cp_comm: str | None
     dp: int
     optimizer: str
     distributed_optimizer: bool
@@ -67,6 +75,14 @@ class SettingsArguments(TypedDict, total=False):
     stage_layers: Sequence[int] | None
     first_stage_layers: int | None
     last_stage_layers: int | None
+    runtime: str | Runtime
+    training: str
+    rank: RankChoice | str
+    etp: int | None
+    dtype: str
+    grad_bytes: int | None
+    attention_backend: str | None
+    microbatch_group: int | None
 
 
 class StepArguments(SettingsArguments, total=False):
@@ -106,7 +122,7 @@ def describe_settings(
     lora_rank: int = 1,
     lora_dropout: float = 0.0,
     lora_targets: str | Sequence[str] = "all",
-    cp_comm: str = "all_gather",
+    cp_comm: str | None = None,
     dp: int = 1,
     optimizer: str = "adam",
     distributed_optimizer: bool = False,
@@ -118,6 +134,14 @@ def describe_settings(
     stage_layers: Sequence[int] | None = None,
     first_stage_layers: int | None = None,
     last_stage_layers: int | None = None,
+    runtime: str | Runtime = "art",
+    training: str = "lora",
+    rank: RankChoice | str = "busiest",
+    etp: int | None = None,
+    dtype: str = "bf16",
+    grad_bytes: int | None = None,
+    attention_backend: str | None = None,
+    microbatch_group: int | None = None,
 ) -> StepSettings:
     """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
     geometry), the layout (SP defaults to on when TP > 1, as Megatron runs it), the
@@ -136,11 +160,36 @@ def describe_settings(
     preset name, ``cpmem.step.device.DEVICES``) or its ``device_total_bytes``; pipeline
     stages (``pp``, ``vpp`` virtual stages, ``microbatches`` per step, the stages' layers:
     even, megatron's ``first_stage_layers`` / ``last_stage_layers``, or ``stage_layers``
-    per stage or per virtual stage; ``cpmem.step.pipeline``)."""
+    per stage or per virtual stage; the interleaved schedule's ``microbatch_group``;
+    ``cpmem.step.pipeline``); the process (``runtime``:
+    ``art`` or ``megatron-lm``, or a ``Runtime``; ``cpmem.step.runtime``), what it trains
+    (``training``: ``lora`` or ``full``), the ``rank`` answered (``busiest``, ``last`` or a
+    global rank), the experts' tensor parallelism (``etp``; 1 by default), the parameters'
+    ``dtype`` (``bf16``, ``fp16``, ``fp32``) and the gradient buffer's element
+    (``grad_bytes``: fp32 by default, the parameters' own under fp16), and the
+    ``attention_backend`` (``flash``, ``fused``, ``unfused``, ``local``). Where the runtime
+    is Megatron-LM's, ``cp_comm`` defaults to its ``p2p`` (ART's: ``all_gather``)."""
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
-    layout = ParallelLayout(tp=tp, cp=cp, sp=(tp > 1) if sp is None else sp, ep=ep, dp=dp)
+    layout = ParallelLayout(
+        tp=tp,
+        cp=cp,
+        sp=(tp > 1) if sp is None else sp,
+        ep=ep,
+        dp=dp,
+        etp=1 if etp is None else etp,
+    )
     rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
+    process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
+    if attention_backend is not None:
+        process = process.with_backend(
+            check_backend(attention_backend), attention_backend, process.backend_spread
+        )
+    if cp_comm is None:
+        cp_comm = "p2p" if process.name == "megatron-lm" else "all_gather"
+    dtype_bytes = check_dtype(dtype)
+    if grad_bytes is None:
+        grad_bytes = 2 if dtype == "fp16" else 4
     return StepSettings(
         geometry=geometry,
         layout=layout,
@@ -155,7 +204,8 @@ def describe_settings(
         head=Head.parse(head),
         adapter=Adapter(lora_rank, lora_dropout, parse_targets(lora_targets)),
         cp_comm=check_cp_comm(cp_comm),
-        optimizer=Optimizer(check_optimizer(optimizer), distributed_optimizer),
+        dtype_bytes=dtype_bytes,
+        optimizer=Optimizer(check_optimizer(optimizer), distributed_optimizer, grad_bytes),
         device=resolve_device(device, device_total_bytes),
         pipeline=Pipeline(
             pp,
@@ -169,8 +219,34 @@ def describe_settings(
                 last=last_stage_layers,
                 explicit=stage_layers,
             ),
+            microbatch_group,
         ),
+        runtime=process,
+        training=check_training(training),
+        rank=parse_rank(rank),
     )
+
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def check_dtype(dtype: str) -> int:
+    """The bytes of one parameter and activation element of ``dtype``."""
+    if dtype not in DTYPE_BYTES:
+        raise InputError("dtype", dtype, f"must be one of {list(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def check_backend(backend: str) -> AttentionBackend:
+    """An attention backend named explicitly (``auto`` is resolved by the runtime's
+    reader, which knows what Transformer Engine's selection reads)."""
+    if backend not in ATTENTION_BACKENDS:
+        raise InputError("attention_backend", backend, f"must be one of {list(ATTENTION_BACKENDS)}")
+    return backend
+
+
+def _runtime(name: str) -> Runtime:
+    return Runtime.megatron_lm() if name == "megatron-lm" else Runtime.art()
 
 
 def check_step_kind(step: str) -> StepKind:

@@ -23,7 +23,7 @@ class Device:
     source: str = field(default="given", compare=False)
     compute_capability_major: int | None = field(default=None, compare=False)
     """The CUDA compute capability's major version, where the preset knows it: it sizes
-    the kernel workspaces a Megatron-LM run keeps (``cpmem.megatron.static``)."""
+    the kernel workspaces a process keeps (``cpmem.pricing.workspaces``)."""
     compute_capability_minor: int | None = field(default=None, compare=False)
     """The minor version, where the preset knows it: Transformer Engine's attention
     selection tells sm90 from sm89 and sm100 from sm103 (``cpmem.step.attention_backend``)."""

@@ -51,22 +51,37 @@ class Pipeline:
     vpp: int = 1
     microbatches: int = 1
     layers: tuple[int, ...] | None = None
+    group: int | None = None
+    """Interleaved: contiguous micro-batches per virtual stage (megatron's
+    ``--microbatch-group-size-per-virtual-pipeline-stage``; None: ``pp``)."""
 
     def __post_init__(self) -> None:
         require_positive_int("pp", self.pp)
         require_positive_int("vpp", self.vpp)
         require_positive_int("microbatches", self.microbatches)
+        if self.group is not None:
+            require_positive_int("microbatch_group", self.group)
         if self.vpp > 1 and self.pp == 1:
             raise InputError("vpp", self.vpp, "virtual stages need pp > 1")
-        if self.vpp > 1 and self.microbatches % self.pp:
-            # megatron's interleaved schedule refuses a group of micro-batches smaller than
-            # pp, and a last group short of pp (forward_backward_pipelining_with_interleaving)
-            raise InputError(
-                "microbatches",
-                self.microbatches,
-                f"interleaving (vpp {self.vpp}) needs a multiple of pp ({self.pp}), as "
-                "megatron's schedule does",
-            )
+        if self.vpp > 1:
+            # megatron's interleaved schedule refuses a group of micro-batches outside
+            # [pp, M], and a last group shorter than pp
+            # (forward_backward_pipelining_with_interleaving)
+            group, m = self.group_size, self.microbatches
+            if not self.pp <= group <= m:
+                raise InputError(
+                    "microbatches",
+                    m,
+                    f"interleaving (vpp {self.vpp}) runs groups of {group} micro-batches, "
+                    f"which megatron's schedule needs in [pp={self.pp}, M={m}]",
+                )
+            if 0 < m % group < self.pp:
+                raise InputError(
+                    "microbatches",
+                    m,
+                    f"leaves a last group of {m % group} micro-batches, fewer than pp "
+                    f"({self.pp}), which megatron's interleaved schedule refuses",
+                )
         if self.layers is not None:
             if len(self.layers) != self.pp * self.vpp:
                 raise InputError(
@@ -80,6 +95,11 @@ class Pipeline:
     @property
     def active(self) -> bool:
         return self.pp > 1
+
+    @property
+    def group_size(self) -> int:
+        """Contiguous micro-batches per virtual stage of the interleaved schedule."""
+        return self.pp if self.group is None else self.group
 
     @property
     def virtual_stages(self) -> int:
@@ -115,23 +135,24 @@ class Pipeline:
         """``stage``'s forwards and backwards in the order megatron runs them."""
         if not 0 <= stage < self.pp:
             raise InputError("stage", stage, f"must be in [0, {self.pp})")
-        table = schedule_table(self.microbatches, self.vpp, self.pp)
+        table = schedule_table(self.microbatches, self.vpp, self.group_size)
         forwards = [Op("forward", m, c) for m, c in table]
         backwards = [Op("backward", m, self.vpp - 1 - c) for m, c in table]
-        warmup = min(warmup_count(self.pp, stage, self.vpp), len(table))
+        warmup = min(warmup_count(self.pp, stage, self.vpp, self.group_size), len(table))
         order = forwards[:warmup]
         for k in range(len(table) - warmup):
             order += [forwards[warmup + k], backwards[k]]
         return order + backwards[len(table) - warmup :]
 
 
-def warmup_count(pp: int, stage: int, vpp: int) -> int:
-    """Warm-up forwards before the steady 1F1B state (before capping at the total)."""
+def warmup_count(pp: int, stage: int, vpp: int, group: int | None = None) -> int:
+    """Warm-up forwards before the steady 1F1B state (before capping at the total);
+    interleaved: ``(vpp - 1) x group`` on every stage (``group``: pp by default)."""
     if pp == 1:
         return 0
     if vpp == 1:
         return pp - stage - 1
-    return (pp - stage - 1) * 2 + (vpp - 1) * pp
+    return (pp - stage - 1) * 2 + (vpp - 1) * (pp if group is None else group)
 
 
 def schedule_table(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from cpmem.errors import InputError
 
@@ -52,14 +53,35 @@ def _module(value: str) -> Module:
         ) from None
 
 
+FullMethod = Literal["uniform", "block"]
+FULL_METHODS: tuple[FullMethod, ...] = ("uniform", "block")
+
+
 @dataclass(frozen=True)
 class Recompute:
-    """One recompute setting: a mode and, for ``selective``, the checkpointed modules."""
+    """One recompute setting: a mode and, for ``selective``, the checkpointed modules.
+
+    Under ``full``, megatron's ``--recompute-method`` and ``--recompute-num-layers`` ``k``
+    (``transformer_block.py``, ``_checkpointed_forward``): ``uniform`` checkpoints groups
+    of ``k`` consecutive layers (each group keeps its input; backward recomputes a group
+    at a time), ``block`` checkpoints each of the first ``k`` layers of a chunk on its own
+    and runs the rest without recompute. ``uniform`` with ``k = 1`` (the default) keeps
+    every layer's input and recomputes one layer at a time."""
 
     mode: Mode = Mode.SELECTIVE
     modules: tuple[Module, ...] = (Module.CORE_ATTN,)
+    full_method: FullMethod = "uniform"
+    full_layers: int = 1
 
     def __post_init__(self) -> None:
+        if self.full_method not in FULL_METHODS:
+            raise InputError(
+                "recompute_method", self.full_method, f"must be one of {list(FULL_METHODS)}"
+            )
+        if isinstance(self.full_layers, bool) or not isinstance(self.full_layers, int):
+            raise InputError("recompute_num_layers", self.full_layers, "must be an integer")
+        if self.full_layers < 1:
+            raise InputError("recompute_num_layers", self.full_layers, "must be >= 1")
         mode = _mode(self.mode)
         # only a selective recompute names modules; the others take none
         modules = tuple(_module(m) for m in self.modules) if mode is Mode.SELECTIVE else ()
@@ -114,5 +136,25 @@ class Recompute:
         return self.mode is Mode.SELECTIVE and module in self.modules
 
     @property
+    def full_group(self) -> tuple[str, int]:
+        """Under ``full``, (method, layers): ``("uniform", 1)`` is one layer at a time."""
+        return self.full_method, self.full_layers
+
+    def full_kept(self, layers: int) -> tuple[int, int]:
+        """Of ``layers`` consecutive layers (one model chunk) under ``full``: (layers that
+        keep their whole saved set, checkpoints that keep only their input). ``uniform``:
+        none and one per group of ``k``; ``block``: all but the first ``k``, and ``k``."""
+        if self.full_method == "uniform":
+            return 0, -(-layers // self.full_layers)
+        recomputed = min(self.full_layers, layers)
+        return layers - recomputed, recomputed
+
+    def full_recomputed(self, layers: int) -> int:
+        """Layers backward recomputes at once under ``full``: a uniform group, or one."""
+        return min(self.full_layers, layers) if self.full_method == "uniform" else 1
+
+    @property
     def label(self) -> str:
+        if self.mode is Mode.FULL and self.full_group != ("uniform", 1):
+            return f"full({self.full_method}:{self.full_layers})"
         return f"{self.mode}({'+'.join(self.modules)})" if self.modules else str(self.mode)

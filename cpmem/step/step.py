@@ -24,7 +24,9 @@ from cpmem.plan.request import Request
 from cpmem.step.device import Device
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore
+from cpmem.step.ranks import RankChoice, check_rank
 from cpmem.step.recompute import Recompute
+from cpmem.step.runtime import Runtime, Training, check_training
 from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
 
 MoeRouting = Literal["concentrated", "balanced"]
@@ -37,6 +39,10 @@ update, the kernel workspaces its first step left); ``first``: the first step of
 freshly started process (its kernel set-up not yet paid, no optimizer moments yet), as
 every measured cell of the calibration harness ran its first repetition."""
 BF16_BYTES = 2
+MEGATRON_PLANNER = "balanced"
+"""Megatron-LM's CP split: every sequence cut into ``2 x CP`` chunks, rank ``r`` holding
+chunks ``r`` and ``2CP - 1 - r`` (``get_batch_on_this_cp_rank``), so each rank holds
+``s x b / CP`` tokens: the ``balanced`` planner."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,12 @@ class StepSettings:
     calibration harness (``cpmem.step.trainer``); their defaults are the harness.
     ``optimizer`` (with ``layout.dp``) and ``device`` price the whole device: the static
     memory under the activations (``cpmem.pricing.static``) and the budget it leaves
-    (``cpmem.pricing.device_budget``); no activation figure reads them.
+    (``cpmem.pricing.device_budget``); no activation figure reads them. ``runtime`` is the
+    process (``cpmem.step.runtime``: ART's trainer by default, or Megatron-LM's), and
+    ``training`` what it trains (``lora`` adapters, or ``full``: every parameter).
+    ``rank`` is the rank answered: ``busiest`` (the stage and data-parallel rank where
+    static memory and activations together are largest), ``last`` (the last global rank,
+    which Megatron-LM logs) or a global rank in megatron's order (``cpmem.step.ranks``).
     """
 
     geometry: ModelGeometry
@@ -73,9 +84,24 @@ class StepSettings:
     optimizer: Optimizer = Optimizer()
     device: Device | None = None
     pipeline: Pipeline = Pipeline()
+    runtime: Runtime = Runtime()
+    training: Training = "lora"
+    rank: RankChoice = "busiest"
+    holds_embedding: bool = True
+    """Whether the step's first layer is fed by the embedding on this rank (the first
+    virtual pipeline stage's chunk, or a step without stages), which keeps its token ids."""
 
     def __post_init__(self) -> None:
         self.geometry.check_tp(self.layout.tp)
+        check_training(self.training)
+        check_rank(self.rank, self.world_size)
+        if self.training == "full" and self.adapter != Adapter():
+            raise InputError(
+                "lora_rank",
+                self.adapter.label,
+                "adapters are trained under --training lora; --training full trains every "
+                "parameter",
+            )
         if self.pipeline.active:
             self.pipeline.virtual_layers(self.geometry.layers)  # the layers cut as asked
         check_cp_comm(self.cp_comm)
@@ -100,6 +126,12 @@ class StepSettings:
             or self.output_bytes < 0
         ):
             raise InputError("output_bytes", self.output_bytes, "must be an integer >= 0")
+
+    @property
+    def world_size(self) -> int:
+        """The ranks of the run: TP x CP x DP x PP."""
+        layout = self.layout
+        return layout.tp * layout.cp * layout.dp * self.pipeline.pp
 
     @property
     def step_kind(self) -> StepKind:
@@ -132,6 +164,8 @@ class StepSettings:
         where a rank holds less than one attention block)."""
         warnings = self.geometry.check_lengths(request.sequence_lengths, self.allow_long)
         chosen = self.planner if planner is None else planner
+        if chosen is None and self.runtime.name == "megatron-lm":
+            chosen = MEGATRON_PLANNER
         plan = plan_request(request, self.layout, chosen, self.geometry)
         warnings += check_ranks(plan, request.real_tokens)
         if microbatches:

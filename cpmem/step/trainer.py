@@ -16,7 +16,7 @@ from cpmem.errors import InputError
 
 HeadKind = Literal["hidden", "logits", "fused", "chunked", "linear-ce"]
 HEAD_KINDS: tuple[HeadKind, ...] = get_args(HeadKind)
-CpComm = Literal["all_gather", "p2p", "a2a"]
+CpComm = Literal["all_gather", "p2p", "a2a", "a2a+p2p"]
 CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
 OptimizerKind = Literal["adam", "sgd", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
@@ -147,15 +147,20 @@ class Optimizer:
     """How the adapters are trained: ``adam`` (the default), ``sgd`` with momentum, or
     ``none`` (no gradients or states: the measured harness before its first backward).
     ``distributed``: megatron's distributed optimizer shards the fp32 master copy and the
-    states over the data-parallel ranks (``ParallelLayout.dp``)."""
+    states over the data-parallel ranks (``ParallelLayout.dp``). ``grad_bytes``: the
+    element of megatron's gradient buffer (``main_grad``): fp32 by default, 2 where the
+    run reduces gradients in bf16 (``--grad-reduce-in-bf16``) or trains in fp16."""
 
     kind: OptimizerKind = "adam"
     distributed: bool = False
+    grad_bytes: int = 4
 
     def __post_init__(self) -> None:
         check_optimizer(self.kind)
         if not isinstance(self.distributed, bool):
             raise InputError("distributed_optimizer", self.distributed, "must be true or false")
+        if self.grad_bytes not in (2, 4):
+            raise InputError("grad_bytes", self.grad_bytes, "must be 2 or 4")
 
     @property
     def label(self) -> str:

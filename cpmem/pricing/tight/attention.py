@@ -65,33 +65,107 @@ kernel's fp32 log-sum-exp (as on every attention layer; ``widths.mla_core_width`
 the wide ones)."""
 
 
-def core_width(geometry: ModelGeometry, tp: int, eager_none: bool, sp: bool = False) -> int:
+def core_width(
+    geometry: ModelGeometry,
+    tp: int,
+    eager_none: bool,
+    sp: bool = False,
+    runtime_q: int = UNGATED_RUNTIME_Q,
+    backend: str = "fused",
+) -> int:
     """Elements per token one attention layer keeps beyond the common norm/LoRA input.
 
     Gated: the QKV+gate projection output (``2Q + 2KV``; K and V are views of it), the
     roped q and k, the kernel output, and the output gate's fp32 sigmoid and gated output
-    (``GATE_SIGMOID_Q``) -> ``7Q + 3KV``. Ungated: the oracle's CPU flash kernel keeps
-    ``3Q + 3KV``, the measured runtime one more Q (``UNGATED_RUNTIME_Q``) and, where the
-    rank holds more than one query group and a q norm keeps it, the per-group query copy
-    (``UNGATED_GROUP_COPY_Q``). Eager gated attention outside a ``core_attn`` checkpoint
-    also keeps ``EAGER_NONE_GATED`` (``eager_none``). With fewer KV groups than TP ranks
-    the replicated-QKV LoRA path adds the rest of the full-width projection."""
+    (``GATE_SIGMOID_Q``) -> ``7Q + 3KV``. Ungated (``ungated_multiples``): the projection
+    output, the kernel's q and k where rope or a q/k norm makes new ones, its output, the
+    q norm's per-group copy; ``runtime_q`` more Q where the runtime keeps one
+    (``UNGATED_RUNTIME_Q``, ART's measured cells; 0 for Megatron-LM's, ``q_extra``).
+    Eager gated attention outside a ``core_attn`` checkpoint also keeps
+    ``EAGER_NONE_GATED`` (``eager_none``). With fewer KV groups than TP ranks the
+    replicated-QKV LoRA path adds the rest of the full-width projection. The fp32 softmax
+    statistics are priced beside (``softmax_stats_width``)."""
     if geometry.is_mla:  # latent attention: its own saved set (no group copy, no gate)
         return mla_core_width(geometry, tp, sp) + MLA_SMALL_PER_HEAD * geometry.q_heads // tp
     q, kv = geometry.q_width, geometry.kv_width
     gated = geometry.attention_output_gate
     if gated:
-        g = 5 + GATE_SIGMOID_Q
+        qs, kvs = 5 + GATE_SIGMOID_Q, 3
     else:
-        groups_per_rank = geometry.kv_groups // tp if geometry.kv_groups >= tp else 1
-        copy = groups_per_rank > 1 and geometry.qk_norm
-        g = 3 + UNGATED_RUNTIME_Q + (UNGATED_GROUP_COPY_Q if copy else 0)
-    core = (g * q + 3 * kv) // tp
+        qs, kvs = ungated_multiples(geometry, tp, backend)
+        qs += runtime_q
+    core = (qs * q + kvs * kv) // tp
     if gated and eager_none:
         core += EAGER_NONE_GATED * q // tp
     if geometry.kv_groups < tp:  # replicated-QKV LoRA path
         core += ((2 if gated else 1) * q + 2 * kv) * (tp - 1) // tp
     return core
+
+
+def ungated_multiples(geometry: ModelGeometry, tp: int, backend: str = "fused") -> tuple[int, int]:
+    """(Q, KV) multiples an ungated attention layer keeps for backward (megatron-core
+    0.16's ``SelfAttention``), counted as distinct tensors:
+
+    - the QKV projection's output (``Q + 2KV``), kept while anything holds a view of it:
+      a q/k norm's saved input, or the fused (cuDNN) kernel's q, k or v, which it takes
+      as megatron hands them (``sbhd`` views);
+    - the kernel's q (``Q``) and k (``KV``): new tensors where rope or a q/k norm makes
+      them (with rope the norms' outputs are freed: the rope saves only its tables); the
+      query also where megatron's reshape of interleaved groups copies it (GQA with more
+      than one group on the rank) and nothing replaces the copy;
+    - the q norm's saved input where that copy is made (``UNGATED_GROUP_COPY_Q``);
+    - the kernel's output (``Q``, the output projection's input).
+
+    Transformer Engine's flash backend (``FlashAttention``, flash-attn) copies q, k and v
+    to ``bshd`` (``.transpose(0, 1).contiguous()``, ``backends.py``) and saves the copies
+    and its ``bshd`` output, and returns an ``sbhd`` copy of the output
+    (``output.contiguous()``), which the output projection saves: ``Q + 2KV`` for the
+    kernel's inputs, ``2Q`` for the outputs, the originals kept only where a norm holds
+    them. Megatron-LM's recordings: the flash platforms (A100; GB200 deterministic)
+    peak one Q per layer above H100's fused runs of the same arguments at TP 1.
+
+    Rope with q/k norms under fused: ``3Q + 3KV`` + the copy (the rank simulator's Qwen3
+    layers, ART's measured cells); learned positions without norms: ``2Q + 2KV`` fused,
+    ``3Q + 2KV`` flash."""
+    groups_per_rank = geometry.kv_groups // tp if geometry.kv_groups >= tp else 1
+    copies = groups_per_rank > 1 and geometry.q_heads > geometry.kv_groups
+    normed, rope = geometry.qk_norm, geometry.positions == "rope"
+    copy_saved = copies and normed  # the q norm saves the per-group copy as its input
+    if backend == "flash":
+        qkv_held = normed  # a norm's saved input is a view of the projection's output
+        qs = (1 if qkv_held else 0) + 1 + 2  # the projection's Q; q's copy; both outputs
+        kvs = (2 if qkv_held else 0) + 2  # the projection's K and V; k's and v's copies
+    else:
+        qs = 1 + (1 if rope or normed or copies else 0) + 1
+        kvs = 2 + (1 if rope or normed else 0)
+    if copy_saved:
+        qs += UNGATED_GROUP_COPY_Q
+    return qs, kvs
+
+
+def q_extra(step: Step) -> int:
+    """The Q-multiples the step's runtime keeps beyond the structure on an ungated
+    attention layer: ``UNGATED_RUNTIME_Q`` for ART's trainer (its measured cells), none
+    for Megatron-LM (its recordings are covered without it)."""
+    return UNGATED_RUNTIME_Q if step.settings.runtime.name == "art" else 0
+
+
+SOFTMAX_STATS_PER_HEAD = 2
+"""bf16-equivalent elements per query head and token a flash or fused kernel keeps for
+backward: its fp32 log-sum-exp (``softmax_lse``; Transformer Engine's
+``FlashAttention``/``FusedAttention`` save it beside q, k, v and the output)."""
+
+
+def softmax_stats_width(step: Step, tp: int) -> int:
+    """Elements per token of one attention layer's softmax statistics: priced for
+    Megatron-LM's runs (the recordings' 2 per head), within ``tight``'s fitted margin on
+    ART's cells (latent attention holds them in its own set)."""
+    g = step.geometry
+    if g.is_mla or step.settings.runtime.keeps_attention_scores:
+        return 0
+    if step.settings.runtime.name == "art":
+        return 0
+    return SOFTMAX_STATS_PER_HEAD * g.q_heads // tp
 
 
 def gather_freed_width(step: Step, tp: int) -> int:
@@ -187,10 +261,67 @@ def cp_gathered_kv_bytes(step: Step, busiest: int, tokens: int | None = None) ->
 
 
 def rope_table_bytes(step: Step, tokens: int) -> int:
-    """The rope cos/sin tables (``ROPE_TABLES``) at ``tokens``, for a model with attention
-    layers (GDN layers take no rope)."""
+    """The rope cos/sin tables (``ROPE_TABLES``) at ``tokens``, for a model with rotary
+    attention layers (GDN layers take no rope; learned or no positions none)."""
     g = step.geometry
-    if "attention" not in g.mixers:
+    if "attention" not in g.mixers or g.positions != "rope":
         return 0
     rope_dim = g.qk_rope_head_dim if g.is_mla else g.head_dim
     return ROPE_TABLES * rope_dim * tokens * step.dtype_bytes
+
+
+DROPOUT_MASK_BYTES = 1
+"""torch's CUDA ``native_dropout`` returns a bool mask."""
+FP32_BYTES = 4
+
+
+def attention_scores_bytes(step: Step) -> int:
+    """Bytes one unfused attention layer (Transformer Engine's ``UnfusedDotProductAttention``
+    or megatron's local ``DotProductAttention``) keeps for backward of its ``s x s``
+    probabilities, where its core is kept (no ``core_attn`` checkpoint); 0 for the flash
+    and fused kernels.
+
+    Per sequence of ``s`` tokens, ``N = (q_heads / t) x s x s``: the masked softmax's
+    output (``dtype`` bytes each) where the fused masked-softmax kernel runs, else its fp32
+    fallback's fp32 softmax (and, without attention dropout, its cast copy); with
+    attention dropout the dropout's bool mask and its output (the context GEMM's input).
+    Transformer Engine's fused kernel runs where ``16 < s_k < 16384``, ``s_k % 8 == 0``,
+    ``s_q % 4 == 0`` and the batch x heads is a multiple of 4, unless
+    ``NVTE_MASKED_SOFTMAX_FUSION=0`` (TE ``softmax.py``, ``is_kernel_available``); megatron's
+    local one where ``16 < s_k <= 4096`` and the same shapes, unless
+    ``--no-masked-softmax-fusion`` (``fusions/fused_softmax.py``). TE's fallback computes
+    in fp32 always (``softmax_in_fp32=True``); the local one where
+    ``--attention-softmax-in-fp32`` or ``--apply-query-key-layer-scaling``
+    (``Runtime.softmax_in_fp32``)."""
+    runtime = step.settings.runtime
+    rc = step.recompute
+    if not runtime.keeps_attention_scores or step.request is None:
+        return 0
+    if not rc.keeps_saved_sets or rc.checkpoints(Module.CORE_ATTN):
+        return 0
+    g, layout, b = step.geometry, step.plan.layout, step.dtype_bytes
+    lengths = [n // layout.cp for n in step.request.sequence_lengths]
+    heads = g.q_heads // layout.tp
+    dropout = g.attention_dropout > 0
+    total = 0
+    for s in lengths:
+        n = heads * s * s
+        if _fused_softmax(step, s, heads * len(lengths)):
+            softmax = b * n
+        elif runtime.attention_backend == "unfused" or runtime.softmax_in_fp32:
+            softmax = FP32_BYTES * n + (0 if dropout else b * n)
+        else:
+            softmax = b * n
+        total += softmax + ((DROPOUT_MASK_BYTES + b) * n if dropout else 0)
+    return total
+
+
+def _fused_softmax(step: Step, s: int, batch_heads: int) -> bool:
+    """Whether the fused masked-softmax kernel runs for sequences of ``s`` tokens."""
+    runtime = step.settings.runtime
+    shapes = s % 8 == 0 and s % 4 == 0 and batch_heads % 4 == 0
+    if runtime.attention_backend == "local":
+        return runtime.masked_softmax_fusion and 16 < s <= 4096 and shapes
+    if runtime.environment().get("NVTE_MASKED_SOFTMAX_FUSION", "1") == "0":
+        return False
+    return 16 < s < 16384 and shapes

@@ -21,6 +21,8 @@ __all__ = [
     "LOSS_BACKWARD_OUTPUTS",
     "MARGIN",
     "MOE_COMPILED_ROW_FP32_F",
+    "NO_MARGIN",
+    "RUNTIME_MARGINS",
     "SEGMENT_STATES_SPARED",
     "UNGATED_RUNTIME_Q",
     "Margin",
@@ -104,3 +106,13 @@ MARGIN = Margin(
 )
 """Fitted on every measured rank-sample (docs/tight.md); the gate checks that refitting
 reproduces it and cross-validates it by model, shape and recompute mode."""
+
+NO_MARGIN = Margin(
+    forward_factor=1.0, forward_allowance=0, backward_allowance=0, cold_backward_allowance=0
+)
+"""No margin: every term a tensor read from the runtime's source."""
+
+RUNTIME_MARGINS: dict[str, Margin] = {"art": MARGIN, "megatron-lm": NO_MARGIN}
+"""The margin each runtime's steps are priced with: ART's fitted on its measured cells;
+none for Megatron-LM's, whose recordings no constant of ``tight`` was fitted to (the
+gate's Megatron-LM tier holds the unmargined structure to them)."""

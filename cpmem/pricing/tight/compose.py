@@ -48,12 +48,20 @@ def tight_widths(
     layout = step.plan.layout
     tp = layout.tp if tp is None else tp
     sp = layout.sp if sp is None else sp
-    common = common_width(geometry, tp, sp)
+    common = common_width(geometry, tp, sp, lora=step.settings.training == "lora")
     sandwich = sandwich_width(geometry, tp, sp)  # the post-norm's input, outside the cores
+    masks = dropout_mask_width(geometry, tp, sp)  # each sub-layer's residual dropout
     eager_none = not step.compiled and step.recompute.keeps_everything
-    core = attention.core_width(geometry, tp, eager_none, sp) - attention.gather_freed_width(
-        step, tp
+    core = attention.core_width(
+        geometry,
+        tp,
+        eager_none,
+        sp,
+        attention.q_extra(step),
+        step.settings.runtime.attention_backend,
     )
+    core -= attention.gather_freed_width(step, tp)
+    core += attention.softmax_stats_width(step, tp)
     rc = step.recompute
     core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
     core += adapters.extra_width(geometry, step.adapter, tp, "attention", core_kept, sp)
@@ -70,14 +78,28 @@ def tight_widths(
     return TightWidths(
         common=common,
         attention_core=core,
-        attention=common + sandwich + core,
+        attention=common + sandwich + masks + core,
         gdn=gdn_width,
-        mlp=common + sandwich + mlp_core if "dense" in geometry.mlps else 0,
+        mlp=common + sandwich + masks + mlp_core if "dense" in geometry.mlps else 0,
         mlp_core=mlp_core,
         moe=moe_width,
         layer_input=geometry.hidden // sp_divisor(tp, sp),
         tp=tp,
     )
+
+
+DROPOUT_MASK_ELEMENTS = 0.5
+"""A bool dropout mask in bf16 elements (1 B of 2): torch's CUDA ``native_dropout``
+returns a bool mask, which its backward keeps (``aten/src/ATen/native/cuda/Dropout.cu``)."""
+
+
+def dropout_mask_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
+    """Elements per token of one sub-layer's hidden dropout mask (megatron's
+    ``bias_dropout_add`` after the attention and after the MLP, on the rank's sequence
+    shard): ``H/s`` bytes where ``hidden_dropout`` > 0."""
+    if not geometry.hidden_dropout:
+        return 0
+    return int(DROPOUT_MASK_ELEMENTS * geometry.hidden // sp_divisor(tp, sp))
 
 
 def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -257,6 +279,44 @@ def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     return moment
 
 
+EMBEDDING_ID_BYTES = 8
+"""The int64 token id per token the word embedding's lookup saves for its backward
+(``F.embedding`` keeps its indices); the learned position table's lookup saves its
+int64 position ids likewise (megatron's ``LanguageModelEmbedding``)."""
+
+
+def embedding_bytes(step: Step, tokens: int) -> int:
+    """What the embedding keeps until backward on the rank that embeds
+    (``StepSettings.holds_embedding``): the token ids, the learned positions' ids, and
+    the embedding dropout's bool mask on the rank's sequence shard (megatron applies the
+    hidden dropout to the embedding's output after the SP scatter). Megatron-LM's
+    recordings' first stages; within ``tight``'s fitted margin on ART's cells (8 B per
+    token), which are not priced with it."""
+    settings = step.settings
+    if not settings.holds_embedding or settings.runtime.name == "art":
+        return 0
+    g, layout = step.geometry, step.plan.layout
+    ids = EMBEDDING_ID_BYTES * tokens * (2 if g.positions == "learned" else 1)
+    mask = 0
+    if g.hidden_dropout:
+        mask = tokens // sp_divisor(layout.tp, layout.sp) * g.hidden  # bool, 1 B each
+    return ids + mask
+
+
+def dataloader_mask_bytes(step: Step) -> int:
+    """The data loader's ``[b, 1, s, s]`` bool mask (``Runtime.dataloader_attention_mask``,
+    Megatron-LM's ``--create-attention-mask-in-dataloader`` default,
+    ``datasets/gpt_dataset.py``) on a rank that loads data: the first stage (it embeds)
+    and the last (it computes the loss)."""
+    settings = step.settings
+    if not settings.runtime.dataloader_attention_mask or step.request is None:
+        return 0
+    if not (settings.holds_embedding or not step.head.returns_hidden):
+        return 0
+    lengths = step.request.sequence_lengths
+    return len(lengths) * max(lengths) ** 2
+
+
 def cold_setup_bytes(step: Step) -> int:
     """The first forward's kernel set-up where the step is cold."""
     return COLD_SETUP if step.cold else 0
@@ -332,12 +392,24 @@ def structural_terms(
     rope = attention.rope_table_bytes(step, tokens)
     if rope:  # a component only where the model has attention layers
         forward[Component.ROPE_TABLES] = rope
+    embedding = embedding_bytes(step, tokens)
+    if embedding:
+        forward[Component.EMBEDDING] = embedding
+    scores = geometry.attention_layers * attention.attention_scores_bytes(step)
+    if scores:
+        forward[Component.ATTENTION_SCORES] = scores
     gathered_kv = attention.cp_gathered_kv_bytes(step, busiest, tokens)
     if gathered_kv:  # a component only where it applies (CP without core_attn recompute)
         forward[Component.CP_GATHERED_KV] = gathered_kv
     head = head_bytes(step, tokens)
     backward = structure.backward(step, w, tokens)
     forward_backward = {k: v for k, v in forward.items() if k != Component.LAYER_TRANSIENT}
+    # the data loader's mask is held while the micro-batch runs, forward and backward
+    # (Megatron-LM's PP 1 and TP 4 recordings peak 1-3 MiB above the figure without it)
+    mask = dataloader_mask_bytes(step)
+    if mask:
+        forward[Component.DATALOADER_MASK] = mask
+        forward_backward[Component.DATALOADER_MASK] = mask
     fb_moment = max(transient, backward)
     if not step.head.returns_hidden:
         # the head runs once the last layer's transient is freed: the forward peak is the

@@ -16,10 +16,19 @@ input gradient formed as the frozen base's gradient plus the LoRA's, summed
 the recomputed layer's saved sets is 27,657 elements per token = ``3F`` + 9."""
 
 
+PLAIN_MLP_SAVED_F = 2
+"""F-multiples a plain (ungated) MLP keeps: fc1's output, which the GeLU (fused with the
+bias or not: megatron's ``bias_gelu``) or squared ReLU saves, and the activation's output,
+fc2's input (Megatron-LM's GPT recordings: ``2F``)."""
+
+
 def swiglu_saved(geometry: ModelGeometry, compiled: bool) -> int:
     """F-multiples a SwiGLU keeps: 3 fused (input gate‖up and the activation output),
     3 when torch.compile fuses an unfused SwiGLU, 5 for megatron's eager GLU; +2 with
-    an activation clamp (its mask and the clamped copy)."""
+    an activation clamp (its mask and the clamped copy); a plain MLP
+    ``PLAIN_MLP_SAVED_F``."""
+    if not geometry.gated_mlp:
+        return PLAIN_MLP_SAVED_F
     c = 3 if geometry.fused_swiglu or compiled else 5
     if geometry.activation_clamp is not None:
         c += 2

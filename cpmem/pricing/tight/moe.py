@@ -34,6 +34,13 @@ row keeps anyway, so only the shifted ``up + 1`` factor is new. Rank simulator
 ``H + 7·F_e + 2`` per row where the SwiGLU experts keep ``H + 6·F_e + 2``. Compiled, the
 fused kernel keeps the same set as without the clamp."""
 
+MOE_ROW_PLAIN_F = 3
+"""F_e-multiples one routed row of a plain (GeLU) expert MLP keeps beside its H-wide
+input: fc1's output (the activation's input), the activation's output (kept by the
+multiplication with the row's probability) and the weighted product (fc2's input):
+``H + 3·F_e`` (megatron-core 0.16 ``experts.py`` with ``moe_apply_probs_on_input`` off;
+Megatron-LM's MoE recordings)."""
+
 MOE_ROW_COMPILED_F = 3
 """F_e-multiples one routed expert row keeps under torch.compile: the fused
 ``weighted_bias_swiglu`` saved set, the fc1 output (``2F_e``), and the activation output
@@ -103,6 +110,8 @@ def saved_width(
     f = MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F if compiled else MOE_ROW_EAGER_F
     if geometry.activation_clamp is not None and not compiled:
         f += CLAMPED_GLU_ROW_F
+    if not geometry.gated_mlp:
+        f = MOE_ROW_PLAIN_F
     rows = moe_rows_per_token(geometry, ep, routing, tp=tp)
     routed = rows * (h + f * fe + MOE_ROW_SMALL)
     router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s

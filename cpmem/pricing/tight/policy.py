@@ -8,7 +8,7 @@ import math
 from cpmem.pricing.components import Component
 from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.registry import register_policy
-from cpmem.pricing.tight.calibrated import MARGIN, Margin
+from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS, Margin
 from cpmem.pricing.tight.compose import POLICY, Structure, priced_tokens, structural_terms
 from cpmem.step.step import Step
 
@@ -22,12 +22,18 @@ def with_margin(base: dict[str, int], factor: float, allowance: int) -> dict[str
     return out
 
 
+def runtime_margin(step: Step) -> Margin:
+    """The margin the step's runtime is priced with (``calibrated.RUNTIME_MARGINS``)."""
+    return RUNTIME_MARGINS[step.settings.runtime.name]
+
+
 def rank_forward_bytes(
-    step: Step, margin: Margin = MARGIN, structure: Structure = POLICY
+    step: Step, margin: Margin | None = None, structure: Structure = POLICY
 ) -> tuple[int, ...]:
     """Each CP rank's forward estimate at its own model tokens (``Plan.rank_tokens``):
     what it keeps and its one-layer transient follow its own count, what every rank
     pads to the largest count does not. The busiest rank's is the estimate."""
+    margin = runtime_margin(step) if margin is None else margin
     cp = step.plan.layout.cp
     if cp == 1:
         return (_margined_forward(step, margin, structure, None),)
@@ -39,8 +45,12 @@ def _margined_forward(step: Step, margin: Margin, structure: Structure, tokens: 
     return sum(with_margin(forward, margin.forward_factor, margin.forward_allowance).values())
 
 
-def price_tight(step: Step, margin: Margin = MARGIN, structure: Structure = POLICY) -> Estimate:
-    """The forward (admission) and forward+backward estimates of ``step``."""
+def price_tight(
+    step: Step, margin: Margin | None = None, structure: Structure = POLICY
+) -> Estimate:
+    """The forward (admission) and forward+backward estimates of ``step``, with ``margin``
+    (by default its runtime's)."""
+    margin = runtime_margin(step) if margin is None else margin
     forward, forward_backward = structural_terms(step, structure)
     components = with_margin(forward, margin.forward_factor, margin.forward_allowance)
     if step.recompute.keeps_gradients:

@@ -1,4 +1,4 @@
-"""The tiny GPT of Megatron-LM's functional tests, as ``MegatronArgs`` and runs of it.
+"""The tiny GPT of Megatron-LM's functional tests, as ``MegatronArgs`` and steps of it.
 
 ``golden/megatron/cases/gpt/gpt3_mcore_te_tp2_pp2/model_config.yaml`` (and the family's
 other cases): 12 layers, hidden 512, 8 heads, sequence 1024 (1024 learned positions),
@@ -12,7 +12,10 @@ from dataclasses import replace
 from typing import Any
 
 from cpmem.megatron.args import MegatronArgs
-from cpmem.megatron.run import MegatronRun, describe_megatron_run
+from cpmem.megatron.describe import describe_megatron
+from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.registry import price
+from cpmem.step.step import Step
 
 TINY = MegatronArgs(
     num_layers=12,
@@ -31,17 +34,32 @@ def tiny(**changes: Any) -> MegatronArgs:
     return replace(TINY, **changes)
 
 
-def run_of(
+def step_of(
     args: MegatronArgs,
     world_size: int = 8,
     rank: str | int = "last",
     device: str = "h100",
     attention_backend: str | None = None,
-) -> MegatronRun:
-    return describe_megatron_run(
+    **overrides: Any,
+) -> Step:
+    """The step of ``args`` on ``world_size`` GPUs, answered for ``rank``."""
+    return describe_megatron(
         args,
         world_size=world_size,
         rank=rank,
         device=device,
         attention_backend=attention_backend,
+        **overrides,
     )
+
+
+def priced(args: MegatronArgs, **options: Any) -> Estimate:
+    """``step_of`` priced by ``tight`` (the policy every measured runtime checks)."""
+    return price(step_of(args, **options), "tight")
+
+
+def static_of(args: MegatronArgs, **options: Any) -> dict[str, int]:
+    """The named static bytes of the answered rank's stage."""
+    est = priced(args, **options)
+    assert est.static is not None
+    return dict(est.static.components)

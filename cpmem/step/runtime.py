@@ -1,0 +1,145 @@
+"""The process a step runs in, and what is trained: the settings that tell the two measured
+runtimes apart, each settable from either door.
+
+``Runtime`` names the process: ``art`` (ART's LoRA trainer on megatron-core, the
+calibration harness golden/ measured) or ``megatron-lm`` (Megatron-LM's ``pretrain_gpt.py``,
+whose CI recordings golden/megatron/ holds). Each field is one thing that differs between
+them; ``Runtime.art()`` and ``Runtime.megatron_lm()`` give each runtime's defaults, and any
+field can be set for either (``--attention-backend``, ``--cp-comm``...). What a policy takes
+from the name alone is stated where it reads it: ``tight``'s fitted margin and the measured
+runtime's extra query-wide tensor (``cpmem.pricing.tight.calibrated``) are ART's, fitted on
+its cells, and none of Megatron-LM's.
+
+``Training``: ``lora`` trains adapters on a frozen base (the default); ``full`` trains every
+parameter (bf16 weights, fp32 main gradients, the optimizer's fp32 master copy and moments,
+the distributed optimizer's padded buffers), as Megatron-LM's runs do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
+
+from cpmem.errors import InputError
+
+RuntimeName = Literal["art", "megatron-lm"]
+RUNTIMES: tuple[RuntimeName, ...] = get_args(RuntimeName)
+Training = Literal["lora", "full"]
+TRAININGS: tuple[Training, ...] = get_args(Training)
+AttentionBackend = Literal["flash", "fused", "unfused", "local"]
+ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = get_args(AttentionBackend)
+TransformerImpl = Literal["transformer_engine", "local"]
+MoeDispatcher = Literal["alltoall", "allgather"]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The process a step runs in.
+
+    - ``attention_backend``: the core attention kernel priced (``flash`` and ``fused`` keep
+      q, k, v, the output and fp32 softmax statistics; ``unfused`` and ``local`` keep the
+      ``s x s`` probabilities); ``backend_asked`` what the user asked for (``auto``: the
+      backend Transformer Engine's selection picks, ``cpmem.step.attention_backend``), and
+      ``backend_spread`` every backend another container could pick for the same run.
+    - ``transformer_impl``: Transformer Engine's modules or megatron's ``local`` ones.
+    - ``env``: the process's environment variables that size a buffer
+      (``CUBLAS_WORKSPACE_CONFIG``, ``NVTE_*``), as the run states them.
+    - ``deterministic``: Megatron-LM's ``--deterministic-mode``.
+    - ``dataloader_attention_mask``: the data loader builds a ``[b, 1, s, s]`` bool mask per
+      micro-batch (Megatron-LM's default; ``--no-create-attention-mask-in-dataloader``).
+    - ``gradient_accumulation_fusion``: weight gradients accumulated into the fp32 main
+      gradient inside the GEMM (no bf16 weight gradient is made).
+    - ``masked_softmax_fusion``, ``softmax_in_fp32``: the unfused softmax's kernel choice
+      (``--no-masked-softmax-fusion``, ``--attention-softmax-in-fp32``).
+    - ``moe_dispatcher``, ``moe_grouped_gemm``, ``overlap_moe_comm``: the MoE token
+      dispatcher, grouped expert GEMMs, the combined 1F1B schedule's overlap.
+    """
+
+    name: RuntimeName = "art"
+    attention_backend: AttentionBackend = "fused"
+    backend_asked: str = "fused"
+    backend_spread: tuple[AttentionBackend, ...] = ()
+    transformer_impl: TransformerImpl = "transformer_engine"
+    env: tuple[tuple[str, str], ...] = ()
+    deterministic: bool = False
+    dataloader_attention_mask: bool = False
+    gradient_accumulation_fusion: bool = True
+    masked_softmax_fusion: bool = True
+    softmax_in_fp32: bool = False
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    moe_grouped_gemm: bool = False
+    overlap_moe_comm: bool = False
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    """What the runtime's settings assume (shown with the estimate)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in RUNTIMES:
+            raise InputError("runtime", self.name, f"must be one of {list(RUNTIMES)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise InputError(
+                "attention_backend",
+                self.attention_backend,
+                f"must be one of {['auto', *ATTENTION_BACKENDS]}",
+            )
+        if self.transformer_impl not in get_args(TransformerImpl):
+            raise InputError(
+                "transformer_impl",
+                self.transformer_impl,
+                f"must be one of {list(get_args(TransformerImpl))}",
+            )
+        if self.transformer_impl == "local" and self.attention_backend != "local":
+            raise InputError(
+                "attention_backend",
+                self.attention_backend,
+                "the local transformer implementation runs only its own attention (local)",
+            )
+        if self.moe_dispatcher not in get_args(MoeDispatcher):
+            raise InputError(
+                "moe_dispatcher",
+                self.moe_dispatcher,
+                f"must be one of {list(get_args(MoeDispatcher))}",
+            )
+        object.__setattr__(self, "env", tuple(sorted(dict(self.env).items())))
+
+    @classmethod
+    def art(cls) -> Runtime:
+        """ART's LoRA trainer as golden/ measured it: Transformer Engine's attention as it
+        runs on the H200 (compute capability 9.0), where its selection prefers the fused
+        (cuDNN) backend over flash-attn (``cpmem.step.attention_backend``): the measured
+        cells keep the attention's tensors as megatron hands them to the kernel, without
+        flash-attn's ``bshd`` copies; no data-loader mask; PyTorch's default workspaces."""
+        return cls()
+
+    @classmethod
+    def megatron_lm(cls, **settings: object) -> Runtime:
+        """Megatron-LM's ``pretrain_gpt.py`` with its defaults (the data loader's attention
+        mask on), the run's own ``settings`` over them."""
+        base = cls(name="megatron-lm", dataloader_attention_mask=True)
+        return replace(base, **settings)  # type: ignore[arg-type]
+
+    def environment(self) -> Mapping[str, str]:
+        return dict(self.env)
+
+    def with_backend(
+        self, backend: AttentionBackend, asked: str, spread: tuple[AttentionBackend, ...] = ()
+    ) -> Runtime:
+        return replace(self, attention_backend=backend, backend_asked=asked, backend_spread=spread)
+
+    @property
+    def keeps_attention_scores(self) -> bool:
+        """Whether the core attention materialises ``s x s`` probabilities (the unfused
+        backends) rather than running one kernel over blocks (flash, fused)."""
+        return self.attention_backend in ("unfused", "local")
+
+
+def check_training(training: str) -> Training:
+    if training not in TRAININGS:
+        raise InputError("training", training, f"must be one of {list(TRAININGS)}")
+    return training
+
+
+def check_runtime(name: str) -> RuntimeName:
+    if name not in RUNTIMES:
+        raise InputError("runtime", name, f"must be one of {list(RUNTIMES)}")
+    return name
