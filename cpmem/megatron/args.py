@@ -85,7 +85,8 @@ builds [micro-batch, seq-length] samples."""
 
 
 def _shown(flag: str, value: object) -> str:
-    return f"{flag} {'' if value in (None, True) else value}".strip()
+    """The flag as written: a switch alone, else with its value."""
+    return f"{flag} {'' if value is None or value is True else value}".strip()
 
 
 def _text(value: object) -> str:

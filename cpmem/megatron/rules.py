@@ -523,19 +523,19 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
 
 def refusal(problems: list[Problem]) -> InputError:
     """One ``InputError`` on ``megatron_args`` naming every problem: where there is one,
-    its value and reason; else every value, and one line per reason naming the values
-    that share it."""
+    its value and reason; else every value, and each reason once after the values that
+    share it (one line: the gate's report tabulates it)."""
     if len(problems) == 1:
         value, reason = problems[0]
         return InputError("megatron_args", value, reason)
     by_reason: dict[str, list[str]] = {}
     for value, reason in problems:
         by_reason.setdefault(reason, []).append(value)
-    lines = "\n".join(f"  {', '.join(values)}: {reason}" for reason, values in by_reason.items())
+    named = "; ".join(f"{', '.join(values)}: {reason}" for reason, values in by_reason.items())
     return InputError(
         "megatron_args",
         ", ".join(value for value, _ in problems),
-        f"{len(problems)} arguments are refused:\n{lines}",
+        f"{len(problems)} arguments are refused: {named}",
     )
 
 
