@@ -1,9 +1,8 @@
 """The arguments of a Megatron-LM GPT run that cpmem prices: ``MegatronArgs`` (one
-field per argument, argparse's ``dest`` names, Megatron-LM's defaults at the snapshot
-with their source lines) and ``PRICED`` (each priced flag string and the field it sets).
-
-A field read only by the combination rules is priced as well: its figure is the
-default's where the pricing does not distinguish it (the comment says so).
+field per argument, named as argparse's ``dest``, with Megatron-LM's default at the
+snapshot and its source line) and ``PRICED`` (each priced flag string and the field it
+sets). The pipeline's split of the layers (``layout.py``) and the vocabulary
+(``vocab.py``) are derived from these fields; the pricing reads them there.
 """
 
 from __future__ import annotations
@@ -28,7 +27,9 @@ class MegatronArgs:
     ffn_hidden_size: int | None = None  # None: 4h, or 8h/3 rounded down to 64 with swiglu
     kv_channels: int | None = None  # None: hidden / heads
     group_query_attention: bool = False
-    num_query_groups: int | None = None  # None: the attention heads (MHA)
+    # None: the attention heads (MHA); 1 under --group-query-attention without
+    # --num-query-groups (transformer_config.py:175, read by args.py)
+    num_query_groups: int | None = None
     swiglu: bool = False
     squared_relu: bool = False
     normalization: str = "LayerNorm"  # transformer_config.py:256

@@ -29,8 +29,8 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--otel-service-name --otel-span-groups --log-straggler --straggler-ctrlr-port "
         "--straggler-minmax-count --disable-straggler-on-startup --run-workload-inspector-server "
         "--no-one-logger --one-logger-project --one-logger-run-name --one-logger-async "
-        "--app-tag-run-name --app-tag-run-version --moe-per-layer-logging --config-logger-dir "
-        "--check-for-large-grads --check-for-spiky-loss --enable-experimental",
+        "--app-tag-run-name --app-tag-run-version --moe-per-layer-logging "
+        "--check-for-large-grads --check-for-spiky-loss",
     ),
     (
         "profiling: host-side traces, NVTX ranges and the allocator's history "
@@ -103,7 +103,7 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "(values, not tensors: the same parameters and states)",
         "--seed --data-parallel-random-init --init-method-xavier-uniform --adam-beta1 --adam-beta2 --adam-eps --init-method-std --embedding-init-method-std "
         "--loss-scale --initial-loss-scale --min-loss-scale --loss-scale-window --hysteresis "
-        "--norm-epsilon --rotary-base --no-initialization --disable-jit-fuser "
+        "--norm-epsilon --rotary-base --no-initialization "
         "--disable-bf16-reduced-precision-matmul",
     ),
     (

@@ -126,6 +126,21 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--mlp-chunks-for-training",
     ),
     (
+        UNPRICED + "the fused elementwise functions run eagerly (core/jit.py:27-30: their "
+        "intermediates saved for backward)",
+        "--disable-jit-fuser",
+    ),
+    (
+        UNPRICED + "the model's configs, inputs and logits dumped to files every forward "
+        "(config_logger.py, gpt_model.py:833)",
+        "--config-logger-dir",
+    ),
+    (
+        UNPRICED + "experimental code paths (the dispatchers' fused permutation, "
+        "token_dispatcher.py:651, 1415-1425)",
+        "--enable-experimental",
+    ),
+    (
         UNPRICED + "the pipeline's layers placed by a layout string (stages of any length, "
         "embedding and loss stages)",
         "--pipeline-model-parallel-layout",
