@@ -19,12 +19,16 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import (
     FIELD_NAMES,
     IGNORED,
+    IGNORED_REASONS,
     PRICED,
     REFUSED,
     MegatronArgs,
     parse_megatron_args,
     read_megatron_args,
 )
+from cpmem.megatron.ignored import IGNORED_GROUPS
+from cpmem.megatron.refused import REFUSED_GROUPS
+from cpmem.megatron.snapshot import arguments as snapshot_arguments
 from megatron_lm.tiny import run_of
 
 GOLDEN_CASES = Path(__file__).resolve().parents[3] / "golden" / "megatron" / "cases"
@@ -123,8 +127,10 @@ def test_a_switch_followed_by_a_value_in_a_flags_file_is_refused(tmp_path: Path)
     path.write_text("--num-layers 12 --bf16 stray", encoding="utf-8")
     with pytest.raises(InputError) as err:
         read_megatron_args(path)
-    assert (err.value.field, err.value.value) == ("megatron_args", "--bf16 stray")
-    assert "is a switch" in err.value.reason
+    # named with the required flags the file lacks, in one refusal
+    assert err.value.field == "megatron_args"
+    assert str(err.value.value).startswith("--bf16 stray, --hidden-size")
+    assert ": --bf16 stray: is a switch" in err.value.reason
 
 
 def test_a_yaml_file_without_model_args_or_unreadable_is_refused(tmp_path: Path) -> None:
@@ -174,9 +180,14 @@ def test_recompute_activations_wins_whatever_the_flag_order() -> None:
         **REQUIRED,
         "--recompute-activations": True,
         "--recompute-granularity": "full",
-        "--recompute-method": "uniform",
     }
     assert parse_megatron_args(flags).recompute_granularity == "selective"
+    # a method beside it is then selective recompute's, which Megatron-LM rejects
+    # (arguments.py:1425-1428)
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**flags, "--recompute-method": "uniform"})
+    assert err.value.value == "--recompute-method uniform"
+    assert "not yet supported for selective" in err.value.reason
 
 
 # --- Megatron-LM's defaults -------------------------------------------------------------
@@ -220,6 +231,7 @@ def test_an_argument_not_given_takes_megatron_lms_default(
         ("--fp8-format", "hybrid"),
         ("--moe-expert-capacity-factor", 1.5),
         ("--recompute-modules", "core_attn"),
+        ("--num-distributed-optimizer-instances", 2),
     ],
 )
 def test_a_refused_flag_is_named_in_the_error(flag: str, value: object) -> None:
@@ -229,23 +241,114 @@ def test_a_refused_flag_is_named_in_the_error(flag: str, value: object) -> None:
     assert err.value.field == "megatron_args"
     assert err.value.value == f"{flag} {value}"
     assert REFUSED[flag] in err.value.reason
+    assert "changes memory cpmem does not price" in err.value.reason
 
 
 def test_a_refused_switch_is_named_without_a_value() -> None:
     with pytest.raises(InputError) as err:
+        parse_megatron_args({**REQUIRED, "--fp32-residual-connection": True})
+    assert (err.value.field, err.value.value) == ("megatron_args", "--fp32-residual-connection")
+
+
+def test_a_flag_the_snapshots_parser_lacks_is_refused() -> None:
+    # --fp8 is not an argument at the snapshot (--fp8-format is); argparse rejects it
+    assert "--fp8" not in snapshot_arguments() and "--fp8-format" in snapshot_arguments()
+    with pytest.raises(InputError) as err:
         parse_megatron_args({**REQUIRED, "--fp8": True})
     assert (err.value.field, err.value.value) == ("megatron_args", "--fp8")
+    assert "is not an argument of Megatron-LM's pretrain_gpt.py at d98e8a64" in err.value.reason
 
 
-def test_an_unknown_flag_is_refused() -> None:
-    flag = "--accumulate-allreduce-grads-in-fp32"  # a real Megatron-LM flag cpmem lacks
-    assert flag not in PRICED and flag not in IGNORED and flag not in REFUSED
+def test_a_refusal_names_every_unknown_and_refused_flag_at_once() -> None:
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, flag: True})
-    assert (err.value.field, err.value.value) == ("megatron_args", flag)
-    assert "not an argument cpmem knows" in err.value.reason
-    with pytest.raises(InputError):
-        parse_megatron_args({**REQUIRED, "--no-such-flag": 3})
+        parse_megatron_args(
+            {
+                **REQUIRED,
+                "--no-such-flag": 3,
+                "--log-interval": 1,  # ignored: not named
+                "--another-unknown": True,
+                "--fp8-format": "e4m3",
+            }
+        )
+    assert err.value.field == "megatron_args"
+    assert err.value.value == "--no-such-flag 3, --another-unknown, --fp8-format e4m3"
+    reason = err.value.reason
+    assert reason.startswith("3 arguments are refused: ")
+    # the two unknown flags share a reason: it is said once, after both
+    assert ": --no-such-flag 3, --another-unknown: is not an argument" in reason
+    assert reason.count("is not an argument") == 1
+    assert f"; --fp8-format e4m3: {REFUSED['--fp8-format']}" in reason
+    assert "--log-interval" not in reason
+
+
+def test_a_refusal_names_the_broken_rules_beside_the_refused_flags() -> None:
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**REQUIRED, "--fp8-format": "e4m3", "--bf16": True, "--fp16": True})
+    assert str(err.value.value) == "--fp8-format e4m3, --bf16 --fp16"
+    assert "name two parameter dtypes" in err.value.reason
+
+
+def test_a_missing_required_flag_is_named_with_the_others() -> None:
+    flags = {k: v for k, v in REQUIRED.items() if k not in ("--num-layers", "--seq-length")}
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**flags, "--no-such-flag": 1})
+    assert str(err.value.value) == "--no-such-flag 1, --num-layers, --seq-length"
+    assert "is required (Megatron-LM has no default for it)" in err.value.reason
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        # refused as unknown before every flag was classified; each changes no device
+        # tensor of the logged steps (ignored.py names why)
+        ("--mock-data", True),
+        ("--tiktoken-pattern", "v2"),
+        ("--train-samples", 1000),
+        ("--lr-warmup-iters", 10),
+        ("--num-workers", 8),
+        ("--profile", True),
+        ("--no-load-optim", True),
+        ("--tokenizer-model", "/data/tokenizer.model"),
+    ],
+)
+def test_harmless_flags_are_ignored(flag: str, value: object) -> None:
+    assert flag in IGNORED and flag in IGNORED_REASONS
+    args = parse_megatron_args({**REQUIRED, flag: value})
+    assert args.ignored == (flag,)
+    assert args == parse_megatron_args(REQUIRED)
+
+
+def test_a_refused_flag_at_its_snapshot_default_is_read_as_absent() -> None:
+    # --moe-token-drop-policy: Literal['probs', 'position'] = 'probs' (its snapshot row)
+    assert snapshot_arguments()["--moe-token-drop-policy"].default == "probs"
+    args = parse_megatron_args({**REQUIRED, "--moe-token-drop-policy": "probs"})
+    assert args.ignored == ("--moe-token-drop-policy",)
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**REQUIRED, "--moe-token-drop-policy": "position"})
+    assert err.value.value == "--moe-token-drop-policy position"
+
+
+def test_a_refused_flag_at_a_harmless_value_is_read_as_absent() -> None:
+    assert parse_megatron_args({**REQUIRED, "--optimizer": "adam"}).ignored == ("--optimizer",)
+    assert parse_megatron_args({**REQUIRED, "--rerun-mode": "disabled"}).ignored == (
+        "--rerun-mode",
+    )
+    for flag, value in (("--optimizer", "sgd"), ("--rerun-mode", "report_determinism_stats")):
+        with pytest.raises(InputError) as err:
+            parse_megatron_args({**REQUIRED, flag: value})
+        assert err.value.value == f"{flag} {value}"
+
+
+def test_an_inference_or_rl_test_case_is_refused_by_its_mode(tmp_path: Path) -> None:
+    for mode in ("inference", "rl"):
+        path = _write_yaml(tmp_path, {**REQUIRED, "--temperature": 1.0})
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc["MODE"] = mode
+        path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        with pytest.raises(InputError) as err:
+            read_megatron_args(path)
+        assert err.value.value == f"MODE: {mode}"
+        assert "not a pretrain_gpt.py training run" in err.value.reason
 
 
 def test_ignored_flags_land_in_ignored_and_change_nothing_priced() -> None:
@@ -318,28 +421,205 @@ def test_the_tables_are_disjoint_and_every_priced_field_exists() -> None:
     assert {name for name, _ in PRICED.values()} <= FIELD_NAMES
 
 
-def test_every_flag_of_every_gpt_case_is_in_exactly_one_table() -> None:
-    configs = sorted(GOLDEN_CASES.glob("gpt/*/model_config.yaml"))
-    assert len(configs) > 100
-    seen: set[str] = set()
-    for path in configs:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-        seen.update(str(flag) for flag in doc["MODEL_ARGS"])
+def test_every_snapshot_flag_is_in_exactly_one_table_and_every_entry_is_a_flag() -> None:
+    snapshot = set(snapshot_arguments())
+    assert len(snapshot) > 800  # the file was read whole (every group of the parser)
+    tables = {"priced": set(PRICED), "ignored": set(IGNORED), "refused": set(REFUSED)}
     misplaced = {
-        flag: [flag in PRICED, flag in IGNORED, flag in REFUSED]
-        for flag in seen
-        if (flag in PRICED) + (flag in IGNORED) + (flag in REFUSED) != 1
+        flag: [name for name, table in tables.items() if flag in table]
+        for flag in snapshot
+        if sum(flag in table for table in tables.values()) != 1
     }
     assert misplaced == {}
-    assert len(seen) > 100
+    assert set().union(*tables.values()) - snapshot == set()
 
 
-def test_every_gpt_case_is_read_or_refused_by_a_refused_flag() -> None:
-    """No case stops on an unknown flag: each is priced or refused with REFUSED's reason."""
+def test_no_flag_is_named_by_two_groups() -> None:
+    named = [f for _, flags in IGNORED_GROUPS + REFUSED_GROUPS for f in flags.split()]
+    assert len(named) == len(set(named))
+    assert all(reason.strip() for reason, _ in IGNORED_GROUPS + REFUSED_GROUPS)
+
+
+def test_every_refusal_says_how_memory_changes_whose_argument_it_is_or_that_megatron_rejects_it() -> (
+    None
+):
+    kinds = (
+        "changes memory cpmem does not price: ",
+        "Megatron-LM rejects it: ",
+        "is an argument of ",
+    )
+    assert all(reason.startswith(kinds) for reason in REFUSED.values())
+
+
+def test_a_priced_switch_is_the_snapshots_switch_and_a_priced_value_its_valued_flag() -> None:
+    """The kinds of PRICED agree with argparse's actions in the snapshot: "bool" a
+    store_true flag, "not" a store_false one, every other kind a flag with a value; the
+    field is the flag's dest (an alias names the dest validate_args copies it into)."""
+    aliases = {
+        "--encoder-num-layers": "num_layers",
+        "--encoder-seq-length": "seq_length",
+        # the field is named after its flag; argparse's dest is microbatch_group_size_per_
+        # vp_stage (ModelParallelConfig's field)
+        "--microbatch-group-size-per-virtual-pipeline-stage": (
+            "microbatch_group_size_per_virtual_pipeline_stage"
+        ),
+    }
+    for flag, (name, kind) in PRICED.items():
+        arg = snapshot_arguments()[flag]
+        expected = {"bool": "store_true", "not": "store_false", "selective": "store_true"}
+        assert arg.action == expected.get(kind, "store"), flag
+        if flag == "--recompute-activations":
+            continue  # validate_args turns it into recompute_granularity (arguments.py:607)
+        assert aliases.get(flag, arg.dest) == name, flag
+
+
+def test_every_gpt_and_moe_case_is_read_or_refused_by_classified_flags_and_rules() -> None:
+    """No case of golden/megatron/cases stops on a flag the snapshot's parser lacks:
+    each is priced, or refused with the tables' and rules' reasons."""
     refused: dict[str, str] = {}
-    for path in sorted(GOLDEN_CASES.glob("gpt/*/model_config.yaml")):
+    read = 0
+    for path in sorted(GOLDEN_CASES.glob("*/*/model_config.yaml")):
         try:
             read_megatron_args(path)
+            read += 1
         except InputError as exc:
-            refused[path.parent.name] = str(exc.value).split()[0]
-    assert refused and set(refused.values()) <= set(REFUSED)
+            refused[path.parent.name] = exc.reason
+    assert read > 100 and refused
+    assert not [name for name, why in refused.items() if "is not an argument" in why]
+
+
+# --- the fields a run's layout and vocabulary add ---------------------------------------
+
+
+def test_the_pipeline_layout_flags_set_their_fields() -> None:
+    args = _parse(
+        pipeline_model_parallel_size=4,
+        num_layers=16,
+        num_virtual_stages_per_pipeline_rank=2,
+        decoder_first_pipeline_num_layers=2,
+        decoder_last_pipeline_num_layers=2,
+    )
+    assert args.num_virtual_stages_per_pipeline_rank == 2
+    assert (args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers) == (
+        2,
+        2,
+    )
+    accounted = _parse(
+        pipeline_model_parallel_size=2,
+        num_layers=14,
+        account_for_embedding_in_pipeline_split=True,
+        account_for_loss_in_pipeline_split=True,
+    )
+    assert accounted.account_for_embedding_in_pipeline_split is True
+    assert accounted.account_for_loss_in_pipeline_split is True
+    # arguments.py:3095-3116 and transformer_config.py:137-141: None / False
+    plain = _parse()
+    assert plain.num_virtual_stages_per_pipeline_rank is None
+    assert plain.decoder_first_pipeline_num_layers is None
+    assert plain.account_for_embedding_in_pipeline_split is False
+
+
+def test_no_pad_vocab_size_turns_the_padding_off_under_either_name() -> None:
+    # training_config.py:686: pad_vocab_size: bool = True -> --no-/--disable-pad-vocab-size
+    assert _parse().pad_vocab_size is True
+    assert _parse(no_pad_vocab_size=True, vocab_size=32000).pad_vocab_size is False
+    assert _parse(disable_pad_vocab_size=True, vocab_size=32000).pad_vocab_size is False
+
+
+def test_encoder_num_layers_and_seq_length_are_read_as_num_layers_and_seq_length() -> None:
+    # arguments.py:1308-1311, 1349-1351: taken where --num-layers / --seq-length are not
+    flags = {k: v for k, v in REQUIRED.items() if k not in ("--num-layers", "--seq-length")}
+    args = parse_megatron_args({**flags, "--encoder-num-layers": 6, "--encoder-seq-length": 512})
+    assert (args.num_layers, args.seq_length) == (6, 512)
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**REQUIRED, "--encoder-num-layers": 6})
+    assert err.value.value == "--num-layers --encoder-num-layers"
+
+
+def test_zero_experts_is_a_dense_model_and_gqa_without_groups_has_one() -> None:
+    # arguments.py:1648-1649: num_experts 0 -> None
+    assert _parse(num_experts=0).num_experts is None
+    # transformer_config.py:175: num_query_groups: int = 1, passed under GQA
+    assert _parse(group_query_attention=True).num_query_groups == 1
+    assert _parse(group_query_attention=True, num_query_groups=4).num_query_groups == 4
+
+
+def test_a_yaml_list_or_bracketed_text_is_read_as_the_launcher_passes_it() -> None:
+    # _run_training.sh:141-145 strips [ ] and passes the items separated by spaces
+    for value in (["p2p"], "[p2p]"):
+        assert _parse(cp_comm_type=value).cp_comm_type == "p2p"
+    args = _parse(hierarchical_context_parallel_sizes=[2, 2], context_parallel_size=4)
+    assert args.flag_values["--hierarchical-context-parallel-sizes"] == "2 2"
+
+
+# --- other model families ----------------------------------------------------------------
+
+# tests/functional_tests/test_cases/bert/bert_mcore_tp2_pp2/model_config.yaml at the
+# snapshot (its model and vocabulary arguments; the rest logging and schedule)
+BERT_CASE = {
+    "--num-layers": 24,
+    "--hidden-size": 1024,
+    "--num-attention-heads": 16,
+    "--micro-batch-size": 4,
+    "--global-batch-size": 128,
+    "--seq-length": 512,
+    "--max-position-embeddings": 512,
+    "--data-path": "${DATA_PATH}/text/common_pile/v01_filtered_data/my-bert_00_text_sentence",
+    "--vocab-file": "${DATA_PATH}/text/common_pile/v01_filtered_data/vocab.txt",
+    "--split": "949,50,1",
+    "--tensor-model-parallel-size": 2,
+    "--pipeline-model-parallel-size": 2,
+    "--bf16": True,
+    "--attention-backend": "unfused",
+}
+# tests/functional_tests/test_cases/t5/t5_mcore_te_tp2_pp1_vp1/model_config.yaml
+T5_CASE = {
+    "--encoder-num-layers": 12,
+    "--decoder-num-layers": 12,
+    "--hidden-size": 768,
+    "--num-attention-heads": 12,
+    "--kv-channels": 64,
+    "--ffn-hidden-size": 3072,
+    "--encoder-seq-length": 512,
+    "--decoder-seq-length": 128,
+    "--max-position-embeddings": 512,
+    "--tensor-model-parallel-size": 2,
+    "--micro-batch-size": 4,
+    "--global-batch-size": 32,
+    "--bf16": True,
+    "--vocab-extra-ids": 100,
+    "--vocab-file": "${DATA_PATH}/text/common_pile/v01_filtered_data/bert-large-cased-vocab.txt",
+    "--tokenizer-type": "BertWordPieceCase",
+    "--attention-backend": "unfused",
+}
+
+
+def test_a_bert_case_is_refused_as_bert(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as err:
+        read_megatron_args(_write_yaml(tmp_path, BERT_CASE))
+    assert "BERT" in err.value.reason and "--vocab-file without --merge-file" in err.value.value
+    # the release cases also give --bert-no-binary-head (bert/bert_release)
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**BERT_CASE, "--bert-no-binary-head": True})
+    assert "is an argument of BERT" in err.value.reason
+    # the same run with GPT-2's merge file beside the vocabulary is a GPT run
+    gpt = parse_megatron_args({**BERT_CASE, "--merge-file": "merges.txt"})
+    assert gpt.num_layers == 24
+
+
+def test_a_t5_case_is_refused_as_t5(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as err:
+        read_megatron_args(_write_yaml(tmp_path, T5_CASE))
+    assert "--decoder-num-layers 12" in str(err.value.value)
+    assert "T5" in err.value.reason
+
+
+def test_a_hybrid_model_is_refused_by_name() -> None:
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**REQUIRED, "--hybrid-layer-pattern": "M-M-"})
+    assert "hybrid (Mamba) models" in err.value.reason
+
+
+def test_a_moe_gpt_is_read() -> None:
+    args = parse_megatron_args({**REQUIRED, "--num-experts": 8, "--moe-router-topk": 2})
+    assert args.num_experts == 8

@@ -1,0 +1,195 @@
+"""The arguments of a Megatron-LM GPT run that cpmem prices: ``MegatronArgs`` (one
+field per argument, named as argparse's ``dest``, with Megatron-LM's default at the
+snapshot and its source line) and ``PRICED`` (each priced flag string and the field it
+sets). The pipeline's split of the layers (``layout.py``) and the vocabulary
+(``vocab.py``) are derived from these fields; the pricing reads them there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+ArgValue = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class MegatronArgs:
+    """The arguments of one Megatron-LM GPT run that cpmem prices (argparse names)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int | None = None  # None: micro_batch_size x DP (arguments.py)
+    max_position_embeddings: int | None = None  # required (arguments.py, required_args)
+    ffn_hidden_size: int | None = None  # None: 4h, or 8h/3 rounded down to 64 with swiglu
+    kv_channels: int | None = None  # None: hidden / heads
+    group_query_attention: bool = False
+    # None: the attention heads (MHA); 1 under --group-query-attention without
+    # --num-query-groups (transformer_config.py:175, read by args.py)
+    num_query_groups: int | None = None
+    swiglu: bool = False
+    squared_relu: bool = False
+    normalization: str = "LayerNorm"  # transformer_config.py:256
+    add_bias_linear: bool = True  # transformer_config.py:212 (--disable-bias-linear)
+    qk_layernorm: bool = False
+    position_embedding_type: str = "learned_absolute"  # arguments.py:2397
+    vocab_size: int | None = None
+    tokenizer_type: str | None = None
+    make_vocab_size_divisible_by: int = 128  # arguments.py:2441
+    untie_embeddings_and_output_weights: bool = False  # arguments.py:2460
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    cp_comm_type: str = "p2p"  # model_parallel_config.py
+    sequence_parallel: bool = False
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    microbatch_group_size_per_virtual_pipeline_stage: int | None = None  # None: PP
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    overlap_param_gather_with_optimizer_step: bool = False
+    bf16: bool = False
+    fp16: bool = False
+    grad_reduce_in_bf16: bool = False
+    hidden_dropout: float = 0.1  # transformer_config.py:188
+    attention_dropout: float = 0.1  # transformer_config.py:191
+    attention_backend: str = "auto"  # transformer_config.py:151
+    transformer_impl: str = "transformer_engine"  # transformer_config.py (via arguments.py)
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    cross_entropy_loss_fusion: bool = False  # model_parallel_config.py:320-325
+    gradient_accumulation_fusion: bool = True  # arguments.py:2944 (--no-gradient-...)
+    create_attention_mask_in_dataloader: bool = True  # arguments.py:3332
+    apply_query_key_layer_scaling: bool = False
+    attention_softmax_in_fp32: bool = False  # arguments.py:3067
+    masked_softmax_fusion: bool = True  # arguments.py:2887 (--no-masked-softmax-fusion)
+    deterministic_mode: bool = False
+    # mixture of experts (transformer_config.py and model_parallel_config.py at the
+    # snapshot; the factory turns each field into its flag)
+    num_experts: int | None = None  # arguments.py:3518 (None: a dense GPT)
+    moe_layer_freq: int = 1  # arguments.py:3520 (every layer an MoE layer)
+    moe_ffn_hidden_size: int | None = None  # None: --ffn-hidden-size (arguments.py:1650-1651)
+    moe_router_topk: int = 2  # transformer_config.py:760
+    moe_router_load_balancing_type: str = "aux_loss"  # arguments.py:3532-3534
+    moe_aux_loss_coeff: float = 0.0  # arguments.py:3536
+    moe_router_dtype: str | None = None  # transformer_config.py:811 (None: the params' dtype)
+    moe_grouped_gemm: bool = False  # transformer_config.py:850
+    moe_token_dispatcher_type: str = "allgather"  # transformer_config.py:891
+    moe_shared_expert_intermediate_size: int | None = None  # transformer_config.py:701
+    moe_permute_fusion: bool = False  # transformer_config.py:941
+    overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
+    expert_model_parallel_size: int = 1  # model_parallel_config.py:127
+    expert_tensor_parallel_size: int | None = None  # None: TP (arguments.py:587-588)
+    # the pipeline's layer split (layout.py: virtual_pipeline_size, stage_layer_counts)
+    num_virtual_stages_per_pipeline_rank: int | None = None  # arguments.py:3116 (None: 1)
+    decoder_first_pipeline_num_layers: int | None = None  # arguments.py:3095 (None: even)
+    decoder_last_pipeline_num_layers: int | None = None  # arguments.py:3099 (None: even)
+    account_for_embedding_in_pipeline_split: bool = False  # transformer_config.py:137
+    account_for_loss_in_pipeline_split: bool = False  # transformer_config.py:141
+    # the vocabulary (vocab.py: resolved_vocab_size)
+    pad_vocab_size: bool = True  # training_config.py:686 (--no-pad-vocab-size)
+    env: Mapping[str, str] = field(default_factory=dict, compare=False)
+    ignored: tuple[str, ...] = field(default=(), compare=False)
+    given: tuple[str, ...] = field(default=(), compare=False)
+    flag_values: Mapping[str, ArgValue] = field(default_factory=dict, compare=False)
+    """Every flag read, priced or ignored, with its value as the snapshot's type reads it
+    (a switch: True); the combination rules read the ignored ones from here."""
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+# flag -> (field, kind); kind "bool" is a store_true flag, "not" a store_false flag
+# (``--no-X`` / ``--disable-X`` turning the field off), "selective" --recompute-
+# activations, "freq" --moe-layer-freq (an integer; a per-layer pattern is refused), else
+# the value's type.
+PRICED: dict[str, tuple[str, str]] = {
+    **{
+        _flag(n): (n, k)
+        for n, k in (
+            ("num_layers", "int"),
+            ("hidden_size", "int"),
+            ("num_attention_heads", "int"),
+            ("seq_length", "int"),
+            ("micro_batch_size", "int"),
+            ("global_batch_size", "int"),
+            ("max_position_embeddings", "int"),
+            ("ffn_hidden_size", "int"),
+            ("kv_channels", "int"),
+            ("group_query_attention", "bool"),
+            ("num_query_groups", "int"),
+            ("swiglu", "bool"),
+            ("squared_relu", "bool"),
+            ("normalization", "str"),
+            ("qk_layernorm", "bool"),
+            ("position_embedding_type", "str"),
+            ("vocab_size", "int"),
+            ("tokenizer_type", "str"),
+            ("make_vocab_size_divisible_by", "int"),
+            ("untie_embeddings_and_output_weights", "bool"),
+            ("tensor_model_parallel_size", "int"),
+            ("pipeline_model_parallel_size", "int"),
+            ("context_parallel_size", "int"),
+            ("cp_comm_type", "str"),
+            ("sequence_parallel", "bool"),
+            ("num_layers_per_virtual_pipeline_stage", "int"),
+            ("microbatch_group_size_per_virtual_pipeline_stage", "int"),
+            ("use_distributed_optimizer", "bool"),
+            ("overlap_grad_reduce", "bool"),
+            ("overlap_param_gather", "bool"),
+            ("overlap_param_gather_with_optimizer_step", "bool"),
+            ("bf16", "bool"),
+            ("fp16", "bool"),
+            ("grad_reduce_in_bf16", "bool"),
+            ("hidden_dropout", "float"),
+            ("attention_dropout", "float"),
+            ("attention_backend", "str"),
+            ("transformer_impl", "str"),
+            ("recompute_granularity", "str"),
+            ("recompute_method", "str"),
+            ("recompute_num_layers", "int"),
+            ("cross_entropy_loss_fusion", "bool"),
+            ("apply_query_key_layer_scaling", "bool"),
+            ("attention_softmax_in_fp32", "bool"),
+            ("deterministic_mode", "bool"),
+            ("num_experts", "int"),
+            ("moe_layer_freq", "freq"),
+            ("moe_ffn_hidden_size", "int"),
+            ("moe_router_topk", "int"),
+            ("moe_router_load_balancing_type", "str"),
+            ("moe_aux_loss_coeff", "float"),
+            ("moe_router_dtype", "str"),
+            ("moe_grouped_gemm", "bool"),
+            ("moe_token_dispatcher_type", "str"),
+            ("moe_shared_expert_intermediate_size", "int"),
+            ("moe_permute_fusion", "bool"),
+            ("overlap_moe_expert_parallel_comm", "bool"),
+            ("expert_model_parallel_size", "int"),
+            ("expert_tensor_parallel_size", "int"),
+            ("num_virtual_stages_per_pipeline_rank", "int"),
+            ("decoder_first_pipeline_num_layers", "int"),
+            ("decoder_last_pipeline_num_layers", "int"),
+            ("account_for_embedding_in_pipeline_split", "bool"),
+            ("account_for_loss_in_pipeline_split", "bool"),
+        )
+    },
+    # validate_args reads these as --num-layers and --seq-length where those are not given
+    # (arguments.py:1305-1311, 1346-1351)
+    "--encoder-num-layers": ("num_layers", "int"),
+    "--encoder-seq-length": ("seq_length", "int"),
+    "--no-pad-vocab-size": ("pad_vocab_size", "not"),
+    "--disable-pad-vocab-size": ("pad_vocab_size", "not"),
+    "--disable-bias-linear": ("add_bias_linear", "not"),
+    "--no-gradient-accumulation-fusion": ("gradient_accumulation_fusion", "not"),
+    "--no-create-attention-mask-in-dataloader": ("create_attention_mask_in_dataloader", "not"),
+    "--no-masked-softmax-fusion": ("masked_softmax_fusion", "not"),
+    "--recompute-activations": ("recompute_granularity", "selective"),
+}
+
+
+FIELD_NAMES = frozenset(f.name for f in fields(MegatronArgs))

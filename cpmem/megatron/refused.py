@@ -1,0 +1,381 @@
+"""The arguments of the snapshot's ``pretrain_gpt.py`` that cpmem refuses
+(``REFUSED``), each group with its reason: how the flag changes memory in a way cpmem
+does not price, which model family it belongs to, or that Megatron-LM rejects it.
+Decided by reading what the flag does at the snapshot; where it was unclear whether a
+flag changes memory, it is refused.
+
+A refused flag given at its snapshot default is read as absent (``args.py``), and
+``HARMLESS_VALUES`` names the values of a refused flag that change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cpmem.megatron.ignored import groups_by_flag
+
+UNPRICED = "changes memory cpmem does not price: "
+REJECTED = "Megatron-LM rejects it: "
+
+
+def _family(name: str) -> str:
+    return f"is an argument of {name}, not of a GPT model cpmem prices"
+
+
+REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
+    (
+        UNPRICED + "FP8 or FP4 weights and activations (quantized copies, transposes, "
+        "scales, amax histories)",
+        "--fp8-format --fp4-format --fp8-output-proj --te-precision-config-file",
+    ),
+    (
+        UNPRICED + "FP8 or FP4 parameters gathered as such, or the gradient buffer reused "
+        "for the MXFP8 all-gather (distrib_optimizer.py, param_and_grad_buffer.py)",
+        "--fp8-param-gather --fp4-param-gather --reuse-grad-buf-for-mxfp8-param-ag",
+    ),
+    (
+        UNPRICED + "NVIDIA Kitchen's quantized linear layers and attention",
+        "--kitchen-config-file --kitchen-recipe-number --use-kitchen-attention "
+        "--kitchen-attention-backend",
+    ),
+    (
+        UNPRICED + "an optimizer other than Adam (SGD keeps one state, Muon and Lion their "
+        "own; optimizer/__init__.py)",
+        "--optimizer",
+    ),
+    (
+        UNPRICED + "the optimizer's states on the host, captured in a CUDA graph, or kept "
+        "in another dtype (the precision-aware optimizer)",
+        "--optimizer-cpu-offload --optimizer-cuda-graph --use-precision-aware-optimizer "
+        "--main-grads-dtype --main-params-dtype --exp-avg-dtype --exp-avg-sq-dtype",
+    ),
+    (
+        UNPRICED + "gradients accumulated and reduced in fp32 or not by another rule than "
+        "--bf16's default (validate_args derives it from --bf16 and --grad-reduce-in-bf16, "
+        "arguments.py:1204-1216)",
+        "--accumulate-allreduce-grads-in-fp32",
+    ),
+    (
+        UNPRICED + "several distributed-optimizer instances (the states sharded within "
+        "each instance only)",
+        "--num-distributed-optimizer-instances",
+    ),
+    (
+        UNPRICED + "the layer-wise distributed optimizer's parameter layout, or a dump of "
+        "the parameter groups",
+        "--no-use-layer-wise-param-layout --dump-param-to-param-group-map",
+    ),
+    (
+        UNPRICED + "the gradient buffer's buckets or padding (its size and the buckets in flight)",
+        "--ddp-num-buckets --ddp-bucket-size --ddp-pad-buckets-for-high-nccl-busbw",
+    ),
+    (
+        UNPRICED + "a scratch buffer per reduce-scatter, or fp32 accumulation of named "
+        "parameters' gradients",
+        "--ddp-reduce-scatter-with-fp32-accumulation "
+        "--gtp-remat-reduce-scatter-with-fp32-accumulation "
+        "--ddp-param-name-patterns-for-fp32-local-accumulation",
+    ),
+    (
+        UNPRICED + "DDP buffers allocated from an NCCL memory pool (user buffers, symmetric "
+        "windows)",
+        "--use-nccl-ub --disable-symmetric-registration --gtp-remat-nccl-ub "
+        "--gtp-expert-remat-nccl-ub",
+    ),
+    (
+        UNPRICED + "Megatron FSDP or Torch FSDP2 (parameters, gradients and optimizer "
+        "states sharded and gathered per module)",
+        "--use-megatron-fsdp --use-torch-fsdp2 --init-model-with-meta-device",
+    ),
+    (
+        UNPRICED + "weights sharded over more ranks than TP and gathered per layer (GTP "
+        "weight rematerialisation)",
+        "--tensor-parallel-num-weight-shards --expert-tensor-parallel-num-weight-shards "
+        "--gtp-remat-opt-in-modules",
+    ),
+    (
+        UNPRICED + "Transformer Engine's userbuffers for TP communication overlap (buffers "
+        "of their own)",
+        "--tp-comm-overlap",
+    ),
+    (
+        UNPRICED + "context parallelism over packed, per-batch sequence groups (the dynamic "
+        "CP data schedule) or documents masked from each other (packed THD batches)",
+        "--hybrid-context-parallel --max-seqlen-per-dp-cp-rank --dataloader-inter-document-masking",
+    ),
+    (
+        UNPRICED + "selective recompute of named modules, or the MoE layer recomputed",
+        "--recompute-modules --moe-layer-recompute",
+    ),
+    (
+        UNPRICED + "the checkpointed layers' inputs distributed over the TP ranks",
+        "--distribute-saved-activations",
+    ),
+    (
+        UNPRICED + "activations offloaded to the host, or the experts' stashed in pages",
+        "--cpu-offloading-num-layers --fine-grained-activation-offloading --offload-modules "
+        "--moe-paged-stash",
+    ),
+    (
+        UNPRICED + "CUDA graphs (static input, output and workspace buffers per graph)",
+        "--cuda-graph-impl --enable-cuda-graph --external-cuda-graph --cuda-graph-scope "
+        "--cuda-graph-modules",
+    ),
+    (
+        UNPRICED + "the MLP run in chunks of the sequence (transformer_layer.py)",
+        "--mlp-chunks-for-training",
+    ),
+    (
+        UNPRICED + "the fused elementwise functions run eagerly (core/jit.py:27-30: their "
+        "intermediates saved for backward)",
+        "--disable-jit-fuser",
+    ),
+    (
+        UNPRICED + "the model's configs, inputs and logits dumped to files every forward "
+        "(config_logger.py, gpt_model.py:833)",
+        "--config-logger-dir",
+    ),
+    (
+        UNPRICED + "experimental code paths (the dispatchers' fused permutation, "
+        "token_dispatcher.py:651, 1415-1425)",
+        "--enable-experimental",
+    ),
+    (
+        UNPRICED + "the pipeline's layers placed by a layout string (stages of any length, "
+        "embedding and loss stages)",
+        "--pipeline-model-parallel-layout",
+    ),
+    (
+        UNPRICED + "multi-token prediction layers (their own layers, embeddings and losses)",
+        "--mtp-num-layers --mtp-standalone",
+    ),
+    (
+        UNPRICED + "the output layer's inputs and gradients kept for every deferred "
+        "micro-batch until the step's end",
+        "--defer-embedding-wgrad-compute --wgrad-deferral-limit",
+    ),
+    (
+        UNPRICED + "weight gradients computed later, or tensors released earlier, in the "
+        "expert-parallel overlapped schedule",
+        "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "
+        "--ep-overlap-early-attn-memory-release --high-priority-a2a-comm-stream",
+    ),
+    (UNPRICED + "multi-latent attention", "--multi-latent-attention"),
+    (
+        UNPRICED + "an experimental attention variant (gated delta net, DSA: states and "
+        "indexers of their own)",
+        "--experimental-attention-variant",
+    ),
+    (
+        UNPRICED + "sliding-window attention (a window mask, per-layer skips)",
+        "--window-size --window-attn-skip-freq",
+    ),
+    (
+        UNPRICED + "the attention's softmax variant, output gate, QK L2 norm, QK clip or "
+        "max-logit tracking (tensors and parameters of their own)",
+        "--softmax-type --attention-output-gate --qk-l2-norm --qk-clip --log-max-attention-logit",
+    ),
+    (
+        UNPRICED + "a FlashAttention generation pinned (FA3 and FA4 keep their own saved tensors)",
+        "--flash-attention-version",
+    ),
+    (
+        UNPRICED + "relative or multimodal position embeddings, RoPE skipped on some "
+        "layers, or the legacy position flags that change the embedding type",
+        "--relative-attention-num-buckets --relative-attention-max-distance --mrope-section "
+        "--no-rope-freq --use-rotary-position-embeddings --no-position-embedding",
+    ),
+    (
+        UNPRICED + "a QKV bias without the other linear biases (parameters not priced)",
+        "--add-qkv-bias",
+    ),
+    (UNPRICED + "the residual stream held in fp32", "--fp32-residual-connection"),
+    (
+        UNPRICED + "an activation other than cpmem's (quick GeGLU, a GLU offset or clamp, "
+        "Transformer Engine's activation, the fused weighted squared ReLU)",
+        "--quick-geglu --glu-linear-offset --activation-func-clamp-value "
+        "--use-te-activation-func --use-fused-weighted-squared-relu",
+    ),
+    (
+        UNPRICED + "an unfused bias + SwiGLU or bias + dropout + add (the unfused ops' "
+        "saved tensors)",
+        "--no-bias-swiglu-fusion --no-bias-dropout-fusion",
+    ),
+    (
+        UNPRICED + "Transformer Engine's fused operations in the MLP or the fused residual "
+        "RMSNorm (saved sets of their own, not read)",
+        "--use-transformer-engine-op-fuser --fused-residual-rmsnorm",
+    ),
+    (
+        UNPRICED + "hyper-connections (several residual streams per layer)",
+        "--enable-mhc-connections",
+    ),
+    (
+        UNPRICED + "MuP scaling (its multipliers on the embedding and the output)",
+        "--use-mup --mup-width-mult --mup-base-hidden-size --mup-embedding-mult "
+        "--mup-output-mult --mup-base-head-dim --mup-attn-scale-power",
+    ),
+    (
+        UNPRICED + "batch-invariant kernels",
+        "--batch-invariant-mode --batch-invariant-backend",
+    ),
+    (
+        UNPRICED + "per-layer heterogeneous configs, or a layer spec of the user's",
+        "--heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec",
+    ),
+    (
+        UNPRICED + "the embedding's scattered output not cloned under sequence parallelism "
+        "(the gathered buffer held instead)",
+        "--no-clone-scatter-output-in-embedding --disable-clone-scatter-output-in-embedding",
+    ),
+    (
+        UNPRICED + "logits and the loss in another dtype (fp16 cross entropy, the output "
+        "layer's logit dtype)",
+        "--fp16-lm-cross-entropy --output-logit-dtype",
+    ),
+    (UNPRICED + "the router's score function", "--moe-router-score-function"),
+    (
+        UNPRICED + "the router's expert bias and its token counts",
+        "--moe-router-enable-expert-bias",
+    ),
+    (UNPRICED + "group-limited routing", "--moe-router-num-groups --moe-router-group-topk"),
+    (
+        UNPRICED + "the router's scaling of the top-k probabilities",
+        "--moe-router-topk-scaling-factor",
+    ),
+    (UNPRICED + "the router's z-loss", "--moe-z-loss-coeff"),
+    (UNPRICED + "the router's input jitter", "--moe-input-jitter-eps"),
+    (
+        UNPRICED + "forced, biased or quantile load balancing (the router's own states)",
+        "--moe-router-force-load-balancing --moe-router-force-biased "
+        "--moe-router-quantile-balancing-ema",
+    ),
+    (
+        UNPRICED + "dropped and padded expert tokens (a capacity per expert or rank)",
+        "--moe-expert-capacity-factor --moe-pad-expert-input-to-capacity "
+        "--moe-token-drop-policy --moe-expert-rank-capacity-factor",
+    ),
+    (
+        UNPRICED + "the shared experts' gate, or the shared experts run beside the dispatch",
+        "--moe-shared-expert-gate --moe-shared-expert-overlap",
+    ),
+    (UNPRICED + "latent MoE projections", "--moe-latent-size"),
+    (
+        UNPRICED + "the experts' weights as grouped tensors or grouped GEMMs of other "
+        "layers, interleaved GLU weights, probabilities applied on the input",
+        "--moe-use-grouped-tensor --moe-single-grouped-weight --moe-single-grouped-bias "
+        "--use-grouped-gemm-for-shared-expert --use-grouped-gemm-for-dense-mlp "
+        "--moe-shared-expert-glu-interleave-size --moe-mlp-glu-interleave-size "
+        "--moe-apply-probs-on-input",
+    ),
+    (UNPRICED + "the fused router kernels' saved set", "--moe-router-fusion"),
+    (
+        UNPRICED + "the flex dispatcher (DeepEP, HybridEP, NCCL EP buffers) or its dtypes",
+        "--moe-enable-deepep --moe-dispatch-fwd-dtype --moe-combine-bwd-dtype",
+    ),
+    (UNPRICED + "a dense checkpoint upcycled into experts", "--moe-use-upcycling"),
+    (
+        UNPRICED + "the routing traced to files (the router's logits and hidden states "
+        "kept for the trace)",
+        "--moe-routing-trace-path --moe-routing-trace-max-training-iters "
+        "--moe-routing-trace-capture-logits --moe-routing-trace-capture-hidden-states "
+        "--moe-routing-trace-dump-weights",
+    ),
+    (
+        UNPRICED + "the vocabulary given as is, not the tokenizer's size padded by "
+        "--make-vocab-size-divisible-by x TP",
+        "--padded-vocab-size",
+    ),
+    (
+        UNPRICED + "special tokens added to the tokenizer's vocabulary (its size)",
+        "--tokenizer-special-tokens --tiktoken-num-special-tokens",
+    ),
+    (
+        UNPRICED + "a batch that changes size during the run (the logged steps' "
+        "micro-batch count is not the one priced)",
+        "--step-batch-size-schedule --decrease-batch-size-if-needed",
+    ),
+    (
+        UNPRICED + "tensors saved from the step (activation, gradient and token dumps by "
+        "hooks; gradients all-reduced instead of reduce-scattered, training.py:3028-3043)",
+        "--save-params-interval --save-activations-interval --save-tokens-per-expert-interval "
+        "--save-wgrads-interval --save-dgrads-interval",
+    ),
+    (
+        UNPRICED + "a distillation teacher model held beside the student, or ModelOpt's "
+        "quantized or exported model",
+        "--export-te-mcore-model --export-kd-teacher-load --export-kd-cfg --export-quant-cfg "
+        "--export-real-quant-cfg --export-kv-cache-quant --export-qk-l2-norm "
+        "--export-moe-apply-probs-on-input --qad-train-target --freeze-base-for-mtp "
+        "--enable-gpt-oss",
+    ),
+    (
+        UNPRICED + "logits saved from the step or loaded beside it (logits distillation)",
+        "--logits-save-dir --logits-load-dir",
+    ),
+    (
+        UNPRICED + "parameters left without gradients (frozen layers: no gradient buffers "
+        "or optimizer states for them)",
+        "--freeze-all-layers",
+    ),
+    (
+        UNPRICED + "steps rerun by the rerun state machine (the reruns and their saved "
+        "results), or faults injected to make it rerun",
+        "--rerun-mode --error-injection-rate --error-injection-type",
+    ),
+    (
+        UNPRICED + "the run's arguments replaced from elsewhere (a YAML file, a "
+        "checkpoint's saved arguments)",
+        "--yaml-cfg --use-checkpoint-args --use-mp-args-from-checkpoint-args",
+    ),
+    (
+        UNPRICED + "a run that trains no step cpmem prices (checkpoint conversion, skipped "
+        "training, a fake process group, an RL step, SFT's packed datasets)",
+        "--ckpt-convert-format --ckpt-convert-save --skip-train --fake-process-group "
+        "--perform-rl-step --sft",
+    ),
+    (
+        REJECTED + "a deprecated argument validate_args asserts unset or exits on "
+        "(arguments.py:590-606: use --micro-batch-size, --lr-warmup-fraction, "
+        "--tensor-model-parallel-size, --recompute-activations)",
+        "--batch-size --warmup --model-parallel-size --checkpoint-activations",
+    ),
+    (
+        _family("hybrid (Mamba) models"),
+        "--hybrid-layer-pattern --hybrid-override-pattern --is-hybrid-model",
+    ),
+    (
+        _family("BERT (examples/bert/pretrain_bert.py) or T5 (examples/t5/pretrain_t5.py)"),
+        "--bert-no-binary-head --bert-load --decoder-num-layers --decoder-seq-length",
+    ),
+    (
+        _family("the ICT / biencoder retriever (BERT-based)"),
+        "--ict-head-size --biencoder-projection-dim --biencoder-shared-query-context-model "
+        "--ict-load --titles-data-path --query-in-block-prob --use-one-sent-docs "
+        "--evidence-data-path --retriever-report-topk-accuracies --retriever-score-scaling "
+        "--block-data-path --embedding-path --indexer-batch-size --indexer-log-interval",
+    ),
+    (
+        _family("vision and multimodal models (ViT, Swin, DINO, inpainting)"),
+        "--num-classes --img-h --img-w --num-channels --patch-dim --classes-fraction "
+        "--data-per-class-fraction --head-lr-mult --vision-pretraining --vision-pretraining-type "
+        "--vision-backbone-type --swin-backbone-type --mask-type --mask-factor --iter-per-epoch "
+        "--dino-local-img-size --dino-local-crops-number --dino-head-hidden-size "
+        "--dino-bottleneck-size --dino-freeze-last-layer --dino-norm-last-layer "
+        "--dino-warmup-teacher-temp --dino-teacher-temp --dino-warmup-teacher-temp-epochs",
+    ),
+)
+
+HARMLESS_VALUES: dict[str, tuple[str, ...]] = {
+    # the optimizer the recordings ran: Adam is the default (arguments.py:2913-2916)
+    "--optimizer": ("adam",),
+    # rerun_state_machine.py:272-320: disabled skips the state machine's saved state and
+    # reruns; validate_results is the default
+    "--rerun-mode": ("disabled", "validate_results"),
+    # the default softmax score function (transformer_config.py)
+    "--moe-router-score-function": ("softmax",),
+}
+"""Values of a refused flag that leave the run as the default's."""
+
+REFUSED: Mapping[str, str] = groups_by_flag(REFUSED_GROUPS)
+"""Flag -> why the run is refused (how it changes memory, or whose argument it is)."""
