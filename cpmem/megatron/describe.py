@@ -30,6 +30,8 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, read_megatron_args
+from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
+from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry
 from cpmem.step.backend_choice import BackendChoice, choose_backend
 from cpmem.step.describe import StepArguments, describe_step
@@ -37,11 +39,6 @@ from cpmem.step.device import Device, resolve_device
 from cpmem.step.recompute import FullMethod, Mode, Module, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, AttentionBackend, Runtime
 from cpmem.step.step import Step
-
-GPT2_BPE_VOCAB = 50_257
-"""GPT-2's BPE vocabulary: ``pretrain_gpt.py`` defaults ``--tokenizer-type`` to
-``GPT2BPETokenizer`` where the run gives ``--vocab-file`` / ``--merge-file``."""
-
 
 @dataclass(frozen=True)
 class MegatronRun:
@@ -68,11 +65,6 @@ def megatron_ffn(args: MegatronArgs) -> int:
     return int(4 * h * 2 / 3 / 64) * 64 if args.swiglu else 4 * h
 
 
-def megatron_vocab(args: MegatronArgs) -> int:
-    """The vocabulary before padding: ``--vocab-size``, else GPT-2's BPE."""
-    return args.vocab_size if args.vocab_size is not None else GPT2_BPE_VOCAB
-
-
 def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeometry:
     """The model Megatron-LM builds from ``args`` (a GPT, dense or every layer MoE)."""
     heads = args.num_attention_heads
@@ -93,7 +85,7 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         q_heads=heads,
         kv_groups=groups,
         head_dim=args.kv_channels or args.hidden_size // heads,
-        vocab=megatron_vocab(args),
+        vocab=resolved_vocab_size(args),
         ffn=0 if moe else ffn,
         num_experts=args.num_experts or 0,
         moe_top_k=args.moe_router_topk if moe else 0,
@@ -114,7 +106,7 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         else 0,
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
-        vocab_multiple=args.make_vocab_size_divisible_by,
+        vocab_multiple=args.make_vocab_size_divisible_by if args.pad_vocab_size else 1,
         family="megatron-gpt",
         max_position_embeddings=args.max_position_embeddings,
     )
@@ -249,8 +241,7 @@ def megatron_run(
     resolved = resolve_device(device)
     assert resolved is not None
     choice = megatron_backend(args, resolved, attention_backend, container)
-    per_stage = args.num_layers_per_virtual_pipeline_stage
-    vpp = 1 if per_stage is None else args.num_layers // (pp * per_stage)
+    vpp = virtual_pipeline_size(args) or 1
     etp = args.expert_tensor_parallel_size or tp
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
@@ -265,6 +256,7 @@ def megatron_run(
         "pp": pp,
         "vpp": vpp,
         "microbatches": microbatches,
+        "stage_layers": stage_layer_counts(args),
         "microbatch_group": args.microbatch_group_size_per_virtual_pipeline_stage,
         "recompute": megatron_recompute(args),
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
