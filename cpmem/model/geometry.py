@@ -48,18 +48,27 @@ class ModelGeometry:
     activation_clamp: float | None = None
     tied_embeddings: bool = False
     # per layer: its sliding attention window in tokens, 0 for full causal attention
-    # (Gemma, gpt-oss, Mistral); () means every layer attends fully. Under CP it bounds
-    # the other ranks' keys a layer needs (``cpmem.pricing.cp_comm``).
+    # (Gemma, gpt-oss, Mistral); () means every layer attends fully. No pricing term reads
+    # it: Transformer Engine's CP attention keeps every rank's K/V under all_gather and a2a
+    # whatever the window (docs/model-families.md, "Sliding windows under CP"), so a
+    # windowed layer is priced as a full one. It refuses cp_comm='p2p' (``StepSettings``,
+    # as Transformer Engine does) and is exported to external estimators.
     windows: tuple[int, ...] = ()
     # Gemma's sandwich norms: a post-attention and a post-feed-forward RMSNorm, each saving
     # its H-wide input, beside the two pre-norms every family has
     sandwich_norms: bool = False
-    # q/k RMSNorm before rope (Qwen3, Qwen3.5, Gemma 3; not Llama, Gemma 2, gpt-oss): only
-    # its two head_dim-wide weights; the normed copies are priced with the projection
+    # q/k RMSNorm before rope, as the family's attention class builds it (Qwen3, Qwen3-MoE,
+    # Qwen3-Next, Qwen3.5, Gemma 3; not Llama, Mistral, Qwen2, Gemma 2, gpt-oss; latent
+    # attention normalises its compressed query and KV instead: ``cpmem.model.hf_families``):
+    # its two head_dim-wide weights, and in ``tight`` the saved query copy and the freed
+    # CP-gathered projection that depend on it (``cpmem.pricing.tight.attention``)
     qk_norm: bool = True
     # the LM head's final logit soft-capping ``cap * tanh(logits / cap)`` (Gemma 2)
     final_logit_softcap: float | None = None
-    # frozen biases: only their parameters (a frozen linear's bias saves nothing)
+    # frozen biases: only their parameters (a frozen linear's bias saves nothing).
+    # ``attention_bias``: the q/k/v projection's biases and the output projection's
+    # (``cpmem.pricing.weights``); Qwen2's attention has the first and not the second, and
+    # is priced with both (H parameters a layer more than it holds)
     attention_bias: bool = False
     mlp_bias: bool = False
     router_bias: bool = False
@@ -105,6 +114,11 @@ class ModelGeometry:
     # the longest sequence the model's positions cover (config ``max_position_embeddings``);
     # None: not recorded. Not a shape: it prices nothing, so geometries compare without it.
     max_position_embeddings: int | None = field(default=None, compare=False)
+    # parts of the checkpoint left out of every figure, each "field: what and why" (a
+    # multimodal wrapper's vision tower, ``cpmem.model.vision``); every estimate lists them
+    # (``cpmem.pricing.registry.inapplicable_options``). Not a shape: geometries compare
+    # without it.
+    unpriced_parts: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for name in ("hidden", "q_heads", "kv_groups", "head_dim", "vocab"):

@@ -3,13 +3,19 @@
 Families (``cpmem.model.hf_fields.FAMILIES``): dense ``qwen3``, ``qwen2``, ``llama``,
 ``mistral``; the hybrids ``qwen3_5`` / ``qwen3_5_moe`` (text config nested under
 ``text_config`` or not) and ``qwen3_next``; the MoE ``qwen3_moe`` and ``gpt_oss``;
-``gemma2`` and ``gemma3_text`` (Gemma 3's ``gemma3`` wrapper through its text config);
-and multi-head latent attention with DeepSeek-V3's experts, ``deepseek_v3`` / ``kimi_k2``.
-Any other ``model_type`` is refused, with or without ``layer_types``, and so is every
-field a family's reader does not read and that is not known to change no memory
-(``hf_fields.check_fields``). No network and no transformers dependency: the fields are
-read directly, with each family's defaults as its ``configuration_*.py`` in transformers
-states them.
+``gemma2`` and ``gemma3_text``; and multi-head latent attention with DeepSeek-V3's
+experts, ``deepseek_v3`` / ``kimi_k2``. Any other ``model_type`` is refused, with or
+without ``layer_types``, and so is every field a family's reader does not read and that is
+not known to change no memory (``hf_fields.check_fields``). No network and no
+transformers dependency: the fields are read directly; what the family's modeling class
+fixes whatever the config says (q/k norms, biases, the gated output) and the defaults of
+absent fields are ``cpmem.model.hf_families``'.
+
+A multimodal wrapper (``gemma3``, ``qwen3_5``, ``qwen3_5_moe``: ``hf_families.WRAPPERS``)
+is read as its language model: its ``text_config``, completed with the text config class's
+published defaults (a saved wrapper keeps only the fields that differ from them). Its
+``vision_config`` is not priced; the geometry's ``unpriced_parts`` names it with its
+parameters (``cpmem.model.vision``), and every estimate lists it.
 
 Whether the runtime fuses the SwiGLU activation is a property of the runtime, not
 of the checkpoint; the default follows the measurements (Qwen3.5 / Qwen3-Next
@@ -19,16 +25,19 @@ families fused, other families unfused) and callers may override it.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cpmem.errors import ConfigError
 from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, RouterScoring, hybrid_layout
+from cpmem.model.hf_families import FAMILIES as ARCHITECTURES
+from cpmem.model.hf_families import WRAPPERS
 from cpmem.model.hf_fields import FAMILIES, check_fields
+from cpmem.model.vision import unpriced_vision
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 DENSE_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
-GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
 FUSED_BY_DEFAULT = HYBRID_FAMILIES
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -38,6 +47,11 @@ the product's other factor)."""
 GEMMA3_SLIDING_PATTERN = 6
 """Gemma 3: every sixth layer attends fully, the others over the sliding window
 (``sliding_window_pattern``'s default in transformers' ``Gemma3TextConfig``)."""
+QWEN_MAX_WINDOW_LAYERS = 28
+"""Qwen2/Qwen3: the first layer that slides under ``use_sliding_window`` when
+``max_window_layers`` is absent (``Qwen2Config``, ``Qwen3Config``: ``max_window_layers:
+int = 28``). Qwen3-MoE's config class at the same commit has no such field: its layers
+slide from ``max_window_layers`` where a config gives one, else none does."""
 
 
 def load_config(
@@ -64,13 +78,52 @@ def load_config(
     text = raw.get("text_config", raw)
     if not isinstance(text, dict):
         raise ConfigError("text_config", text, "must be a JSON object")
-    family = str(text.get("model_type") or raw.get("model_type") or "")
+    nested = text is not raw
+    wrapper = raw.get("model_type") if nested else None
+    if wrapper is not None and (not isinstance(wrapper, str) or wrapper not in WRAPPERS):
+        raise ConfigError(
+            "model_type",
+            wrapper,
+            f"a wrapper of a text_config cpmem does not read; wrappers read: {list(WRAPPERS)}",
+        )
+    family = str(text.get("model_type") or (WRAPPERS[wrapper].text_family if wrapper else ""))
+    family = family or str(raw.get("model_type") or "")
     if not family:
         raise ConfigError("model_type", None, "missing; cannot tell the model family")
     if family not in FAMILIES:
         raise ConfigError("model_type", family, f"unsupported family; supported: {list(FAMILIES)}")
-    check_fields(text, family, outer=raw if text is not raw else None)
-    return _read(raw, text, family, label, fused_swiglu)
+    if wrapper is not None and family != WRAPPERS[wrapper].text_family:
+        raise ConfigError(
+            "text_config.model_type",
+            family,
+            f"not the language model of a {wrapper!r} wrapper ({WRAPPERS[wrapper].text_family!r})",
+        )
+    check_fields(text, family, outer=raw if nested else None, wrapper=wrapper)
+    if wrapper is not None:
+        text = _completed(raw, text, wrapper)
+    geometry = _read(raw, text, family, label, fused_swiglu)
+    if wrapper is not None and "vision_config" in raw:
+        note = unpriced_vision(WRAPPERS[wrapper].vision, raw["vision_config"], geometry.hidden)
+        geometry = replace(geometry, unpriced_parts=(note,))
+    return geometry
+
+
+ROOT_FIELDS = ("tie_word_embeddings", "vocab_size", "max_position_embeddings")
+"""The fields a nested text config may leave to its wrapper."""
+
+
+def _completed(raw: dict[str, Any], text: dict[str, Any], wrapper: str) -> dict[str, Any]:
+    """A wrapper's ``text_config`` with every field it leaves out taken from the wrapper
+    (``ROOT_FIELDS``) or else from the text config class's defaults."""
+    tie_outer, tie_text = raw.get("tie_word_embeddings"), text.get("tie_word_embeddings")
+    if tie_outer is not None and tie_text is not None and tie_outer != tie_text:
+        raise ConfigError(
+            "tie_word_embeddings",
+            tie_text,
+            f"text_config says {tie_text!r} and its wrapper {tie_outer!r}: say it once",
+        )
+    root = {k: raw[k] for k in ROOT_FIELDS if raw.get(k) is not None}
+    return {**WRAPPERS[wrapper].text_defaults, **root, **text}
 
 
 def _read(
@@ -80,14 +133,14 @@ def _read(
     label: str,
     fused_swiglu: bool | None,
 ) -> ModelGeometry:
+    arch = ARCHITECTURES[family]
     reader = _Fields(text)
     layers = reader.int("num_hidden_layers")
     hidden = reader.int("hidden_size")
     q_heads = reader.int("num_attention_heads")
     mla = family in MLA_FAMILIES
     kv_groups = q_heads if mla else reader.int("num_key_value_heads", default=q_heads)
-    gemma = family in GEMMA_FAMILIES
-    head_dim = reader.int("head_dim", default=hidden // q_heads)
+    head_dim = reader.int("head_dim", default=arch.head_dim or hidden // max(q_heads, 1))
     mla_dims: dict[str, int] = {}
     if mla:
         mla_dims = {
@@ -105,7 +158,7 @@ def _read(
     mlps = _mlps(reader, layers, family)
     is_gdn = "gdn" in mixers
     is_moe = "moe" in mlps
-    act = text.get("hidden_activation", text.get("hidden_act", "silu"))
+    act = text.get("hidden_activation", text.get("hidden_act", arch.activation))
     if act not in ACTIVATIONS:
         key = "hidden_activation" if "hidden_activation" in text else "hidden_act"
         raise ConfigError(key, act, f"unsupported MLP activation; priced: {list(ACTIVATIONS)}")
@@ -125,7 +178,7 @@ def _read(
         q_heads=q_heads,
         kv_groups=kv_groups,
         head_dim=head_dim,
-        attention_output_gate=bool(text.get("attn_output_gate", hybrid)),
+        attention_output_gate=arch.gated_attention,
         gdn_key_heads=reader.int("linear_num_key_heads") if is_gdn else 0,
         gdn_key_dim=reader.int("linear_key_head_dim") if is_gdn else 0,
         gdn_value_heads=reader.int("linear_num_value_heads") if is_gdn else 0,
@@ -135,18 +188,22 @@ def _read(
         fused_swiglu=fused_swiglu,
         activation_clamp=float(clamp) if clamp else None,
         vocab=reader.int("vocab_size", root=raw),
-        tied_embeddings=bool(
-            text.get("tie_word_embeddings", raw.get("tie_word_embeddings", gemma))
+        tied_embeddings=_flag(
+            text, "tie_word_embeddings", _flag(raw, "tie_word_embeddings", arch.tied)
         ),
         windows=_windows(reader, layers, family),
-        sandwich_norms=gemma,
-        qk_norm=family not in ("gemma2", "gpt_oss", *MLA_FAMILIES),
+        sandwich_norms=arch.sandwich_norms,
+        qk_norm=arch.qk_norm,
         final_logit_softcap=float(softcap) if softcap is not None else None,
-        attention_bias=bool(text.get("attention_bias", family == "gpt_oss")),
-        mlp_bias=bool(text.get("mlp_bias", family == "gpt_oss")),
-        router_bias=family == "gpt_oss",
-        attention_sinks=family == "gpt_oss",
-        shared_expert_gate=family not in MLA_FAMILIES,
+        attention_bias=(
+            _flag(text, "attention_bias", arch.attention_bias_default)
+            if arch.attention_bias is None
+            else arch.attention_bias
+        ),
+        mlp_bias=_flag(text, "mlp_bias", False) if arch.mlp_bias is None else arch.mlp_bias,
+        router_bias=arch.router_bias,
+        attention_sinks=arch.attention_sinks,
+        shared_expert_gate=arch.shared_expert_gate,
         router_scoring=_router_scoring(text, family),
         q_lora_rank=mla_dims.get("q_lora_rank", 0),
         kv_lora_rank=mla_dims.get("kv_lora_rank", 0),
@@ -189,6 +246,16 @@ class _Fields:
         return value
 
 
+def _flag(fields: dict[str, Any], key: str, default: bool) -> bool:
+    """A true/false field; ``default`` where it is absent or null."""
+    value = fields.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "must be true or false")
+    return value
+
+
 def _layer_types(reader: _Fields, layers: int) -> list[str] | None:
     types = reader.text.get("layer_types")
     if types is None:
@@ -227,20 +294,29 @@ def _mixers(reader: _Fields, layers: int, hybrid: bool) -> tuple[MixerKind, ...]
 def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
     """Each layer's sliding window (0: full attention), by the family's rule:
     ``layer_types``' ``sliding_attention`` layers where listed; otherwise Gemma 2's
-    alternation (even layers slide), Gemma 3's ``sliding_window_pattern``, Mistral's
-    every layer, Qwen2/Qwen3's layers from ``max_window_layers`` on when
-    ``use_sliding_window`` is set (transformers' ``Qwen3Config``)."""
+    alternation (even layers slide), Gemma 3's ``sliding_window_pattern``, gpt-oss's
+    alternation (``GptOssConfig``: even layers slide), Mistral's every layer, Qwen2/Qwen3's
+    layers from ``max_window_layers`` on (default 28) when ``use_sliding_window`` is set
+    (``Qwen2Config``, ``Qwen3Config``: without it no layer slides, whatever ``layer_types``
+    says). An absent ``sliding_window`` is the family's default (``hf_families``); null
+    is none."""
     text = reader.text
-    window = text.get("sliding_window")
+    default = ARCHITECTURES[family].window
+    if default is None:
+        return ()
+    qwen = family in ("qwen2", "qwen3", "qwen3_moe")
+    if qwen and not _flag(text, "use_sliding_window", False):
+        return ()
+    window = text.get("sliding_window", default)
     if window is None:
         return ()
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ConfigError("sliding_window", window, "must be a positive integer or null")
-    types = _layer_types(reader, layers)
+    types = _layer_types(reader, layers) if family != "mistral" else None
     sliding: list[bool]
     if types is not None:
         sliding = [t == "sliding_attention" for t in types]
-    elif family == "gemma2":
+    elif family in ("gemma2", "gpt_oss"):
         sliding = [i % 2 == 0 for i in range(layers)]
     elif family == "gemma3_text":
         pattern = reader.int("sliding_window_pattern", default=GEMMA3_SLIDING_PATTERN)
@@ -249,13 +325,10 @@ def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
         sliding = [(i + 1) % pattern != 0 for i in range(layers)]
     elif family == "mistral":
         sliding = [True] * layers
-    elif family in ("qwen2", "qwen3", "qwen3_moe"):
-        if not text.get("use_sliding_window", False):
-            return ()
-        start = reader.int("max_window_layers", default=layers)
-        sliding = [i >= start for i in range(layers)]
     else:
-        return ()
+        first = QWEN_MAX_WINDOW_LAYERS if family != "qwen3_moe" else layers
+        start = reader.int("max_window_layers", default=first)
+        sliding = [i >= start for i in range(layers)]
     if not any(sliding):
         return ()
     return tuple(window if s else 0 for s in sliding)

@@ -31,10 +31,10 @@ COMMON = frozenset(
         "hidden_act",
         "layer_types",
         "text_config",
-        "attention_bias",
     }
 )
-"""Read for every family (``layer_types`` where the family has one)."""
+"""Read for every family but Mistral, whose ``MistralModel`` ignores ``layer_types``
+(``MistralConfig`` warns of it); ``layer_types`` where the family has one."""
 
 _SLIDING = frozenset({"sliding_window", "use_sliding_window", "max_window_layers"})
 _QWEN_MOE = frozenset(
@@ -49,7 +49,6 @@ _QWEN_MOE = frozenset(
 )
 _HYBRID = frozenset(
     {
-        "attn_output_gate",
         "full_attention_interval",
         "linear_num_key_heads",
         "linear_key_head_dim",
@@ -76,30 +75,93 @@ _MLA_MOE = frozenset(
     }
 )
 
+_BIAS = frozenset({"attention_bias"})
 READ: dict[str, frozenset[str]] = {
-    "qwen3": COMMON | _SLIDING,
+    "qwen3": COMMON | _BIAS | _SLIDING,
     "qwen2": COMMON | _SLIDING,
-    "llama": COMMON | {"attention_bias", "mlp_bias"},
-    "mistral": COMMON | {"sliding_window"},
-    "qwen3_moe": COMMON | _SLIDING | _QWEN_MOE | {"norm_topk_prob"},
-    "qwen3_5": COMMON | _HYBRID | _QWEN_MOE,
-    "qwen3_5_text": COMMON | _HYBRID | _QWEN_MOE,
-    "qwen3_5_moe": COMMON | _HYBRID | _QWEN_MOE,
-    "qwen3_5_moe_text": COMMON | _HYBRID | _QWEN_MOE,
-    "qwen3_next": COMMON | _HYBRID | _QWEN_MOE,
+    "llama": COMMON | _BIAS | {"mlp_bias"},
+    "mistral": (COMMON - {"layer_types"}) | {"sliding_window"},
+    "qwen3_moe": COMMON | _BIAS | _SLIDING | _QWEN_MOE | {"norm_topk_prob"},
+    "qwen3_5": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
+    "qwen3_5_text": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
+    "qwen3_5_moe": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
+    "qwen3_5_moe_text": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
+    "qwen3_next": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
     "gpt_oss": COMMON
+    | _BIAS
     | {"num_local_experts", "num_experts_per_tok", "sliding_window", "swiglu_limit"},
     "gemma2": COMMON
+    | _BIAS
     | {"sliding_window", "hidden_activation", "final_logit_softcapping"}
     | {"attn_logit_softcapping"},
     "gemma3_text": COMMON
+    | _BIAS
     | {"sliding_window", "sliding_window_pattern", "hidden_activation"}
     | {"final_logit_softcapping", "attn_logit_softcapping"},
-    "deepseek_v3": COMMON | _MLA_MOE,
-    "kimi_k2": COMMON | _MLA_MOE,
+    "deepseek_v3": COMMON | _BIAS | _MLA_MOE,
+    "kimi_k2": COMMON | _BIAS | _MLA_MOE,
 }
-"""Per ``model_type``: the fields its reader reads. Gemma 3's multimodal wrapper
-(``gemma3``) is read through its ``text_config`` only when no vision tower is given."""
+"""Per ``model_type``: the fields its reader reads. ``attention_bias`` is not read for
+Qwen2 and Mistral, whose attention classes fix their biases (``cpmem.model.hf_families``):
+a config that sets it is refused rather than priced as something the model is not."""
+
+OUTER_READ = frozenset(
+    {"model_type", "text_config", "tie_word_embeddings", "vocab_size", "max_position_embeddings"}
+)
+"""The fields of the wrapper around a nested ``text_config`` that are read: its model type,
+the text config, and the three a text config may leave to its wrapper."""
+
+_HYBRIDS = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+_NO_WINDOW = "the family's attention has no sliding window (every layer attends fully)"
+FAMILY_HARMLESS_AT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
+    "qwen2": {
+        "use_mrope": (
+            (False,),
+            "Qwen2 rotates by one position per token; the multimodal rope (Qwen2-VL's "
+            "three position streams) is not what Qwen2Attention runs",
+        )
+    },
+    **{
+        family: {
+            "use_sliding_window": ((False,), _NO_WINDOW),
+            "sliding_window": ((None,), _NO_WINDOW),
+            "attn_output_gate": (
+                (True,),
+                "the family's attention always gates its output (Qwen3NextAttention, "
+                "Qwen3_5Attention: a 2 x heads x head_dim query projection); "
+                "attn_output_gate is not a field its model reads",
+            ),
+            "mamba_ssm_dtype": (
+                ("float32",),
+                "the dtype an inference server keeps the Gated DeltaNet state cache in "
+                "(vLLM's mamba_ssm_cache_dtype); a training step keeps no cache; the "
+                "published value is float32",
+            ),
+        }
+        for family in _HYBRIDS
+    },
+}
+"""Per ``model_type``: fields its model does not read, accepted only at the values that
+describe the model it builds (Qwen2.5's published ``use_mrope: false``; Qwen3-Next's and
+Qwen3.5's ``use_sliding_window: false``, ``sliding_window: null`` and
+``attn_output_gate: true``). Checked before ``READ``, so a field read elsewhere (the
+hybrids' ``sliding_window``) is held to these values here."""
+
+WRAPPER_IGNORED: dict[str, dict[str, str]] = {
+    "gemma3": dict.fromkeys(
+        ("boi_token_index", "eoi_token_index", "image_token_index", "mm_tokens_per_image"),
+        "the image tokens' ids and count: a text-only step holds no image token",
+    ),
+    **{
+        wrapper: dict.fromkeys(
+            ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
+            "the image and video tokens' ids: a text-only step holds none",
+        )
+        for wrapper in ("qwen3_5", "qwen3_5_moe")
+    },
+}
+"""Per multimodal wrapper: the fields of its outer config that change nothing cpmem prices.
+Its ``vision_config`` is read by ``cpmem.model.vision`` (named as not priced)."""
 
 FAMILIES = tuple(sorted(READ))
 
@@ -173,8 +235,9 @@ IGNORED: dict[str, str] = {
         "a generation or loading switch: a training step runs the same layers",
     ),
     **dict.fromkeys(
-        ("mtp_num_hidden_layers", "num_nextn_predict_layers"),
-        "multi-token-prediction layers: Hugging Face's model does not build them",
+        ("mtp_num_hidden_layers", "num_nextn_predict_layers", "mtp_use_dedicated_embeddings"),
+        "multi-token-prediction layers: Hugging Face's model does not build them "
+        "(Qwen3_5PreTrainedModel ignores the checkpoint's mtp.* weights)",
     ),
     "partial_rotary_factor": "narrower rope tables: cpmem prices head_dim-wide ones (an upper bound)",
     "attention_dropout": "0 is the only value accepted (HARMLESS_AT)",
@@ -194,37 +257,50 @@ HARMLESS_AT: dict[str, tuple[tuple[Any, ...], str]] = {
 """Fields accepted only at the listed values; any other value is refused with the reason."""
 
 REFUSED: dict[str, str] = {
-    "vision_config": "a vision tower: its weights and activations are not priced; pass the "
-    "language model's text_config alone",
+    "vision_config": "a vision tower outside a multimodal wrapper cpmem reads "
+    "(cpmem.model.hf_families.WRAPPERS): not priced",
     "audio_config": "an audio tower: not priced",
     "quantization_config": "quantised weights: cpmem prices bf16 weights",
 }
 """Fields refused whatever their value, with the reason."""
 
 
+def _check(fields: Mapping[str, Any], accepted: frozenset[str], family: str) -> None:
+    harmless = FAMILY_HARMLESS_AT.get(family, {})
+    for key in sorted(fields):
+        rule = harmless.get(key) or HARMLESS_AT.get(key)
+        if rule is not None:
+            allowed, why = rule
+            if fields[key] not in allowed or isinstance(fields[key], bool) != isinstance(
+                allowed[0], bool
+            ):
+                raise ConfigError(key, fields[key], why)
+        elif key not in accepted and key not in IGNORED:
+            raise ConfigError(
+                key,
+                fields[key],
+                f"a field cpmem does not read for model_type {family!r} and cannot "
+                "tell changes no memory; remove it if it does not apply, or ask for "
+                "it to be priced",
+            )
+
+
 def check_fields(
-    text: Mapping[str, Any], family: str, outer: Mapping[str, Any] | None = None
+    text: Mapping[str, Any],
+    family: str,
+    outer: Mapping[str, Any] | None = None,
+    wrapper: str | None = None,
 ) -> None:
-    """Raise ConfigError naming the first field of ``text`` (and of the ``outer`` wrapper
-    of a nested ``text_config``) that ``family`` does not read and that is not known to
-    change nothing cpmem prices; a field of ``REFUSED`` is named before any other."""
-    read = READ[family]
-    dicts = [d for d in (outer, text) if d is not None]
-    for fields in dicts:
-        for key in sorted(fields):
-            if key in REFUSED:
+    """Raise ConfigError naming the first field of ``text`` (and of the ``outer`` config
+    around a nested ``text_config``, a multimodal ``wrapper`` where it names one) that is
+    not read and not known to change nothing cpmem prices; a field of ``REFUSED`` is named
+    before any other (a wrapper's ``vision_config`` is read, not refused)."""
+    vision = "vision_config" if wrapper in WRAPPER_IGNORED else ""
+    for fields in (outer, text):
+        for key in sorted(fields or {}):
+            if key in REFUSED and not (fields is outer and key == vision):
                 raise ConfigError(key, "...", REFUSED[key])
-    for fields in dicts:
-        for key in sorted(fields):
-            if key in HARMLESS_AT:
-                allowed, why = HARMLESS_AT[key]
-                if fields[key] not in allowed:
-                    raise ConfigError(key, fields[key], why)
-            elif key not in read and key not in IGNORED:
-                raise ConfigError(
-                    key,
-                    fields[key],
-                    f"a field cpmem does not read for model_type {family!r} and cannot "
-                    "tell changes no memory; remove it if it does not apply, or ask for "
-                    "it to be priced",
-                )
+    if outer is not None:
+        wrapped = frozenset(WRAPPER_IGNORED.get(wrapper or "", {}))
+        _check(outer, OUTER_READ | wrapped | {vision}, family)
+    _check(text, READ[family], family)

@@ -52,7 +52,8 @@ its default)."""
 
 
 def inapplicable_options(step: Step) -> list[str]:
-    """Options set on ``step`` that no policy prices for it, each with the reason."""
+    """Options set on ``step`` that no policy prices for it, each with the reason, and the
+    parts of the model's checkpoint no policy prices (``ModelGeometry.unpriced_parts``)."""
     g, layout, settings = step.geometry, step.plan.layout, step.settings
     out = []
     if step.moe_routing != "concentrated" and not g.is_moe:
@@ -67,6 +68,7 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append("dp: only the distributed optimizer's shards read it")
     if settings.output_bytes is not None and not step.head.returns_hidden:
         out.append(f"output_bytes: the {step.head.label} head returns no hidden states")
+    out.extend(g.unpriced_parts)
     return out
 
 

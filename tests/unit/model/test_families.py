@@ -118,11 +118,13 @@ def test_unknown_family_refused_even_with_layer_types():
     [
         # an MoE field on a dense family: its experts would be priced as a dense MLP
         ("llama-3.1-8b-style", lambda c: c.__setitem__("num_experts", 8), "num_experts"),
-        # the multimodal wrapper with its vision tower
+        # a vision tower outside a multimodal wrapper
+        ("gemma-3-12b", lambda c: c.__setitem__("vision_config", {}), "vision_config"),
+        # a wrapper cpmem does not read, around a text config it does
         (
             "gemma-3-12b",
-            lambda c: c.update(model_type="gemma3", text_config=copy.deepcopy(c), vision_config={}),
-            "vision_config",
+            lambda c: c.update(model_type="paligemma", text_config=copy.deepcopy(c)),
+            "model_type",
         ),
         ("gpt-oss-20b", lambda c: c.__setitem__("quantization_config", {}), "quantization_config"),
         ("qwen3-1.7b", lambda c: c.__setitem__("attention_dropout", 0.1), "attention_dropout"),

@@ -136,7 +136,6 @@ def test_llama_head_dim_derived():
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [
-        (lambda c: c["text_config"].pop("hidden_size"), "hidden_size"),
         (
             lambda c: c["text_config"].__setitem__("linear_num_value_heads", "48"),
             "linear_num_value_heads",
@@ -155,6 +154,16 @@ def test_config_errors_name_the_field(mutate, field):
     with pytest.raises(ConfigError) as err:
         load_config(cfg)
     assert err.value.field == field
+
+
+def test_a_flat_config_names_a_missing_field():
+    """A config that is not a wrapper's text_config is read as written: a missing size is
+    named, not guessed."""
+    cfg = _qwen35_27b_config(nested=False)
+    cfg.pop("hidden_size")
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert err.value.field == "hidden_size"
 
 
 def test_malformed_config_file(tmp_path):

@@ -1,0 +1,266 @@
+"""What each family's published architecture fixes, read from transformers' modeling and
+configuration classes, and the published defaults a multimodal wrapper's ``text_config`` is
+completed with.
+
+A config states a model's sizes; whether its attention normalises q and k, which
+projections carry biases, and what an absent field means are the family's: the modeling
+class builds them whatever the config says. ``FAMILIES`` holds them per ``model_type`` with
+the classes they were read from (huggingface/transformers, ``src/transformers/models/``;
+``tests/unit/model/test_family_architecture.py`` holds each family to them):
+
+- q/k norm: ``Qwen3Attention``, ``Qwen3MoeAttention``, ``Qwen3NextAttention``,
+  ``Qwen3_5Attention`` (``q_norm``/``k_norm``, ``RMSNorm(head_dim)``) and
+  ``Gemma3Attention`` have one; ``LlamaAttention``, ``MistralAttention``,
+  ``Qwen2Attention``, ``Gemma2Attention`` and ``GptOssAttention`` have none; latent
+  attention (``DeepseekV3Attention``) normalises its compressed query and KV instead
+  (``q_a_layernorm``, ``kv_a_layernorm``: ``cpmem.pricing.weights``' MLA parameters).
+- biases: ``bias=config.attention_bias`` on q, k, v and o for Llama, Qwen3, Qwen3-MoE, the
+  hybrids, Gemma 2/3 and gpt-oss (``GptOssConfig`` defaults it to true); ``Qwen2Attention``
+  has q/k/v biases always and none on o; ``MistralAttention`` none ever. ``LlamaMLP`` reads
+  ``mlp_bias``; gpt-oss's experts and router always carry biases (``GptOssExperts``'
+  ``gate_up_proj_bias``/``down_proj_bias``, ``GptOssTopKRouter.bias``); no other MLP has one.
+- the hybrids' attention always gates its output (``Qwen3_5Attention``: a q projection of
+  ``2 x heads x head_dim``, ``attn_output * sigmoid(gate)``): ``attn_output_gate`` is not a
+  field of ``Qwen3_5TextConfig``.
+- defaults where a field is absent: the configuration classes' (``head_dim``,
+  ``tie_word_embeddings``, the activation, ``sliding_window``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+SOURCE_COMMITS = {
+    "modeling_llama.py": "5dd4a63548857797727ae73eeb6a6e886ea02a3e",
+    "modeling_mistral.py": "005a187ea7c5a291ef79f737d47233641ac17f24",
+    "configuration_mistral.py": "001f85b38fb432858ace93f18622f07cec46d874",
+    "modeling_qwen2.py": "00d4b3d2142cb4ced2f51b90614b5d26bc045015",
+    "configuration_qwen2.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "configuration_qwen3.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "configuration_qwen3_moe.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modeling_qwen3_5.py": "009e78d6e89fd6f3e68cf81ba95ccc682c8cdda9",
+    "configuration_qwen3_5.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "configuration_qwen3_5_moe.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modeling_gemma2.py": "006e86931247d7bacf94ad00ada1fb6baf11e94b",
+    "modeling_gemma3.py": "0018aa647bb13801f061e2d1027c326f531b59fb",
+    "configuration_gemma3.py": "008f5c8c29be84d4721dc6d1e0fcd72300580be4",
+    "modeling_gpt_oss.py": "00d4b3d2142cb4ced2f51b90614b5d26bc045015",
+}
+"""The huggingface/transformers commits the facts below were read at."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One ``model_type``'s layer as its modeling class builds it.
+
+    ``attention_bias`` / ``mlp_bias``: None where the config's field of that name decides
+    (its default ``*_bias_default``), else the value the class fixes. ``head_dim``: the
+    config class's default (None: ``hidden_size // num_attention_heads``). ``window``: the
+    default ``sliding_window`` (None: the family has no sliding window)."""
+
+    source: str
+    qk_norm: bool
+    attention_bias: bool | None = None
+    attention_bias_default: bool = False
+    mlp_bias: bool | None = False
+    tied: bool = False
+    head_dim: int | None = None
+    activation: str = "silu"
+    gated_attention: bool = False
+    sandwich_norms: bool = False
+    router_bias: bool = False
+    attention_sinks: bool = False
+    shared_expert_gate: bool = True
+    window: int | None = None
+
+
+def _hybrid(source: str) -> Family:
+    return Family(source, qk_norm=True, head_dim=256, gated_attention=True)
+
+
+FAMILIES: Mapping[str, Family] = MappingProxyType(
+    {
+        "llama": Family(
+            "modeling_llama.py LlamaAttention, LlamaMLP (bias=config.mlp_bias)",
+            qk_norm=False,
+            mlp_bias=None,
+        ),
+        "mistral": Family(
+            "modeling_mistral.py MistralAttention (bias=False), MistralMLP; "
+            "configuration_mistral.py MistralConfig (sliding_window=4096)",
+            qk_norm=False,
+            attention_bias=False,
+            window=4096,
+        ),
+        "qwen2": Family(
+            "modeling_qwen2.py Qwen2Attention (q/k/v bias=True, o bias=False); "
+            "configuration_qwen2.py Qwen2Config",
+            qk_norm=False,
+            attention_bias=True,
+            window=4096,
+        ),
+        "qwen3": Family(
+            "modeling_qwen3.py Qwen3Attention (q_norm, k_norm); configuration_qwen3.py "
+            "Qwen3Config (head_dim=128)",
+            qk_norm=True,
+            head_dim=128,
+            window=4096,
+        ),
+        "qwen3_moe": Family(
+            "modeling_qwen3_moe.py Qwen3MoeAttention (q_norm, k_norm); "
+            "configuration_qwen3_moe.py Qwen3MoeConfig",
+            qk_norm=True,
+            window=4096,
+        ),
+        "qwen3_next": _hybrid("modeling_qwen3_next.py Qwen3NextAttention (q_norm, k_norm)"),
+        "qwen3_5": _hybrid("modeling_qwen3_5.py Qwen3_5Attention (q_norm, k_norm, gate)"),
+        "qwen3_5_text": _hybrid("modeling_qwen3_5.py Qwen3_5Attention (q_norm, k_norm, gate)"),
+        "qwen3_5_moe": _hybrid("modeling_qwen3_5_moe.py Qwen3_5MoeAttention"),
+        "qwen3_5_moe_text": _hybrid("modeling_qwen3_5_moe.py Qwen3_5MoeAttention"),
+        "gemma2": Family(
+            "modeling_gemma2.py Gemma2Attention (no q/k norm), Gemma2DecoderLayer",
+            qk_norm=False,
+            tied=True,
+            head_dim=256,
+            activation="gelu_pytorch_tanh",
+            sandwich_norms=True,
+            window=4096,
+        ),
+        "gemma3_text": Family(
+            "modeling_gemma3.py Gemma3Attention (q_norm, k_norm), Gemma3DecoderLayer; "
+            "configuration_gemma3.py Gemma3TextConfig",
+            qk_norm=True,
+            tied=True,
+            head_dim=256,
+            activation="gelu_pytorch_tanh",
+            sandwich_norms=True,
+            window=4096,
+        ),
+        "gpt_oss": Family(
+            "modeling_gpt_oss.py GptOssAttention (sinks), GptOssExperts, GptOssTopKRouter",
+            qk_norm=False,
+            attention_bias_default=True,
+            mlp_bias=True,
+            head_dim=64,
+            router_bias=True,
+            attention_sinks=True,
+            window=128,
+        ),
+        "deepseek_v3": Family(
+            "modeling_deepseek_v3.py DeepseekV3Attention (q_a_layernorm, kv_a_layernorm)",
+            qk_norm=False,
+            shared_expert_gate=False,
+        ),
+        "kimi_k2": Family(
+            "Kimi-K2's modeling_deepseek.py (remote code: DeepseekV3Attention)",
+            qk_norm=False,
+            shared_expert_gate=False,
+        ),
+    }
+)
+"""Every ``model_type`` cpmem reads, by what its modeling class builds."""
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A multimodal ``model_type`` whose language model is its ``text_config``.
+
+    ``text_defaults``: the text config class's defaults of the fields cpmem reads. A
+    wrapper's saved ``text_config`` holds only the fields that differ from them
+    (transformers' ``PretrainedConfig.to_diff_dict`` compares a sub-config with its class's
+    defaults), so the published Gemma 3 4B ``text_config`` names no heads at all.
+    ``vision``: how ``cpmem.model.vision`` counts the tower of its ``vision_config``."""
+
+    text_family: str
+    source: str
+    vision: str
+    text_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+WRAPPERS: Mapping[str, Wrapper] = MappingProxyType(
+    {
+        "gemma3": Wrapper(
+            "gemma3_text",
+            "configuration_gemma3.py Gemma3Config, Gemma3TextConfig.__init__ defaults",
+            "siglip",
+            MappingProxyType(
+                {
+                    "vocab_size": 262_208,
+                    "hidden_size": 2304,
+                    "intermediate_size": 9216,
+                    "num_hidden_layers": 26,
+                    "num_attention_heads": 8,
+                    "num_key_value_heads": 4,
+                    "head_dim": 256,
+                    "hidden_activation": "gelu_pytorch_tanh",
+                    "max_position_embeddings": 131_072,
+                    "tie_word_embeddings": True,
+                    "attention_bias": False,
+                    "sliding_window": 4096,
+                    "sliding_window_pattern": 6,
+                    "final_logit_softcapping": None,
+                    "attn_logit_softcapping": None,
+                }
+            ),
+        ),
+        "qwen3_5": Wrapper(
+            "qwen3_5_text",
+            "configuration_qwen3_5.py Qwen3_5Config, Qwen3_5TextConfig defaults",
+            "qwen3_5",
+            MappingProxyType(
+                {
+                    "vocab_size": 248_320,
+                    "hidden_size": 4096,
+                    "intermediate_size": 12288,
+                    "num_hidden_layers": 32,
+                    "num_attention_heads": 16,
+                    "num_key_value_heads": 4,
+                    "hidden_act": "silu",
+                    "max_position_embeddings": 32768,
+                    "tie_word_embeddings": False,
+                    "attention_bias": False,
+                    "head_dim": 256,
+                    "linear_conv_kernel_dim": 4,
+                    "linear_key_head_dim": 128,
+                    "linear_value_head_dim": 128,
+                    "linear_num_key_heads": 16,
+                    "linear_num_value_heads": 32,
+                    "full_attention_interval": 4,
+                }
+            ),
+        ),
+        "qwen3_5_moe": Wrapper(
+            "qwen3_5_moe_text",
+            "configuration_qwen3_5_moe.py Qwen3_5MoeConfig, Qwen3_5MoeTextConfig defaults",
+            "qwen3_5",
+            MappingProxyType(
+                {
+                    "vocab_size": 248_320,
+                    "hidden_size": 2048,
+                    "num_hidden_layers": 40,
+                    "num_attention_heads": 16,
+                    "num_key_value_heads": 2,
+                    "hidden_act": "silu",
+                    "max_position_embeddings": 32768,
+                    "tie_word_embeddings": False,
+                    "attention_bias": False,
+                    "head_dim": 256,
+                    "linear_conv_kernel_dim": 4,
+                    "linear_key_head_dim": 128,
+                    "linear_value_head_dim": 128,
+                    "linear_num_key_heads": 16,
+                    "linear_num_value_heads": 32,
+                    "moe_intermediate_size": 512,
+                    "shared_expert_intermediate_size": 512,
+                    "num_experts_per_tok": 8,
+                    "num_experts": 256,
+                    "full_attention_interval": 4,
+                }
+            ),
+        ),
+    }
+)
+"""The multimodal wrappers read through their ``text_config``."""

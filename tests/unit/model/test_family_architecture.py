@@ -1,0 +1,267 @@
+"""Each family's layer as transformers builds it: the q/k norm, the biases, the gated
+output and the defaults read from a config are the modeling and configuration classes'
+(huggingface/transformers, ``src/transformers/models/<family>/``, at the commits of
+``cpmem.model.hf_families.SOURCE_COMMITS``). Every expected value below is what the named
+class does, written out here, never computed by cpmem."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpmem.errors import ConfigError
+from cpmem.model.hf_config import load_config
+from cpmem.model.hf_fields import FAMILIES
+from cpmem.pricing.weights import total_parameters
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+DENSE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "intermediate_size": 2048,
+    "vocab_size": 32000,
+}
+HYBRID = {
+    **DENSE,
+    "head_dim": 128,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "linear_num_key_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_num_value_heads": 8,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+}
+QWEN_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 512}
+MLA = {
+    **DENSE,
+    "q_lora_rank": 256,
+    "kv_lora_rank": 128,
+    "qk_rope_head_dim": 32,
+    "qk_nope_head_dim": 64,
+    "v_head_dim": 64,
+}
+
+
+def _config(family: str) -> dict[str, Any]:
+    if family in ("qwen3_5", "qwen3_5_text", "qwen3_next"):
+        return {**HYBRID, "model_type": family}
+    if family in ("qwen3_5_moe", "qwen3_5_moe_text"):
+        return {**HYBRID, **QWEN_EXPERTS, "model_type": family}
+    if family == "qwen3_moe":
+        return {**DENSE, **QWEN_EXPERTS, "model_type": family}
+    if family == "gpt_oss":
+        return {**DENSE, "num_local_experts": 8, "num_experts_per_tok": 2, "model_type": family}
+    if family in ("deepseek_v3", "kimi_k2"):
+        return {**MLA, "model_type": family}
+    return {**DENSE, "model_type": family}
+
+
+# (qk_norm, attention_bias, mlp_bias, gated output, sandwich norms, tied by default), each
+# as the named class builds it with its config's defaults
+PUBLISHED = {
+    # LlamaAttention: q/k/v/o Linear(bias=config.attention_bias), no q_norm/k_norm;
+    # LlamaMLP: bias=config.mlp_bias; LlamaConfig: attention_bias, mlp_bias,
+    # tie_word_embeddings all False
+    "llama": (False, False, False, False, False, False),
+    # MistralAttention: q/k/v/o Linear(bias=False), no q/k norm; MistralMLP bias=False;
+    # MistralConfig: tie_word_embeddings=False
+    "mistral": (False, False, False, False, False, False),
+    # Qwen2Attention: q/k/v Linear(bias=True), o Linear(bias=False), no q/k norm
+    "qwen2": (False, True, False, False, False, False),
+    # Qwen3Attention: q_norm, k_norm = Qwen3RMSNorm(head_dim); Qwen3Config attention_bias=False
+    "qwen3": (True, False, False, False, False, False),
+    # Qwen3MoeAttention: q_norm, k_norm
+    "qwen3_moe": (True, False, False, False, False, False),
+    # Qwen3NextAttention / Qwen3_5Attention: q_norm, k_norm, the q projection's second half
+    # gating the output (attn_output * sigmoid(gate))
+    "qwen3_next": (True, False, False, True, False, False),
+    "qwen3_5": (True, False, False, True, False, False),
+    "qwen3_5_text": (True, False, False, True, False, False),
+    "qwen3_5_moe": (True, False, False, True, False, False),
+    "qwen3_5_moe_text": (True, False, False, True, False, False),
+    # Gemma2Attention: no q/k norm; Gemma2DecoderLayer: post_attention_layernorm,
+    # pre/post_feedforward_layernorm; Gemma2Config tie_word_embeddings=True
+    "gemma2": (False, False, False, False, True, True),
+    # Gemma3Attention: q_norm, k_norm = Gemma3RMSNorm(head_dim); Gemma3TextConfig tie=True
+    "gemma3_text": (True, False, False, False, True, True),
+    # GptOssAttention: no q/k norm, bias=config.attention_bias (GptOssConfig: True);
+    # GptOssExperts: gate_up_proj_bias, down_proj_bias
+    "gpt_oss": (False, True, True, False, False, False),
+    # DeepseekV3Attention: q_a_layernorm, kv_a_layernorm on the compressed query and KV,
+    # no per-head q/k norm; attention_bias=False
+    "deepseek_v3": (False, False, False, False, False, False),
+    "kimi_k2": (False, False, False, False, False, False),
+}
+
+
+def test_every_family_is_held_to_its_published_layer() -> None:
+    assert set(PUBLISHED) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", sorted(PUBLISHED))
+def test_the_family_layer_is_the_published_one(family: str) -> None:
+    g = load_config(_config(family))
+    built = (
+        g.qk_norm,
+        g.attention_bias,
+        g.mlp_bias,
+        g.attention_output_gate,
+        g.sandwich_norms,
+        g.tied_embeddings,
+    )
+    assert built == PUBLISHED[family]
+
+
+def test_gpt_oss_router_and_sinks() -> None:
+    """GptOssTopKRouter: weight and bias; GptOssAttention: one sink logit per head."""
+    g = load_config(_config("gpt_oss"))
+    assert g.router_bias and g.attention_sinks
+    other = load_config(_config("qwen3_moe"))
+    assert not other.router_bias and not other.attention_sinks
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2"])
+def test_latent_attention_shared_experts_are_ungated(family: str) -> None:
+    """DeepseekV3MoE adds its shared experts' output ungated (Qwen's shared expert has a
+    sigmoid gate)."""
+    cfg = {**_config(family), "n_routed_experts": 8, "num_experts_per_tok": 2}
+    cfg.update(moe_intermediate_size=256, n_shared_experts=1, first_k_dense_replace=1)
+    assert not load_config(cfg).shared_expert_gate
+
+
+@pytest.mark.parametrize(("family", "value"), [("llama", True), ("gemma2", True)])
+def test_attention_bias_is_read_where_the_class_reads_it(family: str, value: bool) -> None:
+    assert load_config({**_config(family), "attention_bias": value}).attention_bias is value
+
+
+def test_llama_mlp_bias_is_read() -> None:
+    assert load_config({**_config("llama"), "mlp_bias": True}).mlp_bias
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_attention_bias_is_refused_where_the_class_fixes_it(family: str) -> None:
+    """Qwen2Attention's biases (q/k/v, no o) and MistralAttention's (none) do not follow
+    the field: a config that sets it describes another model."""
+    with pytest.raises(ConfigError) as err:
+        load_config({**_config(family), "attention_bias": False})
+    assert err.value.field == "attention_bias"
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_the_hybrids_gate_is_not_a_switch(family: str) -> None:
+    assert load_config({**_config(family), "attn_output_gate": True}).attention_output_gate
+    with pytest.raises(ConfigError) as err:
+        load_config({**_config(family), "attn_output_gate": False})
+    assert err.value.field == "attn_output_gate"
+
+
+# head_dim where a config omits it: Qwen3Config head_dim=128, Gemma2Config/Gemma3TextConfig
+# head_dim=256, GptOssConfig head_dim=64, Qwen3NextConfig/Qwen3_5TextConfig head_dim=256;
+# LlamaAttention/MistralConfig/Qwen2Attention: hidden_size // num_attention_heads
+HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256, "gpt_oss": 64, "llama": 128}
+
+
+@pytest.mark.parametrize("family", sorted(HEAD_DIM))
+def test_an_absent_head_dim_is_the_config_class_default(family: str) -> None:
+    cfg = _config(family)
+    cfg.pop("head_dim", None)
+    assert load_config(cfg).head_dim == HEAD_DIM[family]
+
+
+def test_gemma_activation_defaults_to_its_config_class() -> None:
+    """Gemma2Config / Gemma3TextConfig: hidden_activation="gelu_pytorch_tanh"; an
+    unsupported one is still named."""
+    cfg = {**_config("gemma2"), "hidden_activation": "relu"}
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert err.value.field == "hidden_activation"
+    assert load_config(_config("gemma2")).sandwich_norms
+
+
+# sliding windows where a config omits the field: MistralConfig sliding_window=4096 on
+# every layer; GptOssConfig sliding_window=128 on the even layers (layer_types' default);
+# Qwen2Config/Qwen3Config: only under use_sliding_window, from max_window_layers=28 on
+@pytest.mark.parametrize(
+    ("family", "extra", "windows"),
+    [
+        ("mistral", {}, (4096,) * 4),
+        ("mistral", {"sliding_window": None}, ()),
+        ("gpt_oss", {}, (128, 0, 128, 0)),
+        ("qwen2", {"sliding_window": 4096}, ()),
+        ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}, (0, 0, 4096, 4096)),
+        ("qwen3", {"use_sliding_window": True}, ()),  # 4 layers, all below layer 28
+        (
+            "qwen3",
+            {"layer_types": ["sliding_attention"] * 4, "sliding_window": 512},
+            (),  # Qwen3Config: sliding_window is None without use_sliding_window
+        ),
+    ],
+)
+def test_windows_follow_the_config_class(
+    family: str, extra: dict[str, Any], windows: tuple[int, ...]
+) -> None:
+    assert load_config({**_config(family), **extra}).windows == windows
+
+
+def test_llama_3_1_8b_parameters_are_the_published_count() -> None:
+    """meta-llama/Llama-3.1-8B holds 8,030,261,248 parameters (its safetensors index;
+    the model card's 8.03B): no q/k norm weights (8,192 more with them)."""
+    g = load_config(EXAMPLES / "llama-3.1-8b-style" / "config.json")
+    assert total_parameters(g) == 8_030_261_248
+
+
+QWEN2_5_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1",
+    "use_cache": True,
+    "use_mrope": False,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+"""Qwen/Qwen2.5-7B's published config.json, written out from memory."""
+
+
+def test_qwen2_5_published_config_prices_with_its_biases() -> None:
+    """Qwen2.5-7B: 7,615,616,512 parameters (its safetensors index; the model card's
+    7.61B), the q/k/v biases included. ``cpmem.pricing.weights`` counts an output bias
+    with them (``ModelGeometry.attention_bias``), H = 3,584 a layer that Qwen2Attention
+    does not hold: 28 x 3,584 over the published count."""
+    g = load_config(QWEN2_5_7B)
+    assert g.attention_bias and not g.qk_norm and g.windows == ()
+    assert total_parameters(g) - 7_615_616_512 == 28 * 3584
+    with pytest.raises(ConfigError) as err:
+        load_config({**QWEN2_5_7B, "use_mrope": True})
+    assert err.value.field == "use_mrope"
+
+
+def test_the_examples_are_read_as_published() -> None:
+    """Every example config reads; its family's layer is the published one."""
+    for path in sorted(EXAMPLES.glob("*/config.json")):
+        raw = json.loads(path.read_text())
+        family = raw.get("text_config", raw).get("model_type")
+        g = load_config(path)
+        assert g.qk_norm is PUBLISHED[family][0], path
