@@ -137,6 +137,10 @@ def admit(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     budget = (
         None if args.budget_gib is None else int(require_bytes("budget_gib", args.budget_gib * GIB))
     )
+    if budget is not None:
+        # a given budget is what the runtime leaves the step's activations beyond its static
+        # memory (as for every step): the device only chose the attention backend
+        step = step.with_settings(device=None)
     decision = admit_step(step, budget, policy=policy, figure="forward_backward")
     if args.json:
         print(json.dumps(decision.to_dict(), indent=2))

@@ -31,6 +31,7 @@ from typing import Any
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, read_megatron_args
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
+from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry
 from cpmem.step.backend_choice import BackendChoice, choose_backend
@@ -39,6 +40,7 @@ from cpmem.step.device import Device, resolve_device
 from cpmem.step.recompute import FullMethod, Mode, Module, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, AttentionBackend, Runtime
 from cpmem.step.step import Step
+
 
 @dataclass(frozen=True)
 class MegatronRun:
@@ -220,6 +222,7 @@ def megatron_run(
     pick under ``container``)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
         raise InputError("world_size", world_size, "must be a positive integer")
+    check_megatron_args(args)  # the reader's rules, for arguments built in code too
     tp = args.tensor_model_parallel_size
     pp = args.pipeline_model_parallel_size
     cp = args.context_parallel_size
@@ -228,6 +231,15 @@ def megatron_run(
             "world_size", world_size, f"is not divisible by TP x PP x CP = {tp * pp * cp}"
         )
     dp = world_size // (tp * pp * cp)
+    etp = args.expert_tensor_parallel_size or tp
+    ep = args.expert_model_parallel_size
+    if args.num_experts is not None and world_size % (etp * ep * pp):
+        raise InputError(
+            "world_size",
+            world_size,
+            f"is not divisible by ETP x EP x PP = {etp} x {ep} x {pp} (the expert rank "
+            "generator's layout, parallel_state.py)",
+        )
     mbs, gbs = args.micro_batch_size, args.global_batch_size
     if gbs is not None and gbs % (mbs * dp):
         raise InputError(
@@ -242,7 +254,6 @@ def megatron_run(
     assert resolved is not None
     choice = megatron_backend(args, resolved, attention_backend, container)
     vpp = virtual_pipeline_size(args) or 1
-    etp = args.expert_tensor_parallel_size or tp
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
     arguments: dict[str, Any] = {

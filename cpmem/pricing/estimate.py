@@ -194,6 +194,7 @@ class Estimate:
             out["stage_static_bytes"] = [s.total for s in self.stage_statics]
         if self.static is not None:
             out.update(self.static.to_dict())
+            out["peak_bytes"] = self.peak_bytes
         if self.device_budget is not None:
             out["device_budget"] = self.device_budget.to_dict()
         out["ignored_options"] = [o.partition(":")[0] for o in self.ignored_options]

@@ -75,17 +75,12 @@ def cublas_workspace_bytes(config: str) -> int:
 
 
 def compute_capability(settings: StepSettings) -> int:
-    """The device's compute capability major (``DEFAULT_COMPUTE_CAPABILITY`` where the step
-    names no device)."""
+    """The device's compute capability major; ``DEFAULT_COMPUTE_CAPABILITY`` where the step
+    names no device or one of unknown capability (a device given by its total bytes):
+    Hopper's workspaces, the largest sizes of every default."""
     device = settings.device
-    if device is None:
+    if device is None or device.compute_capability_major is None:
         return DEFAULT_COMPUTE_CAPABILITY
-    if device.compute_capability_major is None:
-        raise InputError(
-            "device",
-            device.name,
-            "has no compute capability on record; the workspaces it sizes need one (use a preset)",
-        )
     return device.compute_capability_major
 
 

@@ -148,6 +148,16 @@ ROWS = [
     Row("stage_layers", M4, {"pp": 2, "microbatches": 2}, [16, 16], [20, 12]),
     Row("first_stage_layers", M4, {"pp": 4, "microbatches": 4}, None, 14),
     Row("last_stage_layers", M4, {"pp": 4, "microbatches": 1}, None, 11),
+    # interleaved: groups of 4 micro-batches warm up more forwards than groups of pp = 2
+    Row("microbatch_group", M4, {"pp": 2, "vpp": 2, "microbatches": 4}, None, 4),
+    # the process: Megatron-LM's runs carry no fitted margin (tight's calibrated.py)
+    Row("runtime", M17, {}, "art", "megatron-lm", policy="tight"),
+    # full training: no SP-gathered adapter inputs, the trained output layer's inputs
+    Row("training", M17, {"tp": 2}, "lora", "full", policy="tight"),
+    # flash-attn's bshd copies: one more query-wide output per attention layer
+    Row("attention_backend", M17, {}, "fused", "flash", policy="tight"),
+    # 4-byte activations
+    Row("dtype", M17, {}, "bf16", "fp32", policy="tight"),
     Row(
         "microbatch_requests",
         M4,
@@ -195,6 +205,12 @@ DEVICE_ROWS = [
     DeviceRow("optimizer", {**H200, "lora_rank": 64}, "none", "adam"),
     DeviceRow("device", {}, "h100", "h200"),
     DeviceRow("device_total_bytes", {}, 80_000_000_000, 90_000_000_000),
+    # the gradient buffer's element: bf16 main gradients and their fp32 copy at the step
+    DeviceRow("grad_bytes", {**H200, "lora_rank": 64}, 4, 2),
+    # routed experts split over ETP ranks hold a quarter of their weights each
+    DeviceRow("etp", {**H200, "tp": 4, "ep": 4}, 1, 4, model=MOE),
+    # the answered stage: the first holds the embedding, the last the output layer
+    DeviceRow("rank", {**H200, "pp": 2, "microbatches": 2, "stage_layers": [8, 24]}, 0, "last"),
 ]
 
 EXEMPT = {

@@ -29,7 +29,7 @@ from cpmem.megatron.args import (
 from cpmem.megatron.ignored import IGNORED_GROUPS
 from cpmem.megatron.refused import REFUSED_GROUPS
 from cpmem.megatron.snapshot import arguments as snapshot_arguments
-from megatron_lm.tiny import run_of
+from megatron_lm.tiny import step_of as run_of
 
 GOLDEN_CASES = Path(__file__).resolve().parents[3] / "golden" / "megatron" / "cases"
 REQUIRED = {

@@ -1,5 +1,5 @@
 """Mixture-of-experts runs: the expert layout, its checks, the experts' parameters and
-the MoE layer's saved set.
+their static memory (the layer's saved set is ``tight``'s MoE kind).
 
 Expected values come from Megatron-LM's source facts named in each test (its expert
 ``RankGenerator``, ``arguments.py``'s assertions and defaults, the shapes of
@@ -13,9 +13,11 @@ from __future__ import annotations
 import pytest
 
 from cpmem.errors import InputError
-from cpmem.megatron import activations, static
 from cpmem.megatron.args import parse_megatron_args
-from tests.unit.megatron_lm.tiny import run_of, tiny
+from cpmem.pricing.static import expert_shards
+from cpmem.pricing.weights import expert_tensors, layer_tensors
+from tests.unit.megatron_lm.tiny import static_of, tiny
+from tests.unit.megatron_lm.tiny import step_of as run_of
 
 MOE = {
     "num_experts": 8,
@@ -23,6 +25,8 @@ MOE = {
     "tensor_model_parallel_size": 2,
     "sequence_parallel": True,
     "moe_router_topk": 1,
+    # Megatron-LM requires the pre-softmax router with top-1 routing (read as a flag given)
+    "flag_values": {"--moe-router-pre-softmax": True},
     "add_bias_linear": False,
 }
 
@@ -49,23 +53,13 @@ def test_moe_defaults_are_megatrons() -> None:
 
 
 def test_the_expert_layout_folds_cp_into_the_expert_dp() -> None:
-    """Expert DP = world / (ETP x EP x PP); ETP defaults to TP (arguments.py:587-588)."""
-    run = run_of(tiny(**MOE, context_parallel_size=2), world_size=8)
-    assert (run.etp, run.ep, run.edp) == (2, 2, 2)
-    assert run.dp == 2  # dense DP = 8 / (TP 2 x CP 2)
-    assert run.local_experts == 4
-
-
-def test_the_last_rank_is_last_in_every_expert_coordinate() -> None:
-    """The expert RankGenerator's order tp-ep-dp-pp, TP fastest: rank 7 of 8 at ETP 2,
-    EP 2, EDP 2 is (1, 1, 1, 0); rank 5 is (1, 0, 1, 0)."""
-    assert run_of(tiny(**MOE)).expert_coordinates == {"etp": 1, "ep": 1, "edp": 1, "pp": 0}
-    assert run_of(tiny(**MOE), rank=5).expert_coordinates == {
-        "etp": 1,
-        "ep": 0,
-        "edp": 1,
-        "pp": 0,
-    }
+    """Expert DP = world / (ETP x EP x PP), CP folded in; ETP defaults to TP
+    (arguments.py:587-588)."""
+    step = run_of(tiny(**MOE, context_parallel_size=2), world_size=8)
+    layout = step.plan.layout
+    assert (layout.etp, layout.ep) == (2, 2)
+    assert layout.dp == 2  # dense DP = 8 / (TP 2 x CP 2)
+    assert expert_shards(step.settings) == 2
 
 
 def test_ep_not_dividing_the_experts_is_refused_naming_the_flag() -> None:
@@ -103,37 +97,37 @@ def test_an_unpriced_dispatcher_is_refused_by_name() -> None:
 def test_each_layer_holds_its_local_experts_sharded_over_etp() -> None:
     """E / EP = 4 local experts of fc1 [f / ETP, h] and fc2 [h, f / ETP], f = 4h = 2048,
     h = 512, ETP 2 (experts.py, no biases)."""
-    run = run_of(tiny(**MOE))
-    assert static.expert_layer_tensors(run) == [1024 * 512, 512 * 1024] * 4
+    step = run_of(tiny(**MOE))
+    g, layout = step.geometry, step.plan.layout
+    assert expert_tensors(g, 0, layout.ep, layout.etp) == [1024 * 512, 512 * 1024] * 4
     # the router's [E, h] weight sits with the dense parameters, whole on every TP rank
-    assert 8 * 512 in static.layer_tensors(run)
+    assert 8 * 512 in layer_tensors(g, 0, layout.tp)
 
 
 def test_the_expert_buffer_is_sharded_over_the_expert_dp_group() -> None:
     """The distributed optimizer's master weights and moments of the experts: 1/EDP of
-    the expert buffer (EDP 2 here, dense DP 4)."""
-    args = tiny(**MOE, use_distributed_optimizer=True)
-    run = run_of(args)
-    experts = sum(static.expert_layer_tensors(run)) * run.stage_layers
-    whole = static.static_components(run_of(tiny(**MOE)))
-    sharded = static.static_components(run)
-    dense = sum(static.stage_tensors(run, 0)[0])
-    # Adam's moments of the dense share (1/4) and of the expert share (1/2), to padding
-    expected = 8 * (dense / 4 + experts / 2)
-    assert abs(sharded["adam_moments"] - expected) / expected < 1e-3
-    assert whole["adam_moments"] == 8 * (dense + experts)
+    the expert buffer (EDP 2 here, dense DP x CP 4)."""
+    step = run_of(tiny(**MOE, use_distributed_optimizer=True))
+    g, layout = step.geometry, step.plan.layout
+    experts = sum(expert_tensors(g, 0, layout.ep, layout.etp)) * 12
+    dense = sum(sum(layer_tensors(g, i, layout.tp)) for i in range(12))
+    dense += 50432 // 2 * 512 + 1024 * 512 + 2 * 512  # embedding, positions, final norm
+    whole = static_of(tiny(**MOE))
+    sharded = static_of(tiny(**MOE, use_distributed_optimizer=True))
+    # the master copy and Adam's moments (12 B) of the dense share (1/4) and the expert
+    # share (1/2), to the buffers' padding
+    expected = 12 * (dense / 4 + experts / 2)
+    assert abs(sharded["optimizer_states"] - expected) / expected < 1e-3
+    assert whole["optimizer_states"] == 12 * (dense + experts)
 
 
 def test_grouped_gemm_keeps_four_stream_workspaces() -> None:
     """TE's GroupedLinear runs on 4 cuBLAS streams with a workspace each (module/base.py)."""
-    run = run_of(tiny(**MOE, moe_grouped_gemm=True), device="h100")
-    parts = static.static_components(run)
+    parts = static_of(tiny(**MOE, moe_grouped_gemm=True), device="h100")
     assert parts["te_grouped_gemm_workspaces"] == 4 * parts["te_cublaslt_workspace"]
 
 
-def test_worst_case_routing_puts_min_k_local_copies_of_every_gathered_token_here() -> None:
-    """n_sp = 4096 / TP 2 tokens on each of ETP 2 x EP 2 ranks; top-1 with 4 local
-    experts: at most one copy of each of the 8192 gathered tokens."""
-    assert activations.routed_rows(run_of(tiny(**MOE))) == 2048 * 4
-    top2 = run_of(tiny(**{**MOE, "moe_router_topk": 2}))
-    assert activations.routed_rows(top2) == 2048 * 4 * 2
+def test_the_allgather_dispatcher_gathers_into_the_global_buffer() -> None:
+    """token_dispatcher.py (use_global_buffer=True): the MoE input gathered over ETP x EP,
+    [n/TP x ETP x EP, h] bf16 = 2048 x 4 x 512 x 2 bytes, the largest use of the buffer."""
+    assert static_of(tiny(**MOE))["global_memory_buffer"] == 2048 * 4 * 512 * 2

@@ -104,7 +104,9 @@ def test_the_distributed_optimizer_holds_6_per_padded_element_and_12_per_owned(
     world: int,
 ) -> None:
     d = world  # TP 1, PP 1, CP 1: DP is the world
-    parts = static_of(tiny(use_distributed_optimizer=True, global_batch_size=None), world_size=world)
+    parts = static_of(
+        tiny(use_distributed_optimizer=True, global_batch_size=None), world_size=world
+    )
     # every tensor is a multiple of h = 512 elements: no start padding; the bucket ends
     # on lcm(d, 128): 128 at d = 8 (the count already is a multiple), 640 at d = 5
     align = math.lcm(d, 128)
@@ -233,9 +235,17 @@ def test_the_local_implementation_has_no_te_workspace() -> None:
     assert "te_cublaslt_workspace" not in static_of(tiny(transformer_impl="local"))
 
 
-def test_a_device_without_a_compute_capability_is_refused() -> None:
+def test_a_device_without_a_compute_capability_gets_the_largest_defaults() -> None:
+    # PyTorch's Hopper default (32 MiB) and TE's 32 MiB + 1 KiB: the largest of the sizes
+    parts = static_of(tiny(), device="mi300x", attention_backend="flash")
+    assert parts["cublas_workspaces"] == 2 * 32 * MIB
+    assert parts["te_cublaslt_workspace"] == 32 * MIB + 1024
+
+
+def test_auto_needs_the_devices_compute_capability() -> None:
+    # Transformer Engine's attention choice reads it: no silent pick on an unknown device
     with pytest.raises(InputError) as err:
-        static_of(tiny(), device="mi300x", attention_backend="flash")
+        static_of(tiny(), device="mi300x")
     assert err.value.field == "device"
 
 

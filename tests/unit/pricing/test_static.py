@@ -16,7 +16,8 @@ from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.model.presets import get_preset
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.device_budget import NON_TORCH_BYTES, RESERVE_FRACTION, device_budget
-from cpmem.pricing.static import WARM_WORKSPACES, StaticMemory, adapter_parameters, static_memory
+from cpmem.pricing.static import StaticMemory, adapter_parameters, static_memory
+from cpmem.pricing.workspaces import CUBLAS_DEFAULT_HOPPER, TE_WORKSPACE_HOPPER
 from cpmem.pricing.weights import padded_vocab, rank_weights, total_parameters
 from cpmem.step.describe import describe_settings
 from cpmem.step.device import DEVICES, Device, resolve_device
@@ -69,7 +70,8 @@ def _bytes_per_trainable(**settings: object) -> float:
     one = describe_settings("qwen3.5-4b", lora_rank=64, step="steady", **settings)  # type: ignore[arg-type]
     trainable = adapter_parameters(one.geometry, one.adapter, one.layout)
     s = static_memory(one)
-    base = s.components["base_weights"] + s.components["kernel_workspaces"]
+    workspaces = s.components["cublas_workspaces"] + s.components["te_cublaslt_workspace"]
+    base = s.components["base_weights"] + workspaces
     return (s.total - base) / trainable
 
 
@@ -95,7 +97,7 @@ def test_moments_appear_at_the_first_optimizer_step() -> None:
     cold, warm = static_memory(settings), static_memory(settings, stepped=True)
     moments = warm.components["optimizer_states"] - cold.components["optimizer_states"]
     assert moments == 8 * trainable
-    assert cold.components["kernel_workspaces"] == 0
+    assert "cublas_workspaces" not in cold.components  # a cold step's set-up is its own
 
 
 def test_adapter_parameters_grow_with_rank_and_targets() -> None:
@@ -107,9 +109,15 @@ def test_adapter_parameters_grow_with_rank_and_targets() -> None:
 
 
 def test_warm_workspaces_are_what_every_first_cell_gained_after_its_first_step() -> None:
-    """Every dense process's first cell gains 96 MiB (+1 KiB) between its first and
-    second repetition; the Qwen3-1.7B processes up to 3.4 MiB more (their baselines also
-    grow with the tokens they have run, 0.1-14 MiB, which no static term prices)."""
+    """Every dense process's first cell gains 96 MiB + 1 KiB between its first and
+    second repetition: two of PyTorch's 32 MiB cuBLAS workspaces (the forward's thread and
+    autograd's) and Transformer Engine's 32 MiB + 1 KiB on the H200; the Qwen3-1.7B
+    processes up to 3.4 MiB more (their baselines also grow with the tokens they have
+    run, 0.1-14 MiB, which no static term prices)."""
+    settings = describe_settings("qwen3.5-4b", tp=2, step="steady", device="h200")
+    s = static_memory(settings)
+    warm = s.components["cublas_workspaces"] + s.components["te_cublaslt_workspace"]
+    assert warm == 2 * CUBLAS_DEFAULT_HOPPER + TE_WORKSPACE_HOPPER == 96 * 2**20 + 2**10
     gains = {
         c.baseline_max_bytes - c.baseline_min_bytes
         for c in CELLS
@@ -118,8 +126,8 @@ def test_warm_workspaces_are_what_every_first_cell_gained_after_its_first_step()
         and c.ep == 1
         and c.baseline_max_bytes - c.baseline_min_bytes > 50 * 2**20
     }
-    assert min(gains) == WARM_WORKSPACES + 2**10, gains
-    assert all(WARM_WORKSPACES <= g <= WARM_WORKSPACES + 4 * 2**20 for g in gains), gains
+    assert min(gains) == warm, gains
+    assert all(warm <= g <= warm + 4 * 2**20 for g in gains), gains
 
 
 def test_non_torch_bytes_are_what_the_first_process_left_unaccounted() -> None:
