@@ -9,8 +9,6 @@ import io
 import json
 from pathlib import Path
 
-import pytest
-
 from cpmem import cli
 from cpmem.api import estimate_megatron
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from megatron_lm.tiny import static_of, step_of, tiny
 
 from cpmem.errors import InputError
 from cpmem.pricing.weights import stage_tensors
 from cpmem.pricing.workspaces import cublas_workspace_bytes
 from cpmem.step.step import Step
-from megatron_lm.tiny import static_of, step_of, tiny
 
 H = 512
 V = 50304  # 50257 padded to a multiple of 128 (TP 1)

@@ -9,10 +9,10 @@ padded to 50,304).
 from __future__ import annotations
 
 import pytest
+from megatron_lm.tiny import priced, step_of, tiny
 
 from cpmem.errors import InputError
 from cpmem.pricing.estimate import Estimate
-from megatron_lm.tiny import priced, step_of, tiny
 
 H, Q, KV, F, HEADS = 512, 512, 512, 2048, 8
 TOKENS, LAYERS, BF16 = 4096, 12, 2

@@ -17,8 +17,8 @@ from cpmem.model.presets import get_preset
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.device_budget import NON_TORCH_BYTES, RESERVE_FRACTION, device_budget
 from cpmem.pricing.static import StaticMemory, adapter_parameters, static_memory
-from cpmem.pricing.workspaces import CUBLAS_DEFAULT_HOPPER, TE_WORKSPACE_HOPPER
 from cpmem.pricing.weights import padded_vocab, rank_weights, total_parameters
+from cpmem.pricing.workspaces import CUBLAS_DEFAULT_HOPPER, TE_WORKSPACE_HOPPER
 from cpmem.step.describe import describe_settings
 from cpmem.step.device import DEVICES, Device, resolve_device
 from cpmem.step.trainer import Adapter
