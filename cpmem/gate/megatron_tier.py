@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cpmem.errors import InputError
@@ -69,6 +69,9 @@ class TierRow:
     balanced_peak: int | None = None
     """Of an MoE run: ``peak_bytes`` under balanced routing (the priced figure is the
     worst case a router without capacity can reach)."""
+    above_case: tuple[float, float] = (0.0, 0.0)
+    """What the recording holds above the other recordings of its case on its device:
+    (static bytes, peak bytes), from the smallest of theirs (0 where it is the only one)."""
 
     @property
     def static_bytes(self) -> int:
@@ -189,11 +192,10 @@ def _spread_explains(row: TierRow) -> float:
 
 
 _PP_BUFFERS = (
-    "pipeline runs keep [s, b, h] activations between steps beyond every priced tensor: "
-    "8-13 MiB at PP 2-4 under 1F1B (two to three 4 MiB tensors), 24-28 MiB interleaved, "
-    "up to 45 MiB on GB200; the schedule's source (schedules.py, p2p_communication.py) "
-    "keeps no buffer by reading (the sent and received tensors' stream-recorded frees are "
-    "the candidate), so the tensor is not found; the same bytes are live at the peak"
+    "pipeline runs on GB200 (and one interleaved A100 run) hold 18-36 MiB between steps "
+    "beyond the chunks' kept inputs priced (pipeline_received: each chunk's last received "
+    "activation and its gradient), and peak up to 24 MiB above the figure; the other "
+    "platforms' runs of the same arguments are within 3%; not a tensor of the step found"
 )
 _SPREAD = (
     "--attention-backend auto recorded in a container whose Transformer Engine ran "
@@ -212,8 +214,8 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
         "pipeline buffers",
         _PP_BUFFERS,
         lambda r: r.pp > 1,
-        0.10,
-        48 * MIB,
+        0.05,
+        40 * MIB,
         "under",
     ),
     DeclaredMiss(
@@ -221,8 +223,8 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
         "pipeline buffers",
         _PP_BUFFERS,
         lambda r: r.pp > 1,
-        0.02,
-        48 * MIB,
+        0.012,
+        24 * MIB,
     ),
     DeclaredMiss(
         "covers",
@@ -238,8 +240,8 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
         "TP 4 without SP",
         _TP4,
         lambda r: r.step.plan.layout.tp == 4 and not r.step.plan.layout.sp_active,
-        0.025,
-        24 * MIB,
+        0.02,
+        22 * MIB,
     ),
     DeclaredMiss(
         "headroom",
@@ -278,22 +280,26 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
     DeclaredMiss(
         "static",
         "resumed process",
-        "a resumed run's second process holds 100-200 MiB more than every other recording "
-        "of its case (the 5% CI band lets a rerun drift): its restart's checkpoint-load "
-        "buffers outliving the load, not a tensor of the step",
-        lambda r: r.recording.second_recording,
+        "a resumed run's second process holds 60-180 MiB more than the other recordings of "
+        "its case on its device (the 5% CI band lets a rerun drift): its restart's "
+        "checkpoint-load buffers outliving the load, not a tensor of the step; excused up "
+        "to what it holds above them",
+        lambda r: r.recording.second_recording and r.above_case[0] >= 32 * MIB,
         0.28,
         256 * MIB,
         "under",
+        cap=lambda r: r.above_case[0] + STATIC_TOLERANCE * r.measured_static,
     ),
     DeclaredMiss(
         "covers",
         "resumed process",
         "a resumed run's second process peaks with its restart's checkpoint-load buffers "
-        "(the static miss of the same name) live",
-        lambda r: r.recording.second_recording,
+        "(the static miss of the same name) live, up to what it holds above the case's "
+        "other recordings",
+        lambda r: r.recording.second_recording and r.above_case[1] > 0,
         0.16,
         256 * MIB,
+        cap=lambda r: r.above_case[1],
     ),
     DeclaredMiss(
         "covers",
@@ -381,11 +387,29 @@ def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
         except InputError as exc:
             refused.setdefault(str(exc), []).append(rec.recording_id)
     return MegatronTier(
-        tuple(rows),
+        _above_case(rows),
         {k: tuple(v) for k, v in refused.items()},
         tuple(unnamed),
         tuple(empty),
     )
+
+
+def _above_case(rows: list[TierRow]) -> tuple[TierRow, ...]:
+    """Each row with what it holds above the other recordings of its case on its
+    device (``TierRow.above_case``)."""
+    groups: dict[tuple[str, str], list[TierRow]] = {}
+    for row in rows:
+        groups.setdefault((row.recording.case, row.recording.device), []).append(row)
+    out = []
+    for row in rows:
+        others = [o for o in groups[(row.recording.case, row.recording.device)] if o is not row]
+        if not others:
+            out.append(row)
+            continue
+        static = row.measured_static - min(o.measured_static for o in others)
+        peak = row.measured_peak - min(o.measured_peak for o in others)
+        out.append(replace(row, above_case=(max(0.0, static), max(0.0, peak))))
+    return tuple(out)
 
 
 def megatron_check(golden_dir: Path) -> dict[str, object]:
