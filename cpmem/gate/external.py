@@ -29,6 +29,7 @@ tier's gate for an external estimator is ``cpmem.gate.external_simulated``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib
 import json
 import os
@@ -48,7 +49,7 @@ from cpmem.plan.request import Request
 from cpmem.reports.tables import pct
 from cpmem.samples.cells import cell_step, is_measured
 from cpmem.samples.rows import SimRow, row_step, simulated_dir
-from cpmem.step.step import Step
+from cpmem.step.step import Step, StepSettings
 
 __all__ = [
     "ExternalEstimate",
@@ -222,6 +223,26 @@ def _plan_keys(step: Step, lengths: Sequence[int], shared_prefix: int) -> dict[s
     }
 
 
+def _runtime_settings(s: StepSettings) -> dict[str, Any]:
+    """The runtime's settings other than its name, as plain JSON (its notes are prose)."""
+    r = s.runtime
+    out: dict[str, Any] = {
+        f.name: getattr(r, f.name)
+        for f in dataclasses.fields(r)
+        if f.name not in ("name", "notes", "env", "backend_spread")
+    }
+    out["env"] = dict(r.env)
+    out["backend_spread"] = list(r.backend_spread)
+    return out
+
+
+def _capability(s: StepSettings) -> list[int | None] | None:
+    """The device's compute capability as ``[major, minor]`` (``null`` parts: unknown)."""
+    if s.device is None:
+        return None
+    return [s.device.compute_capability_major, s.device.compute_capability_minor]
+
+
 def step_description(
     step: Step,
     *,
@@ -289,8 +310,19 @@ def step_description(
         "cp_comm": step.cp_comm,
         "optimizer": s.optimizer.kind,
         "distributed_optimizer": s.optimizer.distributed,
+        "grad_bytes": s.optimizer.grad_bytes,
+        "training": s.training,
+        "runtime": s.runtime.name,
+        "runtime_settings": _runtime_settings(s),
+        "rank": s.rank,
+        "holds_embedding": s.holds_embedding,
+        "etp": layout.etp,
+        "full_recompute_method": step.recompute.full_method,
+        "full_recompute_layers": step.recompute.full_layers,
+        "microbatch_group": pipe.group,
         "device": None if s.device is None else s.device.name,
         "device_total_bytes": None if s.device is None else s.device.total_bytes,
+        "device_compute_capability": _capability(s),
         "pp": pipe.pp,
         "vpp": pipe.vpp,
         "microbatches": pipe.microbatches,

@@ -30,6 +30,7 @@ from cpmem.step.describe import describe_step
 from cpmem.step.device import Device
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.recompute import Module, Recompute
+from cpmem.step.runtime import Runtime
 from cpmem.step.step import Step, StepSettings
 from cpmem.step.trainer import Adapter, Head, Optimizer
 from tests.golden import external_estimators as ext
@@ -413,16 +414,55 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         {"microbatches", "microbatch_plans"},
     ),
     (Pipeline, "layers"): (_same, _nested("pipeline", layers=(12, 20)), {"stage_layers"}),
+    (Device, "compute_capability_major"): (
+        _same,
+        _nested("device", compute_capability_major=8),
+        {"device_compute_capability"},
+    ),
+    (Device, "compute_capability_minor"): (
+        _same,
+        _nested("device", compute_capability_minor=5),
+        {"device_compute_capability"},
+    ),
+    (Pipeline, "group"): (
+        _same,
+        _nested("pipeline", vpp=2, group=2),
+        {"microbatch_group"},
+    ),
+    (Optimizer, "grad_bytes"): (_same, _nested("optimizer", grad_bytes=2), {"grad_bytes"}),
+    (ParallelLayout, "etp"): (_same, _nested("layout", etp=2), {"etp"}),
+    (Recompute, "full_method"): (
+        _nested("recompute", mode="full"),
+        _nested("recompute", mode="full", full_method="block"),
+        {"full_recompute_method"},
+    ),
+    (Recompute, "full_layers"): (
+        _nested("recompute", mode="full"),
+        _nested("recompute", mode="full", full_layers=2),
+        {"full_recompute_layers"},
+    ),
+    (StepSettings, "training"): (
+        _set(adapter=Adapter()),
+        _set(adapter=Adapter(), training="full"),
+        {"training"},
+    ),
+    (StepSettings, "runtime"): (
+        _same,
+        _set(runtime=Runtime.megatron_lm()),
+        {"runtime", "runtime_settings"},
+    ),
+    (StepSettings, "rank"): (_same, _set(rank="last"), {"rank"}),
+    (StepSettings, "holds_embedding"): (
+        _same,
+        _set(holds_embedding=False),
+        {"holds_embedding"},
+    ),
 }
 EXCLUDED: dict[tuple[type, str], str] = {
     (StepSettings, "profiles"): "cpmem's learned floors from earlier runs of a signature: "
     "an input of cpmem's own policies, not how the step runs (cells and rows price none)",
     (Device, "source"): "the provenance text of a preset's total bytes (compare=False: not "
     "part of the device)",
-    (Device, "compute_capability_major"): "sizes the kernel workspaces of a Megatron-LM run "
-    "(cpmem.megatron.static); no LoRA step's figure reads it",
-    (Device, "compute_capability_minor"): "read by Transformer Engine's attention selection "
-    "for a Megatron-LM run (cpmem.step.attention_backend); no LoRA step's figure reads it",
 }
 
 

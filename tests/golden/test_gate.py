@@ -34,7 +34,7 @@ from cpmem.gate.run import run_gate
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import GOLDEN_DIR
 from cpmem.golden.manifest import verify_manifest
-from cpmem.pricing import static as static_mod
+from cpmem.pricing import workspaces as workspaces_mod
 from cpmem.pricing.reference import REFERENCE, reference_policy
 from cpmem.pricing.registry import POLICIES
 from cpmem.reports.gate_render import render
@@ -42,6 +42,7 @@ from cpmem.samples.cells import cell_step
 from cpmem.samples.targets import TARGETS
 
 MIB = 2**20
+KIB = 2**10
 SAFETY = 1.10
 
 
@@ -438,16 +439,17 @@ def test_recording_refuses_over_a_damaged_manifest(golden_copy: Path) -> None:
 def test_a_moved_static_constant_fails_the_controls_check_naming_each_control(
     golden_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The warm workspaces a process keeps after its first step (96 MiB, measured) raised
-    by 1 MiB: exactly the controls whose recorded ``kernel_workspaces`` is 96 MiB (the warm
-    cells) move, their static memory by +1 MiB and the H200 budget by -1 MiB (budget =
-    total - 3% - outside PyTorch - static), every activation figure unchanged; the controls
-    check fails naming them, and a re-recording reports both figures in last_diff.md."""
+    """Transformer Engine's cuBLASLt workspace (32 MiB + 1 KiB on Hopper, which a warm
+    process keeps after its first step) raised by 1 MiB: exactly the controls whose
+    recorded ``te_cublaslt_workspace`` is that size (the warm cells) move, their static
+    memory by +1 MiB and the H200 budget by -1 MiB (budget = total - 3% - outside PyTorch -
+    static), every activation figure unchanged; the controls check fails naming them, and
+    a re-recording reports both figures in last_diff.md."""
     recorded = [r for r in load_controls(GOLDEN_DIR) if r["policy"] == "reference"]
     warm = {
         r["control_id"]: r
         for r in recorded
-        if json.loads(r["static_components"])["kernel_workspaces"] == 96 * MIB
+        if json.loads(r["static_components"]).get("te_cublaslt_workspace") == 32 * MIB + KIB
     }
     assert len(warm) >= 10 and len(warm) < len(recorded)  # some controls, not all
     for r in warm.values():  # the recorded budget is the rule over the recorded static
@@ -455,7 +457,7 @@ def test_a_moved_static_constant_fails_the_controls_check_naming_each_control(
         assert r["budget_device"] == "h200" and total == 150_121_021_440
         left = total - int(total * 0.03) - int(r["non_torch_bytes"]) - int(r["static_bytes"])
         assert int(r["budget_bytes"]) == left > MIB
-    monkeypatch.setattr(static_mod, "WARM_WORKSPACES", 97 * MIB)
+    monkeypatch.setattr(workspaces_mod, "TE_WORKSPACE_HOPPER", 33 * MIB + KIB)
 
     ctl = controls_check(golden_copy, "reference")
     assert ctl["required"] and not ctl["passed"] and not ctl["byte_identical"]

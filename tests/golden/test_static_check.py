@@ -14,6 +14,7 @@ import cpmem.gate.static_check as sc
 import cpmem.pricing.device_budget as budget_module
 import cpmem.pricing.static as static_module
 import cpmem.pricing.weights as weights_module
+import cpmem.pricing.workspaces as workspaces_module
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
 
@@ -57,12 +58,19 @@ def test_the_budget_rule_reproduces_every_recorded_budget() -> None:
     assert cp_cells and cp_cells <= without  # the CP campaign recorded no baselines
 
 
+def _padded_to_a_million(geometry: object, tp: int) -> int:
+    """A vocabulary padded to a multiple of 10**6 (megatron pads to 128 x TP)."""
+    return 10**6 * tp
+
+
 @pytest.mark.parametrize(
     ("module", "name", "value", "check"),
     [
-        (static_module, "WARM_WORKSPACES", 0, "static"),  # no workspaces after a step
-        (weights_module, "VOCAB_DIVISOR", 10**6, "static"),  # a wildly padded vocabulary
-        (static_module, "GRAD_BYTES", 400, "static"),  # gradients far off their dtype
+        (workspaces_module, "CUBLAS_THREADS", 0, "static"),  # no cuBLAS workspace kept
+        (workspaces_module, "TE_WORKSPACE_HOPPER", 0, "static"),  # no TE workspace kept
+        (weights_module, "padded_vocab", _padded_to_a_million, "static"),  # wild padding
+        (weights_module, "WEIGHT_BYTES", 4, "static"),  # fp32 weights, not bf16
+        (static_module, "MASTER_BYTES", 400, "static"),  # a master copy far off fp32
         (budget_module, "NON_TORCH_BYTES", 0, "budget"),  # no CUDA context, no NCCL
         (budget_module, "RESERVE_FRACTION", 0.0, "budget"),  # no runtime reserve
     ],
