@@ -1,4 +1,4 @@
-"""``cpmem golden import|verify|manifest``."""
+"""``cpmem golden import|import-megatron|megatron-history|verify|manifest``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from cpmem.golden.files import (
 )
 from cpmem.golden.importer import import_sources
 from cpmem.golden.manifest import data_files, verify, verify_manifest, write_manifest
-from cpmem.golden.megatron import MEGATRON_SUBDIR, RECORDINGS_FILE, import_recordings
+from cpmem.golden.megatron import (
+    MEGATRON_SUBDIR,
+    RECORDINGS_FILE,
+    import_recordings,
+    load_recordings,
+)
+from cpmem.golden.megatron_history import RECORDED_IMAGES_FILE, write_recorded_images
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,9 +50,20 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="the snapshot: cases/<family>/<case>/, recipes/ and MANIFEST.tsv",
     )
+    p_history = sub.add_parser(
+        "megatron-history",
+        help="find when and in which CI image each Megatron-LM recording was made "
+        "(GOLDEN/megatron/recorded_images.csv) from a clone of Megatron-LM with its history",
+    )
+    p_history.add_argument(
+        "--repo",
+        type=Path,
+        required=True,
+        help="a git clone of NVIDIA/Megatron-LM holding the snapshot commit and its history",
+    )
     p_verify = sub.add_parser("verify", help="check schema, manifest and agreement with sources")
     p_manifest = sub.add_parser("manifest", help="regenerate golden/MANIFEST.sha256")
-    for p in (p_import, p_megatron, p_verify, p_manifest):
+    for p in (p_import, p_megatron, p_history, p_verify, p_manifest):
         add_golden_argument(p)
     return parser
 
@@ -73,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             n = import_recordings(args.source, golden_dir)
             print(f"wrote {golden_dir / MEGATRON_SUBDIR / RECORDINGS_FILE} ({n} recordings)")
             print("run `cpmem golden manifest` to pin the new files")
+            return 0
+        if args.command == "megatron-history":
+            n = write_recorded_images(args.repo, golden_dir, load_recordings(golden_dir))
+            print(f"wrote {golden_dir / MEGATRON_SUBDIR / RECORDED_IMAGES_FILE} ({n} recordings)")
+            print("run `cpmem golden manifest` to pin the new file")
             return 0
         if args.command == "manifest":
             path = write_manifest(golden_dir)

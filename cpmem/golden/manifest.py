@@ -22,6 +22,7 @@ from cpmem.golden.files import (
 )
 from cpmem.golden.importer import existing_rows
 from cpmem.golden.megatron import MEGATRON_SUBDIR, check_recordings, load_recordings
+from cpmem.golden.megatron_history import RECORDED_IMAGES_FILE, load_recorded_images
 from cpmem.golden.schema import COLUMN_NAMES, schema_bytes
 from cpmem.golden.sources import normalize_sources
 
@@ -153,7 +154,15 @@ def verify(golden_dir: Path | str | None = None) -> list[str]:
     problems.extend(p for p in check_sources(golden_dir, rows) if p not in problems)
     if (golden_dir / MEGATRON_SUBDIR).is_dir():
         try:
-            problems.extend(check_recordings(golden_dir, load_recordings(golden_dir)))
+            recordings = load_recordings(golden_dir)
+            problems.extend(check_recordings(golden_dir, recordings))
+            images = load_recorded_images(golden_dir)
+            problems.extend(
+                f"{r.recording_id}: no row in {MEGATRON_SUBDIR}/{RECORDED_IMAGES_FILE} "
+                "(run `cpmem golden megatron-history`)"
+                for r in recordings
+                if r.recording_id not in images
+            )
         except GoldenDataError as exc:
             problems.append(str(exc))
     return problems

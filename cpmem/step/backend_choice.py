@@ -5,13 +5,14 @@ spread). A backend TE refuses for the step (unfused under CP, TE's ``utils.py:75
 is never priced: asking for it is an error naming TE's reason.
 
 The container the pick is made under is a named setting: ``dev`` (the default,
-``attention_backend.DEFAULT_CONTAINER``) or ``lts``: Megatron-LM's LTS image when the
-recordings were made, NGC PyTorch 24.01 (``.gitlab/stages/01.build.yml`` at
-Megatron-LM 08a0a19cd8), whose Transformer Engine predates megatron-core 0.16's range;
-restated with the oldest rule this project reads (TE 2.9) and no flash-attn 2 that TE's
-gates accept (its flash-attn predates the 2.4.1 that deterministic runs need). Its
-A100 recordings' peaks sit at the unfused figure (-0.4% to +2.5%), which is its pick on
-their deterministic runs.
+``attention_backend.DEFAULT_CONTAINER``) or ``ngc-24.01``: NGC PyTorch 24.01, the image
+Megatron-LM's ``lts`` environment was built from until its "Bump LTS container" commit
+(23a1dcaf74, 2025-11-06; ``.gitlab/stages/01.build.yml`` before it), whose Transformer
+Engine predates megatron-core 0.16's range; restated with the oldest rule this project
+reads (TE 2.9) and no flash-attn 2 that TE's gates accept (its flash-attn predates the
+2.4.1 that deterministic runs need). ``container_for_image`` names the container of a CI
+image: the A100 recordings made on 24.01 peak at the unfused figure, those of every later
+image at the default container's pick (``cpmem.gate.megatron_tier``).
 """
 
 from __future__ import annotations
@@ -30,19 +31,30 @@ from cpmem.step.attention_backend import (
 )
 from cpmem.step.runtime import AttentionBackend
 
-LTS_CONTAINER = Container(
-    "megatron-lm-lts-ngc-24.01",
+NGC_2401_CONTAINER = Container(
+    "ngc-pytorch-24.01",
     te=(2, 9),
     cudnn=(8, 9, 7),
     flash_attn_2=None,
     flash_attn_3=False,
     source=(
-        "Megatron-LM's lts image when its recordings were made: nvcr.io/nvidia/pytorch:24.01 "
+        "Megatron-LM's lts image until 2025-11-06: nvcr.io/nvidia/pytorch:24.01 "
         "(.gitlab/stages/01.build.yml at 08a0a19cd8); its TE is older than the rules restated "
         "here (TE 2.9's is used) and its flash-attn older than TE's gates accept"
     ),
 )
-NAMED_CONTAINERS: dict[str, Container] = {"dev": DEFAULT_CONTAINER, "lts": LTS_CONTAINER}
+NAMED_CONTAINERS: dict[str, Container] = {
+    "dev": DEFAULT_CONTAINER,
+    "ngc-24.01": NGC_2401_CONTAINER,
+}
+IMAGE_CONTAINERS: dict[str, str] = {"nvcr.io/nvidia/pytorch:24.01-py3": "ngc-24.01"}
+"""CI images whose Transformer Engine picks otherwise than the default container's rule,
+by the name of the container that restates them; every other image is ``dev``."""
+
+
+def container_for_image(image: str) -> str:
+    """The named container a CI image's attention choice is priced under."""
+    return IMAGE_CONTAINERS.get(image, "dev")
 
 
 @dataclass(frozen=True)
@@ -161,5 +173,5 @@ def _select(
         if len(_SELECTIONS) > 512:
             _SELECTIONS.clear()
         named = container_named(container)
-        _SELECTIONS[key] = select_attention_backend(query, named, (*CONTAINERS, LTS_CONTAINER))
+        _SELECTIONS[key] = select_attention_backend(query, named, (*CONTAINERS, NGC_2401_CONTAINER))
     return _SELECTIONS[key]

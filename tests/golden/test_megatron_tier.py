@@ -19,9 +19,16 @@ import cpmem.pricing.head as head_module
 import cpmem.pricing.static as static_module
 import cpmem.pricing.tight.moe as moe_module
 import cpmem.pricing.weights as weights_module
-from cpmem.gate.megatron_tier import CHECKS, DECLARED_MISSES, MegatronTier, run_tier
+from cpmem.gate.megatron_tier import (
+    CHECKS,
+    DECLARED_MISSES,
+    MegatronTier,
+    price_recording,
+    run_tier,
+)
 from cpmem.golden.files import default_golden_dir
 from cpmem.golden.megatron import load_recordings
+from cpmem.golden.megatron_history import load_recorded_images
 from cpmem.megatron.args import read_megatron_args
 
 GOLDEN = default_golden_dir()
@@ -75,15 +82,36 @@ def test_every_recording_is_priced_by_tight_on_megatrons_runtime(tier: MegatronT
         assert settings.rank == "last"
 
 
-def test_auto_is_transformer_engines_pick_never_the_unfused_backend_under_cp(
+def test_auto_is_transformer_engines_pick_in_the_image_each_recording_ran_in(
     tier: MegatronTier,
 ) -> None:
+    """Under auto each recording is priced in its CI image's container: NGC 24.01 (the lts
+    environment until 2025-11-06) runs the deterministic A100 cases unfused, every later
+    image flash or fused; never unfused under CP, in any container."""
+    images = load_recorded_images(GOLDEN)
     auto = [r for r in tier.rows if r.step.settings.runtime.backend_asked == "auto"]
     assert auto
-    assert all(r.step.settings.runtime.attention_backend in ("flash", "fused") for r in auto)
+    old = []
     for row in auto:
+        runtime = row.step.settings.runtime
+        image = images[row.recording.recording_id].base_image
+        if image == "nvcr.io/nvidia/pytorch:24.01-py3":
+            old.append(row)
+        else:
+            assert runtime.attention_backend in ("flash", "fused"), row.recording.recording_id
         if row.step.plan.layout.cp > 1:
-            assert "unfused" not in row.spread
+            assert runtime.attention_backend != "unfused" and "unfused" not in row.spread
+    deterministic = [r for r in old if r.step.settings.runtime.deterministic]
+    assert len(deterministic) > 40 and len(deterministic) < len(old)
+    assert all(r.step.settings.runtime.attention_backend == "unfused" for r in deterministic)
+    # priced unfused, they are covered; priced as a later image picks, most are not
+    assert sum(r.passed("covers") for r in deterministic) > 0.8 * len(deterministic)
+    later = [
+        price_recording(r.recording, GOLDEN, image="nvcr.io/nvidia/pytorch:25.09-py3")
+        for r in deterministic
+    ]
+    assert all(r.step.settings.runtime.attention_backend == "flash" for r in later)
+    assert sum(r.passed("covers") for r in later) < 0.5 * len(later)
 
 
 def test_refusals_name_a_refused_flag(tier: MegatronTier) -> None:
