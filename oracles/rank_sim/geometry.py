@@ -77,8 +77,10 @@ class SimModel:
     expert_activation: str = "swiglu"  # or "clamped_swiglu" (gpt-oss, swiglu_limit)
     swiglu_limit: float = 0.0
     attention_bias: bool = False  # q/k/v and output projections carry biases (gpt-oss)
+    qkv_bias: bool = False  # q/k/v carry biases, the output projection none (Qwen2)
     attention_sinks: bool = False  # one learned sink logit per query head (gpt-oss)
-    qk_norm: bool = True  # RMSNorm on q and k per head (Qwen3); gpt-oss has none
+    # RMSNorm on q and k per head (Qwen3); Llama, Mistral, Qwen2 and gpt-oss have none
+    qk_norm: bool = True
     # attention families (Gemma 2 / 3, multi-head latent attention); the defaults are
     # the measured families' structure, so every existing model is unchanged
     sandwich_norms: bool = False  # Gemma: post-attention and post-feedforward RMSNorm too
@@ -323,7 +325,30 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
         **moe,
     )
     fields.update(_attention_family(text, family, layers, get))
+    fields.update(_plain_attention(text, family))
     return SimModel(**fields)
+
+
+# The dense families whose attention has no q/k RMSNorm, as transformers builds them
+# (huggingface/transformers, src/transformers/models/<family>/modeling_<family>.py):
+# ``LlamaAttention``, ``MistralAttention`` and ``Qwen2Attention`` define q_proj, k_proj,
+# v_proj and o_proj and no q_norm / k_norm (``Qwen3Attention`` adds
+# ``q_norm``/``k_norm = Qwen3RMSNorm(head_dim)``). Their biases: ``LlamaAttention``
+# ``bias=config.attention_bias`` on all four projections (``LlamaConfig`` default false);
+# ``MistralAttention`` ``bias=False`` on all four; ``Qwen2Attention`` ``bias=True`` on
+# q/k/v and ``bias=False`` on o_proj, whatever the config says.
+PLAIN_ATTENTION_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def _plain_attention(text: dict[str, Any], family: str) -> dict[str, Any]:
+    """The q/k norm and biases of a Llama, Mistral or Qwen2 config; {} for others."""
+    if family == "llama":
+        return {"qk_norm": False, "attention_bias": bool(text.get("attention_bias", False))}
+    if family == "mistral":
+        return {"qk_norm": False}
+    if family == "qwen2":
+        return {"qk_norm": False, "qkv_bias": True}
+    return {}
 
 
 GEMMA_FAMILIES = ("gemma2", "gemma3_text", "gemma3")
@@ -400,11 +425,13 @@ def _attention_family(text: dict[str, Any], family: str, layers: int, get: Any) 
 MOE_FAMILIES = ("qwen3_moe", "gpt_oss", "deepseek_v3", "kimi_k2")
 # the model_types whose structure the layers' defaults are (SimModel.family "")
 DEFAULT_FAMILIES = (
-    "llama", "mistral", "qwen2", "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "qwen3", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
 )  # fmt: skip
 # every model_type from_hf_config reads (a config without one is read as the generic
 # decoder these fields describe)
-FAMILIES = (*DEFAULT_FAMILIES, *MOE_FAMILIES, "gemma2", "gemma3_text", "gemma3")
+FAMILIES = (
+    *DEFAULT_FAMILIES, *PLAIN_ATTENTION_FAMILIES, *MOE_FAMILIES, "gemma2", "gemma3_text", "gemma3",
+)  # fmt: skip
 
 
 def moe_family_fields(

@@ -119,10 +119,11 @@ class Attention(nn.Module):
     (``x * sigmoid(gate.float())`` in fp32, then back to bf16); output projection.
 
     Gemma (``model.sandwich_norms``): the output projection's result goes through its own
-    RMSNorm (HF ``Gemma3DecoderLayer.post_attention_layernorm``) before the residual add;
-    ``model.qk_norm`` off (Gemma 2) skips the q/k norms. ``window`` (set per layer by
-    ``build_layers`` from ``model.window``) reaches the CP core (cp_comm.py); the flash
-    kernel keeps the same set with or without a window or a logit soft-cap."""
+    RMSNorm (HF ``Gemma3DecoderLayer.post_attention_layernorm``) before the residual add.
+    ``model.qk_norm`` off (Llama, Mistral, Qwen2, Gemma 2, gpt-oss) skips the q/k norms.
+    ``window`` (set per layer by ``build_layers`` from ``model.window``) reaches the CP
+    core (cp_comm.py); the flash kernel keeps the same set with or without a window or a
+    logit soft-cap."""
 
     window = 0  # this layer's sliding window in tokens (0: full causal attention)
 
@@ -146,8 +147,9 @@ class Attention(nn.Module):
         width = m.kv_groups * self.group_width // t
         self.linear_qkv = LoRAColumn(m.hidden, width, cfg, t, spec, "qkv")
         self.linear_proj = LoRARow(self.hq * self.d, m.hidden, cfg, ctx.layout, spec, "proj")
-        # gpt-oss: frozen q/k/v and output biases, learned sinks (gpt_oss_kernels.py)
-        self.qkv_bias = _frozen(width) if m.attention_bias else None
+        # gpt-oss: frozen q/k/v and output biases, learned sinks (gpt_oss_kernels.py);
+        # Qwen2: frozen q/k/v biases only
+        self.qkv_bias = _frozen(width) if m.attention_bias or m.qkv_bias else None
         self.proj_bias = _frozen(m.hidden) if m.attention_bias else None
         self.sinks = _frozen(self.hq, dtype=torch.float32) if m.attention_sinks else None
 

@@ -13,9 +13,12 @@ as cpmem does (``describe_step(..., pp=, vpp=, microbatch_requests=)``, its
 ``stage * cp + cp_rank``. Finished ranks are appended to ``ranks.jsonl`` as they complete, so an
 interrupted run resumes where it stopped, on either engine; ``rows.csv``, the provenance
 record and ``MANIFEST.sha256`` are rewritten from it (each file replaced whole).
+``--redo`` (with ``--only``) first drops the selected configurations' finished ranks from
+``ranks.jsonl``, so that they are simulated again (a simulator change that moves them);
+a stopped ``--redo`` run resumes without ``--redo``.
 
     python -m oracles.sim_grid [--workers 2] [--engine local|ray] [--address ADDR]
-                               [--limit N] [--only REGEX] [--assemble]
+                               [--limit N] [--only REGEX [--redo]] [--assemble]
 """
 
 from __future__ import annotations
@@ -230,6 +233,25 @@ def _load_done(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return done
 
 
+def drop_ranks(out: Path, config_ids: set[str]) -> int:
+    """Rewrite ``ranks.jsonl`` (whole) without the finished ranks of ``config_ids``, every
+    other line kept as it was, in order; returns how many were dropped."""
+    path = out / RANKS
+    if not path.exists():
+        return 0
+    kept: list[str] = []
+    for line in path.read_text().splitlines():
+        try:
+            config_id = json.loads(line)["config_id"]
+        except ValueError:  # a line cut short by an interrupted run: simulated again
+            continue
+        if config_id not in config_ids:
+            kept.append(line)
+    dropped = len(path.read_text().splitlines()) - len(kept)
+    _write(path, "".join(line + "\n" for line in kept))
+    return dropped
+
+
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` whole: an interrupted write leaves the previous file."""
     tmp = path.with_name(path.name + ".tmp")
@@ -413,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--limit", type=int, default=None, help="first N configurations only")
     ap.add_argument("--only", default=None, help="configurations whose id matches this regex")
+    ap.add_argument(
+        "--redo",
+        action="store_true",
+        help="with --only: drop the selected configurations' finished ranks from ranks.jsonl "
+        "and simulate them again",
+    )
     ap.add_argument("--out", type=Path, default=SIM_DIR, help="default golden/simulated")
     ap.add_argument("--assemble", action="store_true", help="rewrite rows/manifest only")
     ap.add_argument("--every", type=int, default=20, help="reassemble every N finished ranks")
@@ -426,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.address and args.engine == "local":
         ap.error("--address joins a Ray cluster: use it with --engine ray (or no --engine)")
+    if args.redo and (not args.only or args.assemble):
+        ap.error("--redo simulates the configurations --only selects again: give --only")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     configs = everything()
@@ -447,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
         n = assemble(out, all_jobs, runs)
         print(f"{n} rows in {out / ROWS}")
         return 0
+    if args.redo:  # the files stay consistent: the dropped rows leave rows.csv until redone
+        run["redo_dropped_ranks"] = drop_ranks(out, {j["config_id"] for j in jobs})
+        assemble(out, all_jobs, [])
+        print(f"--redo: {run['redo_dropped_ranks']} finished ranks dropped", file=sys.stderr)
     done = _load_done(out)
     pending = [
         {**j, "rank": r} for j in jobs for r in rank_keys(j) if (j["config_id"], r) not in done

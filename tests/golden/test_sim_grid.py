@@ -79,6 +79,7 @@ def test_configs_load_in_cpmem_and_the_simulator(name: str) -> None:
     assert (g.q_heads, g.kv_groups, g.head_dim) == (s.q_heads, s.kv_groups, s.head_dim)
     assert g.fused_swiglu == s.fused_swiglu
     assert g.attention_output_gate == s.gated_attention
+    assert g.qk_norm == s.qk_norm  # the family's attention class (llama: none; qwen3*: on)
     assert not g.is_moe
     for tp in (1, 2, 4, 8):
         g.check_tp(tp)
