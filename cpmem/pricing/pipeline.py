@@ -132,15 +132,49 @@ def in_flight_bytes(est: Estimate) -> int:
     return int(retained_bytes(est) * (1 + factor / base)) if base > 0 else retained_bytes(est)
 
 
-def stage_peak(step: Step, microbatches: list[Step], stage: int, policy: Policy) -> StagePeak:
-    """``stage``'s peak over its schedule."""
+ChunkKey = tuple[int, tuple[object, ...], tuple[object, ...], bool, bool]
+
+
+def _chunk_key(step: Step, microbatch: Step, stage: int, chunk: int) -> ChunkKey:
+    """What a chunk's price depends on beyond the step: its micro-batch (by identity:
+    repeated micro-batches are one object), its layers' kinds, and whether it ends or
+    starts the model."""
+    pipe = step.settings.pipeline
+    layers = pipe.chunk_layers(step.geometry.layers, stage, chunk)
+    g = step.geometry
+    return (
+        id(microbatch),
+        g.mixers[layers.start : layers.stop],
+        g.mlps[layers.start : layers.stop],
+        pipe.is_last(stage, chunk),
+        pipe.is_first(stage, chunk),
+    )
+
+
+def stage_peak(
+    step: Step,
+    microbatches: list[Step],
+    stage: int,
+    policy: Policy,
+    cache: dict[ChunkKey, Estimate] | None = None,
+) -> StagePeak:
+    """``stage``'s peak over its schedule. ``cache`` holds chunk prices across the stages
+    of one step (chunks of the same micro-batch and layer kinds in the same place price
+    alike; a step with learned profiles scales them per chunk and is not cached)."""
     pipe = step.settings.pipeline
     cp = step.plan.layout.cp
-    priced = {
-        (m, c): policy(chunk_step(step, mb, stage, c))
-        for m, mb in enumerate(microbatches)
-        for c in range(pipe.vpp)
-    }
+    if cache is None or step.profiles:
+        cache = {}
+    priced: dict[tuple[int, int], Estimate] = {}
+    keys: dict[tuple[int, int], ChunkKey] = {}  # repeated micro-batches: one object
+    for m, mb in enumerate(microbatches):
+        for c in range(pipe.vpp):
+            if (id(mb), c) not in keys:
+                keys[(id(mb), c)] = _chunk_key(step, mb, stage, c)
+            chunk_key = keys[(id(mb), c)]
+            if chunk_key not in cache or step.profiles:
+                cache[chunk_key] = policy(chunk_step(step, mb, stage, c))
+            priced[(m, c)] = cache[chunk_key]
     with_backward = all(e.forward_backward_bytes is not None for e in priced.values())
 
     def share(est: Estimate, rank: int) -> float:
@@ -156,28 +190,56 @@ def stage_peak(step: Step, microbatches: list[Step], stage: int, policy: Policy)
             return 0
         return stage_activation(microbatches[key[0]], rank)
 
+    ranks = range(cp)
+    # per chunk and CP rank: what it keeps in flight and the input it keeps; the live
+    # chunks' sums are kept as the schedule runs (the same integers, summed in turn)
+    once: dict[tuple[int, int], tuple[list[int], list[int], list[int]]] = {}
+    for (m, c), e in priced.items():
+        mb = microbatches[m]
+        if (id(mb), c) not in once:
+            once[(id(mb), c)] = (
+                [int(in_flight_bytes(e) * share(e, r)) for r in ranks],
+                [received((m, c), r) for r in ranks],
+                [stage_activation(mb, r) for r in ranks],
+            )
+    kept_of = {(m, c): once[(id(microbatches[m]), c)][0] for m, c in priced}
+    input_of = {(m, c): once[(id(microbatches[m]), c)][1] for m, c in priced}
+    activation = [once[(id(mb), 0)][2] for mb in microbatches]
+    live_kept, live_inputs = [0] * cp, [0] * cp
     fwd, fb = [0] * cp, [0] * cp
     best: dict[str, Moment] = {}
     live: list[tuple[int, int]] = []
+    sends_on = [not pipe.is_last(stage, c) for c in range(pipe.vpp)]
     for op in pipe.schedule(stage):
         key = (op.microbatch, op.chunk)
         est = priced[key]
-        sends = not pipe.is_last(stage, op.chunk)
-        held = [k for k in live if k != key]
-        for r in range(cp):
-            kept = sum(int(in_flight_bytes(priced[k]) * share(priced[k], r)) for k in held)
-            inputs = sum(received(k, r) for k in held) + received(key, r)
-            buffer = stage_activation(microbatches[op.microbatch], r) if sends else 0
+        forward = op.kind == "forward"
+        chunk_kept, chunk_input = kept_of[key], input_of[key]
+        buffers = activation[op.microbatch] if sends_on[op.chunk] else None
+        is_live = key in live
+        held = len(live) - is_live
+        figures = ("forward", "forward_backward") if forward else ("forward_backward",)
+        for r in ranks:
+            kept = live_kept[r] - (chunk_kept[r] if is_live else 0)
+            inputs = live_inputs[r] - (chunk_input[r] if is_live else 0) + chunk_input[r]
+            buffer = buffers[r] if buffers is not None else 0
             own = est.per_rank_bytes[r]
-            if op.kind == "backward" and est.forward_backward_bytes is not None:
+            if not forward and est.forward_backward_bytes is not None:
                 own = int(est.forward_backward_bytes * share(est, r))
             moment = kept + inputs + own + buffer
-            figures = (("forward", fwd), ("forward_backward", fb))
-            for figure, peaks in figures if op.kind == "forward" else figures[1:]:
-                peaks[r] = max(peaks[r], moment)
-                if figure not in best or moment > best[figure].bytes:
-                    best[figure] = Moment(moment, r, op, len(held) + 1, est, kept, inputs, buffer)
-        if op.kind == "forward":
+            if forward and moment > fwd[r]:
+                fwd[r] = moment
+            if moment > fb[r]:
+                fb[r] = moment
+            for figure in figures:
+                top = best.get(figure)
+                if top is None or moment > top.bytes:
+                    best[figure] = Moment(moment, r, op, held + 1, est, kept, inputs, buffer)
+        sign = 1 if forward else -1
+        for r in ranks:
+            live_kept[r] += sign * chunk_kept[r]
+            live_inputs[r] += sign * chunk_input[r]
+        if forward:
             live.append(key)
         else:
             live.remove(key)
@@ -194,7 +256,8 @@ def price_pipeline(step: Step, policy: Policy) -> Estimate:
     """The busiest stage's figure, with every stage's."""
     pipe = step.settings.pipeline
     microbatches = list(step.microbatch_steps)
-    stages = [stage_peak(step, microbatches, s, policy) for s in range(pipe.pp)]
+    cache: dict[ChunkKey, Estimate] = {}
+    stages = [stage_peak(step, microbatches, s, policy, cache) for s in range(pipe.pp)]
     busiest = max(stages, key=lambda p: max(p.forward))
     moment = busiest.forward_moment
     fb_moment = busiest.forward_backward_moment

@@ -24,6 +24,7 @@ own functions):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -107,6 +108,9 @@ class Pipeline:
 
     def virtual_layers(self, total_layers: int) -> tuple[range, ...]:
         """The layers of each virtual stage, in virtual-stage order."""
+        return _virtual_layers(self, total_layers)
+
+    def _split(self, total_layers: int) -> tuple[range, ...]:
         field, value = ("vpp", self.vpp) if self.vpp > 1 else ("pp", self.pp)
         counts = self.layers or even_counts(total_layers, self.virtual_stages, field, value)
         if sum(counts) != total_layers:
@@ -219,3 +223,10 @@ def stage_layer_counts(
     # stage s's chunk c is virtual stage c * pp + s
     chunked = [even_counts(n, vpp, "vpp", vpp) for n in per_stage]
     return tuple(chunked[s][c] for c in range(vpp) for s in range(pp))
+
+
+@functools.lru_cache(maxsize=256)
+def _virtual_layers(pipeline: Pipeline, total_layers: int) -> tuple[range, ...]:
+    """``Pipeline.virtual_layers``, computed once per pipeline and depth (every chunk of
+    every stage asks for it while a step is priced)."""
+    return pipeline._split(total_layers)
