@@ -32,10 +32,11 @@ def estimate(
     model: str | ModelGeometry | None = None,
     lengths: list[int] | tuple[int, ...] | None = None,
     *,
-    policy: str = "reference",
+    policy: str | None = None,
     **options: Unpack[StepArguments],
 ) -> Estimate:
-    """Price one forward with ``policy``. ``options`` are ``describe_step``'s: a request
+    """Price one forward with ``policy`` (None: the step's runtime's, ``reference`` for
+    ART's trainer and ``tight`` for Megatron-LM's, ``registry.RUNTIME_POLICIES``). ``options`` are ``describe_step``'s: a request
     (``lengths`` + ``shared_prefix``, or ``request``), a ready ``plan`` (e.g. from
     :func:`cpmem.plan.plan.explicit_plan`) or a plan's counts (``logical_tokens``,
     ``packed_tokens``, ``rank_tokens`` / ``busiest_tokens``, ``segments``); the layout
@@ -50,8 +51,8 @@ def estimate(
     return price_step(describe_step(model, lengths, **options), policy)
 
 
-def price_step(step: Step, policy: str = "reference") -> Estimate:
-    """Price a described step with ``policy``."""
+def price_step(step: Step, policy: str | None = None) -> Estimate:
+    """Price a described step with ``policy`` (None: its runtime's)."""
     return price(step, policy)
 
 

@@ -94,9 +94,9 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
         "--sp", dest="sp", action="store_const", const=True, default=None, help=HELP["--sp"]
     )
     sp.add_argument("--no-sp", dest="sp", action="store_const", const=False, help=HELP["--no-sp"])
-    p.add_argument("--recompute", choices=MODES, default="selective", help=HELP["--recompute"])
+    p.add_argument("--recompute", choices=MODES, default=None, help=HELP["--recompute"])
     p.add_argument("--modules", default=None, help=HELP["--modules"])
-    p.add_argument("--policy", default="reference", help=policy_help())
+    p.add_argument("--policy", default=None, help=policy_help())
     p.add_argument("--planner", choices=PLANNER_CHOICES, default=None, help=HELP["--planner"])
     p.add_argument("--compiled", action="store_true", help=HELP["--compiled"])
     p.add_argument(
@@ -126,6 +126,7 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
         default=None,
         help=HELP["--attention-backend"],
     )
+    proc.add_argument("--container", default="dev", help=HELP["--container"])
     proc.add_argument("--etp", type=int, default=None, help=HELP["--etp"])
     proc.add_argument(
         "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help=HELP["--dtype"]
@@ -184,6 +185,7 @@ def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "runtime": args.runtime,
         "training": args.training,
         "attention_backend": args.attention_backend,
+        "container": args.container,
         "etp": args.etp,
         "dtype": args.dtype,
         "rank": args.rank or "busiest",

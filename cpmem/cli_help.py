@@ -15,9 +15,9 @@ HELP: dict[str, str] = {
     "(--lora-rank N: a LoRA run on that model); with --world-size and --device (default h100) "
     "(docs/megatron-runtime.md)",
     "--world-size": "with --megatron-args: the GPUs the run uses; DP = world / (TP x PP x CP)",
-    "--container": "with --megatron-args: the container Transformer Engine's attention choice "
+    "--container": "the container Transformer Engine's attention choice "
     "is made in under --attention-backend auto: dev (NGC PyTorch 25.11, TE 2.11; default) or "
-    "lts (Megatron-LM's LTS image, whose flash-attn TE does not use)",
+    "ngc-24.01 (Megatron-LM's lts image until 2025-11-06, whose flash-attn TE does not use)",
     "--rank": "the rank answered: busiest (default: the stage and data-parallel rank where "
     "static memory and activations together peak), last (the last global rank, which "
     "Megatron-LM logs) or a global rank number in megatron's order (tp-cp-ep-dp-pp)",
@@ -43,7 +43,8 @@ HELP: dict[str, str] = {
     "--sp": "sequence parallel on (the default when --tp > 1)",
     "--no-sp": "sequence parallel off",
     "--recompute": "activation recompute: selective (checkpointed modules), none, full "
-    "(every layer), no-grad (a forward without backward); default selective",
+    "(every layer), no-grad (a forward without backward); default: the runtime's (selective for "
+    "--runtime art, none for megatron-lm, Megatron-LM's own default)",
     "--modules": "modules selective recompute checkpoints, '+'-joined: core_attn, mlp, moe "
     "(default core_attn)",
     "--planner": "who owns which tokens under CP (default: chunked, the measured runtime's "
@@ -123,4 +124,7 @@ HELP: dict[str, str] = {
 
 def policy_help() -> str:
     """The policy list comes from the registry, so a new policy shows up here."""
-    return f"pricing policy: {', '.join(policy_names())} (default reference; docs/pricing.md)"
+    return (
+        f"pricing policy: {', '.join(policy_names())} (default: the runtime's, reference for "
+        "--runtime art and tight for megatron-lm; docs/pricing.md)"
+    )

@@ -32,7 +32,6 @@ def add_megatron_args(p: argparse.ArgumentParser) -> None:
     """The flags of a Megatron-LM run priced from ``--megatron-args`` (``cpmem.megatron``)."""
     group = p.add_argument_group("a Megatron-LM run (with --megatron-args FILE)")
     group.add_argument("--world-size", type=int, help=HELP["--world-size"])
-    group.add_argument("--container", default="dev", help=HELP["--container"])
 
 
 OWN_FLAGS = frozenset(
@@ -119,13 +118,10 @@ def estimate(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
 
 
 def megatron_fields(step: Step, spread: dict[str, int], ignored: tuple[str, ...]) -> dict[str, Any]:
-    """What a Megatron-LM run's JSON adds to the estimate's: the run's world, the backend
-    priced and its spread, the arguments read and changing nothing."""
-    runtime = step.settings.runtime
+    """What a Megatron-LM run's JSON adds to the estimate's: the run's world, the
+    backend spread, the arguments read and changing nothing."""
     return {
         "world_size": step.settings.world_size,
-        "attention_backend": runtime.attention_backend,
-        "attention_backend_asked": runtime.backend_asked,
         "backend_spread_peak_bytes": dict(spread),
         "ignored_args": list(ignored),
     }

@@ -56,7 +56,8 @@ class Pricer:
     more depends on the step (the first pays its kernel set-up in the activations, a
     steady one holds the optimizer's moments and the kernel workspaces)."""
 
-    policy: str = "reference"
+    policy: str | None = None
+    """None: each step's runtime's policy (``registry.RUNTIME_POLICIES``)."""
     figure: Figure = "forward"
     whole_device: bool = False
 
@@ -84,7 +85,7 @@ class Pricer:
         if self.figure == "forward_backward":
             if est.forward_backward_bytes is None:
                 raise InputError(
-                    "figure", self.figure, f"policy {self.policy!r} does not price backward"
+                    "figure", self.figure, f"policy {est.policy!r} does not price backward"
                 )
             return est.forward_backward_bytes
         return est.estimate_bytes
@@ -215,7 +216,7 @@ def admit(
     lengths: Sequence[int] | None = None,
     *,
     budget_bytes: float | None = None,
-    policy: str = "reference",
+    policy: str | None = None,
     figure: Figure = "forward",
     comm: Communicator | None = None,
     timeout: float | None = None,
@@ -268,7 +269,7 @@ def admit_step(
     step: Step,
     budget_bytes: float | None = None,
     *,
-    policy: str = "reference",
+    policy: str | None = None,
     figure: Figure = "forward",
     comm: Communicator | None = None,
     timeout: float | None = None,

@@ -281,7 +281,7 @@ def capacity(
     *,
     layouts: Iterable[tuple[int, int]] | str | None = None,
     pack: int = DEFAULT_PACK,
-    policy: str = "reference",
+    policy: str | None = None,
     figure: Figure = "forward",
     cap: int = CAP,
     **settings: Unpack[SettingsArguments],
@@ -350,7 +350,7 @@ def capacity(
     return Capacity(
         model=geometry.name,
         device=dev,
-        policy=policy,
+        policy=est.policy,
         figure=figure,
         pack=pack,
         cap=cap,

@@ -349,9 +349,11 @@ def render_report(tier: MegatronTier) -> str:
         "`docs/megatron-runtime.md` names the few whose lifetime the recordings decided), "
         "so there is nothing to cross-validate over cases; the recordings kept aside check "
         "the terms as they stand.",
-        "- `--attention-backend auto`: Transformer Engine's pick in the default container "
-        "(`cpmem.step.backend_choice`); the figures under the backends other containers pick "
-        "are reported, never counted.",
+        "- `--attention-backend auto`: Transformer Engine's pick in the container of the CI "
+        "image the recording was made in (`golden/megatron/recorded_images.csv`; "
+        "`cpmem.step.backend_choice`): the `lts` environment ran NGC PyTorch 24.01 until "
+        "2025-11-06, whose deterministic A100 runs are unfused; the figures under the "
+        "backends other containers pick are reported, never counted.",
         "",
         "## Checks",
         "",

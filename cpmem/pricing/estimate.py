@@ -45,6 +45,15 @@ class Estimate:
     cp_comm: str = "all_gather"
     step_kind: str = "steady"
     """Which of the process's steps was priced: ``first`` or ``steady``."""
+    runtime: str = "art"
+    """The process the step runs in (``Runtime.name``: ``art`` or ``megatron-lm``)."""
+    training: str = "lora"
+    """What is trained: ``lora`` (the adapters, ``adapter``) or ``full`` (every parameter;
+    ``adapter`` is then unused)."""
+    attention_backend: str = "fused"
+    """The core attention's kernel priced (``Runtime.attention_backend``)."""
+    backend_asked: str = "fused"
+    """What was asked for it (``auto``: Transformer Engine's pick)."""
     head_bytes: int = 0
     """What the head holds at its forward peak on the busiest rank (0 without a head):
     its share of the estimate is the ``head`` component, what it holds beyond the layer
@@ -178,6 +187,10 @@ class Estimate:
             },
             "cp_comm": self.cp_comm,
             "step": self.step_kind,
+            "runtime": self.runtime,
+            "training": self.training,
+            "attention_backend": self.attention_backend,
+            "attention_backend_asked": self.backend_asked,
         }
         if self.forward_backward_bytes is not None:
             out["forward_backward_bytes"] = self.forward_backward_bytes
@@ -219,4 +232,8 @@ def step_fields(step: Step) -> dict[str, Any]:
         "adapter": step.adapter,
         "cp_comm": step.cp_comm,
         "step_kind": step.settings.step_kind,
+        "runtime": step.settings.runtime.name,
+        "training": step.settings.training,
+        "attention_backend": step.settings.runtime.attention_backend,
+        "backend_asked": step.settings.runtime.backend_asked,
     }

@@ -19,6 +19,17 @@ from cpmem.step.step import Step
 
 Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}
+RUNTIME_POLICIES: dict[str, str] = {"art": "reference", "megatron-lm": "tight"}
+"""The policy a step is priced with where none is named, by its runtime: ART's published
+LoRA formula (``reference``) for ART's trainer; ``tight`` for Megatron-LM's runs, the one
+layer-by-layer model its recordings check (``reference`` and ``global`` refuse them)."""
+
+
+def default_policy(step: Step) -> str:
+    """The policy ``price`` uses for ``step`` where none is named (``RUNTIME_POLICIES``)."""
+    return RUNTIME_POLICIES[step.settings.runtime.name]
+
+
 IGNORES: dict[str, dict[str, str]] = {}
 """Per policy: the step options it does not read, each with the reason."""
 
@@ -85,9 +96,12 @@ def ignored_options(step: Step, policy: str) -> tuple[str, ...]:
     )
 
 
-def price(inputs: Step, policy: str = "reference") -> Estimate:
-    """Price ``inputs`` with the named policy; the static memory (and the device's budget,
-    where the step names a device) beside its activations, the same for every policy."""
+def price(inputs: Step, policy: str | None = None) -> Estimate:
+    """Price ``inputs`` with the named policy (None: its runtime's, ``default_policy``);
+    the static memory (and the device's budget, where the step names a device) beside its
+    activations, the same for every policy."""
+    if policy is None:
+        policy = default_policy(inputs)
     try:
         fn = POLICIES[policy]
     except KeyError:

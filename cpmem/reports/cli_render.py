@@ -19,12 +19,16 @@ from cpmem.units import fmt_gib
 
 def render_estimate(est: Estimate, plan: Plan) -> str:
     """The human table: per-rank bytes, then the busiest rank's breakdown."""
+    trained = est.adapter.label if est.training == "lora" else "full training"
+    asked = " (auto: Transformer Engine's pick)" if est.backend_asked == "auto" else ""
+    runtime = "" if est.runtime == "art" else f"  runtime={est.runtime}"
     lines = [
-        f"{est.model}  policy={est.policy}  recompute={est.recompute}  "
+        f"{est.model}  policy={est.policy}{runtime}  recompute={est.recompute}  "
         f"tp={est.tp} cp={est.cp} sp={'on' if est.sp else 'off'}  planner={est.planner}",
         f"logical tokens {est.logical_tokens:,}  packed {est.packed_tokens:,}  "
         f"grad segments {est.grad_segments}",
-        f"head {est.head.label}  {est.adapter.label}  cp_comm {est.cp_comm}",
+        f"head {est.head.label}  {trained}  cp_comm {est.cp_comm}  "
+        f"attention {est.attention_backend}{asked}",
         "",
     ]
     ranks = []
@@ -34,6 +38,8 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
     lines += table(["rank", "tokens", "bytes", "GiB", ""], ranks, right=(0, 1, 2, 3))
     parts = []
     for name, b in est.components.items():
+        if not b:  # a term this step does not hold (the JSON lists every one)
+            continue
         share = b / est.estimate_bytes if est.estimate_bytes else 0.0
         parts.append([name, f"{b:,}", fmt_gib(b), f"{share:.1%}", ""])
     busiest = f"busiest rank {est.busiest_rank}, {est.busiest_tokens:,} tokens priced"

@@ -50,7 +50,7 @@ class SettingsArguments(TypedDict, total=False):
     cp: int
     sp: bool | None
     ep: int
-    recompute: str | Recompute
+    recompute: str | Recompute | None
     modules: str | Sequence[str] | None
     planner: str | None
     compiled: bool
@@ -82,6 +82,7 @@ class SettingsArguments(TypedDict, total=False):
     dtype: str
     grad_bytes: int | None
     attention_backend: str | None
+    container: str
     microbatch_group: int | None
 
 
@@ -109,7 +110,7 @@ def describe_settings(
     cp: int = 1,
     sp: bool | None = None,
     ep: int = 1,
-    recompute: str | Recompute = "selective",
+    recompute: str | Recompute | None = None,
     modules: str | Sequence[str] | None = None,
     planner: str | None = None,
     compiled: bool = False,
@@ -141,6 +142,7 @@ def describe_settings(
     dtype: str = "bf16",
     grad_bytes: int | None = None,
     attention_backend: str | None = None,
+    container: str = "dev",
     microbatch_group: int | None = None,
 ) -> StepSettings:
     """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
@@ -168,7 +170,11 @@ def describe_settings(
     ``dtype`` (``bf16``, ``fp16``, ``fp32``) and the gradient buffer's element
     (``grad_bytes``: fp32 by default, the parameters' own under fp16), and the
     ``attention_backend`` (``flash``, ``fused``, ``unfused``, ``local``). Where the runtime
-    is Megatron-LM's, ``cp_comm`` defaults to its ``p2p`` (ART's: ``all_gather``)."""
+    is Megatron-LM's, ``recompute`` defaults to its ``none`` (ART's: ``selective``, or
+    wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``) and
+    ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
+    picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
+    step is planned, for its longest sequence (ART's default: the measured ``fused``)."""
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
     layout = ParallelLayout(
         tp=tp,
@@ -178,10 +184,18 @@ def describe_settings(
         dp=dp,
         etp=1 if etp is None else etp,
     )
-    rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
     process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
-    if attention_backend is not None:
+    if recompute is None:  # the runtime's default: ART's selective, Megatron-LM's none
+        megatron = process.name == "megatron-lm" and modules is None
+        recompute = "none" if megatron else "selective"
+    rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
+    if attention_backend is None and not isinstance(runtime, Runtime):
+        # the runtime's default: ART's measured fused backend; Megatron-LM's own auto
+        attention_backend = "auto" if process.name == "megatron-lm" else None
+    if attention_backend == "auto":
+        process = process.pending_auto(container)
+    elif attention_backend is not None:
         process = process.with_backend(
             check_backend(attention_backend), attention_backend, process.backend_spread
         )

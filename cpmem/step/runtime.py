@@ -70,6 +70,12 @@ class Runtime:
     moe_dispatcher: MoeDispatcher = "alltoall"
     moe_grouped_gemm: bool = False
     overlap_moe_comm: bool = False
+    backend_resolved: bool = True
+    """False while ``auto`` waits for the request whose sequence Transformer Engine's
+    selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""
+    container: str = "dev"
+    """The container Transformer Engine's choice under ``auto`` is made in
+    (``backend_choice.NAMED_CONTAINERS``)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """What the runtime's settings assume (shown with the estimate)."""
 
@@ -124,7 +130,18 @@ class Runtime:
     def with_backend(
         self, backend: AttentionBackend, asked: str, spread: tuple[AttentionBackend, ...] = ()
     ) -> Runtime:
-        return replace(self, attention_backend=backend, backend_asked=asked, backend_spread=spread)
+        return replace(
+            self,
+            attention_backend=backend,
+            backend_asked=asked,
+            backend_spread=spread,
+            backend_resolved=True,
+        )
+
+    def pending_auto(self, container: str = "dev") -> Runtime:
+        """``auto`` asked where the sequence is not known yet: resolved when a step is
+        planned (its attention backend meanwhile the runtime's own)."""
+        return replace(self, backend_asked="auto", backend_resolved=False, container=container)
 
     @property
     def keeps_attention_scores(self) -> bool:

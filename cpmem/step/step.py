@@ -21,6 +21,7 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import Plan
 from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
+from cpmem.step.backend_choice import choose_backend
 from cpmem.step.device import Device
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore
@@ -43,6 +44,11 @@ MEGATRON_PLANNER = "balanced"
 """Megatron-LM's CP split: every sequence cut into ``2 x CP`` chunks, rank ``r`` holding
 chunks ``r`` and ``2CP - 1 - r`` (``get_batch_on_this_cp_rank``), so each rank holds
 ``s x b / CP`` tokens: the ``balanced`` planner."""
+
+
+AUTO_DEFAULT_CAPABILITY = (9, 0)
+"""The compute capability ``auto`` is resolved for where the step's device names none:
+the measured runtime's H200."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,10 @@ class StepSettings:
         planner), with the checks every planned step gets: sequences within the model's
         positions (or a warning under ``allow_long``) and no CP rank left empty (a warning
         where a rank holds less than one attention block)."""
+        if not self.runtime.backend_resolved:
+            return self.with_backend_for(max(request.sequence_lengths)).step(
+                request, planner, microbatches
+            )
         warnings = self.geometry.check_lengths(request.sequence_lengths, self.allow_long)
         chosen = self.planner if planner is None else planner
         if chosen is None and self.runtime.name == "megatron-lm":
@@ -183,7 +193,11 @@ class StepSettings:
         return Step(self, plan, request, tuple(warnings), microbatches)
 
     def step_for_plan(self, plan: Plan) -> Step:
-        """A plan the runtime already fixed (an explicit plan), under these settings."""
+        """A plan the runtime already fixed (an explicit plan), under these settings (an
+        ``auto`` backend resolved for its largest forward's packed tokens)."""
+        if not self.runtime.backend_resolved:
+            longest = max(group.packed_tokens for group in plan.groups)
+            return self.with_backend_for(longest).step_for_plan(plan)
         if plan.layout != self.layout:
             raise InputError(
                 "plan", plan.layout, f"was laid out for another layout than {self.layout}"
@@ -193,6 +207,35 @@ class StepSettings:
     def replace(self, **changes: Any) -> StepSettings:
         """These settings with some changed (checked again)."""
         return replace(self, **changes)
+
+    def with_backend_for(self, sequence: int) -> StepSettings:
+        """These settings with ``auto`` resolved: the backend Transformer Engine's
+        selection picks for this model, layout, dtype and device on sequences of up to
+        ``sequence`` tokens, in the runtime's container (``backend_choice``; a device of
+        unknown compute capability, or none, is read as the measured runtime's H200)."""
+        g, runtime = self.geometry, self.runtime
+        cc = None if self.device is None else self.device.compute_capability
+        value_dim = g.v_head_dim if g.is_mla else g.head_dim
+        choice = choose_backend(
+            "auto",
+            compute_capability=AUTO_DEFAULT_CAPABILITY if cc is None else cc,
+            heads=g.q_heads,
+            groups=g.kv_groups,
+            head_dim=g.head_dim,
+            value_dim=value_dim,
+            sequence=sequence,
+            tp=self.layout.tp,
+            cp=self.layout.cp,
+            cp_comm=self.cp_comm,
+            dtype="bf16" if self.dtype_bytes == 2 else "fp32",
+            attention_dropout=g.attention_dropout,
+            deterministic=runtime.deterministic,
+            env=runtime.environment(),
+            container=runtime.container,
+            window=max(g.windows) if g.windows and all(g.windows) else 0,
+        )
+        resolved = runtime.with_backend(choice.backend, "auto", choice.spread)
+        return self.replace(runtime=resolved)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "plan": {"base", "model"},
     "step": {"base", "model", "plan"},
     "pricing": {"base", "model", "plan", "step"},
-    "megatron": {"base", "model", "plan", "step", "pricing"},
+    "megatron": {"base", "model", "plan", "step"},  # it reads arguments, never prices
     "admission": _CORE,
     "api": _CORE,
     "golden": {"base"},

@@ -293,19 +293,34 @@ def attention_scores_bytes(step: Step) -> int:
     in fp32 always (``softmax_in_fp32=True``); the local one where
     ``--attention-softmax-in-fp32`` or ``--apply-query-key-layer-scaling``
     (``Runtime.softmax_in_fp32``)."""
-    runtime = step.settings.runtime
     rc = step.recompute
-    if not runtime.keeps_attention_scores or step.request is None:
-        return 0
     if not rc.keeps_saved_sets or rc.checkpoints(Module.CORE_ATTN):
         return 0
+    return _scores_kept(step)
+
+
+def _score_elements(step: Step) -> list[int]:
+    """``N = (q_heads / t) x s x s`` per sequence of the request (empty where the
+    backend keeps no scores or the step has no request)."""
+    if not step.settings.runtime.keeps_attention_scores or step.request is None:
+        return []
+    g, layout = step.geometry, step.plan.layout
+    heads = g.q_heads // layout.tp
+    return [heads * (n // layout.cp) ** 2 for n in step.request.sequence_lengths]
+
+
+def _scores_kept(step: Step) -> int:
+    """What one unfused layer keeps of its ``s x s`` tensors while its core is kept."""
+    runtime = step.settings.runtime
     g, layout, b = step.geometry, step.plan.layout, step.dtype_bytes
-    lengths = [n // layout.cp for n in step.request.sequence_lengths]
     heads = g.q_heads // layout.tp
     dropout = g.attention_dropout > 0
     total = 0
-    for s in lengths:
-        n = heads * s * s
+    elements = _score_elements(step)
+    assert step.request is not None or not elements
+    lengths = [] if step.request is None else step.request.sequence_lengths
+    for n, full in zip(elements, lengths, strict=False):
+        s = full // layout.cp
         if _fused_softmax(step, s, heads * len(lengths)):
             softmax = b * n
         elif runtime.attention_backend == "unfused" or runtime.softmax_in_fp32:
@@ -314,6 +329,33 @@ def attention_scores_bytes(step: Step) -> int:
             softmax = b * n
         total += softmax + ((DROPOUT_MASK_BYTES + b) * n if dropout else 0)
     return total
+
+
+SCORE_GRADIENTS = 2
+"""``s x s`` tensors an unfused layer's backward makes beside what its forward kept: the
+probabilities' gradient (from the context GEMM's backward) and the scores' gradient
+(the softmax's backward), each in the activation dtype (TE's
+``UnfusedDotProductAttention``, megatron's ``DotProductAttention``: ``bmm`` and
+``scaled_masked_softmax`` backward). In a forward without gradients the raw ``baddbmm``
+scores sit beside the probabilities the same way."""
+
+
+def attention_scores_transient_bytes(step: Step) -> int:
+    """One unfused attention layer's ``s x s`` working set where its core is not kept (a
+    ``core_attn`` checkpoint, full recompute, a forward without gradients): the layer
+    recomputed with gradients keeps what an unrecomputed one keeps (``_scores_kept``) and
+    its backward adds ``SCORE_GRADIENTS`` tensors; a forward without gradients holds the
+    raw scores beside the probabilities, no more than that. Restated from the kernels'
+    op order, not measured (the recordings' full-recompute unfused runs peak in the head,
+    beyond this term); 0 for flash and fused, and where the core is kept (its scores
+    are then ``attention_scores_bytes``, retained)."""
+    rc = step.recompute
+    if rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN):
+        return 0
+    elements = _score_elements(step)
+    if not elements:
+        return 0
+    return _scores_kept(step) + SCORE_GRADIENTS * step.dtype_bytes * sum(elements)
 
 
 def _fused_softmax(step: Step, s: int, batch_heads: int) -> bool:

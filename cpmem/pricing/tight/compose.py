@@ -370,6 +370,8 @@ def structural_terms(
     outputs = step.outputs
     gathered_outputs = gathered_outputs_bytes(step, busiest)
     transient = tokens * b * forward_transient_width(geometry, w, step)
+    if "attention" in geometry.mixers:  # an unfused core recomputed: one layer's s x s
+        transient += attention.attention_scores_transient_bytes(step)
     if "attention" in geometry.mixers:
         # p2p's ring and a2a's exchange pad every rank's share to the largest: a smaller
         # rank's buffers are the busiest's size (the rank simulator pads them likewise)

@@ -156,6 +156,17 @@ ROWS = [
     Row("training", M17, {"tp": 2}, "lora", "full", policy="tight"),
     # flash-attn's bshd copies: one more query-wide output per attention layer
     Row("attention_backend", M17, {}, "fused", "flash", policy="tight"),
+    # under auto the container decides: for head_dim 256 on the H200 the dev image's TE
+    # picks the fused (cuDNN 9) backend, NGC 24.01's cuDNN 8.9.7 cannot and no flash-attn
+    # is inside TE's gates there: unfused, its s x s probabilities kept
+    Row(
+        "container",
+        M4,
+        {"attention_backend": "auto", "recompute": "none"},
+        "dev",
+        "ngc-24.01",
+        policy="tight",
+    ),
     # 4-byte activations
     Row("dtype", M17, {}, "bf16", "fp32", policy="tight"),
     Row(

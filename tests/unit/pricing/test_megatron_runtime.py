@@ -146,3 +146,27 @@ def test_a_lora_run_of_the_same_model_prices_the_adapters_not_the_optimizer() ->
         and "gradient_buffer" not in lora.static.components
     )
     assert lora.static.total < full.static.total
+
+
+def test_a_recomputed_unfused_core_holds_one_layers_scores_and_their_gradients() -> None:
+    """Full recompute of the unfused attention: no layer keeps its s x s tensors, but the
+    one being recomputed holds what an unrecomputed layer keeps (bf16 softmax, dropout's
+    mask and bf16 output: 5 B per element) and its backward's two bf16 gradients (the
+    probabilities' and the scores': 4 B), on top of the layer inputs."""
+    full = {"recompute_granularity": "full", "recompute_method": "uniform"}
+    n = 4 * HEADS * 1024 * 1024
+    unfused = priced(tiny(**full, recompute_num_layers=1), attention_backend="unfused")
+    assert "attention_scores" not in unfused.components  # no layer keeps them
+    # on the last stage the head's moment is the larger; the first stage (layers only)
+    # peaks on the recomputed layer
+    one = priced(
+        tiny(**full, recompute_num_layers=1, pipeline_model_parallel_size=2),
+        attention_backend="unfused",
+        rank=0,
+    )
+    base = priced(
+        tiny(**full, recompute_num_layers=1, pipeline_model_parallel_size=2),
+        attention_backend="fused",
+        rank=0,
+    )
+    assert one.stage_bytes[0] - base.stage_bytes[0] == (5 + 4) * n
