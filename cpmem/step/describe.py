@@ -170,11 +170,14 @@ def describe_settings(
     ``dtype`` (``bf16``, ``fp16``, ``fp32``) and the gradient buffer's element
     (``grad_bytes``: fp32 by default, the parameters' own under fp16), and the
     ``attention_backend`` (``flash``, ``fused``, ``unfused``, ``local``). Where the runtime
-    is Megatron-LM's, ``recompute`` defaults to its ``none`` (ART's: ``selective``, or
+    is Megatron-LM's, ``fused_swiglu`` defaults to its fused SwiGLU, ``recompute`` to its ``none`` (ART's: ``selective``, or
     wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``) and
     ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
     picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
     step is planned, for its longest sequence (ART's default: the measured ``fused``)."""
+    process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
+    if fused_swiglu is None and process.name == "megatron-lm":
+        fused_swiglu = True  # Megatron-LM's --bias-swiglu-fusion default
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
     layout = ParallelLayout(
         tp=tp,
@@ -185,7 +188,6 @@ def describe_settings(
         etp=1 if etp is None else etp,
     )
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
-    process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
     if recompute is None:  # the runtime's default: ART's selective, Megatron-LM's none
         megatron = process.name == "megatron-lm" and modules is None
         recompute = "none" if megatron else "selective"

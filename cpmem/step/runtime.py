@@ -120,8 +120,8 @@ class Runtime:
     @classmethod
     def megatron_lm(cls, **settings: object) -> Runtime:
         """Megatron-LM's ``pretrain_gpt.py`` with its defaults (the data loader's attention
-        mask on), the run's own ``settings`` over them."""
-        base = cls(name="megatron-lm", dataloader_attention_mask=True)
+        mask on, the allgather token dispatcher), the run's own ``settings`` over them."""
+        base = cls(name="megatron-lm", dataloader_attention_mask=True, moe_dispatcher="allgather")
         return replace(base, **settings)  # type: ignore[arg-type]
 
     def environment(self) -> Mapping[str, str]:
