@@ -359,7 +359,7 @@ def capacity(
         excluded=tuple(excluded),
         recompute=est.recompute,
         head=est.head.label,
-        adapter=est.adapter.label,
+        adapter=est.trained,
         usable_bytes=whole.budget_bytes,
         reserve_bytes=whole.reserve_bytes,
         non_torch_bytes=whole.non_torch_bytes,

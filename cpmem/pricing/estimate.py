@@ -159,6 +159,11 @@ class Estimate:
         a sub-forward that stays live while the next runs when admission splits a request."""
         return retained_bytes(self)
 
+    @property
+    def trained(self) -> str:
+        """What the step trains, as a label: its adapters, or ``full training``."""
+        return self.adapter.label if self.training == "lora" else "full training"
+
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON shape other tools read (names documented in docs/cli.md)."""
         out: dict[str, Any] = {

@@ -19,7 +19,7 @@ from cpmem.units import fmt_gib
 
 def render_estimate(est: Estimate, plan: Plan) -> str:
     """The human table: per-rank bytes, then the busiest rank's breakdown."""
-    trained = est.adapter.label if est.training == "lora" else "full training"
+    trained = est.trained
     asked = " (auto: Transformer Engine's pick)" if est.backend_asked == "auto" else ""
     runtime = "" if est.runtime == "art" else f"  runtime={est.runtime}"
     lines = [
