@@ -52,6 +52,10 @@ class Estimate:
     ``adapter`` is then unused)."""
     attention_backend: str = "fused"
     """The core attention's kernel priced (``Runtime.attention_backend``)."""
+    ep: int = 1
+    etp: int = 1
+    """Expert parallelism and the experts' own tensor parallelism (1: experts unsplit by
+    TP; Megatron-LM's default is ETP = TP)."""
     backend_asked: str = "fused"
     """What was asked for it (``auto``: Transformer Engine's pick)."""
     head_bytes: int = 0
@@ -194,6 +198,8 @@ class Estimate:
             "step": self.step_kind,
             "runtime": self.runtime,
             "training": self.training,
+            "ep": self.ep,
+            "etp": self.etp,
             "attention_backend": self.attention_backend,
             "attention_backend_asked": self.backend_asked,
         }
@@ -239,6 +245,8 @@ def step_fields(step: Step) -> dict[str, Any]:
         "step_kind": step.settings.step_kind,
         "runtime": step.settings.runtime.name,
         "training": step.settings.training,
+        "ep": layout.ep,
+        "etp": layout.etp,
         "attention_backend": step.settings.runtime.attention_backend,
         "backend_asked": step.settings.runtime.backend_asked,
     }

@@ -22,9 +22,10 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
     trained = est.trained
     asked = " (auto: Transformer Engine's pick)" if est.backend_asked == "auto" else ""
     runtime = "" if est.runtime == "art" else f"  runtime={est.runtime}"
+    experts = f" ep={est.ep} etp={est.etp}" if est.ep > 1 or est.etp > 1 else ""
     lines = [
         f"{est.model}  policy={est.policy}{runtime}  recompute={est.recompute}  "
-        f"tp={est.tp} cp={est.cp} sp={'on' if est.sp else 'off'}  planner={est.planner}",
+        f"tp={est.tp} cp={est.cp} sp={'on' if est.sp else 'off'}{experts}  planner={est.planner}",
         f"logical tokens {est.logical_tokens:,}  packed {est.packed_tokens:,}  "
         f"grad segments {est.grad_segments}",
         f"head {est.head.label}  {trained}  cp_comm {est.cp_comm}  "

@@ -166,7 +166,8 @@ def describe_settings(
     ``cpmem.step.pipeline``); the process (``runtime``:
     ``art`` or ``megatron-lm``, or a ``Runtime``; ``cpmem.step.runtime``), what it trains
     (``training``: ``lora`` or ``full``), the ``rank`` answered (``busiest``, ``last`` or a
-    global rank), the experts' tensor parallelism (``etp``; 1 by default), the parameters'
+    global rank), the experts' tensor parallelism (``etp``: by default Megatron-LM's TP for
+    its runtime, 1 for ART's trainer), the parameters'
     ``dtype`` (``bf16``, ``fp16``, ``fp32``) and the gradient buffer's element
     (``grad_bytes``: fp32 by default, the parameters' own under fp16), and the
     ``attention_backend`` (``flash``, ``fused``, ``unfused``, ``local``). Where the runtime
@@ -185,7 +186,7 @@ def describe_settings(
         sp=(tp > 1) if sp is None else sp,
         ep=ep,
         dp=dp,
-        etp=1 if etp is None else etp,
+        etp=_default_etp(geometry, process, tp) if etp is None else etp,
     )
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
     if recompute is None:  # the runtime's default: ART's selective, Megatron-LM's none
@@ -259,6 +260,13 @@ def check_backend(backend: str) -> AttentionBackend:
     if backend not in ATTENTION_BACKENDS:
         raise InputError("attention_backend", backend, f"must be one of {list(ATTENTION_BACKENDS)}")
     return backend
+
+
+def _default_etp(geometry: ModelGeometry, runtime: Runtime, tp: int) -> int:
+    """The experts' tensor parallelism where none is given: Megatron-LM's ETP = TP
+    (``arguments.py:587-588``) for its runtime; 1 for ART's trainer, as its measured MoE
+    cells ran (their static baselines match experts split over EP alone)."""
+    return tp if geometry.is_moe and runtime.name == "megatron-lm" else 1
 
 
 def _runtime(name: str) -> Runtime:

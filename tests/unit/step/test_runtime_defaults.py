@@ -85,3 +85,14 @@ def test_the_estimate_says_what_is_trained_and_hides_what_the_step_does_not_hold
     zero = [name for name, b in est.components.items() if b == 0]
     assert zero  # the JSON lists every component, the table only those held
     assert all(f"\n{name} " not in text for name in zero)
+
+
+def test_experts_split_over_tp_by_megatrons_default_and_not_under_art() -> None:
+    """Megatron-LM sets --expert-tensor-parallel-size to TP where it is not given
+    (arguments.py:587-588); ART's measured MoE cells split experts over EP alone."""
+    megatron = describe_settings("qwen3-30b-a3b", tp=2, ep=2, runtime="megatron-lm")
+    art = describe_settings("qwen3-30b-a3b", tp=2, ep=2)
+    dense = describe_settings("qwen3-1.7b", tp=2, runtime="megatron-lm")
+    assert (megatron.layout.etp, art.layout.etp, dense.layout.etp) == (2, 1, 1)
+    est = estimate("qwen3-30b-a3b", [4096], tp=2, ep=2, runtime="megatron-lm", training="full")
+    assert (est.to_dict()["ep"], est.to_dict()["etp"]) == (2, 2)
