@@ -3,8 +3,9 @@
 in the rank simulator from its published structure.
 
 The dense families' rows (Gemma 2, Gemma 3) are selected by the simulated tier's dense
-targets as the measured families' are; the MoE families' rows are reported, as
-Qwen3.5-MoE's (``cpmem.samples.targets.SIMULATED_TARGETS``). What holds on every family
+targets as the measured families' are, and measured against them here (not every row
+meets them); the MoE families' rows are reported, as Qwen3.5-MoE's
+(``cpmem.samples.targets.SIMULATED_TARGETS``). What holds on every family
 row: ``tight`` covers the simulator's central figure (its peak plus the cold set-up
 every policy prices), forward and forward+backward, but on the MoE rows whose experts
 sit behind a ``moe`` checkpoint with EP wider than TP, whose recompute's row gradients
@@ -13,13 +14,16 @@ sit behind a ``moe`` checkpoint with EP wider than TP, whose recompute's row gra
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
+from cpmem.errors import InputError
 from cpmem.pricing.registry import price
-from cpmem.samples.rows import central, load_rows, row_step, simulated_dir
+from cpmem.samples.rows import central, family, load_rows, required, row_step, simulated_dir
 from cpmem.samples.targets import SIMULATED_TARGETS
 from cpmem.step.recompute import Module
+from cpmem.step.trainer import CP_COMMS
 
 SIM = simulated_dir()
 GRID_FAMILIES = frozenset({"qwen3_moe", "gpt_oss", "gemma3_text", "gemma2", "deepseek_v3"})
@@ -65,25 +69,98 @@ def test_tight_covers_the_simulators_central_figure(family_rows):
     assert short == []
 
 
-def test_a_windowed_model_never_rides_the_p2p_ring(family_rows):
-    """Transformer Engine refuses a sliding window under p2p: no such row exists."""
-    for row, step in family_rows:
-        if step.geometry.windowed and row.cp > 1:
-            assert row.cp_comm in ("all_gather", "a2a")
+TE_WINDOW_CP_COMMS = ("a2a", "all_gather")
+"""The CP comm types Transformer Engine runs a sliding window under:
+``attn_forward_func_with_cp`` asserts ``not sliding_window_attn or cp_comm_type in
+["a2a", "all_gather"]`` (transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py, v2.9 lines 3803-3809, v2.10 and v2.11 lines 4023-4029; megatron-core
+0.16 pins transformer-engine >=2.9,<2.12)."""
 
 
-def test_the_dense_families_rows_meet_the_dense_targets_and_the_moe_rows_are_reported(
+def _windowed_cp_rows(family_rows):
+    rows = [(row, step) for row, step in family_rows if step.geometry.windowed and row.cp > 1]
+    assert {step.geometry.family for _, step in rows} == {"gemma2", "gemma3_text", "gpt_oss"}
+    return rows
+
+
+def test_a_windowed_model_under_cp_is_refused_the_ring_and_runs_under_te_s_comm_types(
     family_rows,
 ):
-    """Every tight target that selects rows by what they are selects Gemma's rows as it
-    selects the measured dense families', and no MoE family's row."""
+    """Every windowed family row with CP > 1, restated under each CP comm type: ``p2p``
+    is refused by an InputError naming ``cp_comm`` and the model, as Transformer Engine
+    refuses it (``TE_WINDOW_CP_COMMS``); the types TE runs a window under are accepted."""
+    assert set(TE_WINDOW_CP_COMMS) | {"p2p", "a2a+p2p"} == set(CP_COMMS)
+    for row, step in _windowed_cp_rows(family_rows):
+        for comm in TE_WINDOW_CP_COMMS:
+            assert replace(step.settings, cp_comm=comm).cp_comm == comm, row.config_id
+        with pytest.raises(InputError) as err:
+            replace(step.settings, cp_comm="p2p")
+        assert (err.value.field, err.value.value) == ("cp_comm", "p2p"), row.config_id
+        assert step.geometry.name in err.value.reason
+        assert "all_gather or a2a" in err.value.reason
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cpmem refuses only cp_comm='p2p' on a windowed model; Transformer Engine's "
+    "assertion refuses every type outside TE_WINDOW_CP_COMMS, 'a2a+p2p' included",
+)
+def test_every_cp_comm_transformer_engine_refuses_a_window_under_is_refused(family_rows):
+    refused = [c for c in CP_COMMS if c not in TE_WINDOW_CP_COMMS]
+    _, step = _windowed_cp_rows(family_rows)[0]
+    for comm in refused:
+        with pytest.raises(InputError):
+            replace(step.settings, cp_comm=comm)
+
+
+SHORT_OF_THE_ALLOWANCE = {
+    ("gemma-2-9b:tp1:cp1:pack4-uneven:full:head=logits:r1:d0:t=all:comm=all_gather", "forward"),
+    (
+        "gemma-2-9b:tp1:cp1:pack4-uneven:full:head=logits:r1:d0:t=all:comm=all_gather",
+        "forward_backward",
+    ),
+    ("gemma-2-9b:tp1:cp2:pair-16k:full:head=logits:r1:d0:t=all:comm=a2a", "forward_backward"),
+    ("gemma-2-9b:tp1:cp4:single-32k:full:head=logits:r16:d0:t=all:comm=a2a", "forward_backward"),
+}
+"""The dense family rows ``tight`` covers at the simulator's central figure but not with
+the attention-only allowance (``required``: 3.9% forward, 4.7% forward+backward): Gemma 2
+under full recompute, +4.1% to +4.4% over the central figure."""
+
+
+def test_the_dense_families_rows_against_the_dense_targets(family_rows):
+    """The tight targets that select the dense rows (``SIMULATED_TARGETS``), measured on
+    Gemma 2's and Gemma 3's rows from their figures: ``tight`` against the simulator's
+    peak with the cold set-up (``central``) and the family's validated allowance
+    (``required``). Neither is met on every row: coverage with the allowance misses the
+    rows of ``SHORT_OF_THE_ALLOWANCE``, and the forward headroom bound (8% on rows of
+    >= 2,048 tokens) is exceeded on exactly the rows that checkpoint ``core_attn+mlp``
+    (20 rows, up to +20.2%); every other row is within it. No MoE family row is selected."""
     by_name = {t.name: t for t in SIMULATED_TARGETS["tight"]}
-    dense = by_name["every dense/hybrid row, forward"]
+    coverage = [by_name[f"every dense/hybrid row, {f}"] for f in ("forward", "forward+backward")]
     headroom = by_name["dense/hybrid >= 2,048 tokens, forward"]
-    for row, step in family_rows:
-        assert dense.selects(step) is (not step.geometry.is_moe), row.config_id
-        assert headroom.selects(step) is (not step.geometry.is_moe), row.config_id
-    assert {step.geometry.family for _, step in family_rows if dense.selects(step)} == {
-        "gemma2",
-        "gemma3_text",
-    }
+    assert headroom.bound == 0.08
+    dense = [(row, step) for row, step in family_rows if coverage[0].selects(step)]
+    assert {step.geometry.family for _, step in dense} == {"gemma2", "gemma3_text"}
+    short, over = set(), {}
+    for row, step in dense:
+        estimate = price(step, "tight")
+        fam = family(step.geometry, step.compiled)
+        figures = {
+            "forward": (estimate.estimate_bytes, row.forward_peak),
+            "forward_backward": (estimate.forward_backward_bytes, row.forward_backward_peak),
+        }
+        for target in coverage:
+            got, peak = figures[target.figure]
+            assert target.selects(step) and got is not None
+            if got < required(peak, target.figure, fam):
+                short.add((row.config_id, target.figure))
+        if headroom.selects(step):
+            assert row.logical_tokens >= 2048
+            got, peak = figures["forward"]
+            if got / central(peak) - 1 > headroom.bound:
+                over[row.config_id] = got / central(peak) - 1
+    assert short == SHORT_OF_THE_ALLOWANCE
+    core_attn_mlp = {row.config_id for row, _ in dense if row.modules == "core_attn+mlp"}
+    assert len(core_attn_mlp) == 20
+    assert set(over) == core_attn_mlp
+    assert max(over.values()) <= 0.21
