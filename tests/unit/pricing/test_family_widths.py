@@ -6,16 +6,21 @@ rules (Transformer Engine's CP attention with sliding windows)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from cpmem.api import describe_step
+from cpmem.api import describe_step, estimate, price_step
 from cpmem.errors import InputError
 from cpmem.model.presets import PRESETS
+from cpmem.pricing.cold import COLD_SETUP
+from cpmem.pricing.components import Component
 from cpmem.pricing.head import head_bytes
-from cpmem.pricing.tight import attention, moe
+from cpmem.pricing.tight import attention
 from cpmem.pricing.tight.compose import tight_widths
 from cpmem.pricing.widths import mla_core_width, moe_rows_per_token, sandwich_width
+
+SIM_CONFIGS = Path(__file__).resolve().parents[3] / "golden" / "simulated" / "configs"
 
 
 def _step(model: str, tokens: int = 4096, **kw):
@@ -42,11 +47,36 @@ def test_latent_attention_keeps_the_simulators_wide_tensors():
     assert mla_core_width(v3, 2, sp=True) < mla_core_width(v3, 2, sp=False) + v3.q_lora_rank
 
 
-def test_kv_pair_is_narrower_under_latent_attention():
+def test_latent_attention_keeps_the_published_key_and_value_widths_under_cp():
+    """DeepSeek-V3's published config.json (deepseek-ai/DeepSeek-V3): 61 layers, 128
+    heads, ``qk_nope_head_dim`` 128, ``qk_rope_head_dim`` 64, ``v_head_dim`` 128.
+    megatron-core 0.16.1's ``MLASelfAttention`` (transformer/multi_latent_attention.py
+    796-800, 824-830) splits the up projection into ``k_no_pe`` ``[n, 128]`` and
+    ``value`` ``[n, 128]`` and concatenates the rope key expanded to every head: K is
+    ``n x 192``, V ``n x 128``. Under ``p2p`` (the type Transformer Engine's CP attention
+    runs MLA under, with ``a2a+p2p``: context_parallel.py v2.10 4031-4035) the kernel
+    keeps the last received chunk's K and V: at TP8 (16 heads a rank), 4,096 tokens a
+    rank, ``61 x 16 x (192 + 128) x 4,096 x 2`` bytes, whatever the CP size."""
     g = PRESETS["deepseek-v3"]
-    assert g.kv_pair_width == 128 * (128 + 64) + 128 * 128  # K (nope + rope) and V
-    dense = PRESETS["qwen3-1.7b"]
-    assert dense.kv_pair_width == 2 * dense.kv_width
+    published = (61, 128, 128, 64, 128)
+    assert (g.layers, g.q_heads, g.qk_nope_head_dim, g.qk_rope_head_dim, g.v_head_dim) == published
+    layers, heads_per_rank, key, value = 61, 128 // 8, 128 + 64, 128
+    for cp in (2, 4):
+        est = estimate(
+            "deepseek-v3",
+            logical_tokens=4096 * cp,
+            packed_tokens=4096 * cp,
+            rank_tokens=(4096,) * cp,
+            segments=1,
+            tp=8,
+            ep=8,
+            cp=cp,
+            cp_comm="p2p",
+            recompute="none",
+            policy="tight",
+        )
+        kept = est.components[Component.CP_GATHERED_KV]
+        assert kept == layers * heads_per_rank * (key + value) * 4096 * 2 == 2_558_525_440
 
 
 def test_sandwich_norms_keep_the_sub_layer_output_per_sub_layer():
@@ -61,14 +91,32 @@ def test_sandwich_norms_keep_the_sub_layer_output_per_sub_layer():
 
 
 def test_soft_capped_logits_keep_tanhs_output():
-    """README "Gemma 2": the final soft-cap keeps 2 B more per logit (its bf16 tanh)."""
-    capped = _step("gemma-2-9b", 1024, head="logits")
-    plain = _step("gemma-3-12b", 1024, head="logits")
-    vt_capped = -(-256_000 // 128) * 128
-    vt_plain = -(-262_208 // 128) * 128
-    capped_extra = head_bytes(capped, 1024).kept - 1024 * vt_capped * 4
-    plain_extra = head_bytes(plain, 1024).kept - 1024 * vt_plain * 4
-    assert capped_extra - plain_extra == 1024 * vt_capped * 2
+    """Gemma 2's final soft-cap as transformers' ``Gemma2ForCausalLM.forward`` runs it
+    (modeling_gemma2.py at 006e86931247d7bacf94ad00ada1fb6baf11e94b: ``logits / cap``,
+    ``torch.tanh``, ``* cap``), run by torch on bf16 logits under autograd's saved-tensor
+    hooks (``oracles.saved_tensors.SavedTensorCounter``): it saves 2 B per logit, tanh's
+    output; the division and the product by a number save nothing. cpmem's head keeps
+    exactly that per logit more than the same model uncapped (Gemma 2's 256,000 logits
+    padded to 128 at TP1, megatron's ``make_vocab_size_divisible_by``)."""
+    torch = pytest.importorskip("torch")
+    from oracles.saved_tensors import SavedTensorCounter
+
+    tokens, vocab, cap = 64, 1024, 30.0
+    logits = torch.randn(tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
+    counter = SavedTensorCounter()
+    with counter():
+        capped = torch.tanh(logits / cap) * cap
+    assert capped.dtype == torch.bfloat16 and capped.requires_grad
+    saved_per_logit = counter.bytes() / (tokens * vocab)
+    assert saved_per_logit == 2
+    gemma2 = PRESETS["gemma-2-9b"]
+    assert gemma2.final_logit_softcap == cap
+    n, padded = 1024, -(-256_000 // 128) * 128
+    kept = {
+        name: head_bytes(describe_step(g, [n], head="logits", step="first"), n).kept
+        for name, g in (("capped", gemma2), ("plain", replace(gemma2, final_logit_softcap=None)))
+    }
+    assert kept["capped"] - kept["plain"] == saved_per_logit * n * padded
 
 
 def test_expert_rows_span_the_cp_ranks_an_ep_group_covers():
@@ -84,17 +132,32 @@ def test_expert_rows_span_the_cp_ranks_an_ep_group_covers():
     assert moe_rows_per_token(oss, 16, "concentrated", tp=16) == 2  # 32 experts / 16
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_full_recompute_moe_backward_holds_the_row_gradients():
-    """MOE_BACKWARD_ROW_H against the simulator's backward buffers under full recompute
-    (Qwen3-30B-A3B, 8,192 tokens, 8 rows per token): 96,332 elements per token at TP1
-    EP1, 48,178 at TP2 EP2 SP; the price covers both within 3% of the larger."""
-    step = _step("qwen3-30b-a3b", 8192, recompute="full")
-    w = tight_widths(step.geometry, step)
-    priced = moe.backward_width(step.geometry, w, step)
-    assert 96_332 <= priced <= 1.03 * 96_332
-    sp_step = _step("qwen3-30b-a3b", 8192, tp=2, ep=2, recompute="full")
-    sp_w = tight_widths(sp_step.geometry, sp_step)
-    assert moe.backward_width(sp_step.geometry, sp_w, sp_step) >= 48_178
+    """``MOE_BACKWARD_ROW_H`` against the rank simulator, run now: Qwen3-30B-A3B's
+    published structure (golden/simulated/configs/qwen3-30b-a3b.json, 48 MoE layers, 8
+    rows a token), 8,192 tokens at TP1 EP1 under full recompute. ``tight``'s
+    forward+backward covers the simulator's peak with the cold set-up, within 5% (about
+    +4.3%): each H-multiple a row is 279 MB here (4.7% of the figure), so 5 would fall
+    short (-0.4%) and 7 would be +9%."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from oracles.rank_sim.geometry import load_config
+    from oracles.rank_sim.layout import GdnPiece, RankLayout
+    from oracles.rank_sim.recompute import Recompute
+    from oracles.rank_sim.runner import simulate_rank
+
+    n = 8192
+    model = load_config(SIM_CONFIGS / "qwen3-30b-a3b.json")
+    layout = RankLayout(1, 1, 0, (n,), (n,), (GdnPiece(n),), n, True)
+    sim = simulate_rank(model, layout, Recompute.parse("full", ""), ep=1)
+    assert sim.expert_rows == 8 * n
+    central = sim.forward_backward_peak_bytes + COLD_SETUP
+    priced = price_step(_step("qwen3-30b-a3b", n, recompute="full"), "tight")
+    assert priced.forward_backward_bytes is not None
+    assert central <= priced.forward_backward_bytes <= 1.05 * central
 
 
 def test_p2p_ring_refused_for_sliding_windows_under_cp():
@@ -108,19 +171,31 @@ def test_p2p_ring_refused_for_sliding_windows_under_cp():
 
 
 def test_sliding_windows_change_no_all_gather_figure():
-    """Transformer Engine gathers every rank's K/V whole whatever the window (README
-    "Sliding windows under CP"): a windowed model prices what the same model without
-    windows prices."""
-    from dataclasses import replace
-
-    from cpmem.api import estimate
-
+    """Transformer Engine's ``AttnFuncWithCPAndKVAllGather`` gathers every rank's K/V whole
+    (``gather_along_first_dim``) and only narrows what each step's kernel reads, a view
+    (docs/model-families.md, "Sliding windows under CP"; oracles/rank_sim/cp_comm.py):
+    Gemma 3 12B, 40 of its 48 layers sliding over 1,024 tokens, at CP4 with 4,096 tokens a
+    rank and no recompute keeps the other 3 ranks' K and V (8 groups x 256, twice) in
+    every layer: ``48 x 3 x 4,096 x 4,096 x 2`` bytes in ``tight``; ``reference`` prices
+    the ranks beyond its calibrated CP 2 (2 of the 3). A window-bounded gather would keep
+    at most 1,023 remote rows on a sliding layer, not 12,288."""
     gemma = PRESETS["gemma-3-12b"]
-    full = replace(gemma, windows=())
-    for policy in ("reference", "tight"):
-        a = estimate(gemma, [16384], cp=4, policy=policy)
-        b = estimate(full, [16384], cp=4, policy=policy)
-        assert a.estimate_bytes == b.estimate_bytes
+    assert sum(1 for w in gemma.windows if w == 1024) == 40 and gemma.layers == 48
+    layers, remote, kv_pair, rank_tokens = 48, 3, 2 * 8 * 256, 4096
+    for policy, ranks in (("tight", remote), ("reference", remote - 1)):
+        est = estimate(
+            gemma,
+            logical_tokens=4 * rank_tokens,
+            packed_tokens=4 * rank_tokens,
+            rank_tokens=(rank_tokens,) * 4,
+            segments=1,
+            cp=4,
+            cp_comm="all_gather",
+            recompute="none",
+            policy=policy,
+        )
+        kept = est.components[Component.CP_GATHERED_KV]
+        assert kept == layers * ranks * kv_pair * rank_tokens * 2, policy
 
 
 def test_without_a_q_norm_the_query_copy_is_not_kept():
