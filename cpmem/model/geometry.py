@@ -48,11 +48,14 @@ class ModelGeometry:
     activation_clamp: float | None = None
     tied_embeddings: bool = False
     # per layer: its sliding attention window in tokens, 0 for full causal attention
-    # (Gemma, gpt-oss, Mistral); () means every layer attends fully. No pricing term reads
+    # (Gemma, gpt-oss, Mistral); () means every layer attends fully. No byte term reads
     # it: Transformer Engine's CP attention keeps every rank's K/V under all_gather and a2a
     # whatever the window (docs/model-families.md, "Sliding windows under CP"), so a
-    # windowed layer is priced as a full one. It refuses cp_comm='p2p' (``StepSettings``,
-    # as Transformer Engine does) and is exported to external estimators.
+    # windowed layer is priced as a full one. What reads it: ``StepSettings`` refuses
+    # cp_comm='p2p' under CP for a windowed model, as Transformer Engine does;
+    # ``StepSettings.with_backend_for`` hands the window to Transformer Engine's backend
+    # selection when every layer slides (the largest one; a model with full layers is
+    # selected as unwindowed); and it is exported to external estimators.
     windows: tuple[int, ...] = ()
     # Gemma's sandwich norms: a post-attention and a post-feed-forward RMSNorm, each saving
     # its H-wide input, beside the two pre-norms every family has
