@@ -46,6 +46,9 @@ chunks ``r`` and ``2CP - 1 - r`` (``get_batch_on_this_cp_rank``), so each rank h
 ``s x b / CP`` tokens: the ``balanced`` planner."""
 
 
+TE_WINDOW_CP_COMMS = ("all_gather", "a2a")
+TE_MLA_CP_COMMS = ("p2p", "a2a+p2p")
+
 AUTO_DEFAULT_CAPABILITY = (9, 0)
 """The compute capability ``auto`` is resolved for where the step's device names none:
 the measured runtime's H200."""
@@ -113,13 +116,8 @@ class StepSettings:
         check_cp_comm(self.cp_comm)
         if self.cp_comm == "a2a" and self.layout.cp > 1:
             self._check_a2a_heads()
-        if self.cp_comm == "p2p" and self.layout.cp > 1 and self.geometry.windowed:
-            raise InputError(
-                "cp_comm",
-                "p2p",
-                f"{self.geometry.name} has sliding-window layers, which Transformer Engine's "
-                "CP attention runs only under all_gather or a2a (attn_forward_func_with_cp)",
-            )
+        if self.layout.cp > 1:
+            self._check_te_cp_comm()
         if not isinstance(self.cold, bool):
             raise InputError("cold", self.cold, "must be true or false")
         if self.moe_routing not in MOE_ROUTINGS:
@@ -203,6 +201,28 @@ class StepSettings:
                 "plan", plan.layout, f"was laid out for another layout than {self.layout}"
             )
         return Step(self, plan, None, ())
+
+    def _check_te_cp_comm(self) -> None:
+        """The CP comm types Transformer Engine's CP attention runs a layer under
+        (``attn_forward_func_with_cp``, context_parallel.py v2.9:3803-3815,
+        v2.10/v2.11:4023-4035): sliding-window layers under ``all_gather`` or ``a2a`` only;
+        latent attention (K and V of different widths) under ``p2p`` or ``a2a+p2p`` only."""
+        g = self.geometry
+        if g.windowed and self.cp_comm not in TE_WINDOW_CP_COMMS:
+            raise InputError(
+                "cp_comm",
+                self.cp_comm,
+                f"{g.name} has sliding-window layers, which Transformer Engine's CP attention "
+                "runs only under all_gather or a2a (attn_forward_func_with_cp)",
+            )
+        if g.is_mla and g.v_head_dim != g.head_dim and self.cp_comm not in TE_MLA_CP_COMMS:
+            raise InputError(
+                "cp_comm",
+                self.cp_comm,
+                f"{g.name} has latent attention (K and V of different widths), which "
+                "Transformer Engine's CP attention runs only under p2p or a2a+p2p "
+                "(attn_forward_func_with_cp)",
+            )
 
     def replace(self, **changes: Any) -> StepSettings:
         """These settings with some changed (checked again)."""

@@ -122,8 +122,9 @@ def plan_job(c: GridConfig) -> dict[str, Any]:
         planner = "explicit:whole-first"
         packed = _round_up(request.real_tokens, c.tp)
     else:
+        comm = c.trainer.cp_comm if c.trainer is not None else "all_gather"
         plan = api.describe_step(
-            geometry, request=request, tp=c.tp, cp=c.cp, ep=c.ep, allow_long=True
+            geometry, request=request, tp=c.tp, cp=c.cp, ep=c.ep, cp_comm=comm, allow_long=True
         ).plan
         g = plan.groups[0]
         attn, gdn = list(g.attention_tokens), list(g.gdn_tokens)

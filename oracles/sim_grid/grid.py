@@ -503,7 +503,8 @@ def pipeline_grid() -> list[GridConfig]:
 # loss, or the harness's hidden states) and the adapters (rank 16 or the harness's rank
 # 1) with the layout index, so that every model meets every layout, request, path, head
 # and rank; under CP the attention communication alternates between the all-gather and
-# the p2p ring, or Ulysses a2a on the models with sliding windows. MoE models lay EP over the
+# the p2p ring, or Ulysses a2a on the models with sliding windows (latent attention: the
+# p2p ring always, as Transformer Engine requires). MoE models lay EP over the
 # TP x CP world (ETP 1) and route concentrated (cpmem's safe assumption).
 FAMILY_MODELS: dict[str, str] = {
     "qwen3-30b-a3b": "configs/qwen3-30b-a3b.json",
@@ -542,9 +543,17 @@ FAMILY_HEADS: dict[str, tuple[int, int]] = {
 """(query heads, KV heads) of each family model (its config), for Ulysses' divisibility."""
 
 
+FAMILY_MLA = ("moonlight-16b-a3b",)
+"""The models with latent attention (K and V of different widths): Transformer Engine runs
+their CP attention only under ``p2p`` or ``a2a+p2p`` (``attn_forward_func_with_cp``)."""
+
+
 def family_comm(model: str, tp: int, cp: int, index: int) -> str:
     """The slot's CP communication: the all-gather every other slot, else the p2p ring,
-    or on a windowed model Ulysses ``a2a`` where its heads per TP rank divide by CP."""
+    or on a windowed model Ulysses ``a2a`` where its heads per TP rank divide by CP; a
+    latent-attention model's CP attention always rides the p2p ring."""
+    if cp > 1 and model in FAMILY_MLA:
+        return "p2p"
     if cp == 1 or index % 2 == 0:
         return "all_gather"
     if model not in FAMILY_WINDOWED:

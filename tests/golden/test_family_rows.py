@@ -100,11 +100,6 @@ def test_a_windowed_model_under_cp_is_refused_the_ring_and_runs_under_te_s_comm_
         assert "all_gather or a2a" in err.value.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cpmem refuses only cp_comm='p2p' on a windowed model; Transformer Engine's "
-    "assertion refuses every type outside TE_WINDOW_CP_COMMS, 'a2a+p2p' included",
-)
 def test_every_cp_comm_transformer_engine_refuses_a_window_under_is_refused(family_rows):
     refused = [c for c in CP_COMMS if c not in TE_WINDOW_CP_COMMS]
     _, step = _windowed_cp_rows(family_rows)[0]
