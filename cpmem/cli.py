@@ -31,6 +31,7 @@ from cpmem.reports.cli_render import (
     render_estimate,
     render_models,
     render_whole_device,
+    step_kinds_line,
 )
 from cpmem.reports.tables import table
 from cpmem.step.profiles import ProfileStore
@@ -424,6 +425,10 @@ def cmd_admit(args: argparse.Namespace) -> int:
         if decision.device_budget is not None:
             for line in render_whole_device(decision):
                 print("  " + line)
+        else:
+            kinds = step_kinds_line(decision)
+            if kinds is not None:
+                print("  " + kinds)
     return 0 if decision.action != "refuse" else 3
 
 

@@ -45,16 +45,22 @@ usable_budget = runtime_budget
 """free + reusable reserved - 3% of the device's total (``cpmem.pricing.device_budget``)."""
 
 
+Kinds = tuple[tuple[StepKind, int], ...]
+"""A step's required bytes as the first and as a steady step of its process."""
+
+
 @dataclass(frozen=True)
 class Pricer:
     """How a decision prices a step: the policy and the figure it admits on.
 
-    ``whole_device``: the decision is against a device (its budget derived, not given),
-    so a step's requirement is its whole-device figure (static memory plus activations,
-    where a pipeline step holds most of both: ``Estimate.whole_device_bytes``) at the
-    larger of its first and its steady step: a run must survive both, and which holds
-    more depends on the step (the first pays its kernel set-up in the activations, a
-    steady one holds the optimizer's moments and the kernel workspaces)."""
+    Every step is priced as the first and as a steady step of its process and required
+    at the larger: a run must survive both, and which holds more depends on the step (the
+    first pays its kernel set-up in the activations, a steady one holds the optimizer's
+    moments and the kernel workspaces in its static memory). Against a given budget the
+    requirement is the activation figure; with ``whole_device`` (the decision is against
+    a device, its budget derived, not given) it is the whole-device figure (static memory
+    plus activations, where a pipeline step holds most of both:
+    ``Estimate.whole_device_bytes``)."""
 
     policy: str | None = None
     """None: each step's runtime's policy (``registry.RUNTIME_POLICIES``)."""
@@ -66,10 +72,16 @@ class Pricer:
             raise InputError("figure", self.figure, f"must be one of {list(FIGURES)}")
 
     def estimate(self, step: Step) -> Estimate:
-        """The step's estimate; against a device, that of whichever step kind holds more."""
-        if not self.whole_device:
-            return price(step, self.policy)
-        return max(self.kinds(step).values(), key=self.required)
+        """The step's estimate at whichever step kind requires more (``priced``)."""
+        return self.priced(step)[0]
+
+    def priced(self, step: Step) -> tuple[Estimate, Kinds]:
+        """The estimate of whichever step kind requires more (the first on a tie), and
+        the required bytes of each kind."""
+        kinds = self.kinds(step)
+        required = tuple((kind, self.required(est)) for kind, est in kinds.items())
+        kind = max(required, key=lambda pair: pair[1])[0]
+        return kinds[kind], required
 
     def kinds(self, step: Step) -> dict[StepKind, Estimate]:
         """The step priced as the first and as a steady step of its process."""
@@ -115,9 +127,10 @@ class Decision:
     device_budget: DeviceBudget | None = None
     """The device the budget was derived from, with the static memory under it (None:
     the budget was given)."""
-    step_kinds: tuple[tuple[str, int], ...] = ()
-    """Against a device: the step's whole-device bytes as the first and as a steady step
-    of its process; the decision was taken on the larger (``estimate.step_kind``)."""
+    step_kinds: Kinds = ()
+    """The chosen variant's required bytes as the first and as a steady step of its
+    process (``Pricer``): its activation figure against a given budget, its whole-device
+    bytes against a device; the decision was taken on the larger (``estimate.step_kind``)."""
 
     @property
     def fits(self) -> bool:
@@ -142,8 +155,14 @@ class Decision:
             "suggestion": self.suggestion,
             "estimate": self.estimate.to_dict(),
             **({"whole_device": self.whole_device()} if self.device_budget else {}),
-            **({"step_whole_device_bytes": dict(self.step_kinds)} if self.step_kinds else {}),
+            **({self.step_kinds_key: dict(self.step_kinds)} if self.step_kinds else {}),
         }
+
+    @property
+    def step_kinds_key(self) -> str:
+        """The JSON key of ``step_kinds``: whole-device bytes against a device, the
+        activation figure against a given budget."""
+        return "step_whole_device_bytes" if self.device_budget else "step_required_bytes"
 
     def whole_device(self) -> dict[str, object]:
         """The device's bytes on the busiest rank: static, the step's activations and its
@@ -176,6 +195,19 @@ def split_cost(pricer: Pricer, parts: Sequence[Estimate]) -> int:
     retained = [retained_bytes(p) for p in parts]
     workspace = [pricer.required(p) - r for p, r in zip(parts, retained, strict=True)]
     return sum(retained) + max(workspace)
+
+
+def split_kinds(pricer: Pricer, steps: Sequence[Step]) -> tuple[list[Estimate], Kinds]:
+    """The sub-forwards of one step, all of one step kind (a split runs inside one step:
+    the first of its process or a steady one): the parts' estimates at the kind whose
+    ``split_cost`` is larger (the first on a tie), and each kind's cost."""
+    by_kind: dict[StepKind, list[Estimate]] = {kind: [] for kind in STEP_KINDS}
+    for s in steps:
+        for kind, est in pricer.kinds(s).items():
+            by_kind[kind].append(est)
+    costs = tuple((kind, split_cost(pricer, ests)) for kind, ests in by_kind.items())
+    kind = max(costs, key=lambda pair: pair[1])[0]
+    return by_kind[kind], costs
 
 
 def split_request(request: Request, parts: int) -> list[Request] | None:
@@ -283,13 +315,16 @@ def admit_step(
     with an explicit plan (no request) is fit or refused as it stands. ``timeout`` as
     in ``admit``.
 
-    Without ``budget_bytes`` the decision is against the step's device (``step_budget``):
-    every variant is priced at the larger of its first and its steady step, static
-    memory included (``Pricer.whole_device``; a pipeline step at the stage where static
-    and activations together are largest), and the decision names the step kind it was
-    decided on and carries the whole device's breakdown; its required and available
-    bytes are then the activations' and what the device leaves them beside the chosen
-    estimate's static memory, as with a given budget.
+    Every variant is priced as the first and as a steady step of its process and
+    required at the larger (``Pricer``), whatever ``step.settings.cold`` says: a run
+    must survive both. The decision names the step kind it was decided on
+    (``estimate.step_kind``) with the chosen variant's bytes at each (``step_kinds``).
+    Against ``budget_bytes`` the figure is the activations'. Without it the decision is
+    against the step's device (``step_budget``), static memory included
+    (``Pricer.whole_device``; a pipeline step at the stage where static and activations
+    together are largest), and carries the whole device's breakdown; its required and
+    available bytes are then the activations' and what the device leaves them beside
+    the chosen estimate's static memory, as with a given budget.
     """
     comm, bad_timeout = _bounded(comm, timeout)
     resolved: list[tuple[int, DeviceBudget | None]] = []
@@ -307,24 +342,22 @@ def admit_step(
         decision = _admit_request(step, lambda: resolved[0][0], pricer, comm, checked)
     if not pricer.whole_device:
         return decision
-    return _on_device(decision, step, pricer)
+    return _on_device(decision, pricer)
 
 
-def _on_device(decision: Decision, step: Step, pricer: Pricer) -> Decision:
+def _on_device(decision: Decision, pricer: Pricer) -> Decision:
     """A decision taken in whole-device bytes, stated as activations against what the
-    device leaves them beside the chosen estimate's static memory; with the whole-device
-    figure of the step at each of its kinds."""
+    device leaves them beside the chosen estimate's static memory (its ``step_kinds``
+    stay whole-device bytes)."""
     est = decision.estimate
     _, static = est.device_required(pricer.figure)
     held = 0 if static is None else static.total
-    kinds = {kind: pricer.required(e) for kind, e in pricer.kinds(step).items()}
     return replace(
         decision,
         required_bytes=decision.required_bytes - held,
         available_bytes=decision.available_bytes - held,
         considered=tuple((v, b - held) for v, b in decision.considered),
         device_budget=est.device_budget,
-        step_kinds=tuple(kinds.items()),
     )
 
 
@@ -337,30 +370,39 @@ def _admit_request(
 ) -> Decision:
     """Admission of a step planned from a request (``admit_step``)."""
 
-    def candidates() -> list[tuple[str, int, Estimate]]:
+    def candidates() -> list[Candidate]:
         checked()
-        cost_optimal = pricer.estimate(step)
-        out = [("cost-optimal", pricer.required(cost_optimal), cost_optimal)]
+        cost_optimal, kinds = pricer.priced(step)
+        out = [Candidate("cost-optimal", pricer.required(cost_optimal), cost_optimal, kinds)]
         if step.plan.layout.cp > 1:
             for name in EXECUTABLE:
                 if name == cost_optimal.planner:
                     continue  # already priced as the cost-optimal layout
                 alternative = _variant(partial(step.replanned, name))
                 if alternative is not None:
-                    est = pricer.estimate(alternative)
-                    out.append((f"memory-minimal:{name}", pricer.required(est), est))
+                    est, kinds = pricer.priced(alternative)
+                    out.append(
+                        Candidate(f"memory-minimal:{name}", pricer.required(est), est, kinds)
+                    )
         return out
 
     found = collective_plan(comm, candidates)
-    planners = tuple((variant, est.planner) for variant, _, est in found)
+    planners = tuple((c.variant, c.estimate.planner) for c in found)
     available = comm.min_int(budget())
     agreed = _agreed(comm, found)
-    considered = [(variant, required) for variant, required, _ in agreed]
+    considered = [(c.variant, c.required) for c in agreed]
     best_fit = _first_fit(agreed, available)
     if best_fit is not None:
-        variant, required, est = best_fit
         return Decision(
-            "fit", required, available, 1, variant, est, tuple(considered), planners=planners
+            "fit",
+            best_fit.required,
+            available,
+            1,
+            best_fit.variant,
+            best_fit.estimate,
+            tuple(considered),
+            planners=planners,
+            step_kinds=best_fit.kinds,
         )
 
     request = step.request
@@ -374,16 +416,18 @@ def _admit_request(
         if pieces is None:
             break
 
-        def price_parts(ps: list[Request] = pieces) -> list[Estimate] | None:
+        def price_parts(ps: list[Request] = pieces) -> tuple[list[Estimate], Kinds] | None:
             steps = [_variant(partial(step.for_request, p)) for p in ps]
             if any(s is None for s in steps):
                 return None  # a part estimate would refuse (a CP rank left empty)
-            return [pricer.estimate(s) for s in steps if s is not None]
+            return split_kinds(pricer, [s for s in steps if s is not None])
 
-        ests = collective_plan(comm, price_parts)
-        if ests is None:
+        priced = collective_plan(comm, price_parts)
+        if priced is None:
             break
-        required, available = agree_on_bytes(comm, split_cost(pricer, ests), available)
+        ests, kinds = priced
+        cost = max(b for _, b in kinds)
+        required, available = agree_on_bytes(comm, cost, available)
         considered.append((f"split-{parts}", required))
         planners += ((f"split-{parts}", ests[0].planner),)
         if required <= available:
@@ -397,21 +441,23 @@ def _admit_request(
                 largest,
                 tuple(considered),
                 planners=planners,
+                step_kinds=kinds,
             )
         parts *= 2
 
     # the group's agreed MAX, so every rank refuses with the same variant and bytes
-    least = min(agreed, key=lambda c: c[1])
+    least = min(agreed, key=lambda c: c.required)
     return Decision(
         "refuse",
-        least[1],
+        least.required,
         available,
         0,
-        least[0],
-        least[2],
+        least.variant,
+        least.estimate,
         tuple(considered),
         suggestion=suggest(step, available, pricer),
         planners=planners,
+        step_kinds=least.kinds,
     )
 
 
@@ -438,23 +484,30 @@ def _variant(build: Callable[[], Step]) -> Step | None:
         return None
 
 
-def _agreed(
-    comm: Communicator, found: list[tuple[str, int, Estimate]]
-) -> list[tuple[str, int, Estimate]]:
+@dataclass(frozen=True)
+class Candidate:
+    """A variant admission considers: its required bytes (this rank's, or the group's
+    MAX once agreed), this rank's estimate at the deciding step kind, each kind's bytes."""
+
+    variant: str
+    required: int
+    estimate: Estimate
+    kinds: Kinds
+
+
+def _agreed(comm: Communicator, found: list[Candidate]) -> list[Candidate]:
     """Each variant with the group's MAX of its required bytes (one collective per
     variant, in order) and this rank's estimate of it."""
-    return [(variant, comm.max_int(required), est) for variant, required, est in found]
+    return [replace(c, required=comm.max_int(c.required)) for c in found]
 
 
-def _first_fit(
-    agreed: list[tuple[str, int, Estimate]], available: int
-) -> tuple[str, int, Estimate] | None:
+def _first_fit(agreed: list[Candidate], available: int) -> Candidate | None:
     """Cost-optimal first; otherwise the least-demanding candidate (by the agreed bytes),
     if it fits."""
-    if agreed[0][1] <= available:
+    if agreed[0].required <= available:
         return agreed[0]
-    best = min(agreed, key=lambda c: c[1])
-    return best if best[1] <= available else None
+    best = min(agreed, key=lambda c: c.required)
+    return best if best.required <= available else None
 
 
 SUGGESTED_RECOMPUTE = (
@@ -494,11 +547,11 @@ def _admit_fixed(
 ) -> Decision:
     """Admit a plan the runtime already fixed (no alternatives, no split): fit or refuse."""
 
-    def priced() -> Estimate:
+    def priced() -> tuple[Estimate, Kinds]:
         checked()
-        return pricer.estimate(step)
+        return pricer.priced(step)
 
-    est = collective_plan(comm, priced)
+    est, kinds = collective_plan(comm, priced)
     required, available = agree_on_bytes(comm, pricer.required(est), budget())
     action: Action = "fit" if required <= available else "refuse"
     suggestion = None
@@ -514,4 +567,5 @@ def _admit_fixed(
         (("explicit", required),),
         suggestion,
         planners=(("explicit", "explicit"),),
+        step_kinds=kinds,
     )

@@ -167,6 +167,14 @@ def without_segment_states(structure: ReferenceStructure) -> ReferenceStructure:
     return replace(structure, segment_states=_no_segment_states)
 
 
+def as_recorded(structure: ReferenceStructure) -> ReferenceStructure:
+    """``structure`` charging its cold allowance on every step, the first of a process or
+    not: the estimator that recorded the golden layer's estimates did (its warm cells'
+    recorded estimates hold the 64 MiB allowance, e.g. every ``eager_control`` row whose
+    first and repeat peaks agree)."""
+    return replace(structure, every_step_cold=True)
+
+
 def reference_mutants(base: ReferenceStructure) -> dict[str, ReferenceVariant]:
     """The reference formula with one term removed or broken; each must be caught."""
     return {
@@ -189,6 +197,7 @@ __all__ = [
     "TIGHT_MUTANTS",
     "ReferenceVariant",
     "TightVariant",
+    "as_recorded",
     "reference_mutants",
     "without_segment_states",
 ]

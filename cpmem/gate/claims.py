@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from cpmem.calibration.variant import without_segment_states
+from cpmem.calibration.variant import as_recorded, without_segment_states
 from cpmem.golden.cells import MeasuredCell
 from cpmem.model.load import load_model
 from cpmem.pricing.reference import ReferenceStructure
@@ -22,14 +22,16 @@ def _is_moe(cell: MeasuredCell) -> bool:
 class Claim:
     """A set of recorded estimates a policy reproduces to the byte.
 
-    ``variant`` changes the reference structure for rows an earlier estimator recorded.
+    ``variant`` changes the reference structure to the estimator that recorded the rows:
+    every recorded estimate charged the cold allowance on every step (``as_recorded``),
+    and the ``before_segment_states`` rows priced no segment states.
     """
 
     name: str
     description: str
     selects: Callable[[MeasuredCell], bool]
     column: RecordedColumn = "recorded_estimate_bytes"
-    variant: Callable[[ReferenceStructure], ReferenceStructure] | None = None
+    variant: Callable[[ReferenceStructure], ReferenceStructure] | None = as_recorded
 
 
 _CP_FINAL = Claim(
@@ -46,7 +48,7 @@ _BEFORE_SEGMENT_STATES = Claim(
     "before-segment-states",
     "TP file, before_segment_states rows, priced without segment states",
     lambda c: c.phase == "before_segment_states",
-    variant=without_segment_states,
+    variant=lambda structure: as_recorded(without_segment_states(structure)),
 )
 _CP_OLD = Claim(
     "cp-old",

@@ -99,11 +99,18 @@ class ReferenceStructure:
     """The pieces of the reference formula that differ between the published model
     (the defaults), ``global`` (``packed_tokens``) and the estimators the golden layer
     recorded before it, which the gate reproduces (``cpmem.gate``): the tokens each rank
-    is charged, its segment states, its cold allowance."""
+    is charged, its segment states, its cold allowance and the steps that pay it."""
 
     tokens: Callable[[Step], tuple[int, list[int]]] = busiest_tokens
     segment_states: Callable[[Step], int] = all_segment_states
     cold_allowance: int = COLD_SETUP
+    every_step_cold: bool = False
+    """False: the allowance is charged on the first step of a process only; a steady step
+    has paid its kernel set-up, and holds what the set-up left (the cuBLAS and Transformer
+    Engine workspaces) in its static memory (``cpmem.pricing.workspaces``), so its
+    activations charge none. True: on every step, as ART's estimator charged it when it
+    recorded the golden layer's estimates (it did not know a process's step:
+    ``cpmem.calibration.variant.as_recorded``)."""
 
 
 REFERENCE = ReferenceStructure()
@@ -140,7 +147,7 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     features = feature_width(geometry, widths, rc)
     segments = plan.grad_segments if rc.keeps_gradients else 0
     seg_bytes = structure.segment_states(step)
-    cold = structure.cold_allowance
+    cold = structure.cold_allowance if step.cold or structure.every_step_cold else 0
     static = plan.packed_tokens * geometry.hidden * b * static_floor_layers(geometry)
     outputs = step.outputs
     gathered = outputs if layout.cp > 1 else 0

@@ -115,14 +115,26 @@ def render_whole_device(decision: Decision) -> list[str]:
         for r, b in enumerate(per_rank)
     ]
     lines.append("  static + activations per rank: " + ", ".join(marks))
-    if decision.step_kinds:
-        chosen = decision.estimate.step_kind
-        kinds = ", ".join(f"{k} {fmt_gib(b)} GiB" for k, b in decision.step_kinds)
-        lines.append(f"  decided on the {chosen} step, the larger on the device ({kinds})")
+    kinds = step_kinds_line(decision)
+    if kinds is not None:
+        lines.append("  " + kinds)
     stage = decision.estimate.device_stage()
     if decision.estimate.stage_statics:
         lines.append(f"  pipeline stage {stage}: where static + activations are largest")
     return lines
+
+
+def step_kinds_line(decision: Decision) -> str | None:
+    """Which step kind the decision was taken on, with the chosen variant's bytes at each
+    (whole-device bytes against a device, activations against a given budget); None
+    where none was recorded."""
+    if not decision.step_kinds:
+        return None
+    kinds = ", ".join(f"{k} {fmt_gib(b)} GiB" for k, b in decision.step_kinds)
+    where = "on the device" if decision.device_budget is not None else "of its activations"
+    if len({b for _, b in decision.step_kinds}) == 1:
+        return f"decided on the first and the steady step alike ({kinds})"
+    return f"decided on the {decision.estimate.step_kind} step, the larger {where} ({kinds})"
 
 
 def stages_label(settings: Mapping[str, Any]) -> str:

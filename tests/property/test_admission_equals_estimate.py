@@ -5,7 +5,10 @@ The regression behind it: admission once rebuilt its own pricing input and dropp
 options ``estimate`` honoured (learned profiles), so ``cpmem admit`` could FIT a request
 ``cpmem estimate`` priced above the budget. Every expected figure here comes from
 ``estimate`` called with the arguments the test gave ``admit`` (and, for a variant, the
-one argument the variant changes); the split rule is restated here, not called.
+one argument the variant changes); the split rule is restated here, not called. Admission
+prices every variant as the first and as a steady step of its process and requires the
+larger (a split all its parts at one kind), so each expected figure is the larger of two
+``estimate`` calls, ``step="first"`` and ``step="steady"``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ RECOMPUTES = (
     ("no-grad", None),
 )
 MOE_RECOMPUTES = (("selective", "core_attn+moe"),)
+KINDS = ("first", "steady")  # on a tie admission decides on the first
 MAX_TOKENS = 8 * 1024
 HUGE = 1 << 50
 PARTS = 1 << 20
@@ -79,6 +83,15 @@ class Case:
         """``estimate`` with the case's arguments (``changes`` replacing some)."""
         args = {**self.inputs, **self.settings, **changes}
         return estimate(self.model, policy=self.policy, **args)
+
+    def decided(self, **changes: Any) -> Estimate:
+        """The estimate of the step kind that requires more (the first on a tie)."""
+        first, steady = (self.estimate(step=kind, **changes) for kind in KINDS)
+        return first if self.figure_of(first) >= self.figure_of(steady) else steady
+
+    def required(self, **changes: Any) -> int:
+        """The larger of the first and the steady step's figure."""
+        return self.figure_of(self.decided(**changes))
 
     def admit(self, budget: int) -> Decision:
         return admit(
@@ -183,30 +196,40 @@ def split_figure(case: Case, parts: list[Estimate]) -> int:
     return sum(retained) + max(workspace)
 
 
-def split_parts(case: Case, n: int) -> list[Estimate] | None:
-    """Each part of the N-way split estimated on its own (``request=part``), or None
-    where the request cannot be cut N ways or a part's estimate is refused."""
+def split_parts(case: Case, n: int, kind: str) -> list[Estimate] | None:
+    """Each part of the N-way split estimated on its own (``request=part``) as a ``kind``
+    step, or None where the request cannot be cut N ways or a part's estimate is refused."""
     lengths, shared = case.inputs["lengths"], case.inputs["shared_prefix"]
     pieces = split_request(Request.shared(lengths, shared), n)
     if pieces is None:
         return None
     try:
         return [
-            estimate(case.model, policy=case.policy, request=p, **case.settings) for p in pieces
+            estimate(case.model, policy=case.policy, request=p, step=kind, **case.settings)
+            for p in pieces
         ]
     except InputError:
         return None
 
 
+def split_decided(case: Case, n: int) -> list[Estimate] | None:
+    """The parts of the N-way split at the step kind whose split figure is larger (the
+    first on a tie), or None as ``split_parts``."""
+    first, steady = (split_parts(case, n, kind) for kind in KINDS)
+    if first is None or steady is None:
+        return None
+    return first if split_figure(case, first) >= split_figure(case, steady) else steady
+
+
 def expected_required(case: Case, variant: str) -> int:
     """What ``estimate`` prices for ``variant`` with the case's options."""
     if variant in ("cost-optimal", "explicit"):
-        return case.figure_of(case.estimate())
+        return case.required()
     if variant.startswith("memory-minimal:"):
         planner = variant.removeprefix("memory-minimal:")
-        return case.figure_of(case.estimate(planner=planner))
+        return case.required(planner=planner)
     if variant.startswith("split-"):
-        parts = split_parts(case, int(variant.removeprefix("split-")))
+        parts = split_decided(case, int(variant.removeprefix("split-")))
         assert parts is not None, f"admission considered {variant}, estimate cannot price it"
         return split_figure(case, parts)
     raise AssertionError(f"unknown variant {variant!r}")
@@ -215,19 +238,19 @@ def expected_required(case: Case, variant: str) -> int:
 def budget_for(case: Case, data: st.DataObject) -> int:
     """A budget drawn around the variants' figures (from ``estimate``), so that fit,
     memory-minimal, split and refuse all occur."""
-    cost_optimal = case.figure_of(case.estimate())
+    cost_optimal = case.required()
     anchors = {"fit": cost_optimal}
     if not case.explicit and case.settings.get("cp", 1) > 1:
         alternatives = []
         for planner in EXECUTABLE:
             try:
-                alternatives.append(case.figure_of(case.estimate(planner=planner)))
+                alternatives.append(case.required(planner=planner))
             except InputError:
                 continue
         if alternatives and min(alternatives) < cost_optimal:
             anchors["memory-minimal"] = min(alternatives)
     if not case.explicit:
-        parts = split_parts(case, 2)
+        parts = split_decided(case, 2)
         if parts is not None:
             anchors["split"] = split_figure(case, parts)
     lowest = min(anchors.values())
@@ -279,13 +302,13 @@ def check_decision(case: Case, d: Decision, budget: int) -> None:
     assert d.required_bytes == considered[d.variant]
     assert d.required_bytes == expected_required(case, d.variant)
     if d.variant.startswith("split-"):
-        parts = split_parts(case, d.parts)
+        parts = split_decided(case, d.parts)
         assert parts is not None and d.parts == int(d.variant.removeprefix("split-"))
         assert d.estimate == max(parts, key=case.figure_of)
     elif d.variant.startswith("memory-minimal:"):
-        assert d.estimate == case.estimate(planner=d.variant.removeprefix("memory-minimal:"))
+        assert d.estimate == case.decided(planner=d.variant.removeprefix("memory-minimal:"))
     else:
-        assert d.estimate == case.estimate()
+        assert d.estimate == case.decided()
 
 
 @given(case=cases(), data=st.data())
@@ -420,20 +443,20 @@ REACHABLE = [
 
 def _budget(case: Case, action: str, kind: str | None) -> int:
     """A budget that must give ``action`` by the variants' own estimates."""
-    cost_optimal = case.figure_of(case.estimate())
+    cost_optimal = case.required()
     if action == "fit" and kind in ("cost-optimal", "explicit"):
         return cost_optimal
     if kind == "memory-minimal":
-        alternatives = [case.figure_of(case.estimate(planner=p)) for p in EXECUTABLE]
+        alternatives = [case.required(planner=p) for p in EXECUTABLE]
         assert min(alternatives) < cost_optimal, "no memory-minimal layout below cost-optimal"
         return min(alternatives)
     if kind == "split":
-        parts = split_parts(case, 2)
+        parts = split_decided(case, 2)
         assert parts is not None
         split = split_figure(case, parts)
         alternatives = [cost_optimal]
         if case.settings.get("cp", 1) > 1:
-            alternatives += [case.figure_of(case.estimate(planner=p)) for p in EXECUTABLE]
+            alternatives += [case.required(planner=p) for p in EXECUTABLE]
         assert split < min(alternatives), "splitting in two does not lower the figure"
         return split
     return cost_optimal // 2  # refuse

@@ -1,5 +1,8 @@
 """Every option ``estimate`` honours reaches admission: changing only that option moves
-``estimate``'s bytes and ``admit``'s required bytes by the same amount.
+``estimate``'s bytes and ``admit``'s required bytes by the same amount. Admission prices
+every step as the first and as a steady step of its process and requires the larger, so
+its required bytes are the larger of two ``estimate`` calls, ``step="first"`` and
+``step="steady"`` (the ``step`` keyword itself is exempt: admission prices both).
 
 One row per keyword of ``describe_step`` / ``describe_settings`` (the ``StepArguments`` /
 ``SettingsArguments`` TypedDicts), with a guard that the table names every keyword, so a
@@ -72,7 +75,12 @@ class Row:
         return args
 
     def estimated(self, value: Any) -> int:
-        est = estimate(self.model, self.lengths, policy=self.policy, **self.arguments(value))
+        """The larger of ``estimate``'s first and steady steps (what admission requires)."""
+        return max(self.estimated_kind(value, kind) for kind in ("first", "steady"))
+
+    def estimated_kind(self, value: Any, kind: str) -> int:
+        args = self.arguments(value)
+        est = estimate(self.model, self.lengths, policy=self.policy, step=kind, **args)
         if self.figure == "forward_backward":
             assert est.forward_backward_bytes is not None
             return est.forward_backward_bytes
@@ -104,7 +112,6 @@ ROWS = [
     # torch.compile fuses the 1.7B's unfused SwiGLU (tight's widths)
     Row("compiled", M17, {}, False, True, policy="tight"),
     Row("moe_routing", MOE, {"ep": 4}, "concentrated", "balanced", policy="tight", lengths=[4096]),
-    Row("step", M17, {}, "first", "steady", policy="tight", figure="forward_backward"),
     Row("profiles", M4, {"cp": 2}, None, PROFILE),
     # the returned outputs are the harness's hidden states (a head returns none)
     Row("output_bytes", M4, {"head": "hidden"}, None, 1 << 30),
@@ -230,6 +237,9 @@ EXEMPT = {
     # test_alternative_inputs_are_admitted_as_estimated holds them
     "request": "an alternative input (the request behind lengths + shared_prefix)",
     "plan": "an alternative input (a ready plan instead of its counts)",
+    # admission prices the first and the steady step whichever is asked;
+    # tests/unit/admission/test_budget_step_kinds.py holds that
+    "step": "admission prices both step kinds and decides on the larger",
 }
 
 
@@ -351,12 +361,14 @@ def test_a_budget_and_a_device_together_are_refused() -> None:
 
 
 def test_alternative_inputs_are_admitted_as_estimated() -> None:
-    """``request`` and ``plan``: admission prices the step estimate prices for them."""
+    """``request`` and ``plan``: admission prices the step estimate prices for them (at
+    the first step, which holds more here: the reference's 64 MiB allowance)."""
     request = Request.shared([3000, 2000, 1500], 500)
-    est = estimate(M4, request=request, cp=2)
+    est = estimate(M4, request=request, cp=2, step="first")
+    assert est.estimate_bytes > estimate(M4, request=request, cp=2).estimate_bytes
     assert (
         est.estimate_bytes
-        == estimate(M4, [3000, 2000, 1500], shared_prefix=500, cp=2).estimate_bytes
+        == estimate(M4, [3000, 2000, 1500], shared_prefix=500, cp=2, step="first").estimate_bytes
     )
     d = admit(M4, request=request, cp=2, budget_bytes=HUGE)
     assert d.variant == "cost-optimal" and d.required_bytes == est.estimate_bytes
@@ -367,10 +379,16 @@ def test_alternative_inputs_are_admitted_as_estimated() -> None:
         grad_segments=2,
         rank_tokens=[5120, 3072],
     )
-    est = estimate(M4, plan=plan, cp=2)
+    est = estimate(M4, plan=plan, cp=2, step="first")
     d = admit(M4, plan=plan, cp=2, budget_bytes=HUGE)
     assert d.variant == "explicit" and d.required_bytes == est.estimate_bytes
     counts = estimate(
-        M4, cp=2, logical_tokens=8192, packed_tokens=8192, segments=2, rank_tokens=[5120, 3072]
+        M4,
+        cp=2,
+        logical_tokens=8192,
+        packed_tokens=8192,
+        segments=2,
+        rank_tokens=[5120, 3072],
+        step="first",
     )
     assert counts.estimate_bytes == est.estimate_bytes

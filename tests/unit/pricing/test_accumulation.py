@@ -30,10 +30,14 @@ def test_the_step_is_its_largest_microbatch(policy: str) -> None:
 def test_admission_prices_the_largest_microbatch_and_does_not_split_it() -> None:
     """``admit --microbatch-lengths "4096;65536" --budget-gib 30``: the 65,536-token
     micro-batch alone needs far more than 30 GiB; admission refuses the step rather than
-    pricing its first micro-batch (or splitting the trainer's micro-batches again)."""
+    pricing its first micro-batch (or splitting the trainer's micro-batches again); it
+    requires the larger of the first and the steady step, the first here (the 64 MiB
+    cold allowance)."""
     d = admit(M4, microbatch_requests=[[4096], [65536]], budget_bytes=30 * GIB)
     assert d.action == "refuse"
-    assert d.required_bytes == estimate(M4, [65536]).estimate_bytes
+    first = estimate(M4, [65536], step="first").estimate_bytes
+    assert first > estimate(M4, [65536]).estimate_bytes
+    assert d.required_bytes == first
     assert not any(v.startswith("split-") for v, _ in d.considered)
 
 
