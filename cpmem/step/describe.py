@@ -30,7 +30,14 @@ from cpmem.step.runtime import (
     check_runtime,
     check_training,
 )
-from cpmem.step.step import STEP_KINDS, MoeRouting, Step, StepKind, StepSettings
+from cpmem.step.step import (
+    STEP_KINDS,
+    MoeRouting,
+    Step,
+    StepKind,
+    StepSettings,
+    default_cp_comm,
+)
 from cpmem.step.trainer import (
     Adapter,
     Head,
@@ -172,8 +179,9 @@ def describe_settings(
     (``grad_bytes``: fp32 by default, the parameters' own under fp16), and the
     ``attention_backend`` (``flash``, ``fused``, ``unfused``, ``local``). Where the runtime
     is Megatron-LM's, ``fused_swiglu`` defaults to its fused SwiGLU, ``recompute`` to its ``none`` (ART's: ``selective``, or
-    wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``) and
-    ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
+    wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``; where
+    Transformer Engine runs the model's attention under another type only, the first it
+    runs: ``default_cp_comm``) and ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
     picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
     step is planned, for its longest sequence (ART's default: the measured ``fused``)."""
     process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
@@ -203,7 +211,9 @@ def describe_settings(
             check_backend(attention_backend), attention_backend, process.backend_spread
         )
     if cp_comm is None:
-        cp_comm = "p2p" if process.name == "megatron-lm" else "all_gather"
+        cp_comm = default_cp_comm(
+            geometry, "p2p" if process.name == "megatron-lm" else "all_gather"
+        )
     dtype_bytes = check_dtype(dtype)
     if grad_bytes is None:
         grad_bytes = 2 if dtype == "fp16" else 4

@@ -49,6 +49,29 @@ chunks ``r`` and ``2CP - 1 - r`` (``get_batch_on_this_cp_rank``), so each rank h
 TE_WINDOW_CP_COMMS = ("all_gather", "a2a")
 TE_MLA_CP_COMMS = ("p2p", "a2a+p2p")
 
+
+def te_cp_comms(geometry: ModelGeometry) -> tuple[str, ...] | None:
+    """The CP comm types Transformer Engine's CP attention runs ``geometry``'s layers
+    under (``Step._check_te_cp_comm``), or None where it runs every type."""
+    if geometry.windowed:
+        return TE_WINDOW_CP_COMMS
+    if geometry.is_mla and geometry.v_head_dim != geometry.head_dim:
+        return TE_MLA_CP_COMMS
+    return None
+
+
+def default_cp_comm(geometry: ModelGeometry, runtime_default: str) -> str:
+    """The CP comm type a step runs where none is asked: the runtime's own
+    (``runtime_default``) where Transformer Engine runs the model's attention under it,
+    else the first type TE does run it under (a latent-attention model under ART's
+    ``all_gather`` rides ``p2p``; a windowed one under Megatron-LM's ``p2p`` rides
+    ``all_gather``), so a default never names a type TE refuses."""
+    allowed = te_cp_comms(geometry)
+    if allowed is None or runtime_default in allowed:
+        return runtime_default
+    return allowed[0]
+
+
 AUTO_DEFAULT_CAPABILITY = (9, 0)
 """The compute capability ``auto`` is resolved for where the step's device names none:
 the measured runtime's H200."""

@@ -96,3 +96,31 @@ def test_experts_split_over_tp_by_megatrons_default_and_not_under_art() -> None:
     assert (megatron.layout.etp, art.layout.etp, dense.layout.etp) == (2, 1, 1)
     est = estimate("qwen3-30b-a3b", [4096], tp=2, ep=2, runtime="megatron-lm", training="full")
     assert (est.to_dict()["ep"], est.to_dict()["etp"]) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("model", "runtime", "comm"),
+    [
+        # DeepSeek-V3: K is 128 + 64 wide, V 128; TE runs it under p2p or a2a+p2p only
+        ("deepseek-v3", "art", "p2p"),
+        ("deepseek-v3", "megatron-lm", "p2p"),
+        # gemma-3's local layers slide; TE runs a window under all_gather or a2a only
+        ("gemma-3-12b", "megatron-lm", "all_gather"),
+        ("gemma-3-12b", "art", "all_gather"),
+        # a plain model keeps its runtime's own type
+        ("qwen3-1.7b", "art", "all_gather"),
+        ("qwen3-1.7b", "megatron-lm", "p2p"),
+    ],
+)
+def test_the_default_cp_comm_is_one_transformer_engine_runs(
+    model: str, runtime: str, comm: str
+) -> None:
+    """Where no CP comm type is asked, the step rides one TE's CP attention runs the
+    model under, and it plans at CP 2; asking for a type TE refuses is still refused."""
+    s = describe_settings(model, runtime=runtime, cp=2, tp=1)
+    assert s.cp_comm == comm
+    describe_step(model, [4096], runtime=runtime, cp=2, tp=1)
+    refused = {"deepseek-v3": "all_gather", "gemma-3-12b": "p2p"}.get(model)
+    if refused is not None:
+        with pytest.raises(InputError, match="cp_comm"):
+            describe_step(model, [4096], runtime=runtime, cp=2, tp=1, cp_comm=refused)
