@@ -326,7 +326,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def _harness_figure(args: argparse.Namespace, est: Estimate) -> str | None:
     """The same request as the calibration harness's step (what golden/ measured: the
     hidden states returned, rank-1 adapters, the first step of its process), one line
-    beside a trainer's figure; None where the step is the harness's already."""
+    beside a trainer's figure; None where the step is the harness's already, or where
+    golden/ measured no step of the model (not a measured preset's shapes, or not ART's
+    runtime)."""
+    if est.facts.measured_model is None or est.runtime != "art":
+        return None
     arguments = _step_arguments(args)
     harness = {"head": "hidden", "step": "first", "lora_rank": 1, "lora_dropout": 0.0}
     if all(arguments.get(k) == v for k, v in harness.items()):

@@ -7,6 +7,7 @@ from typing import Any
 
 from cpmem.pricing.components import check_names, retained_bytes
 from cpmem.pricing.device_budget import DeviceBudget
+from cpmem.pricing.provenance import Facts, Source, assumptions, facts_of, provenance
 from cpmem.pricing.static import StaticMemory
 from cpmem.step.step import Step
 from cpmem.step.trainer import Adapter, Head
@@ -86,6 +87,9 @@ class Estimate:
     ignored_options: tuple[str, ...] = ()
     """The options set on the step that this policy does not price (each a one-line
     reason: ``option: why``), attached by ``cpmem.pricing.registry.price``."""
+    facts: Facts = Facts()
+    """What about the step decides which measured tier holds each term and what the
+    estimate assumes (``cpmem.pricing.provenance``)."""
 
     def __post_init__(self) -> None:
         # plain names (``Component`` values) for JSON, CSV and comparisons alike
@@ -164,6 +168,32 @@ class Estimate:
         return retained_bytes(self)
 
     @property
+    def provenance(self) -> dict[str, Source]:
+        """Where each non-zero component's bytes were checked, the activations' (forward
+        and forward+backward) and the static memory's (``cpmem.pricing.provenance``)."""
+        named = [
+            *self.components.items(),
+            *(self.forward_backward_components or {}).items(),
+            *(self.static.components.items() if self.static is not None else ()),
+        ]
+        return provenance((n for n, b in named if b), self.facts, self.policy)
+
+    @property
+    def assumptions(self) -> dict[str, str]:
+        """What the estimate takes for granted, one line each: the CP layout, the experts'
+        split (MoE), where the kernel set-up is charged (``cpmem.pricing.provenance``)."""
+        static = self.static.components if self.static is not None else {}
+        workspaces = sum(b for n, b in static.items() if "workspace" in n)
+        return assumptions(
+            self.facts,
+            planner=self.planner,
+            cp=self.cp,
+            ep=self.ep,
+            etp=self.etp,
+            workspace_bytes=workspaces,
+        )
+
+    @property
     def trained(self) -> str:
         """What the step trains, as a label: its adapters, or ``full training``."""
         return self.adapter.label if self.training == "lora" else "full training"
@@ -221,6 +251,8 @@ class Estimate:
             out["peak_bytes"] = self.peak_bytes
         if self.device_budget is not None:
             out["device_budget"] = self.device_budget.to_dict()
+        out["provenance"] = {name: src.to_dict() for name, src in self.provenance.items()}
+        out["assumptions"] = self.assumptions
         out["ignored_options"] = [o.partition(":")[0] for o in self.ignored_options]
         if self.notes:
             out["notes"] = list(self.notes)
@@ -249,4 +281,5 @@ def step_fields(step: Step) -> dict[str, Any]:
         "etp": layout.etp,
         "attention_backend": step.settings.runtime.attention_backend,
         "backend_asked": step.settings.runtime.backend_asked,
+        "facts": facts_of(step),
     }

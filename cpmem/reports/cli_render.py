@@ -12,9 +12,12 @@ from cpmem.admission.capacity import Capacity, Fit
 from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.provenance import REFERENCE_POLICIES
+from cpmem.pricing.reference import SAFETY
+from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS
 from cpmem.reports.tables import table
 from cpmem.step.step import Step
-from cpmem.units import fmt_gib
+from cpmem.units import MIB, fmt_gib
 
 
 def render_estimate(est: Estimate, plan: Plan) -> str:
@@ -37,18 +40,20 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
         mark = "<- busiest" if r == est.busiest_rank else ""
         ranks.append([f"{r}", f"{plan.rank_tokens[r]:,}", f"{b:,}", fmt_gib(b), mark])
     lines += table(["rank", "tokens", "bytes", "GiB", ""], ranks, right=(0, 1, 2, 3))
+    sources = est.provenance
     parts = []
     for name, b in est.components.items():
         if not b:  # a term this step does not hold (the JSON lists every one)
             continue
         share = b / est.estimate_bytes if est.estimate_bytes else 0.0
-        parts.append([name, f"{b:,}", fmt_gib(b), f"{share:.1%}", ""])
+        parts.append([name, f"{b:,}", fmt_gib(b), f"{share:.1%}", sources[name].label])
     busiest = f"busiest rank {est.busiest_rank}, {est.busiest_tokens:,} tokens priced"
     parts.append(["estimate", f"{est.estimate_bytes:,}", fmt_gib(est.estimate_bytes), "", busiest])
     if est.forward_backward_bytes is not None:
         fb = est.forward_backward_bytes
         parts.append(["forward+backward", f"{fb:,}", fmt_gib(fb), "", "the whole step"])
-    lines += ["", *table(["component", "bytes", "GiB", "share", ""], parts, right=(1, 2, 3))]
+    headers = ["component", "bytes", "GiB", "share", "checked by"]
+    lines += ["", *table(headers, parts, right=(1, 2, 3))]
     if est.stage_bytes:
         stages = [
             [
@@ -63,22 +68,55 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
         lines.append(f"busiest stage {est.busiest_stage}: its peak is the {est.pipeline_op}")
     if est.static is not None:
         lines += ["", *render_static(est)]
+    lines += ["", *render_basis(est)]
     return "\n".join(lines)
+
+
+def margin_line(est: Estimate) -> str | None:
+    """What the estimate's margin is, in one line (None: the step carries none)."""
+    held = {n: b for n, b in est.components.items() if n.startswith("margin_") and b}
+    if not held:
+        return None
+    if est.policy in REFERENCE_POLICIES:
+        return (
+            f"margin: margin_factor is the published formula's x{SAFETY:g} on the sum of its "
+            "terms (docs/pricing.md)"
+        )
+    m = RUNTIME_MARGINS[est.runtime]
+    return (
+        "margin: tight's margin for ART's runtime, fitted on ART's golden cells "
+        f"(RUNTIME_MARGINS, docs/tight.md): x{m.forward_factor:g} on the structural sum "
+        f"(margin_factor) and {m.forward_allowance // MIB} MiB on a forward "
+        f"(margin_allowance; {m.backward_allowance // MIB} MiB on a backward, "
+        f"{m.cold_backward_allowance // MIB} MiB more on a first backward)"
+    )
+
+
+def render_basis(est: Estimate) -> list[str]:
+    """The margin and each assumption, one line each."""
+    margin = margin_line(est)
+    lines = [] if margin is None else [margin]
+    return lines + [f"assumes {name}: {text}" for name, text in est.assumptions.items()]
 
 
 def render_static(est: Estimate) -> list[str]:
     """The static memory under the activations and, with a device, what it leaves; with
     pipeline stages, the stage where static and activations together are largest."""
     assert est.static is not None
-    rows = [[name, f"{b:,}", fmt_gib(b)] for name, b in est.static.components.items() if b]
-    rows.append(["static", f"{est.static.total:,}", fmt_gib(est.static.total)])
+    sources = est.provenance
+    rows = [
+        [name, f"{b:,}", fmt_gib(b), sources[name].label]
+        for name, b in est.static.components.items()
+        if b
+    ]
+    rows.append(["static", f"{est.static.total:,}", fmt_gib(est.static.total), ""])
     activations, _ = est.device_required()
     whole = est.whole_device_bytes()
-    rows.append(["static + estimate", f"{whole:,}", fmt_gib(whole)])
+    rows.append(["static + estimate", f"{whole:,}", fmt_gib(whole), ""])
     title = "static memory (per rank)"
     if est.stage_statics:
         title = f"static memory (stage {est.device_stage()}, the fullest)"
-    lines = table([title, "bytes", "GiB"], rows, right=(1, 2))
+    lines = table([title, "bytes", "GiB", "checked by"], rows, right=(1, 2))
     budget = est.device_budget
     if budget is not None:
         left = budget.budget_bytes - activations
@@ -233,9 +271,14 @@ def fit_pack(fit: Fit) -> str:
     return f"{fit.sequences} x {fit_tokens(fit)} = {fit.tokens:,}"
 
 
-def _gib_rows(components: Mapping[str, int]) -> list[str]:
-    """Named byte counts as indented ``name  x GiB`` lines."""
-    return table(None, [["  " + k, f"{fmt_gib(v)} GiB"] for k, v in components.items()], right=(1,))
+def _gib_rows(components: Mapping[str, int], est: Estimate) -> list[str]:
+    """Named byte counts as indented ``name  x GiB  checked by`` lines."""
+    sources = est.provenance
+    rows = [
+        ["  " + k, f"{fmt_gib(v)} GiB", sources[k].label if k in sources else ""]
+        for k, v in components.items()
+    ]
+    return table(None, rows, right=(1,))
 
 
 def render_megatron_estimate(
@@ -266,7 +309,7 @@ def render_megatron_estimate(
     static = est.static if not est.stage_statics else est.stage_statics[stage]
     if static is not None:
         lines.append(f"static_bytes {fmt_gib(static.total)} GiB (allocated between steps)")
-        lines += _gib_rows(static.components)
+        lines += _gib_rows(static.components, est)
     figure = "forward" if est.forward_backward_bytes is None else "forward_backward"
     lines.append(
         f"peak_bytes {fmt_gib(est.peak_bytes)} GiB (the allocator's peak over a steady step: "
@@ -275,10 +318,11 @@ def render_megatron_estimate(
         + ")"
     )
     components = est.forward_backward_components or est.components
-    lines += _gib_rows({k: v for k, v in components.items() if v})
+    lines += _gib_rows({k: v for k, v in components.items() if v}, est)
     if spread:
         shown = ", ".join(f"{k} {fmt_gib(v)} GiB" for k, v in spread.items())
         lines.append(f"backend spread (another container's Transformer Engine picks): {shown}")
+    lines += render_basis(est)
     if est.ignored_options:
         lines.append("not priced by this policy: " + "; ".join(est.ignored_options))
     if ignored:

@@ -1,0 +1,147 @@
+"""Every answer says what checked each of its terms (``cpmem.pricing.provenance``).
+
+Expected outcomes come from the measured and simulated data themselves: which steps ART's
+golden cells ran (golden/cells.csv), which families the rank simulator's grid runs
+(golden/simulated/rows.csv and its configs), and which kinds of layer Megatron-LM's
+recordings build (GPT and MoE models: no Gated DeltaNet, latent attention or windows).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from cpmem.cli import main
+from cpmem.model.hf_config import load_config
+from cpmem.model.presets import MEASURED, PRESETS
+from cpmem.pricing.components import Component
+from cpmem.pricing.provenance import ART_MEASURED, SIMULATED_FAMILIES, TERMS
+from cpmem.pricing.registry import price
+from cpmem.pricing.static import StaticComponent
+from cpmem.reports.cli_render import render_estimate
+from cpmem.step.describe import describe_step
+
+GOLDEN = Path(__file__).resolve().parents[3] / "golden"
+HARNESS = {"head": "hidden", "step": "first", "lora_rank": 1}
+
+
+def _preset_of(model: str) -> str:
+    return next(n for n, g in PRESETS.items() if model == n or model in g.aliases)
+
+
+def test_the_art_measured_steps_are_the_golden_cells_that_ran() -> None:
+    """Each (model, TP, CP, SP, EP, recompute, compiled) of a golden cell with a measured
+    forward peak, read from golden/cells.csv, and nothing else."""
+    with (GOLDEN / "cells.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["forward_peak_bytes"]]
+    ran = {
+        (
+            _preset_of(r["model"]),
+            int(r["tp"]),
+            int(r["cp"]),
+            r["sequence_parallel"] == "True",
+            int(r["ep"]),
+            "none" if r["mode"] == "none" else f"{r['mode']}({r['modules']})",
+            r["compiled"] == "True",
+        )
+        for r in rows
+    }
+    assert ran == ART_MEASURED
+
+
+def test_the_simulated_families_are_the_grids() -> None:
+    """The families of the configs the simulated grid ran beside the measured presets."""
+    with (GOLDEN / "simulated" / "rows.csv").open() as f:
+        sources = {(r["model"], r["model_source"]) for r in csv.DictReader(f)}
+    families = {
+        load_config(GOLDEN / "simulated" / src).family for _, src in sources if src != "preset"
+    }
+    assert families == SIMULATED_FAMILIES
+    # the grid's presets are the measured ones, simulated under their own names
+    assert {m for m, src in sources if src == "preset"} <= set(MEASURED)
+
+
+def test_every_component_has_one_source() -> None:
+    named = set(TERMS) | {"margin_factor", "margin_allowance", "static_floor", "profile_floor"}
+    assert {c.value for c in Component} | {c.value for c in StaticComponent} == named
+
+
+def test_a_measured_cell_step_is_measured_by_art_and_its_head_is_not() -> None:
+    """Qwen3-1.7B at TP2 with SP, selective core attention, the harness's adapters: the
+    golden cells' step. Its retained activations sit inside a measured peak; a logits
+    head the harness never ran is only simulated."""
+    est = price(describe_step("qwen3-1.7b", [4096], tp=2, **HARNESS), "tight")
+    assert est.provenance["retained_activations"].label == "measured (art)"
+    with_head = price(describe_step("qwen3-1.7b", [4096], tp=2, head="logits"), "tight")
+    assert with_head.provenance["head"].label == "structure (simulator)"
+    # a layout no cell ran (TP 4) is the simulator's, not a measurement
+    other = price(describe_step("qwen3-1.7b", [4096], tp=4, **HARNESS), "tight")
+    assert other.provenance["retained_activations"].label == "structure (simulator)"
+
+
+def test_an_unmeasured_family_is_priced_by_structure_and_names_no_harness() -> None:
+    step = describe_step("gemma-2-9b", [4096], tp=2)
+    est = price(step, "tight")
+    activations = {n for n, b in est.components.items() if b and not n.startswith("margin")}
+    assert activations
+    assert all(est.provenance[n].kind == "structure" for n in activations)
+    assert "measured" not in render_estimate(est, step.plan).split("static memory")[0]
+    # the grid simulates Gemma 2; it runs no Kimi K2 (its own family)
+    assert est.provenance["retained_activations"].label == "structure (simulator)"
+    kimi = price(describe_step("kimi-k2", [4096], tp=8, ep=8), "tight")
+    assert kimi.provenance["retained_activations"].label == "structure (source)"
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "measured"),
+    [
+        ("qwen3-1.7b", {}, True),
+        ("qwen3-30b-a3b", {"ep": 4}, True),
+        # the recordings are steady steps: a first step's terms are no recording's
+        ("qwen3-1.7b", {"step": "first"}, False),
+    ],
+)
+def test_megatron_lm_measures_the_steps_its_recordings_run(
+    model: str, extra: dict[str, object], measured: bool
+) -> None:
+    """Full training under Megatron-LM's runtime: a GPT or MoE layer's steady step is
+    what its recordings run."""
+    step = describe_step(
+        model,
+        [4096],
+        tp=1,
+        runtime="megatron-lm",
+        training="full",
+        attention_backend="flash",
+        **extra,  # type: ignore[arg-type]
+    )
+    label = price(step).provenance["retained_activations"].label
+    assert label == ("measured (megatron-lm)" if measured else "structure (source)")
+
+
+def test_assumptions_are_stated_where_they_apply() -> None:
+    cp = price(describe_step("qwen3-1.7b", [4096, 4096], tp=2, cp=2), "tight")
+    assert cp.assumptions["cp_layout"].startswith(f"{cp.planner}:")
+    assert "experts" not in cp.assumptions
+    assert "none in the activations" in cp.assumptions["setup"]
+    first = price(describe_step("qwen3-1.7b", [4096], tp=2, step="first"), "tight")
+    assert "cp_layout" not in first.assumptions and "cold_setup" in first.assumptions["setup"]
+    moe = price(describe_step("qwen3-30b-a3b", [4096], tp=2, ep=4, etp=2), "tight")
+    assert "ETP 2" in moe.assumptions["experts"]
+    whole = price(describe_step("qwen3-30b-a3b", [4096], tp=2, ep=4, etp=1), "tight")
+    assert "ETP 1" in whole.assumptions["experts"]
+
+
+def test_the_text_names_the_harness_only_for_a_measured_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The trailing line prices the calibration harness's step beside the trainer's only
+    where golden/ measured the model; the margin is explained in one line."""
+    assert main(["estimate", "--model", "qwen3-1.7b", "--tp", "2", "--lengths", "4096"]) == 0
+    measured = capsys.readouterr().out
+    assert "the harness's step" in measured
+    assert "margin: margin_factor is the published formula's x1.1" in measured
+    assert main(["estimate", "--model", "gemma-2-9b", "--tp", "2", "--lengths", "4096"]) == 0
+    assert "the harness's step" not in capsys.readouterr().out
