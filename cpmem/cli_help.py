@@ -62,7 +62,8 @@ HELP: dict[str, str] = {
     "harness's step); admit --device and capacity decide on the larger of the two",
     "--head": "what the forward ends with: logits (default: megatron's vocabulary-parallel "
     "output layer and cross entropy, a trainer's step), hidden (the hidden states returned, "
-    "the measured harness), fused (megatron's fused vocabulary-parallel cross entropy), chunked:N "
+    "the measured harness), fused (megatron's fused vocabulary-parallel cross entropy: the same fp32 upcast and "
+    "saved softmax as logits, so it prices as logits does), chunked:N "
     "(log-probs N tokens at a time, each chunk recomputed in backward), linear-ce (a fused "
     "linear cross entropy that never materialises the logits)",
     "--lora-rank": "LoRA adapter rank (default 1, the measured harness)",

@@ -20,9 +20,9 @@ from cpmem.pricing.cp_comm import kept_remote_ranks
 from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.gathered import gathered_kv_bytes
 from cpmem.pricing.head import head_bytes
-from cpmem.pricing.registry import register_policy
+from cpmem.pricing.registry import Ignore, register_policy, runtime_cp_comm, unpriced_options
 from cpmem.pricing.widths import LayerWidths, layer_widths
-from cpmem.step.recompute import Module, Recompute
+from cpmem.step.recompute import Mode, Module, Recompute
 from cpmem.step.step import Step
 
 SAFETY = 1.10
@@ -155,11 +155,12 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     # gathered K/V are padded to the largest rank's count: the same on every rank
     beyond = kept_remote_ranks(step) - (CALIBRATED_CP - 1)  # the widths hold one remote rank
     gathered_kv = gathered_kv_bytes(step, priced, beyond)
+    unpriced = unpriced_options(step, name)  # they cannot change which profile applies
 
     def components_for(tokens: int) -> dict[str, int]:
         retained = tokens * b * features
         floor = cold + seg_bytes + retained
-        profile = step.profiles.floor(step.signature, tokens) if step.profiles else 0
+        profile = step.profiles.floor(step.signature, tokens, unpriced) if step.profiles else 0
         static_excess = max(0, static - floor)
         profile_excess = max(0, profile - max(floor, static))
         head = head_bytes(step, tokens)
@@ -198,11 +199,44 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     )
 
 
-REFERENCE_IGNORES = {
+def alike_at_cp2(step: Step) -> bool:
+    """Whether the reference prices the step's CP comm type as its runtime's default at
+    CP <= 2: all_gather, p2p and a2a keep one other rank's K/V for attention (the widths'
+    envelope); a2a's head-split exchange differs on a Gated DeltaNet layer and a2a+p2p
+    is another schedule."""
+    comms = {step.cp_comm, runtime_cp_comm(step)}
+    if "a2a+p2p" in comms:
+        return False
+    return "a2a" not in comms or step.geometry.gdn_layers == 0
+
+
+REFERENCE_IGNORES: dict[str, str | Ignore] = {
     "compiled": "the reference's widths are eager's (tight prices torch.compile)",
     "moe_routing": "the reference charges every expert row concentrated (tight prices balanced)",
     "attention_backend": "the reference's widths are the measured kernels'; tight prices "
     "flash-attn's copies and the unfused backends' probabilities",
+    "recompute": Ignore(
+        "at CP <= 2 the reference prices no recompute as selective core attention (its "
+        "widths' envelope, calibrated at CP 2, holds both); tight prices the core's "
+        "saved set",
+        where=lambda step: (
+            step.plan.layout.cp <= CALIBRATED_CP and step.recompute.mode == Mode.NONE
+        ),
+    ),
+    "cp_comm": Ignore(
+        "at CP <= 2 the reference's widths hold one other rank's K/V, what all_gather, p2p "
+        "and a2a keep alike there (tight prices each type's in-flight buffers)",
+        where=lambda step: step.plan.layout.cp <= CALIBRATED_CP and alike_at_cp2(step),
+    ),
+    "planner": Ignore(
+        "the reference charges every CP rank the packed count on this step (busiest-rank "
+        "pricing is for dense CP with gradients and partial recompute: cp_discounted)",
+        where=lambda step: not cp_discounted(step),
+    ),
+}
+GLOBAL_IGNORES: dict[str, str | Ignore] = {
+    **REFERENCE_IGNORES,
+    "planner": "global charges every CP rank the packed count, whatever the layout",
 }
 
 
@@ -212,7 +246,7 @@ def reference_policy(step: Step) -> Estimate:
     return price_reference(step, REFERENCE, "reference")
 
 
-@register_policy("global", ignores=REFERENCE_IGNORES)
+@register_policy("global", ignores=GLOBAL_IGNORES)
 def global_policy(step: Step) -> Estimate:
     """The pre-CP-aware estimator: every rank charged the packed token count."""
     return price_reference(step, GLOBAL, "global")

@@ -7,7 +7,7 @@ ones), so a policy may import the registry without an import circle.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
 from cpmem.pricing.accumulation import price_accumulation
@@ -15,7 +15,8 @@ from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import rank_stage, static_memory
-from cpmem.step.step import Step
+from cpmem.step.recompute import Mode, Module
+from cpmem.step.step import Step, default_cp_comm
 
 Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}
@@ -30,26 +31,51 @@ def default_policy(step: Step) -> str:
     return RUNTIME_POLICIES[step.settings.runtime.name]
 
 
-IGNORES: dict[str, dict[str, str]] = {}
+@dataclass(frozen=True)
+class Ignore:
+    """An option a policy does not price: why, and, where the policy prices it on some
+    steps, the steps it does not price it on (``where``, a test of the rest of the step;
+    None: every step)."""
+
+    reason: str
+    where: Callable[[Step], bool] | None = None
+
+    def holds(self, step: Step) -> bool:
+        return self.where is None or self.where(step)
+
+
+IGNORES: dict[str, dict[str, Ignore]] = {}
 """Per policy: the step options it does not read, each with the reason."""
 
 
 def register_policy(
-    name: str, ignores: Mapping[str, str] | None = None
+    name: str, ignores: Mapping[str, str | Ignore] | None = None
 ) -> Callable[[Policy], Policy]:
     """Register ``name``; ``ignores``: the options of a step (``SETTABLE`` names) this
-    policy does not price, each with a one-line reason, listed on every estimate that
-    sets one (``Estimate.ignored_options``)."""
+    policy does not price, each with a one-line reason (or an ``Ignore``: the reason and
+    the steps it holds for), listed on every estimate that sets one
+    (``Estimate.ignored_options``)."""
     unknown = set(ignores or {}) - set(SETTABLE)
     if unknown:
         raise ValueError(f"policy {name!r} ignores unknown options {sorted(unknown)}")
+    declared = {
+        option: ignore if isinstance(ignore, Ignore) else Ignore(ignore)
+        for option, ignore in (ignores or {}).items()
+    }
 
     def wrap(fn: Policy) -> Policy:
         POLICIES[name] = fn
-        IGNORES[name] = dict(ignores or {})
+        IGNORES[name] = declared
         return fn
 
     return wrap
+
+
+def unpriced_options(step: Step, policy: str) -> frozenset[str]:
+    """The options ``policy`` does not price on ``step``, set on it or not: what cannot
+    change its figure there, so neither can it change which learned profile applies
+    (``ProfileStore.floor``'s ``ignoring``)."""
+    return frozenset(o for o, ignore in IGNORES.get(policy, {}).items() if ignore.holds(step))
 
 
 SETTABLE: dict[str, Callable[[Step], bool]] = {
@@ -57,9 +83,25 @@ SETTABLE: dict[str, Callable[[Step], bool]] = {
     "moe_routing": lambda s: s.moe_routing != "concentrated",
     "profiles": lambda s: bool(s.profiles),
     "attention_backend": lambda s: s.settings.runtime.attention_backend != "fused",
+    "fused_swiglu": lambda s: s.settings.fused_swiglu_asked and s.geometry.gated_mlp,
+    "recompute": lambda s: s.recompute.mode != _runtime_recompute(s),
+    "cp_comm": lambda s: s.cp_comm != runtime_cp_comm(s),
+    "planner": lambda s: s.settings.planner is not None,
 }
 """The options a policy may leave unpriced, each with whether a step sets it (away from
 its default)."""
+
+
+def _runtime_recompute(step: Step) -> Mode:
+    """The recompute mode the step's runtime runs by default (``describe_settings``)."""
+    return Mode.NONE if step.settings.runtime.name == "megatron-lm" else Mode.SELECTIVE
+
+
+def runtime_cp_comm(step: Step) -> str:
+    """The CP comm type the step's runtime runs the model under by default."""
+    return default_cp_comm(
+        step.geometry, "p2p" if step.settings.runtime.name == "megatron-lm" else "all_gather"
+    )
 
 
 def inapplicable_options(step: Step) -> list[str]:
@@ -71,9 +113,17 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"moe_routing: {g.name} has no routed experts")
     if layout.ep > 1 and not g.is_moe:
         out.append(f"ep: {g.name} has no routed experts to shard")
-    runtime_comm = "p2p" if settings.runtime.name == "megatron-lm" else "all_gather"
-    if step.cp_comm != runtime_comm and layout.cp == 1:
+    if step.moe_routing != "concentrated" and g.is_moe and layout.ep == 1:
+        out.append("moe_routing: at EP 1 every routed copy lands on this rank's experts")
+    if step.cp_comm != runtime_cp_comm(step) and layout.cp == 1:
         out.append("cp_comm: cp is 1, attention exchanges nothing")
+    if settings.planner is not None and layout.cp == 1:
+        out.append("planner: cp is 1, one rank holds the whole request")
+    rc = step.recompute
+    if rc.checkpoints(Module.MLP) and "dense" not in g.mlps:
+        out.append(f"modules: mlp: {g.name} has no dense MLP to checkpoint")
+    if rc.checkpoints(Module.MOE) and not g.is_moe:
+        out.append(f"modules: moe: {g.name} has no routed experts to checkpoint")
     art = settings.runtime.name == "art"
     if layout.dp > 1 and not settings.optimizer.distributed and art:
         out.append("dp: only the distributed optimizer's shards read it")
@@ -85,9 +135,10 @@ def inapplicable_options(step: Step) -> list[str]:
 
 def ignored_options(step: Step, policy: str) -> tuple[str, ...]:
     """Every option set on ``step`` that ``policy`` does not price (``option: reason``)."""
+    ignores = IGNORES.get(policy, {})
     declared = [
-        f"{option}: {reason}"
-        for option, reason in IGNORES.get(policy, {}).items()
+        f"{option}: {ignores[option].reason}"
+        for option in sorted(unpriced_options(step, policy), key=list(ignores).index)
         if SETTABLE[option](step)
     ]
     named = {d.partition(":")[0] for d in declared}

@@ -185,6 +185,7 @@ def describe_settings(
     picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
     step is planned, for its longest sequence (ART's default: the measured ``fused``)."""
     process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
+    fused_swiglu_asked = fused_swiglu is not None
     if fused_swiglu is None and process.name == "megatron-lm":
         fused_swiglu = True  # Megatron-LM's --bias-swiglu-fusion default
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
@@ -251,6 +252,7 @@ def describe_settings(
         runtime=process,
         training=check_training(training),
         rank=parse_rank(rank),
+        fused_swiglu_asked=fused_swiglu_asked,
     )
 
 

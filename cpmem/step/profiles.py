@@ -4,11 +4,18 @@ A profile is keyed on everything about a step that changes what its activations 
 (``ProfileSignature``: the model, the layout, recompute, execution mode, the head, the
 adapters, the CP comm, the dtype and whether it is the first step of its process), so a
 floor observed for one step never raises another's. It is recorded from a measured peak
-(``cpmem profile record``, ``record_profile``), may raise an estimate, never lower it,
-and is trusted only up to 8x the token count it was observed at: beyond that, fixed
-costs no longer dominate the same way and extrapolating a per-token figure is not
-evidence. A pipeline stage's model chunk gets the whole step's floor scaled to its
-share of the model's layers (``ProfileStore.scaled``).
+(``cpmem profile record``, ``record_profile``) under the step's own key, may raise an
+estimate, never lower it, and is trusted only up to 8x the token count it was observed
+at: beyond that, fixed costs no longer dominate the same way and extrapolating a
+per-token figure is not evidence. A pipeline stage's model chunk gets the whole step's
+floor scaled to its share of the model's layers (``ProfileStore.scaled``).
+
+A policy looks a step's floor up on what it prices: the key's fields that are options
+it does not price (``OPTION_FIELDS``, named on its estimates as ignored) are not
+compared (``ProfileStore.floor``'s ``ignoring``), so a profile observed eager floors the
+compiled step alike where the policy prices the two alike, and the option cannot change
+which profile applies. The stored keys are the steps' own: a store stays readable
+whichever policy reads it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,29 +53,67 @@ class ProfileSignature:
     step: str = "steady"
 
     @property
+    def parts(self) -> dict[str, str]:
+        """Each field's part of the key, by field name."""
+        return {
+            "model": self.model,
+            "tp": f"tp{self.tp}",
+            "cp": f"cp{self.cp}",
+            "sp": f"sp{int(self.sp)}",
+            "ep": f"ep{self.ep}",
+            "mode": self.mode,
+            "modules": self.modules,
+            "compiled": "compiled" if self.compiled else "eager",
+            "head": f"head={self.head}",
+            "adapter": self.adapter,
+            "cp_comm": f"cp_comm={self.cp_comm}",
+            "dtype_bytes": f"dtype{self.dtype_bytes}",
+            "step": self.step,
+        }
+
+    @property
     def key(self) -> str:
-        c = "compiled" if self.compiled else "eager"
-        return "|".join(
-            (
-                self.model,
-                f"tp{self.tp}",
-                f"cp{self.cp}",
-                f"sp{int(self.sp)}",
-                f"ep{self.ep}",
-                self.mode,
-                self.modules,
-                c,
-                f"head={self.head}",
-                self.adapter,
-                f"cp_comm={self.cp_comm}",
-                f"dtype{self.dtype_bytes}",
-                self.step,
-            )
-        )
+        parts = self.parts
+        return "|".join(parts[name] for name in KEY_ORDER)
 
 
-KEY_FIELDS = 13
+KEY_ORDER = (
+    "model",
+    "tp",
+    "cp",
+    "sp",
+    "ep",
+    "mode",
+    "modules",
+    "compiled",
+    "head",
+    "adapter",
+    "cp_comm",
+    "dtype_bytes",
+    "step",
+)
+"""The ``ProfileSignature`` field each of a key's ``|``-joined parts holds, in order."""
+
+KEY_FIELDS = len(KEY_ORDER)
 """The fields of a profile's key (``ProfileSignature.key``)."""
+
+OPTION_FIELDS: dict[str, tuple[str, ...]] = {
+    "compiled": ("compiled",),
+    "recompute": ("mode", "modules"),
+    "cp_comm": ("cp_comm",),
+}
+"""The step options a policy may leave unpriced (``cpmem.pricing.registry.SETTABLE``)
+that a key holds, each with its fields: a policy that does not price one looks a profile
+up across those fields' values (``ProfileStore.floor``)."""
+
+
+def _masked(key: str, ignoring: Collection[str]) -> tuple[str, ...]:
+    """``key``'s parts with the fields of the options in ``ignoring`` blanked (options
+    the key does not hold blank nothing)."""
+    blank = {f for option in ignoring for f in OPTION_FIELDS.get(option, ())}
+    return tuple(
+        "" if name in blank else part for name, part in zip(KEY_ORDER, key.split("|"), strict=True)
+    )
 
 
 @dataclass(frozen=True)
@@ -93,12 +139,22 @@ class ProfileStore:
         if old is None or per_token > old.bytes_per_token:
             self._profiles[signature.key] = Profile(per_token, tokens)
 
-    def floor(self, signature: ProfileSignature, tokens: int) -> int:
-        """Bytes the profile vouches for at ``tokens``; 0 beyond 8x the observed tokens."""
-        profile = self._profiles.get(signature.key)
-        if profile is None or tokens > TRUSTED_GROWTH * profile.tokens:
-            return 0
-        return int(profile.bytes_per_token * tokens)
+    def floor(
+        self, signature: ProfileSignature, tokens: int, ignoring: Collection[str] = ()
+    ) -> int:
+        """Bytes the store vouches for at ``tokens`` for the step ``signature`` keys: the
+        largest floor of the profiles observed for it, each trusted up to 8x the tokens
+        it was observed at (0 where none is). ``ignoring``: the options the pricing
+        policy does not price for the step; the key's fields among them are not
+        compared, so every profile that differs from the step only there applies."""
+        if not set(ignoring) & set(OPTION_FIELDS):
+            found = self._profiles.get(signature.key)
+            candidates = [] if found is None else [found]
+        else:
+            wanted = _masked(signature.key, ignoring)
+            candidates = [p for k, p in self._profiles.items() if _masked(k, ignoring) == wanted]
+        trusted = [p for p in candidates if tokens <= TRUSTED_GROWTH * p.tokens]
+        return max((int(p.bytes_per_token * tokens) for p in trusted), default=0)
 
     def __len__(self) -> int:
         return len(self._profiles)
@@ -106,13 +162,24 @@ class ProfileStore:
     def scaled(
         self, whole: ProfileSignature, chunk: ProfileSignature, share: float
     ) -> ProfileStore:
-        """The store a pipeline chunk is priced with: the ``whole`` step's profile, if
-        any, under the ``chunk``'s own signature, its bytes per token scaled by the
-        chunk's ``share`` of the model's layers (a floor is what the layers held)."""
-        profile = self._profiles.get(whole.key)
-        if profile is None:
-            return ProfileStore()
-        return ProfileStore({chunk.key: Profile(profile.bytes_per_token * share, profile.tokens)})
+        """The store a pipeline chunk is priced with: the profiles of the ``whole`` step,
+        whatever their ``OPTION_FIELDS`` (the chunk's policy decides which of those it
+        compares), each under the ``chunk``'s own signature with its own option fields,
+        its bytes per token scaled by the chunk's ``share`` of the model's layers (a
+        floor is what the layers held)."""
+        wanted = _masked(whole.key, OPTION_FIELDS)
+        ours = chunk.key.split("|")
+        out: dict[str, Profile] = {}
+        for key, profile in self._profiles.items():
+            if _masked(key, OPTION_FIELDS) != wanted:
+                continue
+            held = {f for fields in OPTION_FIELDS.values() for f in fields}
+            parts = [
+                stored if name in held else own
+                for name, own, stored in zip(KEY_ORDER, ours, key.split("|"), strict=True)
+            ]
+            out["|".join(parts)] = Profile(profile.bytes_per_token * share, profile.tokens)
+        return ProfileStore(out)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -122,6 +122,10 @@ class StepSettings:
     holds_embedding: bool = True
     """Whether the step's first layer is fed by the embedding on this rank (the first
     virtual pipeline stage's chunk, or a step without stages), which keeps its token ids."""
+    fused_swiglu_asked: bool = False
+    """Whether the caller named the activation's fusion (``fused_swiglu``), rather than
+    the model's or the runtime's default: a policy that does not price it on the step
+    names it then (``registry.SETTABLE``)."""
 
     def __post_init__(self) -> None:
         self.geometry.check_tp(self.layout.tp)

@@ -7,7 +7,7 @@ import math
 
 from cpmem.pricing.components import Component
 from cpmem.pricing.estimate import Estimate, step_fields
-from cpmem.pricing.registry import register_policy
+from cpmem.pricing.registry import Ignore, register_policy
 from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS, Margin
 from cpmem.pricing.tight.compose import POLICY, Structure, priced_tokens, structural_terms
 from cpmem.step.step import Step
@@ -82,9 +82,42 @@ def price_tight(
     )
 
 
-@register_policy(
-    "tight", ignores={"profiles": "tight prices no learned floors (the reference does)"}
-)
+def fusion_unpriced(step: Step) -> bool:
+    """Whether a fused SwiGLU moves nothing ``tight`` prices on ``step``: under
+    torch.compile every SwiGLU is priced fused (``mlp.swiglu_saved``, the experts'
+    ``MOE_ROW_COMPILED_F``); eager, a routed expert's row is megatron-core's unfused GLU
+    (``moe.MOE_ROW_EAGER_F``, the rank simulator's), so only a dense MLP's or a shared
+    expert's SwiGLU reads the fusion."""
+    g = step.geometry
+    return step.compiled or ("dense" not in g.mlps and not g.shared_expert_ffn)
+
+
+def backend_unpriced(step: Step) -> bool:
+    """Whether flash moves nothing ``tight`` prices on ``step``: every attention layer is
+    gated, whose saved set is priced as measured under the fused kernel
+    (``attention.core_width``: ``7Q + 3KV``); flash-attn's ``bshd`` copies are priced on
+    ungated attention only (``attention.ungated_multiples``)."""
+    g = step.geometry
+    return step.settings.runtime.attention_backend == "flash" and g.attention_output_gate
+
+
+TIGHT_IGNORES: dict[str, str | Ignore] = {
+    "profiles": "tight prices no learned floors (the reference does)",
+    "fused_swiglu": Ignore(
+        "tight prices a routed expert's GLU eager as megatron-core's unfused one (its fused "
+        "weighted_bias_swiglu, experts.py:689-692, is not priced) and every SwiGLU fused "
+        "under torch.compile: the fusion moves a dense MLP's or shared expert's eager set only",
+        where=fusion_unpriced,
+    ),
+    "attention_backend": Ignore(
+        "tight prices gated attention's saved set as measured under the fused kernel; "
+        "flash-attn's copies are priced on ungated attention",
+        where=backend_unpriced,
+    ),
+}
+
+
+@register_policy("tight", ignores=TIGHT_IGNORES)
 def tight_policy(step: Step) -> Estimate:
     """Structural forward (admission) and forward+backward peaks with a small margin."""
     return price_tight(step)

@@ -54,7 +54,9 @@ def test_round_trip_and_errors(tmp_path):
 def test_a_profile_floors_only_the_step_it_was_observed_for() -> None:
     """The key holds every setting that changes what a step's activations hold: a floor
     observed with the LM head, rank-1 adapters, all-gather CP, a steady step, does not
-    raise the harness's step, another adapter rank, p2p, or the first step."""
+    raise the harness's step, another adapter rank, p2p where the policy prices it (CP
+    4), or the first step; where the policy prices p2p as all-gather (the reference at
+    CP 2, naming it ignored) the floor applies alike."""
     step = describe_step("qwen3.5-4b", [2048, 2048], cp=2)
     store = ProfileStore()
     store.observe(step.signature, peak_bytes=10**12, tokens=2048)
@@ -62,13 +64,19 @@ def test_a_profile_floors_only_the_step_it_was_observed_for() -> None:
     for other in (
         {"head": "hidden"},
         {"lora_rank": 16},
-        {"cp_comm": "p2p"},
         {"step": "first"},
         {"recompute": "full"},
         {"lora_dropout": 0.1},
     ):
         est = estimate("qwen3.5-4b", [2048, 2048], cp=2, profiles=store, **other)  # type: ignore[arg-type]
         assert est.components["profile_floor"] == 0, other
+    p2p = estimate("qwen3.5-4b", [2048, 2048], cp=2, profiles=store, cp_comm="p2p")
+    assert p2p.components["profile_floor"] and "cp_comm" in p2p.to_dict()["ignored_options"]
+    wide = describe_step("qwen3.5-4b", [2048] * 4, cp=4)
+    store.observe(wide.signature, peak_bytes=10**12, tokens=2048)
+    assert estimate("qwen3.5-4b", [2048] * 4, cp=4, profiles=store).components["profile_floor"]
+    ring = estimate("qwen3.5-4b", [2048] * 4, cp=4, profiles=store, cp_comm="p2p")
+    assert ring.components["profile_floor"] == 0
 
 
 def test_a_pipeline_chunk_gets_the_floor_scaled_to_its_layers() -> None:
@@ -102,3 +110,13 @@ def test_record_profile_writes_what_estimate_reads(tmp_path) -> None:
     with pytest.raises(InputError) as err:
         record_profile(path, -1, "qwen3.5-4b", [4096])
     assert err.value.field == "peak_bytes"
+
+
+def test_the_key_fields_a_policy_may_ignore_are_options_it_may_ignore() -> None:
+    """Each option whose fields a lookup may blank is one a policy may leave unpriced
+    (``registry.SETTABLE``), and each of its fields is a field of the key."""
+    from cpmem.pricing.registry import SETTABLE
+    from cpmem.step.profiles import KEY_ORDER, OPTION_FIELDS
+
+    assert set(OPTION_FIELDS) <= set(SETTABLE)
+    assert {f for fields in OPTION_FIELDS.values() for f in fields} <= set(KEY_ORDER)
