@@ -461,6 +461,9 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
 EXCLUDED: dict[tuple[type, str], str] = {
     (StepSettings, "profiles"): "cpmem's learned floors from earlier runs of a signature: "
     "an input of cpmem's own policies, not how the step runs (cells and rows price none)",
+    (StepSettings, "fused_swiglu_asked"): "whether the caller named the activation's "
+    "fusion: which options cpmem's policies name as ignored, not how the step runs (the "
+    "fusion itself is the geometry's fused_swiglu, described)",
     (Device, "source"): "the provenance text of a preset's total bytes (compare=False: not "
     "part of the device)",
 }
