@@ -102,8 +102,8 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
     p.add_argument("--compiled", action="store_true", help=HELP["--compiled"])
     p.add_argument(
         "--moe-routing",
-        choices=("concentrated", "balanced"),
         default="concentrated",
+        metavar="ROUTING",
         help=HELP["--moe-routing"],
     )
     p.add_argument("--profiles", help=HELP["--profiles"])

@@ -33,6 +33,7 @@ from cpmem.pricing.registry import price
 from cpmem.pricing.static import StaticMemory
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.recompute import Mode, Module, Recompute
+from cpmem.step.routing import WORST
 from cpmem.step.step import STEP_KINDS, Step, StepKind
 
 Action = Literal["fit", "split", "refuse"]
@@ -47,6 +48,22 @@ usable_budget = runtime_budget
 
 Kinds = tuple[tuple[StepKind, int], ...]
 """A step's required bytes as the first and as a steady step of its process."""
+
+
+BALANCED_NOTE = (
+    "admitted on the worst-case MoE routing: balanced is an expectation, not a bound "
+    "(a router without capacity can reach the worst); state one with --moe-routing "
+    "capacity:F or rows:N to admit on it"
+)
+
+
+def on_a_bound(step: Step) -> tuple[Step, str | None]:
+    """The step admission decides on: an MoE step under the balanced expectation is
+    priced at the worst case, the bound a router without capacity reaches (a stated
+    capacity or row count is a bound already), with the note saying so."""
+    if not step.geometry.is_moe or step.moe_routing != "balanced":
+        return step, None
+    return replace(step, settings=step.settings.replace(moe_routing=WORST)), BALANCED_NOTE
 
 
 @dataclass(frozen=True)
@@ -84,13 +101,17 @@ class Pricer:
         return kinds[kind], required
 
     def kinds(self, step: Step) -> dict[StepKind, Estimate]:
-        """The step priced as the first and as a steady step of its process."""
-        return {
-            kind: price(
-                replace(step, settings=step.settings.replace(cold=kind == "first")), self.policy
+        """The step priced as the first and as a steady step of its process, on a
+        routing bound (``on_a_bound``)."""
+        bounded, note = on_a_bound(step)
+        out = {}
+        for kind in STEP_KINDS:
+            est = price(
+                replace(bounded, settings=bounded.settings.replace(cold=kind == "first")),
+                self.policy,
             )
-            for kind in STEP_KINDS
-        }
+            out[kind] = replace(est, notes=(*est.notes, note)) if note else est
+        return out
 
     def activations(self, est: Estimate) -> int:
         """The activation figure: forward peak, or forward+backward where asked and priced."""

@@ -186,7 +186,8 @@ def summary_line(report: Mapping[str, Any]) -> str:
             f"{c['static']['passed']} ({c['static']['declared']} declared), peak covers "
             f"{c['covers']['passed']} ({c['covers']['declared']} declared), headroom "
             f"{c['headroom']['passed']} ({c['headroom']['declared']} declared), median "
-            f"headroom {pct(mg['median_headroom'])}"
+            f"headroom {pct(mg['median_headroom'])} ({pct(mg['median_bound_headroom'])} "
+            "with the MoE routing bounds)"
         )
     line = "; ".join(parts)
     if failed:

@@ -281,9 +281,20 @@ def megatron_run(
         "grad_bytes": grad_bytes,
         "device": resolved,
         "rank": rank,
-        "moe_routing": "concentrated",
+        "moe_routing": megatron_routing(args),
     }
     return MegatronRun(args, geometry, arguments, world_size)  # type: ignore[arg-type]
+
+
+def megatron_routing(args: MegatronArgs) -> str:
+    """The rows the run's experts receive (``cpmem.step.routing``): a capacity where
+    ``--moe-expert-capacity-factor`` gives one (a negative factor is none,
+    transformer_config.py), padded with ``--moe-pad-expert-input-to-capacity``; else the
+    worst case, the bound a router without capacity reaches."""
+    factor = args.moe_expert_capacity_factor
+    if factor is None or factor < 0:
+        return "concentrated"
+    return f"capacity:{factor:g}" + (":pad" if args.moe_pad_expert_input_to_capacity else "")
 
 
 LORA_KEYWORDS = ("lora_rank", "lora_dropout", "lora_targets")

@@ -81,6 +81,8 @@ class MegatronArgs:
     moe_token_dispatcher_type: str = "allgather"  # transformer_config.py:891
     moe_shared_expert_intermediate_size: int | None = None  # transformer_config.py:701
     moe_permute_fusion: bool = False  # transformer_config.py:941
+    moe_expert_capacity_factor: float | None = None  # transformer_config.py:917 (None: none)
+    moe_pad_expert_input_to_capacity: bool = False  # transformer_config.py:921
     overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
     expert_model_parallel_size: int = 1  # model_parallel_config.py:127
     expert_tensor_parallel_size: int | None = None  # None: TP (arguments.py:587-588)
@@ -168,6 +170,8 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_token_dispatcher_type", "str"),
             ("moe_shared_expert_intermediate_size", "int"),
             ("moe_permute_fusion", "bool"),
+            ("moe_expert_capacity_factor", "float"),
+            ("moe_pad_expert_input_to_capacity", "bool"),
             ("overlap_moe_expert_parallel_comm", "bool"),
             ("expert_model_parallel_size", "int"),
             ("expert_tensor_parallel_size", "int"),

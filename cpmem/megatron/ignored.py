@@ -236,6 +236,11 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--create-all-gather-group",
     ),
     (
+        "which tokens a capacity drops (by probability or by position), not how many: the "
+        "capacity's rows are the same (apply_router_token_dropping, moe_utils.py)",
+        "--moe-token-drop-policy",
+    ),
+    (
         "read only by the flex token dispatcher (--moe-token-dispatcher-type flex, refused by "
         "a rule)",
         "--moe-flex-dispatcher-backend --moe-permute-fusion-into-hybridep "

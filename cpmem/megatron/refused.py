@@ -251,9 +251,8 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-router-quantile-balancing-ema",
     ),
     (
-        UNPRICED + "dropped and padded expert tokens (a capacity per expert or rank)",
-        "--moe-expert-capacity-factor --moe-pad-expert-input-to-capacity "
-        "--moe-token-drop-policy --moe-expert-rank-capacity-factor",
+        UNPRICED + "a capacity per expert-parallel rank (its own dropping rule)",
+        "--moe-expert-rank-capacity-factor",
     ),
     (
         UNPRICED + "the shared experts' gate, or the shared experts run beside the dispatch",

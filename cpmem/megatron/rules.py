@@ -24,6 +24,8 @@ ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local")
 MOE_DISPATCHERS = ("allgather", "alltoall")
 """The token dispatchers priced; ``flex`` (DeepEP, HybridEP) keeps buffers of its own."""
 MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+CAPACITY_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+"""The load balancing a capacity factor works with (transformer_config.py)."""
 """The router's load-balancing types priced: each keeps [tokens, experts] scores."""
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
 
@@ -418,6 +420,26 @@ def _experts(args: MegatronArgs) -> list[Problem]:
             (
                 f"--moe-router-load-balancing-type {args.moe_router_load_balancing_type}",
                 f"is not priced (priced: {', '.join(MOE_LOAD_BALANCING)})",
+            )
+        )
+    capacity = args.moe_expert_capacity_factor
+    if capacity is not None and capacity >= 0:
+        if capacity == 0:
+            out.append(("--moe-expert-capacity-factor 0", "keeps no token: a factor > 0"))
+        if args.moe_router_load_balancing_type not in CAPACITY_BALANCING:
+            out.append(
+                (
+                    f"--moe-expert-capacity-factor {capacity:g}",
+                    "moe_expert_capacity_factor only works with aux_loss, seq_aux_loss, "
+                    "global_aux_loss or none load balancing (transformer_config.py)",
+                )
+            )
+    elif args.moe_pad_expert_input_to_capacity:
+        out.append(
+            (
+                "--moe-pad-expert-input-to-capacity",
+                "moe_expert_capacity_factor must be set to use "
+                "moe_pad_expert_input_to_capacity (transformer_config.py)",
             )
         )
     if args.moe_router_dtype not in (None, "fp32", "fp64"):

@@ -9,6 +9,7 @@ from cpmem.pricing.components import check_names, retained_bytes
 from cpmem.pricing.device_budget import DeviceBudget
 from cpmem.pricing.provenance import Facts, Source, assumptions, facts_of, provenance
 from cpmem.pricing.static import StaticMemory
+from cpmem.step.routing import LABELS, routing_kind
 from cpmem.step.step import Step
 from cpmem.step.trainer import Adapter, Head
 from cpmem.units import gib
@@ -90,6 +91,29 @@ class Estimate:
     facts: Facts = Facts()
     """What about the step decides which measured tier holds each term and what the
     estimate assumes (``cpmem.pricing.provenance``)."""
+    routing_figures: dict[str, int] = field(default_factory=dict)
+    """Of an MoE step: the step's figure (``figure_bytes``) under each routing the step
+    can be priced with (``worst``, ``balanced``, ``capacity`` at ``capacity_factor``:
+    the step's own or 1, and its own ``rows``; ``cpmem.step.routing``), attached by
+    ``cpmem.pricing.registry.price`` where the policy prices the routing."""
+    capacity_factor: float | None = None
+    """The factor ``routing_figures["capacity"]`` was priced at."""
+
+    @property
+    def figure_bytes(self) -> int:
+        """The figure a caller reads: ``peak_bytes`` (static memory and activations) for
+        a Megatron-LM run, ``estimate_bytes`` (the activations) for ART's trainer."""
+        return self.peak_bytes if self.runtime == "megatron-lm" else self.estimate_bytes
+
+    @property
+    def routing_bound(self) -> str:
+        """What the MoE routing that priced the step is: a bound or the expectation."""
+        kind = routing_kind(self.facts.moe_routing)
+        if kind == "balanced":
+            return "expectation"
+        if kind == "concentrated":
+            return "bound (worst: a router without capacity can reach it)"
+        return f"bound ({LABELS[kind]}: stated)"
 
     def __post_init__(self) -> None:
         # plain names (``Component`` values) for JSON, CSV and comparisons alike
@@ -253,6 +277,11 @@ class Estimate:
             out["device_budget"] = self.device_budget.to_dict()
         out["provenance"] = {name: src.to_dict() for name, src in self.provenance.items()}
         out["assumptions"] = self.assumptions
+        if self.routing_figures:
+            out["moe_routing"] = self.facts.moe_routing
+            out["routing_bound"] = self.routing_bound
+            out["routing_figures"] = dict(self.routing_figures)
+            out["capacity_factor"] = self.capacity_factor
         out["ignored_options"] = [o.partition(":")[0] for o in self.ignored_options]
         if self.notes:
             out["notes"] = list(self.notes)

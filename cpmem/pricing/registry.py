@@ -16,6 +16,7 @@ from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import rank_stage, static_memory
 from cpmem.step.recompute import Mode, Module
+from cpmem.step.routing import LABELS, routing_kind
 from cpmem.step.step import Step, default_cp_comm
 
 Policy = Callable[[Step], Estimate]
@@ -150,9 +151,40 @@ def ignored_options(step: Step, policy: str) -> tuple[str, ...]:
 def price(inputs: Step, policy: str | None = None) -> Estimate:
     """Price ``inputs`` with the named policy (None: its runtime's, ``default_policy``);
     the static memory (and the device's budget, where the step names a device) beside its
-    activations, the same for every policy."""
+    activations, the same for every policy; of an MoE step, the figure under every
+    routing it can be priced with beside it (``Estimate.routing_figures``)."""
     if policy is None:
         policy = default_policy(inputs)
+    est = _price_one(inputs, policy)
+    if not inputs.geometry.is_moe or "moe_routing" in unpriced_options(inputs, policy):
+        return est
+    figures, factor = {}, None
+    for routing in routings_of(inputs.moe_routing):
+        if routing_kind(routing) == "capacity":
+            factor = float(routing.split(":")[1])
+        same = routing == inputs.moe_routing
+        # the routing moves no token between ranks: the same plan, other rows per token
+        routed = replace(inputs, settings=replace(inputs.settings, moe_routing=routing))
+        other = est if same else _price_one(routed, policy)
+        figures[LABELS[routing_kind(routing)]] = other.figure_bytes
+    return replace(est, routing_figures=figures, capacity_factor=factor)
+
+
+DEFAULT_CAPACITY = "capacity:1"
+"""The capacity an MoE step is priced under where it states none: factor 1, each expert
+at most its even share of the copies (what stating it would save, beside the worst)."""
+
+
+def routings_of(routing: str) -> tuple[str, ...]:
+    """The routings an MoE step is priced under beside its own: the worst case, the
+    expectation, a capacity (the stated one, else factor 1) and a stated row count."""
+    capacity = routing if routing_kind(routing) == "capacity" else DEFAULT_CAPACITY
+    rows = (routing,) if routing_kind(routing) == "rows" else ()
+    return ("concentrated", "balanced", capacity, *rows)
+
+
+def _price_one(inputs: Step, policy: str) -> Estimate:
+    """``price`` under the step's own routing alone."""
     try:
         fn = POLICIES[policy]
     except KeyError:

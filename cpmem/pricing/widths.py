@@ -8,9 +8,11 @@ sequence parallelism is on (and TP > 1), else 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.step.routing import rows_per_token
 from cpmem.step.step import MoeRouting
 
 
@@ -107,20 +109,12 @@ def mlp_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
 
 
 def moe_rows_per_token(geometry: ModelGeometry, ep: int, routing: MoeRouting, *, tp: int) -> int:
-    """Expert rows one rank holds per token of its own (its CP rank's count).
-
-    With expert tensor parallel 1, an EP group no wider than TP routes the CP rank's own
-    tokens (its TP ranks' sequence shards); a wider one spans ``EP/TP`` groups of TP
-    ranks, other CP ranks or data-parallel ranks with tokens of their own, and routes
-    theirs too, each priced at this rank's count (the busiest's, an upper bound). Concentrated routing (the safe assumption) lands every routed copy of the
-    group on this rank's experts, at most one per token and local expert
-    (``min(top-k, E/EP)`` per token). Balanced routing spreads them evenly:
-    ``ceil(top-k / EP)`` per routed token. The rank simulator's ``expert_rows``
-    (oracles/rank_sim/moe.py): Qwen3-30B-A3B at TP2 CP2 EP4 routes two CP ranks' tokens."""
-    spanned = max(1, ep // max(tp, 1))
-    if routing == "balanced":
-        return -(-geometry.moe_top_k // max(ep, 1)) * spanned
-    return min(geometry.moe_top_k, geometry.num_experts // max(ep, 1)) * spanned
+    """Whole expert rows one rank holds per token of its own (its CP rank's count) under
+    ``routing`` (``cpmem.step.routing.rows_per_token``; the reference prices
+    ``concentrated``, a whole number of rows per token). The rank simulator's
+    ``expert_rows`` (oracles/rank_sim/moe.py): Qwen3-30B-A3B at TP2 CP2 EP4 routes two
+    CP ranks' tokens."""
+    return math.ceil(rows_per_token(geometry, ep, routing, tp=tp))
 
 
 def moe_width(

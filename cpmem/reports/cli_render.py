@@ -16,6 +16,7 @@ from cpmem.pricing.provenance import REFERENCE_POLICIES
 from cpmem.pricing.reference import SAFETY
 from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS
 from cpmem.reports.tables import table
+from cpmem.step.routing import LABELS, routing_kind
 from cpmem.step.step import Step
 from cpmem.units import MIB, fmt_gib
 
@@ -92,10 +93,36 @@ def margin_line(est: Estimate) -> str | None:
     )
 
 
+def routing_line(est: Estimate) -> str | None:
+    """Of an MoE step priced under its routing: which routing priced it (a bound or the
+    expectation) and the figure under each other one, with what a capacity would save
+    (None: no routing figures)."""
+    figures = est.routing_figures
+    if not figures:
+        return None
+    own = LABELS[routing_kind(est.facts.moe_routing)]
+    others = []
+    for name, b in figures.items():
+        if name == own:
+            continue
+        label = f"capacity factor {est.capacity_factor:g}" if name == "capacity" else name
+        others.append(f"{label} {fmt_gib(b)} GiB")
+    line = (
+        f"MoE routing: {est.facts.moe_routing}, a {est.routing_bound}: "
+        f"{fmt_gib(figures[own])} GiB; under " + ", ".join(others)
+    )
+    saved = figures[own] - figures.get("capacity", figures[own])
+    if own == "worst" and saved > 0:
+        line += (
+            f"; stating the capacity (--moe-routing capacity:{est.capacity_factor:g}) "
+            f"would save {fmt_gib(saved)} GiB"
+        )
+    return line
+
+
 def render_basis(est: Estimate) -> list[str]:
-    """The margin and each assumption, one line each."""
-    margin = margin_line(est)
-    lines = [] if margin is None else [margin]
+    """The margin, the MoE routing and each assumption, one line each."""
+    lines = [line for line in (margin_line(est), routing_line(est)) if line is not None]
     return lines + [f"assumes {name}: {text}" for name, text in est.assumptions.items()]
 
 

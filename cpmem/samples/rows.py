@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal
 
 from cpmem.errors import CpmemError
 from cpmem.golden.files import default_golden_dir
@@ -20,7 +20,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
 from cpmem.pricing.cold import COLD_SETUP
 from cpmem.step.describe import SettingsArguments, describe_step
-from cpmem.step.step import MoeRouting, Step
+from cpmem.step.step import Step
 
 SIM_SUBDIR = "simulated"
 ROWS_FILE = "rows.csv"
@@ -232,7 +232,7 @@ def row_step(row: SimRow, sim_dir: Path, cache: dict[str, ModelGeometry] | None 
         "ep": row.ep,
         "recompute": row.mode,
         "modules": row.modules or None,
-        "moe_routing": cast(MoeRouting, row.routing or "concentrated"),
+        "moe_routing": row.routing or "concentrated",
         "step": "first",
         "head": row.head,
         "lora_rank": row.lora_rank,

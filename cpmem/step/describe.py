@@ -23,6 +23,7 @@ from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice, parse_rank
 from cpmem.step.recompute import Recompute
+from cpmem.step.routing import check_routing
 from cpmem.step.runtime import (
     ATTENTION_BACKENDS,
     AttentionBackend,
@@ -223,7 +224,7 @@ def describe_settings(
         layout=layout,
         recompute=rc,
         compiled=compiled,
-        moe_routing=moe_routing,
+        moe_routing=check_routing(moe_routing),
         cold=check_step_kind(step) == "first",
         profiles=store,
         planner=planner,

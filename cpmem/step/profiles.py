@@ -127,6 +127,14 @@ class ProfileStore:
 
     def __init__(self, profiles: dict[str, Profile] | None = None) -> None:
         self._profiles: dict[str, Profile] = dict(profiles or {})
+        for key in self._profiles:
+            if len(key.split("|")) != KEY_FIELDS:
+                raise InputError(
+                    f"profiles[{key!r}]",
+                    key,
+                    f"is not a step's key ({KEY_FIELDS} fields joined by '|': "
+                    "ProfileSignature.key); it would floor no step",
+                )
 
     def observe(self, signature: ProfileSignature, peak_bytes: int, tokens: int) -> None:
         """Record an observed peak; keep it only if it raises bytes per token."""

@@ -13,6 +13,7 @@ here, so each is planned and checked the one way ``describe_step`` plans and che
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any, Literal
 
 from cpmem.errors import InputError
@@ -27,11 +28,13 @@ from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.ranks import RankChoice, check_rank
 from cpmem.step.recompute import Recompute
+from cpmem.step.routing import check_routing, rows_per_token
 from cpmem.step.runtime import Runtime, Training, check_training
 from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
 
-MoeRouting = Literal["concentrated", "balanced"]
-MOE_ROUTINGS: tuple[MoeRouting, ...] = ("concentrated", "balanced")
+MoeRouting = str
+"""``concentrated``, ``balanced``, ``capacity:F[:pad]`` or ``rows:N``
+(``cpmem.step.routing``)."""
 StepKind = Literal["first", "steady"]
 STEP_KINDS: tuple[StepKind, ...] = ("first", "steady")
 """Which of a process's steps is priced. ``steady``: any step after the first, what a
@@ -147,9 +150,9 @@ class StepSettings:
             self._check_te_cp_comm()
         if not isinstance(self.cold, bool):
             raise InputError("cold", self.cold, "must be true or false")
-        if self.moe_routing not in MOE_ROUTINGS:
+        if check_routing(self.moe_routing) != self.moe_routing:
             raise InputError(
-                "moe_routing", self.moe_routing, f"must be one of {list(MOE_ROUTINGS)}"
+                "moe_routing", self.moe_routing, f"is spelled {check_routing(self.moe_routing)}"
             )
         if self.output_bytes is not None and (
             isinstance(self.output_bytes, bool)
@@ -324,6 +327,20 @@ class Step:
     @property
     def moe_routing(self) -> MoeRouting:
         return self.settings.moe_routing
+
+    def expert_rows_per_token(self, tp: int | None = None) -> Fraction:
+        """Expert rows the rank holds per token of its own in one MoE layer under the
+        step's routing (``cpmem.step.routing.rows_per_token``), at the plan's TP (or at
+        ``tp``), counted at the rank's priced tokens (the busiest CP rank's)."""
+        layout, plan = self.plan.layout, self.plan
+        tokens = plan.busiest_tokens if layout.cp > 1 else plan.packed_tokens
+        return rows_per_token(
+            self.geometry,
+            layout.ep,
+            self.moe_routing,
+            tp=layout.tp if tp is None else tp,
+            tokens=tokens,
+        )
 
     @property
     def cold(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from fractions import Fraction
 
 import pytest
 
@@ -30,6 +31,7 @@ from cpmem.golden.files import default_golden_dir
 from cpmem.golden.megatron import load_recordings
 from cpmem.golden.megatron_history import load_recorded_images
 from cpmem.megatron.args import read_megatron_args
+from cpmem.step.step import Step
 
 GOLDEN = default_golden_dir()
 MIB = 1 << 20
@@ -181,7 +183,7 @@ def test_a_model_without_the_routed_rows_fails_covers() -> None:
     them the peaks are missed."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(moe_module, "MOE_ROW_PLAIN_F", 0)
-        patch.setattr(moe_module, "moe_rows_per_token", lambda *a, **k: 0)
+        patch.setattr(Step, "expert_rows_per_token", lambda self, tp=None: Fraction(0))
         broken = run_tier(GOLDEN, "moe")
     assert not broken.passed
     assert len(broken.failing("covers")) > len(broken.rows) // 2
@@ -195,3 +197,24 @@ def test_a_model_without_the_pipelines_kept_inputs_fails_static() -> None:
         patch.setattr(static_module, "RECEIVED_KEPT", 0)
         broken = run_tier(GOLDEN, "gpt")
     assert broken.failing("static")
+
+
+def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
+    """The MoE recordings' routers have no capacity: the worst case covers them, and the
+    balanced expectation is checked within 10% of each. The old expectation, ceil(top-k /
+    EP) rows per routed token (up to 4x the even share at EP 8, top-2), fails it."""
+    from cpmem.step import step as step_module
+    from cpmem.step.routing import rows_per_token, spanned_groups
+
+    def rounded_up(geometry, ep, routing, *, tp, tokens=None):  # type: ignore[no-untyped-def]
+        if routing == "balanced":
+            return Fraction(-(-geometry.moe_top_k // ep) * spanned_groups(ep, tp))
+        return rows_per_token(geometry, ep, routing, tp=tp, tokens=tokens)
+
+    tier = run_tier(GOLDEN, "moe")
+    assert tier.passed and all(r.routing_bound for r in tier.rows)
+    assert all(r.passed("covers") and r.passed("headroom") for r in tier.rows)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_module, "rows_per_token", rounded_up)
+        broken = run_tier(GOLDEN, "moe")
+    assert len(broken.failing("headroom")) > 10

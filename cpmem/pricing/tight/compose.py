@@ -10,8 +10,10 @@ study replaces (``cpmem.gate``), so the policy itself holds no mutant switch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing import adapters, cp_comm
@@ -25,7 +27,7 @@ from cpmem.pricing.tight.calibrated import (
     Margin,
 )
 from cpmem.pricing.tight.widths import TightWidths
-from cpmem.pricing.widths import common_width, moe_rows_per_token, sandwich_width, sp_divisor
+from cpmem.pricing.widths import common_width, sandwich_width, sp_divisor
 from cpmem.step.recompute import Module
 from cpmem.step.step import Step
 
@@ -70,11 +72,12 @@ def tight_widths(
     gdn_width = gdn.saved_width(geometry, common, tp)
     if gdn_width:
         gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn", sp=sp)
-    moe_width = moe.saved_width(geometry, tp, sp, layout.ep, step.moe_routing, step.compiled)
+    rows = step.expert_rows_per_token(tp) if geometry.is_moe else Fraction(0)
+    moe_width = moe.saved_width(geometry, tp, sp, rows, step.compiled)
     if moe_width:
         moe_width += sandwich
-        rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=tp)
-        moe_width += rows * adapters.extra_width(geometry, step.adapter, tp, "expert", sp=sp)
+        expert = adapters.extra_width(geometry, step.adapter, tp, "expert", sp=sp)
+        moe_width += math.ceil(rows * expert)
     return TightWidths(
         common=common,
         attention_core=core,

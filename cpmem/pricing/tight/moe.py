@@ -5,12 +5,15 @@ its forward holds beyond it while it dispatches and combines."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
 from cpmem.pricing.tight.mlp import swiglu_saved
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
-from cpmem.pricing.widths import common_width, moe_rows_per_token, sp_divisor
-from cpmem.step.step import MoeRouting, Step
+from cpmem.pricing.widths import common_width, sp_divisor
+from cpmem.step.step import Step
 
 MOE_ROW_EAGER_F = 6
 """F_e-multiples one routed expert row keeps in eager mode beside its H-wide input
@@ -83,15 +86,15 @@ def saved_width(
     geometry: ModelGeometry,
     tp: int,
     sp: bool,
-    ep: int,
-    routing: MoeRouting,
+    rows: Fraction,
     compiled: bool,
 ) -> int:
     """Elements per (global) token one MoE layer keeps:
 
     - the common norm/LoRA input (``common_width``: the local norm output, the shared
       expert's SP-gathered input and the layer's output);
-    - per routed row (``moe_rows_per_token``, the routing the caller states) its
+    - per routed row (``rows`` per token: ``Step.expert_rows_per_token``, the routing
+      the caller states) its
       ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
       ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
       ``MOE_ROW_SMALL``;
@@ -112,8 +115,7 @@ def saved_width(
         f += CLAMPED_GLU_ROW_F
     if not geometry.gated_mlp:
         f = MOE_ROW_PLAIN_F
-    rows = moe_rows_per_token(geometry, ep, routing, tp=tp)
-    routed = rows * (h + f * fe + MOE_ROW_SMALL)
+    routed = math.ceil(rows * (h + f * fe + MOE_ROW_SMALL))
     router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
     if geometry.router_scoring != "topk_softmax":
         router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
@@ -131,11 +133,10 @@ def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     priced by its saved set (``checkpointed_width``)."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
-    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=tp)
+    rows = step.expert_rows_per_token(tp)
     h = geometry.hidden
-    return rows * (MOE_DISPATCH_ROW_H * h + 2) + (h + 2 * geometry.num_experts) // sp_divisor(
-        tp, sp
-    )
+    routed = math.ceil(rows * (MOE_DISPATCH_ROW_H * h + 2))
+    return routed + (h + 2 * geometry.num_experts) // sp_divisor(tp, sp)
 
 
 MOE_BACKWARD_ROW_H = 6
@@ -170,9 +171,8 @@ def dispatcher_state_width(geometry: ModelGeometry, w: TightWidths, step: Step) 
 def backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token an MoE layer's backward holds beside its saved set
     (``MOE_BACKWARD_ROW_H``)."""
-    layout = step.plan.layout
-    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=w.tp)
-    return rows * MOE_BACKWARD_ROW_H * geometry.hidden
+    rows = step.expert_rows_per_token(w.tp)
+    return math.ceil(rows * MOE_BACKWARD_ROW_H * geometry.hidden)
 
 
 def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -186,12 +186,12 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     the layer inputs is 78,912 elements per token at 8 rows (this: 8 x 10,752 + 1,088)."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
-    rows = moe_rows_per_token(geometry, layout.ep, step.moe_routing, tp=tp)
+    rows = step.expert_rows_per_token(tp)
     h = geometry.hidden
     per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * geometry.expert_ffn
     shared = LORA_SUM_COPIES * 2 * geometry.shared_expert_ffn // tp
     per_token = (2 * geometry.num_experts) // sp_divisor(tp, sp)
-    return rows * per_row + shared + w.common - w.layer_input + per_token
+    return math.ceil(rows * per_row) + shared + w.common - w.layer_input + per_token
 
 
 def checkpointed_width(w: TightWidths) -> int:

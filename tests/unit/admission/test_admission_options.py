@@ -103,15 +103,18 @@ ROWS = [
     Row("cp", M4, {}, 1, 2),
     # SP changes the layer inputs the full-recompute checkpoints keep (H/s per token)
     Row("sp", M17, {"tp": 2, "recompute": "full"}, True, False),
-    # expert parallelism over the TP ranks spreads balanced routing's rows (concentrated
-    # ones land on one rank; an EP group wider than TP brings other ranks' tokens too)
-    Row("ep", MOE, {"moe_routing": "balanced", "tp": 4}, 1, 4, policy="tight", lengths=[4096]),
+    # expert parallelism over the TP ranks spreads a capacity's rows (concentrated ones
+    # land on one rank; an EP group wider than TP brings other ranks' tokens too); a
+    # capacity, not the balanced expectation: admission decides on a bound
+    Row("ep", MOE, {"moe_routing": "capacity:1", "tp": 4}, 1, 4, policy="tight", lengths=[4096]),
     Row("recompute", M4, {}, "selective", "full"),
     Row("modules", M4, {"recompute": "selective"}, "core_attn", "core_attn+mlp"),
     Row("planner", M4, {"cp": 2}, "gdn-segments", "balanced", lengths=[3000, 1000]),
     # torch.compile fuses the 1.7B's unfused SwiGLU (tight's widths)
     Row("compiled", M17, {}, False, True, policy="tight"),
-    Row("moe_routing", MOE, {"ep": 4}, "concentrated", "balanced", policy="tight", lengths=[4096]),
+    Row(
+        "moe_routing", MOE, {"ep": 4}, "concentrated", "capacity:1", policy="tight", lengths=[4096]
+    ),
     Row("profiles", M4, {"cp": 2}, None, PROFILE),
     # the returned outputs are the harness's hidden states (a head returns none)
     Row("output_bytes", M4, {"head": "hidden"}, None, 1 << 30),
@@ -392,3 +395,22 @@ def test_alternative_inputs_are_admitted_as_estimated() -> None:
         step="first",
     )
     assert counts.estimate_bytes == est.estimate_bytes
+
+
+def test_the_balanced_expectation_is_admitted_on_the_worst_case_and_says_so() -> None:
+    """A router without capacity can reach the worst case: admission under ``balanced``
+    requires the worst case's figure (``estimate`` under ``concentrated``), names why
+    in the decision, and a stated capacity is admitted as stated."""
+    common = {"tp": 4, "ep": 4, "policy": "tight"}
+    balanced = admit(MOE, [4096], budget_bytes=1 << 50, moe_routing="balanced", **common)
+    worst = estimate(MOE, [4096], moe_routing="concentrated", **common)
+    expectation = estimate(MOE, [4096], moe_routing="balanced", **common)
+    assert expectation.estimate_bytes < worst.estimate_bytes
+    assert balanced.required_bytes == max(
+        estimate(MOE, [4096], moe_routing="concentrated", step=k, **common).estimate_bytes
+        for k in ("first", "steady")
+    )
+    assert any("worst-case MoE routing" in n for n in balanced.estimate.notes)
+    capped = admit(MOE, [4096], budget_bytes=1 << 50, moe_routing="capacity:1", **common)
+    assert capped.estimate.facts.moe_routing == "capacity:1"
+    assert not any("worst-case" in n for n in capped.estimate.notes)

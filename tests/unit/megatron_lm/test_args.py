@@ -229,7 +229,7 @@ def test_an_argument_not_given_takes_megatron_lms_default(
     ("flag", "value"),
     [
         ("--fp8-format", "hybrid"),
-        ("--moe-expert-capacity-factor", 1.5),
+        ("--moe-expert-rank-capacity-factor", 1.5),
         ("--recompute-modules", "core_attn"),
         ("--num-distributed-optimizer-instances", 2),
     ],
@@ -319,13 +319,13 @@ def test_harmless_flags_are_ignored(flag: str, value: object) -> None:
 
 
 def test_a_refused_flag_at_its_snapshot_default_is_read_as_absent() -> None:
-    # --moe-token-drop-policy: Literal['probs', 'position'] = 'probs' (its snapshot row)
-    assert snapshot_arguments()["--moe-token-drop-policy"].default == "probs"
-    args = parse_megatron_args({**REQUIRED, "--moe-token-drop-policy": "probs"})
-    assert args.ignored == ("--moe-token-drop-policy",)
+    # --moe-router-score-function: Literal['softmax', 'sigmoid'] = 'softmax' (its row)
+    assert snapshot_arguments()["--moe-router-score-function"].default == "softmax"
+    args = parse_megatron_args({**REQUIRED, "--moe-router-score-function": "softmax"})
+    assert args.ignored == ("--moe-router-score-function",)
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--moe-token-drop-policy": "position"})
-    assert err.value.value == "--moe-token-drop-policy position"
+        parse_megatron_args({**REQUIRED, "--moe-router-score-function": "sigmoid"})
+    assert err.value.value == "--moe-router-score-function sigmoid"
 
 
 def test_a_refused_flag_at_a_harmless_value_is_read_as_absent() -> None:

@@ -1,0 +1,112 @@
+"""The rows a rank's experts receive in one MoE layer: the step's routing, stated as an
+expectation or as a bound.
+
+A router without a capacity factor can send any share of the tokens to one rank's
+experts, so what a rank holds is either an expectation or a bound, and the step says
+which (``Step.moe_routing``):
+
+- ``concentrated`` (also written ``worst``): every routed copy of the tokens that reach
+  this rank's experts lands on them, at most one per token and local expert
+  (``min(top-k, E/EP)`` per token): the bound a router without capacity can reach;
+- ``balanced``: the expectation, every expert receiving ``tokens x top-k / E``;
+- ``capacity:F``: Megatron-LM's ``--moe-expert-capacity-factor F``, a hard bound: each
+  of the EP source ranks keeps at most ``ceil(T_s x top-k x F / E)`` copies per expert
+  of its ``T_s`` router tokens (``get_capacity``, ``apply_router_token_dropping``,
+  megatron-core 0.16 ``moe_utils.py``), the dropped ones never dispatched, and never
+  more than ``concentrated``; ``capacity:F:pad``, with
+  ``--moe-pad-expert-input-to-capacity``: every local expert receives exactly that many
+  from each source, padded (``token_dispatcher.py``: ``capacity x tp_size x ep_size``
+  per local expert), whatever the router picked: the count, not capped;
+- ``rows:N``: an exact per-rank row count, what a dispatcher with a fixed capacity
+  allocates (ART's HybridEP capacity), or the rows of a replayed batch.
+
+Which tokens reach a rank's experts (``spanned``): with expert tensor parallel 1 an EP
+group no wider than TP routes the CP rank's own tokens (its TP ranks' sequence shards);
+a wider one spans ``EP/TP`` groups of TP ranks, other CP ranks or data-parallel ranks
+with tokens of their own, each priced at this rank's count (the busiest's, an upper
+bound). The rank simulator's ``expert_rows`` (oracles/rank_sim/moe.py) routes the same.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from cpmem.errors import InputError
+from cpmem.model.geometry import ModelGeometry
+
+WORST = "concentrated"
+ROUTING_KINDS = ("concentrated", "balanced", "capacity", "rows")
+ALIASES = {"worst": WORST}
+BOUNDS = ("concentrated", "capacity", "rows")
+"""The routings that bound what a rank holds (``balanced`` is an expectation)."""
+LABELS = {"concentrated": "worst", "balanced": "balanced", "capacity": "capacity", "rows": "rows"}
+"""Each routing's name in ``routing_figures``."""
+
+
+def routing_kind(routing: str) -> str:
+    """``concentrated``, ``balanced``, ``capacity`` or ``rows``."""
+    return routing.partition(":")[0]
+
+
+def check_routing(routing: object) -> str:
+    """The routing in its canonical spelling, or an InputError naming the field."""
+    if not isinstance(routing, str):
+        raise InputError("moe_routing", routing, "must be a string")
+    routing = ALIASES.get(routing, routing)
+    kind, sep, value = routing.partition(":")
+    forms = (
+        "concentrated (or worst), balanced, capacity:F or capacity:F:pad (a factor > 0) "
+        "or rows:N (N > 0)"
+    )
+    if kind in ("concentrated", "balanced") and not sep:
+        return routing
+    if kind == "capacity" and sep:
+        number, _, pad = value.partition(":")
+        try:
+            factor = float(number)
+        except ValueError:
+            factor = -1.0
+        if factor > 0 and math.isfinite(factor) and pad in ("", "pad"):
+            return f"capacity:{factor:g}" + (":pad" if pad else "")
+    if kind == "rows" and sep and value.isdigit() and int(value) > 0:
+        return f"rows:{int(value)}"
+    raise InputError("moe_routing", routing, f"must be {forms}")
+
+
+def is_bound(routing: str) -> bool:
+    return routing_kind(routing) in BOUNDS
+
+
+def spanned_groups(ep: int, tp: int) -> int:
+    """The groups of TP ranks whose tokens reach one rank's experts (module docstring)."""
+    return max(1, ep // max(tp, 1))
+
+
+def rows_per_token(
+    geometry: ModelGeometry, ep: int, routing: str, *, tp: int, tokens: int | None = None
+) -> Fraction:
+    """Expert rows one rank holds per token of its own (its CP rank's count, ``tokens``:
+    the count priced, needed by ``capacity`` and ``rows``), under ``routing``."""
+    k, experts = geometry.moe_top_k, geometry.num_experts
+    ep = max(ep, 1)
+    spanned = spanned_groups(ep, tp)
+    worst = Fraction(min(k, experts // ep) * spanned)
+    kind, _, value = routing.partition(":")
+    if kind == "concentrated":
+        return worst
+    if kind == "balanced":
+        return Fraction(k * spanned, ep)
+    if tokens is None or tokens <= 0:
+        raise InputError("moe_routing", routing, "prices a count of rows: give the step's tokens")
+    if kind == "rows":
+        return Fraction(int(value), tokens)
+    # capacity: each of the EP sources routes an equal share of the group's tokens
+    # (spanned x tokens, each priced at this rank's count) and keeps ceil(its copies x
+    # F / E) per expert; every local expert receives that from each source
+    number, _, pad = value.partition(":")
+    factor = Fraction(number)
+    source_copies = Fraction(spanned * tokens * k, ep)
+    per_expert = ep * math.ceil(source_copies * factor / experts)
+    rows = Fraction((experts // ep) * per_expert, tokens)
+    return rows if pad else min(worst, rows)
