@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 from fractions import Fraction
+from typing import ClassVar
 
 import pytest
 
@@ -185,3 +186,42 @@ def test_expert_row_keeps_its_input_f_multiples_and_four_small_elements(
     coefficient = (per_row[wide] - per_row[narrow]) / (wide - narrow)
     assert coefficient == f_multiple
     assert per_row[narrow] - coefficient * narrow - SMALL.hidden == MOE_ROW_SMALL
+
+
+# ------------------------------------------------- a checkpointed MoE backward at EP > TP
+
+
+class _PeakStorages(LiveBytesTracker):
+    """The tracker, remembering the sizes of the storages live at the backward's peak."""
+
+    at_peak: ClassVar[list[int]] = []
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        super()._add(st)
+        peak = self.peaks.get("backward")
+        if self.phase == "backward" and peak is not None and self.live == peak.bytes:
+            _PeakStorages.at_peak = [size for size, _ in self._seen.values()]
+
+
+def test_a_checkpointed_moe_backward_at_ep_above_tp_holds_four_row_wide_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``MOE_CHECKPOINT_BACKWARD_ROW_H``: with the EP group wider than TP (TP1 CP2 EP2,
+    the other CP rank's tokens routed here too) and a ``moe`` checkpoint, the last MoE
+    layer's backward peaks with four [rows, H] buffers live: the recomputed dispatched
+    input and three of the backward's fresh row buffers. At EP = TP (TP2 EP2 SP) the
+    simulator holds the same four, where tight does not price them (its docstring says
+    why): this asserts the disagreement it names."""
+    from cpmem.pricing.tight.moe import MOE_CHECKPOINT_BACKWARD_ROW_H
+    from oracles.rank_sim import runner
+
+    model = replace(SMALL, hidden=256)  # an H-wide row is 512 B: whole blocks
+    monkeypatch.setattr(runner, "LiveBytesTracker", _PeakStorages)
+    layout = RankLayout(1, 2, 0, (TOKENS,) * 2, (TOKENS,) * 2, (GdnPiece(TOKENS),), TOKENS, False)
+    result = simulate_rank(model, layout, Recompute.parse("selective", "core_attn+moe"), ep=2)
+    row_wide = result.expert_rows * model.hidden * BF16
+    assert _PeakStorages.at_peak.count(row_wide) == 1 + MOE_CHECKPOINT_BACKWARD_ROW_H
+    within = RankLayout(2, 1, 0, (TOKENS,), (TOKENS,), (GdnPiece(TOKENS),), TOKENS, True)
+    result = simulate_rank(model, within, Recompute.parse("selective", "core_attn+moe"), ep=2)
+    row_wide = result.expert_rows * model.hidden * BF16
+    assert _PeakStorages.at_peak.count(row_wide) == 1 + MOE_CHECKPOINT_BACKWARD_ROW_H

@@ -195,7 +195,7 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     if ffn == "dense":
         ffn_phase = mlp.backward_phase(geometry, w, step)
     if ffn == "moe" and step.recompute.checkpoints(Module.MOE):
-        ffn_phase = moe.checkpointed_width(w)
+        ffn_phase = moe.checkpointed_width(w) + moe.checkpoint_backward_width(geometry, w, step)
     mixer_phase = attention.backward_phase(step, w) if mixer == "attention" else 0
     return max(ffn_phase, mixer_phase)
 

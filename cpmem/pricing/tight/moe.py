@@ -13,6 +13,7 @@ from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
 from cpmem.pricing.tight.mlp import swiglu_saved
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import common_width, sp_divisor
+from cpmem.step.routing import spanned_groups
 from cpmem.step.step import Step
 
 MOE_ROW_EAGER_F = 6
@@ -173,6 +174,46 @@ def backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     (``MOE_BACKWARD_ROW_H``)."""
     rows = step.expert_rows_per_token(w.tp)
     return math.ceil(rows * MOE_BACKWARD_ROW_H * geometry.hidden)
+
+
+MOE_CHECKPOINT_BACKWARD_ROW_H = 3
+"""H-multiples per expert row the last MoE layer's backward holds beside the saved set its
+``moe`` checkpoint recomputed, at that backward's peak, where the EP group is wider than
+TP (the rows crossed the EP all-to-all from other TP groups): three of the fresh row
+buffers of ``MOE_BACKWARD_ROW_H`` (the gradients of the combine's all-to-all and
+un-sort and of the experts' output) are live at once beside the recomputed dispatched
+input and the expert GLU's saved set. Rank simulator, Qwen3-30B-A3B TP1 CP8 EP8 (4
+layers, 1,024 tokens a rank, 65,536 rows): at the backward's peak four [rows, H] buffers
+(one the recomputed dispatched input), the fc1 output [rows, 2F_e] and four [rows, F_e];
+without the term the grid's ``core_attn+moe`` rows at EP > TP fell 4-19% short of the
+simulator's forward+backward peak (gpt-oss-20B TP1 CP8 EP8: -19.2%), with it the 40 such
+rows are covered at +3.9% to +33%. Not priced at EP <= TP, though the simulator shows
+the same four buffers there (TP2 EP2): the measured Qwen3.5-35B-A3B ``core_attn+moe``
+cells (TP4 EP4) are covered without it at +6.3% to +17.1% forward+backward (+13% to +25%
+with it) and no grid row at EP <= TP falls short without it; which tensor of the
+measured runtime the simulator's buffers stand for there is not found. No Megatron-LM
+recording runs a ``moe`` checkpoint: this term is the simulator's alone."""
+
+CLAMPED_GLU_BACKWARD_F = 3
+"""F_e-multiples per expert row a clamped GLU's backward (gpt-oss's interleaved clamped
+SwiGLU, ``activation_clamp``) holds beside its recomputed saved set: the gradients of the
+gate and the linear halves and of their product (the rank simulator's gpt-oss-20B TP1
+CP8 EP8, 4 layers, 4,096 tokens a rank: ten [rows, F_e]-wide tensors at the backward's
+peak against the seven of the eager saved set)."""
+
+
+def checkpoint_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token the last MoE layer's backward holds beside the saved set its
+    ``moe`` checkpoint recomputed (``MOE_CHECKPOINT_BACKWARD_ROW_H``, and a clamped GLU's
+    gradients, ``CLAMPED_GLU_BACKWARD_F``)."""
+    layout = step.plan.layout
+    if spanned_groups(layout.ep, w.tp) == 1:
+        return 0
+    rows = step.expert_rows_per_token(w.tp)
+    per_row = MOE_CHECKPOINT_BACKWARD_ROW_H * geometry.hidden
+    if geometry.activation_clamp is not None and not step.compiled:
+        per_row += CLAMPED_GLU_BACKWARD_F * geometry.expert_ffn
+    return math.ceil(rows * per_row)
 
 
 def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
