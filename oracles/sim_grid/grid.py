@@ -15,7 +15,7 @@ that differ) follow in that order; each says how its subset was chosen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,7 +168,14 @@ def by_id() -> dict[str, GridConfig]:
 
 def everything() -> list[GridConfig]:
     """Every grid's configurations in generation order."""
-    return grid() + moe_grid() + trainer_grid() + pipeline_grid() + family_grid()
+    return (
+        grid()
+        + moe_grid()
+        + trainer_grid()
+        + pipeline_grid()
+        + family_grid()
+        + family_balanced_grid()
+    )
 
 
 # MoE configurations, kept out of ``grid()``: the dense grid's axes and
@@ -594,3 +601,24 @@ def family_grid() -> list[GridConfig]:
                                ep, routing, trainer=spec)
                 )  # fmt: skip
     return out
+
+
+def family_balanced_grid() -> list[GridConfig]:
+    """The MoE families' configurations of ``family_grid`` under balanced routing, the
+    expectation a trainer's routed rows sit near (``family_grid``'s MoE rows are the
+    worst case), at EP > 1: ids ``<model>:tpT:cpC:epE:balanced:<request>:<recompute>:<trainer>``;
+    their generation order continues after ``family_grid()``."""
+    start = len(everything_but_balanced())
+    out: list[GridConfig] = []
+    for c in family_grid():
+        if c.routing != "concentrated" or c.ep == 1:
+            continue  # at EP 1 every routed copy is on the rank's experts: no twin
+        where = f"tp{c.tp}:cp{c.cp}:ep{c.ep}"
+        cid = c.config_id.replace(where, f"{where}:balanced", 1)
+        out.append(replace(c, config_id=cid, routing="balanced", order=start + len(out)))
+    return out
+
+
+def everything_but_balanced() -> list[GridConfig]:
+    """The grids generated before ``family_balanced_grid``."""
+    return grid() + moe_grid() + trainer_grid() + pipeline_grid() + family_grid()
