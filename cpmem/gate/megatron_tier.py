@@ -370,9 +370,8 @@ def price_recording(
         container=container_for_image(image),
     )
     est = price(step, POLICY)
-    balanced = None
-    if step.geometry.is_moe:
-        balanced = price(step.with_settings(moe_routing="balanced"), POLICY).peak_bytes
+    # an MoE run's balanced expectation, priced beside its figure (routing_figures)
+    balanced = est.routing_figures.get("balanced") if step.geometry.is_moe else None
     return TierRow(recording, step, est, backend_spread(step, POLICY), balanced)
 
 
