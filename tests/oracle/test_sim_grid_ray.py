@@ -50,6 +50,13 @@ def _generate(out: Path, engine: str) -> str:
     return p.stderr
 
 
+def _default_sigint() -> None:
+    """The run's SIGINT as a terminal's foreground job has it: a test process started in
+    the background by a non-interactive shell ignores SIGINT, and its children would
+    inherit that and never stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(out: Path, engine: str, attempts: int = 3) -> int:
     """Start a run, Ctrl-C it (SIGINT to its whole process group, as a terminal does) once
     a rank is written; returns how many ranks it wrote. A run that finishes every rank
@@ -60,7 +67,7 @@ def _interrupt(out: Path, engine: str, attempts: int = 3) -> int:
     for _ in range(attempts):
         p = subprocess.Popen(
             _cmd(out, engine), cwd=REPO, start_new_session=True, text=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_default_sigint,
         )  # fmt: skip
         deadline = time.monotonic() + 300
         while True:
