@@ -1,4 +1,9 @@
-"""The ``cpmem`` command: estimate, admit, capacity, models (and the golden/gate/report tools)."""
+"""The ``cpmem`` command: estimate, admit, capacity, models (and the golden/gate/report tools).
+
+One module for the parser and its commands: every command builds its step from the same
+arguments (``_step_arguments``), so they stay together; the Megatron-LM door
+(``cli_megatron``), the help texts (``cli_help``) and the rendering
+(``reports.cli_render``) live apart."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args
 from cpmem.model.presets import get_preset
 from cpmem.step.routing import check_routing, rows_per_token
+from tests.unit.megatron_lm.test_args import REQUIRED
 from tests.unit.megatron_lm.tiny import step_of, tiny
 
 QWEN3_MOE = get_preset("qwen3-30b-a3b")  # 128 experts, top-8
@@ -132,18 +133,10 @@ def test_megatron_lm_refuses_padding_without_a_capacity() -> None:
 
 
 def test_the_capacity_flags_parse_and_the_drop_policy_is_named_ignored() -> None:
-    base = {
-        "--num-layers": 2,
-        "--hidden-size": 64,
-        "--num-attention-heads": 4,
-        "--seq-length": 128,
-        "--max-position-embeddings": 128,
-        "--micro-batch-size": 1,
-        "--num-experts": 4,
-    }
     args = parse_megatron_args(
         {
-            **base,
+            **REQUIRED,
+            "--num-experts": 4,
             "--moe-expert-capacity-factor": 1.25,
             "--moe-pad-expert-input-to-capacity": True,
             "--moe-token-drop-policy": "position",
