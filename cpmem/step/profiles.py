@@ -73,25 +73,10 @@ class ProfileSignature:
 
     @property
     def key(self) -> str:
-        parts = self.parts
-        return "|".join(parts[name] for name in KEY_ORDER)
+        return "|".join(self.parts.values())
 
 
-KEY_ORDER = (
-    "model",
-    "tp",
-    "cp",
-    "sp",
-    "ep",
-    "mode",
-    "modules",
-    "compiled",
-    "head",
-    "adapter",
-    "cp_comm",
-    "dtype_bytes",
-    "step",
-)
+KEY_ORDER = tuple(ProfileSignature("", 0, 0, "", "", False).parts)
 """The ``ProfileSignature`` field each of a key's ``|``-joined parts holds, in order."""
 
 KEY_FIELDS = len(KEY_ORDER)
