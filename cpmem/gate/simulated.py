@@ -191,8 +191,13 @@ def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
     if any(p.got(target.figure) is None for p in sel):
         return {**out, "met": False, "failing": [], "problem": "the policy does not price it"}
     heads = [(p.headroom(target.figure) or 0.0, p.row.config_id, p) for p in sel]
+    if target.judged is not None:  # the headroom read on the target's own estimate
+        judged = target.judged
+        heads = [(_judged_headroom(p, judged, target.figure), cid, p) for _, cid, p in heads]
     if target.kind == "coverage":
         failing = [cid for _, cid, p in heads if not p.covered(target.figure)]
+    elif target.kind == "central":
+        failing = [cid for h, cid, _ in heads if h < 0]
     else:
         assert target.bound is not None
         failing = [cid for h, cid, _ in heads if h > target.bound + 1e-12]
@@ -205,6 +210,14 @@ def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
         "max_headroom": max(h for h, _, _ in heads),
         "failing": failing,
     }
+
+
+def _judged_headroom(p: Priced, judged: Callable[[Step], Estimate], figure: Figure) -> float:
+    """The row's headroom over the simulator's central figure on ``judged``'s estimate."""
+    est = judged(p.step)
+    got = est.estimate_bytes if figure == "forward" else est.forward_backward_bytes
+    assert got is not None
+    return got / central(p.peak(figure)) - 1
 
 
 def _bucket(tokens: int) -> str:

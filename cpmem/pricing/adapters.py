@@ -32,9 +32,17 @@ MASK_ELEMENTS = 0.5
 """A bool dropout mask in bf16 elements (1 B of 2)."""
 
 
-def _input_widths(geometry: ModelGeometry, tp: int) -> dict[str, tuple[str, float]]:
+def _input_widths(geometry: ModelGeometry, tp: int, part: str = "") -> dict[str, tuple[str, float]]:
     """Per target: the layer part it sits in (``attention``, ``gdn``, ``mlp``, ``expert``)
-    and the width of the adapter's input per token (experts: per routed row)."""
+    and the width of the adapter's input per token (experts: per routed row). Part
+    ``shared`` (an MoE layer's shared expert, a dense SwiGLU its ``fc1`` / ``fc2`` targets
+    name, as in the rank simulator's ``SharedExpertMLP``): fc1's and fc2's inputs at the
+    shared expert's width."""
+    if part == "shared":
+        return {
+            "fc1": ("shared", geometry.hidden),
+            "fc2": ("shared", geometry.shared_expert_ffn / tp),
+        }
     v = geometry.gdn_value_width
     qkv = float(geometry.hidden)
     if geometry.is_mla:  # each projection's own dropout mask: both down, both up inputs
@@ -61,7 +69,9 @@ def projections(geometry: ModelGeometry, target: str) -> int:
     return 1
 
 
-def pinned_width(geometry: ModelGeometry, target: str, tp: int, sp: bool, core_kept: bool) -> int:
+def pinned_width(
+    geometry: ModelGeometry, target: str, tp: int, sp: bool, core_kept: bool, part: str = ""
+) -> int:
     """Elements per token the harness's rank-1 adapter on ``target`` pins that nothing else
     keeps (a frozen megatron linear saves only its weight), given back where ``target``
     has no adapter: its ``A·x`` and ``A``'s saved input, where no other saved set keeps
@@ -71,8 +81,17 @@ def pinned_width(geometry: ModelGeometry, target: str, tp: int, sp: bool, core_k
     output. Rank simulator, Qwen3.5-4B, 8,192 tokens, selective core_attn, per layer: an
     MLP without adapters keeps H + F + 2 fewer at TP1 and H/2 + H + F/2 + 2 at TP2 (SP); an
     attention layer H + Q + 2 and H/2 + H + Q/2 + 2; a GDN layer about 1.5k/t more than
-    the H + V/t + 2 priced here (left priced). Routed experts: only their A·x."""
+    the H + V/t + 2 priced here (left priced). Routed experts, per row: the dispatched
+    input fc1's adapter saves and the scaled activation fc2's saves (a frozen grouped
+    linear saves neither) and their two A·x: ``H + F_e + 2`` (the rank simulator,
+    tests/oracle/test_tight_simulated_facts.py). A shared
+    expert's fc1: its SP-gathered input (the norm output stays, the router's gating saves
+    it); its fc2: the SwiGLU's output."""
     s = tp if sp and tp > 1 else 1
+    if part == "shared":
+        if target == "fc1":
+            return (geometry.hidden if s > 1 else 0) + 1
+        return geometry.shared_expert_ffn // tp + 1
     gathered = geometry.hidden // s + (geometry.hidden if s > 1 else 0)
     widths = {
         "qkv": gathered,
@@ -81,7 +100,7 @@ def pinned_width(geometry: ModelGeometry, target: str, tp: int, sp: bool, core_k
         "proj": 0 if core_kept else geometry.attention_output_width // tp,
         "gdn_out": geometry.gdn_value_width // tp,
         "fc2": geometry.ffn // tp,
-        "experts": 0,
+        "experts": geometry.hidden + geometry.expert_ffn,
     }
     return widths[target] + (2 if target == "experts" else 1)
 
@@ -105,11 +124,11 @@ def extra_width(
     if adapter.is_harness:
         return 0
     total = 0.0
-    for target, (where, width) in _input_widths(geometry, tp).items():
+    for target, (where, width) in _input_widths(geometry, tp, part).items():
         if where != part:
             continue
         if not adapter.adapts(target):
-            total -= pinned_width(geometry, target, tp, sp, core_kept)
+            total -= pinned_width(geometry, target, tp, sp, core_kept, part)
             continue
         total += projections(geometry, target) * (adapter.rank - 1)
         if adapter.dropout:

@@ -7,9 +7,9 @@ targets as the measured families' are, and measured against them here (not every
 meets them); the MoE families' rows are reported, as Qwen3.5-MoE's
 (``cpmem.samples.targets.SIMULATED_TARGETS``). What holds on every family
 row: ``tight`` covers the simulator's central figure (its peak plus the cold set-up
-every policy prices), forward and forward+backward, but on the MoE rows whose experts
-sit behind a ``moe`` checkpoint with EP wider than TP, whose recompute's row gradients
-``tight`` does not price there (docs/simulated-grid.md, "Family rows")."""
+every policy prices), forward and forward+backward; under its balanced routing each MoE
+family row is within 15% of it on the simulator's structure (docs/simulated-grid.md,
+"Family rows")."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from dataclasses import replace
 import pytest
 
 from cpmem.errors import InputError
+from cpmem.pricing.components import Component
 from cpmem.pricing.registry import price
+from cpmem.pricing.tight.policy import price_structure_only
 from cpmem.samples.rows import central, family, load_rows, required, row_step, simulated_dir
 from cpmem.samples.targets import SIMULATED_TARGETS
-from cpmem.step.recompute import Module
 from cpmem.step.trainer import CP_COMMS
 
 SIM = simulated_dir()
@@ -57,9 +58,6 @@ def test_every_family_has_forty_rows_over_the_layouts_heads_adapters_and_recompu
 def test_tight_covers_the_simulators_central_figure(family_rows):
     short = []
     for row, step in family_rows:
-        spanned = step.plan.layout.ep > step.plan.layout.tp
-        if step.geometry.is_moe and step.recompute.checkpoints(Module.MOE) and spanned:
-            continue
         estimate = price(step, "tight")
         if estimate.estimate_bytes < central(row.forward_peak):
             short.append((row.config_id, "forward"))
@@ -159,3 +157,57 @@ def test_the_dense_families_rows_against_the_dense_targets(family_rows):
     assert len(core_attn_mlp) == 20
     assert set(over) == core_attn_mlp
     assert max(over.values()) <= 0.21
+
+
+def test_the_moe_families_balanced_rows_within_15_percent_on_the_simulators_structure(
+    family_rows,
+):
+    """``MoE balanced rows, forward`` (``SIMULATED_TARGETS``): under the balanced routing
+    each MoE family row's forward figure on the simulator's structure
+    (``price_structure_only``) is within 15% of the simulator's central figure. The
+    policy's own figure adds the measured runtime's query-wide tensor per ungated
+    attention layer (``UNGATED_RUNTIME_Q``, which the simulator does not keep): read on
+    it, the target fails, on ungated-attention models only (gpt-oss, Qwen3-MoE), and by
+    no more than that tensor."""
+    target = next(t for t in SIMULATED_TARGETS["tight"] if t.name == "MoE balanced rows, forward")
+    assert target.bound == 0.15 and target.judged is price_structure_only
+    rows = [(row, step) for row, step in family_rows if target.selects(step)]
+    assert {step.geometry.family for _, step in rows} == {"qwen3_moe", "gpt_oss", "deepseek_v3"}
+    assert len(rows) == 108
+    over_own, over_structure = {}, {}
+    for row, step in rows:
+        own, structure = price(step, "tight"), price_structure_only(step)
+        peak = central(row.forward_peak)
+        if own.estimate_bytes / peak - 1 > target.bound:
+            over_own[row.config_id] = step
+        if structure.estimate_bytes / peak - 1 > target.bound:
+            over_structure[row.config_id] = step
+        if step.geometry.attention_output_gate or step.geometry.is_mla:
+            assert own.estimate_bytes == structure.estimate_bytes
+    assert over_structure == {}
+    assert over_own  # the runtime's query tensor, read in, breaks the bound
+    assert {s.geometry.family for s in over_own.values()} <= {"gpt_oss", "qwen3_moe"}
+
+
+def test_the_structure_only_figure_leaves_out_the_runtime_query_tensor_alone():
+    """``price_structure_only`` differs from ``tight`` by ``UNGATED_RUNTIME_Q`` query
+    widths per ungated attention layer and token of the kept set, nothing else; on a
+    gated (hybrid) model and under Megatron-LM's runtime (which keeps none) not at all."""
+    from cpmem.api import describe_step as build_step
+    from cpmem.pricing.tight.calibrated import UNGATED_RUNTIME_Q
+
+    step = build_step(
+        "qwen3-30b-a3b", [4096], tp=2, ep=2, recompute="selective", modules="core_attn"
+    )
+    own, structure = price(step, "tight"), price_structure_only(step)
+    g = step.geometry
+    query = UNGATED_RUNTIME_Q * g.q_width // 2 * g.attention_layers * 4096 * step.dtype_bytes
+    kept = Component.RETAINED_ACTIVATIONS
+    assert own.components[kept] - structure.components[kept] == query
+    same = {k for k in own.components if own.components[k] == structure.components[k]}
+    assert set(own.components) - same <= {kept, Component.MARGIN_FACTOR}
+    for other in (
+        build_step("qwen3.5-27b", [4096], tp=2),
+        build_step("qwen3-30b-a3b", [4096], tp=2, ep=2, runtime="megatron-lm"),
+    ):
+        assert price(other, "tight").estimate_bytes == price_structure_only(other).estimate_bytes

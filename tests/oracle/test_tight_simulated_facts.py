@@ -225,3 +225,113 @@ def test_a_checkpointed_moe_backward_at_ep_above_tp_holds_four_row_wide_buffers(
     result = simulate_rank(model, within, Recompute.parse("selective", "core_attn+moe"), ep=2)
     row_wide = result.expert_rows * model.hidden * BF16
     assert _PeakStorages.at_peak.count(row_wide) == 1 + MOE_CHECKPOINT_BACKWARD_ROW_H
+
+
+# ------------------------------------------ what an MoE layer gathers over TP under SP
+
+
+def _moe_kept_per_local_token(shared_ffn: int, tp: int, modules: str, **adapters: object) -> float:
+    """The simulator's ``moe``-labelled bytes retained after forward, per MoE layer and
+    local (SP) token, balanced at EP = TP."""
+    model = replace(SMALL, hidden=256, shared_expert_ffn=shared_ffn)  # whole 512-B blocks
+    layout = RankLayout(tp, 1, 0, (TOKENS,), (TOKENS,), (GdnPiece(TOKENS),), TOKENS, tp > 1)
+    rc = Recompute.parse("selective", modules)
+    result = simulate_rank(model, layout, rc, ep=tp, routing="balanced", **adapters)  # type: ignore[arg-type]
+    return result.components["retained"]["moe"] / (LAYERS * TOKENS // tp)
+
+
+def test_an_moe_layer_gathers_over_tp_only_for_its_shared_expert() -> None:
+    """``moe.kept_width`` / ``moe.shared_width``: the router and the ``alltoall``
+    dispatcher run on the rank's sequence shard, so an MoE layer without a shared expert
+    keeps per local token at TP2 under SP exactly what it keeps per token at TP1 (no
+    ``H``-wide gathered copy, which a dense layer's LoRA input would add); a shared
+    expert's ``fc1`` adapter saves its SP-gathered input (``H`` per global token, two per
+    local token at TP2). Under a ``moe`` checkpoint the layer keeps the same with or
+    without a shared expert: the gathered copy is recomputed. ``tight``'s
+    ``moe.kept_width`` keeps ``2H/s`` on both."""
+    from cpmem.model.presets import get_preset
+    from cpmem.pricing.tight import moe
+
+    routed_only = (_moe_kept_per_local_token(0, tp, "core_attn") for tp in (1, 2))
+    assert len(set(routed_only)) == 1
+    with_shared = {tp: _moe_kept_per_local_token(32, tp, "core_attn") for tp in (1, 2)}
+    # per local token the shared SwiGLU's F_s/t set is TP1's; what TP2 adds is gathered:
+    # H per global token (2H per local token) and fc1's rank-1 A·x on the gathered rows
+    gathered = with_shared[2] - with_shared[1]
+    assert gathered == (2 * 256 + 1) * BF16
+    checkpointed = {
+        (shared, tp): _moe_kept_per_local_token(shared, tp, "core_attn+moe")
+        for shared in (0, 32)
+        for tp in (1, 2)
+    }
+    assert len(set(checkpointed.values())) == 1
+    # tight: the norm's input and output on the sequence shard, with or without one
+    for name in ("qwen3-30b-a3b", "qwen3.5-35b-a3b"):
+        geometry = get_preset(name)
+        assert moe.kept_width(geometry, 2, True) == geometry.hidden  # 2H/2
+        assert moe.kept_width(geometry, 1, False) == 2 * geometry.hidden
+
+
+@pytest.mark.parametrize(
+    ("rank", "dropout", "targets"),
+    [(16, 0.0, "all"), (1, 0.0, "qkv,proj,experts"), (4, 0.1, "qkv,fc1"), (8, 0.1, "qkv,fc2")],
+)
+def test_a_shared_experts_adapters_keep_what_tight_adds_for_them(
+    rank: int, dropout: float, targets: str
+) -> None:
+    """``adapters.extra_width(..., "shared")``: a shared expert's ``fc1`` / ``fc2``
+    adapters keep ``r - 1`` more values per token each, a dropout mask of their input,
+    and give back what the harness's rank-1 adapter pinned where a target is dropped
+    (fc1: its gathered input; fc2: the SwiGLU's output). The shared expert's part is the
+    simulator's MoE layer with it less without it, at TP2 SP; per global token. The
+    row-parallel ``fc2`` adapter's R-wide partial is reduce-scattered under SP, so the
+    simulator keeps it per local token where ``tight`` counts it whole, as on a dense
+    MLP's ``fc2``: ``(1 - 1/s)`` of it, the one difference."""
+    from cpmem.model.presets import get_preset
+    from cpmem.pricing import adapters
+    from cpmem.step.trainer import Adapter
+
+    def shared_part(**step: object) -> float:
+        kept = [_moe_kept_per_local_token(f, 2, "core_attn", **step) for f in (32, 0)]
+        return (kept[0] - kept[1]) / 2 / BF16  # per global token, elements
+
+    step = {"lora_rank": rank, "lora_dropout": dropout, "lora_targets": targets}
+    got = shared_part(**step) - shared_part()
+    # extra_width("shared") reads H and F_s only: the simulator's, on an MoE preset
+    geometry = replace(get_preset("qwen3.5-35b-a3b"), hidden=256, shared_expert_ffn=32)
+    adapter = Adapter(rank, dropout, targets)
+    fc2_partial = (adapter.rank - 1) if adapter.adapts("fc2") else -1  # the pinned rank-1
+    assert adapters.extra_width(geometry, adapter, 2, "shared", sp=True) == got + fc2_partial / 2
+
+
+@pytest.mark.parametrize(
+    ("rank", "dropout", "targets"),
+    [(16, 0.0, "all"), (64, 0.0, "qkv,experts"), (8, 0.1, "all"), (1, 0.0, "qkv,fc1,fc2")],
+)
+def test_expert_adapters_keep_what_tight_adds_per_routed_row(
+    rank: int, dropout: float, targets: str
+) -> None:
+    """``adapters.extra_width(..., "expert")`` per routed row: each routed expert's fc1
+    and fc2 adapters keep ``r - 1`` more values per row each and, with dropout, a bool
+    mask of their inputs (``H`` and ``F_e``); experts left without adapters give back the
+    harness's two rank-1 activations. Per row = (concentrated - balanced) / the extra
+    rows, as ``MOE_ROW_SMALL`` is read, with the step's adapters less the harness's."""
+    from cpmem.model.presets import get_preset
+    from cpmem.pricing import adapters
+    from cpmem.step.trainer import Adapter
+
+    model = replace(SMALL, hidden=256, shared_expert_ffn=0)
+
+    def per_row(**step: object) -> float:
+        rc = Recompute.parse("selective", "core_attn")
+        layout = _layout()
+        run = {
+            r: simulate_rank(model, layout, rc, ep=EP, routing=r, **step)
+            for r in ("concentrated", "balanced")
+        }  # type: ignore[arg-type]
+        rows = LAYERS * (run["concentrated"].expert_rows - run["balanced"].expert_rows)
+        return (run["concentrated"].retained_bytes - run["balanced"].retained_bytes) / rows / BF16
+
+    got = per_row(lora_rank=rank, lora_dropout=dropout, lora_targets=targets) - per_row()
+    geometry = replace(get_preset("qwen3-30b-a3b"), hidden=256, expert_ffn=model.expert_ffn)
+    assert adapters.extra_width(geometry, Adapter(rank, dropout, targets), TP, "expert") == got

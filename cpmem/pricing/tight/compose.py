@@ -42,11 +42,17 @@ peak = embedding 15.7 MB + rope + 440.4 MB (28 layers' outputs, the last one inc
 
 
 def tight_widths(
-    geometry: ModelGeometry, step: Step, tp: int | None = None, sp: bool | None = None
+    geometry: ModelGeometry,
+    step: Step,
+    tp: int | None = None,
+    sp: bool | None = None,
+    runtime_q: int | None = None,
 ) -> TightWidths:
     """One model's tight widths at the plan's TP/SP (or at ``tp``/``sp``), for the
     step's execution mode, recompute path and adapters (``cpmem.pricing.adapters``: what
-    they keep beyond the harness's rank-1 LoRA, in the part of the layer they sit in)."""
+    they keep beyond the harness's rank-1 LoRA, in the part of the layer they sit in).
+    ``runtime_q``: the Q-multiples the runtime keeps beyond the structure on ungated
+    attention (default ``attention.q_extra``: the step's runtime's)."""
     layout = step.plan.layout
     tp = layout.tp if tp is None else tp
     sp = layout.sp if sp is None else sp
@@ -59,7 +65,7 @@ def tight_widths(
         tp,
         eager_none,
         sp,
-        attention.q_extra(step),
+        attention.q_extra(step) if runtime_q is None else runtime_q,
         step.settings.runtime.attention_backend,
     )
     core -= attention.gather_freed_width(step, tp)
@@ -73,11 +79,14 @@ def tight_widths(
     if gdn_width:
         gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn", sp=sp)
     rows = step.expert_rows_per_token(tp) if geometry.is_moe else Fraction(0)
-    moe_width = moe.saved_width(geometry, tp, sp, rows, step.compiled)
+    lora = step.settings.training == "lora"
+    moe_width = moe.saved_width(geometry, tp, sp, rows, step.compiled, lora)
     if moe_width:
         moe_width += sandwich
         expert = adapters.extra_width(geometry, step.adapter, tp, "expert", sp=sp)
         moe_width += math.ceil(rows * expert)
+        if geometry.shared_expert_ffn:
+            moe_width += adapters.extra_width(geometry, step.adapter, tp, "shared", sp=sp)
     return TightWidths(
         common=common,
         attention_core=core,
@@ -86,6 +95,7 @@ def tight_widths(
         mlp=common + sandwich + masks + mlp_core if "dense" in geometry.mlps else 0,
         mlp_core=mlp_core,
         moe=moe_width,
+        moe_kept=moe.kept_width(geometry, tp, sp) + sandwich if geometry.is_moe else 0,
         layer_input=geometry.hidden // sp_divisor(tp, sp),
         tp=tp,
     )
@@ -150,7 +160,7 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
         # input the checkpoint keeps
         width += mlp.nograd_width(geometry, w)
     if rc.checkpoints(Module.MOE) and geometry.moe_layers:
-        width += moe.checkpointed_width(w)
+        width += moe.checkpointed_forward_width(geometry, w, step)
     if "attention" in geometry.mixers:
         # an attention layer's CP exchange (p2p's chunks, a2a's copy) is live while it runs
         width = max(width, cp_comm.forward_in_flight_width(step))

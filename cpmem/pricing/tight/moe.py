@@ -13,7 +13,6 @@ from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
 from cpmem.pricing.tight.mlp import swiglu_saved
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import common_width, sp_divisor
-from cpmem.step.routing import spanned_groups
 from cpmem.step.step import Step
 
 MOE_ROW_EAGER_F = 6
@@ -83,25 +82,55 @@ sets is 49,808 elements per token concentrated (8 rows) and 12,932 balanced (2 r
 eager and compiled alike = ``rows·(3H + 2) + (H + 2E)/s``."""
 
 
+def kept_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
+    """Elements per token an MoE sub-layer keeps outside its ``MoELayer`` (all a ``moe``
+    checkpoint keeps of it): its pre-MLP norm's input and output (``2H/s``; the norm
+    output is the checkpoint's input and the router's, which the router's gating linear
+    saves). No SP-gathered copy: the router and the ``alltoall`` dispatcher take the
+    rank's sequence shard (megatron-core 0.16 ``MoELayer.forward``;
+    ``MoEAlltoAllTokenDispatcher`` at expert TP 1 gathers nothing over TP), and a shared
+    expert's gathered input (``shared_width``) is recomputed inside the checkpoint. Rank
+    simulator (tests/oracle/test_tight_simulated_facts.py): per local token the same at
+    TP1 and TP2 SP, with and without a shared expert; gpt-oss-20B TP8 EP8 SP
+    ``core_attn+moe``: 717 elements per token and MoE layer retained (``2H/8`` = 720)
+    where a dense layer's norm/LoRA input (``common_width``) would add ``H``. The
+    measured Qwen3.5-35B-A3B ``core_attn+moe`` cells (TP4 SP, a shared expert) are
+    covered with it at +0.5% to +11.3% forward."""
+    return common_width(geometry, tp, sp, lora=False)
+
+
+def shared_width(geometry: ModelGeometry, tp: int, sp: bool, compiled: bool, lora: bool) -> int:
+    """Elements per token a shared expert keeps (the harness's adapters on its ``fc1``
+    and ``fc2``; ``cpmem.pricing.adapters`` adds or gives back the step's): its SwiGLU's
+    saved set (``c·F_s/t``), the SP-gathered input its ``fc1`` adapter saves (``H``, under
+    SP with LoRA: a trained ``fc1`` saves its own shard, the norm output), and a gated
+    product's saved expert output (``H`` per local token). 0 without a shared expert."""
+    if not geometry.shared_expert_ffn:
+        return 0
+    s = sp_divisor(tp, sp)
+    width = swiglu_saved(geometry, compiled) * geometry.shared_expert_ffn // tp
+    width += geometry.hidden if s > 1 and lora else 0
+    return width + (geometry.hidden // s if geometry.shared_expert_gate else 0)
+
+
 def saved_width(
     geometry: ModelGeometry,
     tp: int,
     sp: bool,
     rows: Fraction,
     compiled: bool,
+    lora: bool = True,
 ) -> int:
     """Elements per (global) token one MoE layer keeps:
 
-    - the common norm/LoRA input (``common_width``: the local norm output, the shared
-      expert's SP-gathered input and the layer's output);
+    - the norm's input and output (``2H/s``, ``kept_width``);
     - per routed row (``rows`` per token: ``Step.expert_rows_per_token``, the routing
       the caller states) its
       ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
       ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
       ``MOE_ROW_SMALL``;
     - the router per local token: ``MOE_ROUTER_PER_TOPK·top_k + E/2``;
-    - the shared expert: its SwiGLU's saved set (``c·F_s/t``) and the gated product's
-      saved expert output (``H`` per local token).
+    - the shared expert (``shared_width``).
 
     The reference's ``moe_width`` keeps ``2H + c·F_e`` per row (a second H-wide copy the
     simulator's megatron code has not).
@@ -120,11 +149,8 @@ def saved_width(
     router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
     if geometry.router_scoring != "topk_softmax":
         router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
-    shared = 0
-    if geometry.shared_expert_ffn:
-        shared = swiglu_saved(geometry, compiled) * geometry.shared_expert_ffn // tp
-        shared += h // s if geometry.shared_expert_gate else 0
-    return common_width(geometry, tp, sp) + routed + router + shared
+    shared = shared_width(geometry, tp, sp, compiled, lora)
+    return common_width(geometry, tp, sp, lora=False) + routed + router + shared
 
 
 def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -178,21 +204,20 @@ def backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
 
 MOE_CHECKPOINT_BACKWARD_ROW_H = 3
 """H-multiples per expert row the last MoE layer's backward holds beside the saved set its
-``moe`` checkpoint recomputed, at that backward's peak, where the EP group is wider than
-TP (the rows crossed the EP all-to-all from other TP groups): three of the fresh row
-buffers of ``MOE_BACKWARD_ROW_H`` (the gradients of the combine's all-to-all and
-un-sort and of the experts' output) are live at once beside the recomputed dispatched
-input and the expert GLU's saved set. Rank simulator, Qwen3-30B-A3B TP1 CP8 EP8 (4
-layers, 1,024 tokens a rank, 65,536 rows): at the backward's peak four [rows, H] buffers
-(one the recomputed dispatched input), the fc1 output [rows, 2F_e] and four [rows, F_e];
-without the term the grid's ``core_attn+moe`` rows at EP > TP fell 4-19% short of the
-simulator's forward+backward peak (gpt-oss-20B TP1 CP8 EP8: -19.2%), with it the 40 such
-rows are covered at +3.9% to +33%. Not priced at EP <= TP, though the simulator shows
-the same four buffers there (TP2 EP2): the measured Qwen3.5-35B-A3B ``core_attn+moe``
-cells (TP4 EP4) are covered without it at +6.3% to +17.1% forward+backward (+13% to +25%
-with it) and no grid row at EP <= TP falls short without it; which tensor of the
-measured runtime the simulator's buffers stand for there is not found. No Megatron-LM
-recording runs a ``moe`` checkpoint: this term is the simulator's alone."""
+``moe`` checkpoint recomputed, at that backward's peak: three of the fresh row buffers of
+``MOE_BACKWARD_ROW_H`` (the gradients of the combine's all-to-all and un-sort and of the
+experts' output) are live at once beside the recomputed dispatched input and the expert
+GLU's saved set. Rank simulator (tests/oracle/test_tight_simulated_facts.py): four
+[rows, H] buffers at that peak at EP > TP (TP1 CP2 EP2) and at EP = TP (TP2 EP2 SP);
+Qwen3-30B-A3B TP1 CP8 EP8 (4 layers, 1,024 tokens a rank, 65,536 rows): four [rows, H],
+the fc1 output [rows, 2F_e] and four [rows, F_e]. Without the term the grid's
+``core_attn+moe`` rows fall short of the simulator's forward+backward peak by up to 19.2%
+at EP > TP (gpt-oss-20B TP1 CP8 EP8) and 13.5% at EP = TP (gpt-oss-20B TP8 EP8). The
+measured Qwen3.5-35B-A3B ``core_attn+moe`` cells (TP4 EP4) are covered with it at +1.1%
+to +12.4% forward+backward; their backward rises less above the forward peak than the
+simulator's (139/182/357 MiB measured, 172/296/593 simulated: oracles/rank_sim/README.md),
+so the term is the simulator's bound there, not a measured figure. No Megatron-LM
+recording runs a ``moe`` checkpoint."""
 
 CLAMPED_GLU_BACKWARD_F = 3
 """F_e-multiples per expert row a clamped GLU's backward (gpt-oss's interleaved clamped
@@ -206,9 +231,6 @@ def checkpoint_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     """Elements per token the last MoE layer's backward holds beside the saved set its
     ``moe`` checkpoint recomputed (``MOE_CHECKPOINT_BACKWARD_ROW_H``, and a clamped GLU's
     gradients, ``CLAMPED_GLU_BACKWARD_F``)."""
-    layout = step.plan.layout
-    if spanned_groups(layout.ep, w.tp) == 1:
-        return 0
     rows = step.expert_rows_per_token(w.tp)
     per_row = MOE_CHECKPOINT_BACKWARD_ROW_H * geometry.hidden
     if geometry.activation_clamp is not None and not step.compiled:
@@ -222,20 +244,41 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     H-wide buffers (``MOE_DISPATCH_ROW_H``: the permuted rows, the all-to-all's output,
     the sorted copy) and the experts' fc1 output formed as base + LoRA delta + sum
     (``LORA_SUM_COPIES x 2F_e``); the shared expert's own such moment (``3 x 2F_s/t``);
-    the norm output, the SP-gathered input and the dense probs per token. Rank simulator,
+    the norm output and the dense probs per token. A shared expert's SP-gathered input is
+    freed once its fc1 has run, before the routed rows peak: not added. Rank simulator,
     Qwen3-30B-A3B TP2 EP2 SP full recompute, 8,192 tokens: the forward's MoE rise beside
-    the layer inputs is 78,912 elements per token at 8 rows (this: 8 x 10,752 + 1,088)."""
+    the layer inputs is 78,912 elements per token at 8 rows (this: 8 x 10,752 + 1,152);
+    Moonlight-16B-A3B (shared experts) at TP2-8 full recompute: within 15% over the
+    simulator without the gathered copy, up to 24% with it."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
     rows = step.expert_rows_per_token(tp)
     h = geometry.hidden
     per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * geometry.expert_ffn
+    s = sp_divisor(tp, sp)
     shared = LORA_SUM_COPIES * 2 * geometry.shared_expert_ffn // tp
-    per_token = (2 * geometry.num_experts) // sp_divisor(tp, sp)
-    return math.ceil(rows * per_row) + shared + w.common - w.layer_input + per_token
+    per_token = (2 * geometry.num_experts) // s
+    return math.ceil(rows * per_row) + shared + w.moe_kept - w.layer_input + per_token
 
 
 def checkpointed_width(w: TightWidths) -> int:
     """What a ``moe`` checkpoint drops and its recompute (or its no-grad forward) holds
-    again: the layer's saved set beyond the common norm/LoRA input."""
-    return w.moe - w.common
+    again: the layer's saved set beyond its norm's input and output (``kept_width``)."""
+    return w.moe - w.moe_kept
+
+
+def checkpointed_forward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token a checkpointed MoE layer's forward holds beside the kept set:
+    the forward runs without gradients (megatron's reentrant ``tensor_parallel.checkpoint``),
+    so its peak is the no-grad pass's (``nograd_width``, less the norm output the
+    checkpoint keeps), or its saved set where wider (the recompute in backward forms it;
+    compiled runs keep fewer tensors per row than eager ones). The measured
+    Qwen3.5-35B-A3B ``core_attn+moe`` cells (TP4 EP4, concentrated): forward peak minus
+    retained is 18.0-18.4 KB per expert row (oracles/rank_sim/README.md, "Forward
+    transient"), the no-grad pass's ``3H + 6·F_e`` = 9,216 elements = 18.4 KB, where the
+    saved set's ``H + 6·F_e + 4`` is 10.2 KB; priced that way the six cells are covered
+    at +0.2% to +11.3% forward, and the rank simulator's Moonlight TP1 CP8 EP8 row (two
+    [rows, H], two [rows, 2F_e] and two [rows, F_e] live at its forward peak) is covered
+    too."""
+    nograd = nograd_width(geometry, w, step) - (w.moe_kept - w.layer_input)
+    return max(checkpointed_width(w), nograd)

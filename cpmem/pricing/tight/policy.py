@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import math
 
+from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import Component
 from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.registry import Ignore, register_policy
 from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS, Margin
-from cpmem.pricing.tight.compose import POLICY, Structure, priced_tokens, structural_terms
+from cpmem.pricing.tight.compose import (
+    POLICY,
+    Structure,
+    priced_tokens,
+    structural_terms,
+    tight_widths,
+)
+from cpmem.pricing.tight.widths import TightWidths
 from cpmem.step.step import Step
 
 
@@ -115,6 +123,23 @@ TIGHT_IGNORES: dict[str, str | Ignore] = {
         where=backend_unpriced,
     ),
 }
+
+
+def _structure_widths(geometry: ModelGeometry, step: Step) -> TightWidths:
+    return tight_widths(geometry, step, runtime_q=0)
+
+
+STRUCTURE_ONLY = Structure(widths=_structure_widths)
+"""``tight`` on the rank simulator's structure alone: the measured runtime's query-wide
+tensor per ungated attention layer beyond it (``UNGATED_RUNTIME_Q``, which the
+simulator does not keep: its validated attention-only miss) left out."""
+
+
+def price_structure_only(step: Step) -> Estimate:
+    """``step`` priced on the simulator's structure alone (``STRUCTURE_ONLY``): the figure
+    a headroom over the simulator is read on where the policy adds what a measured runtime
+    keeps beyond it (the simulated tier's MoE target, ``cpmem.samples.targets``)."""
+    return price_tight(step, structure=STRUCTURE_ONLY)
 
 
 @register_policy("tight", ignores=TIGHT_IGNORES)

@@ -27,5 +27,8 @@ class TightWidths(LayerWidths):
 
     attention_core: int
     mlp_core: int
+    moe_kept: int
+    """What an MoE sub-layer keeps outside its ``MoELayer`` (``moe.kept_width``): all a
+    ``moe`` checkpoint keeps of it."""
     tp: int
     """The TP degree the widths are sharded by (workspaces added to them follow it)."""

@@ -76,7 +76,8 @@ def test_segment_states_spared_is_the_most_that_covers_the_hybrid_cells(
     of ``n`` segments. With one spared ``tight`` covers every measured hybrid cell; with
     two spared (``2n - 2``) it misses the short two-segment cells, where the states are
     the largest share of the peak (the 27B TP4 and TP8 64+64 cells, the 4B CP2 64+64
-    cell), and only cells of at most 512 tokens."""
+    cell), and of the dense hybrids only cells of at most 512 tokens (the hybrid MoE's
+    checkpointed cells sit within 1% of their peak, so any byte less misses them)."""
     hybrid = _family(lambda s: s.geometry.gdn_layers > 0)
     assert _misses(hybrid) == set()
     monkeypatch.setattr(gdn, "SEGMENT_STATES_SPARED", SEGMENT_STATES_SPARED + 1)
@@ -87,7 +88,8 @@ def test_segment_states_spared_is_the_most_that_covers_the_hybrid_cells(
         "cp:4b-selective:64+64 forward",
     } <= missed
     short = {c[0] for c in hybrid if c[1].plan.logical_tokens <= 512}
-    assert {m.rsplit(" ", 1)[0] for m in missed} <= short
+    dense = {c[0] for c in hybrid if not c[1].geometry.is_moe}
+    assert {m.rsplit(" ", 1)[0] for m in missed} & dense <= short
 
 
 def test_moe_compiled_row_fp32_is_the_least_that_covers_the_compiled_moe_cells(
