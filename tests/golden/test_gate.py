@@ -531,7 +531,7 @@ TIGHT_BOUNDS = {
     "dense/hybrid < 2,048 tokens, forward": "max headroom <= +19.0%",
     "dense/hybrid < 2,048 tokens, forward+backward": "max headroom <= +35.0%",
     "MoE concentrated, forward": "coverage 100%",
-    "MoE balanced, forward": "max headroom <= +25.0%",
+    "MoE balanced, forward": "max headroom <= +15.0%",
 }
 MOE = "Qwen/Qwen3.5-35B-A3B"
 
