@@ -150,7 +150,7 @@ def saved_width(
     if geometry.router_scoring != "topk_softmax":
         router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
     shared = shared_width(geometry, tp, sp, compiled, lora)
-    return common_width(geometry, tp, sp, lora=False) + routed + router + shared
+    return kept_width(geometry, tp, sp) + routed + router + shared
 
 
 def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
