@@ -190,10 +190,7 @@ def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
         }
     if any(p.got(target.figure) is None for p in sel):
         return {**out, "met": False, "failing": [], "problem": "the policy does not price it"}
-    heads = [(p.headroom(target.figure) or 0.0, p.row.config_id, p) for p in sel]
-    if target.judged is not None:  # the headroom read on the target's own estimate
-        judged = target.judged
-        heads = [(_judged_headroom(p, judged, target.figure), cid, p) for _, cid, p in heads]
+    heads = [(_headroom(p, target), p.row.config_id, p) for p in sel]
     if target.kind == "coverage":
         failing = [cid for _, cid, p in heads if not p.covered(target.figure)]
     elif target.kind == "central":
@@ -212,12 +209,15 @@ def measure(target: Target, priced: Sequence[Priced]) -> dict[str, Any]:
     }
 
 
-def _judged_headroom(p: Priced, judged: Callable[[Step], Estimate], figure: Figure) -> float:
-    """The row's headroom over the simulator's central figure on ``judged``'s estimate."""
-    est = judged(p.step)
-    got = est.estimate_bytes if figure == "forward" else est.forward_backward_bytes
+def _headroom(p: Priced, target: Target) -> float:
+    """The row's headroom over the simulator's central figure, on the target's own
+    estimate where it names one (``Target.judged``), else on the policy's."""
+    if target.judged is None:
+        return p.headroom(target.figure) or 0.0
+    est = target.judged(p.step)
+    got = est.estimate_bytes if target.figure == "forward" else est.forward_backward_bytes
     assert got is not None
-    return got / central(p.peak(figure)) - 1
+    return got / central(p.peak(target.figure)) - 1
 
 
 def _bucket(tokens: int) -> str:

@@ -56,7 +56,8 @@ def tight_widths(
     layout = step.plan.layout
     tp = layout.tp if tp is None else tp
     sp = layout.sp if sp is None else sp
-    common = common_width(geometry, tp, sp, lora=step.settings.training == "lora")
+    lora = step.settings.training == "lora"
+    common = common_width(geometry, tp, sp, lora=lora)
     sandwich = sandwich_width(geometry, tp, sp)  # the post-norm's input, outside the cores
     masks = dropout_mask_width(geometry, tp, sp)  # each sub-layer's residual dropout
     eager_none = not step.compiled and step.recompute.keeps_everything
@@ -79,7 +80,6 @@ def tight_widths(
     if gdn_width:
         gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn", sp=sp)
     rows = step.expert_rows_per_token(tp) if geometry.is_moe else Fraction(0)
-    lora = step.settings.training == "lora"
     moe_width = moe.saved_width(geometry, tp, sp, rows, step.compiled, lora)
     if moe_width:
         moe_width += sandwich
