@@ -64,7 +64,7 @@ class ModelGeometry:
     # Qwen3-Next, Qwen3.5, Gemma 3; not Llama, Mistral, Qwen2, Gemma 2, gpt-oss; latent
     # attention normalises its compressed query and KV instead: ``cpmem.model.hf_families``):
     # its two head_dim-wide weights, and in ``tight`` the saved query copy and the freed
-    # CP-gathered projection that depend on it (``cpmem.pricing.tight.attention``)
+    # CP-gathered projection that depend on it (``cpmem.pricing.kinds.attention``)
     qk_norm: bool = True
     # the LM head's final logit soft-capping ``cap * tanh(logits / cap)`` (Gemma 2)
     final_logit_softcap: float | None = None
@@ -231,16 +231,42 @@ class ModelGeometry:
         return tuple((mixer, mlp, n) for (mixer, mlp), n in counts.items())
 
     @cached_property
+    def mixer_kinds(self) -> tuple[str, ...]:
+        """The distinct mixer kinds of the stack, in the order it first shows them."""
+        return tuple(dict.fromkeys(self.mixers))
+
+    @cached_property
+    def mlp_kinds(self) -> tuple[str, ...]:
+        """The distinct feed-forward kinds of the stack, in the order it first shows them."""
+        return tuple(dict.fromkeys(self.mlps))
+
+    def mixer_count(self, kind: str) -> int:
+        """How many layers have a mixer of ``kind``."""
+        return self._mixer_counts.get(kind, 0)
+
+    def mlp_count(self, kind: str) -> int:
+        """How many layers have a feed-forward block of ``kind``."""
+        return self._mlp_counts.get(kind, 0)
+
+    @cached_property
+    def _mixer_counts(self) -> dict[str, int]:
+        return {k: self.mixers.count(k) for k in self.mixer_kinds}
+
+    @cached_property
+    def _mlp_counts(self) -> dict[str, int]:
+        return {k: self.mlps.count(k) for k in self.mlp_kinds}
+
+    @property
     def gdn_layers(self) -> int:
-        return sum(1 for k in self.mixers if k == "gdn")
+        return self.mixer_count("gdn")
 
     @property
     def attention_layers(self) -> int:
-        return self.layers - self.gdn_layers
+        return self.mixer_count("attention")
 
-    @cached_property
+    @property
     def moe_layers(self) -> int:
-        return sum(1 for k in self.mlps if k == "moe")
+        return self.mlp_count("moe")
 
     @property
     def is_hybrid(self) -> bool:

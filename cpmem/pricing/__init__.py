@@ -5,4 +5,5 @@ built-in policies (``reference``, ``global``, ``tight``); the registry itself im
 no policy, so there is no import circle.
 """
 
-from cpmem.pricing import reference, tight  # noqa: F401  (registers the built-in policies)
+from cpmem.pricing import reference  # noqa: F401  (registers reference and global)
+from cpmem.pricing.tight import policy  # noqa: F401  (registers tight)

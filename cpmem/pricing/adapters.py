@@ -21,11 +21,7 @@ PEFT-ordered dropout and per-projection targets (oracles/rank_sim).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing.widths import LayerWidths, moe_rows_per_token
-from cpmem.step.step import MoeRouting
 from cpmem.step.trainer import Adapter
 
 MASK_ELEMENTS = 0.5
@@ -136,27 +132,3 @@ def extra_width(
             if target == "proj" and core_kept:
                 total += width
     return int(total)
-
-
-def with_adapters(
-    widths: LayerWidths,
-    geometry: ModelGeometry,
-    adapter: Adapter,
-    tp: int,
-    ep: int,
-    routing: MoeRouting,
-    core_kept: bool,
-    sp: bool,
-) -> LayerWidths:
-    """Reference widths (the harness's) with what ``adapter`` keeps beyond them added to
-    the layer kind each adapted projection sits in (a routed expert's per row)."""
-    if adapter.is_harness:
-        return widths
-    rows = moe_rows_per_token(geometry, ep, routing, tp=tp) if geometry.is_moe else 0
-    return replace(
-        widths,
-        attention=widths.attention + extra_width(geometry, adapter, tp, "attention", core_kept, sp),
-        gdn=widths.gdn + (extra_width(geometry, adapter, tp, "gdn", sp=sp) if widths.gdn else 0),
-        mlp=widths.mlp + (extra_width(geometry, adapter, tp, "mlp", sp=sp) if widths.mlp else 0),
-        moe=widths.moe + rows * extra_width(geometry, adapter, tp, "expert", sp=sp),
-    )

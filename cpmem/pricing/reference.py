@@ -13,17 +13,20 @@ from dataclasses import dataclass
 
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing.adapters import with_adapters
+from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.cold import COLD_SETUP
 from cpmem.pricing.components import Component
 from cpmem.pricing.cp_comm import kept_remote_ranks
 from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.gathered import gathered_kv_bytes
 from cpmem.pricing.head import head_bytes
+from cpmem.pricing.kinds import mixer_spec, mlp_spec
+from cpmem.pricing.kinds.gdn import segment_state_bytes
 from cpmem.pricing.registry import Ignore, register_policy, runtime_cp_comm, unpriced_options
-from cpmem.pricing.widths import LayerWidths, layer_widths
+from cpmem.pricing.widths import LayerWidths, common_width, sp_divisor
 from cpmem.step.recompute import Mode, Module, Recompute
 from cpmem.step.step import Step
+from cpmem.step.trainer import Adapter
 
 SAFETY = 1.10
 CALIBRATED_CP = 2
@@ -33,23 +36,42 @@ Qwen3.5-4B CP 2 cells without recompute, and every simulated CP 2 row, are cover
 each CP rank beyond it adds its gathered K/V (``cpmem.pricing.gathered``)."""
 
 
-def segment_state_bytes(geometry: ModelGeometry, tp: int, dtype_bytes: int = 2) -> int:
-    """Per gradient-enabled segment and GDN layer: initial and final fp32 recurrent
-    state plus the convolution history, sharded by TP."""
-    k, v = geometry.gdn_key_width, geometry.gdn_value_width
-    state = 4 * geometry.gdn_value_heads * geometry.gdn_key_dim * geometry.gdn_value_dim
-    conv = dtype_bytes * (2 * k + v) * (geometry.gdn_conv_kernel - 1)
-    return int((2 / tp) * (state + conv))
-
-
 def static_floor_layers(geometry: ModelGeometry) -> int:
     """The legacy floor's multiplier: clamp(L / 4 + 4, 4, 16) (integer division)."""
     return min(max(geometry.layers // 4 + 4, 4), 16)
 
 
+def layer_widths(
+    geometry: ModelGeometry,
+    layout: ParallelLayout,
+    adapter: Adapter | None = None,
+    core_kept: bool = False,
+) -> LayerWidths:
+    """The reference widths of every kind the model has at one TP/SP/EP layout, with
+    what ``adapter`` keeps beyond the harness's (each kind's spec: ``reference_width``;
+    ``core_kept``: no ``core_attn`` checkpoint drops the attention's core)."""
+    tp, sp = layout.tp, layout.sp
+    adapter = Adapter() if adapter is None else adapter
+    saved = {
+        k: mixer_spec(k).reference_width(geometry, layout, adapter, core_kept)
+        for k in geometry.mixer_kinds
+    }
+    saved.update(
+        {
+            k: mlp_spec(k).reference_width(geometry, layout, adapter, core_kept)
+            for k in geometry.mlp_kinds
+        }
+    )
+    return LayerWidths(
+        common=common_width(geometry, tp, sp),
+        layer_input=geometry.hidden // sp_divisor(tp, sp),
+        saved=saved,
+    )
+
+
 def feature_width(geometry: ModelGeometry, widths: LayerWidths, recompute: Recompute) -> int:
     """Elements retained per token over all layers, for one recompute setting."""
-    kinds = [(widths.mixer(mix) + widths.ffn(ffn), n) for mix, ffn, n in geometry.layer_kinds]
+    kinds = [(widths.of(mix) + widths.of(ffn), n) for mix, ffn, n in geometry.layer_kinds]
     widest = max(width for width, _ in kinds)
     if recompute.full:
         # each layer keeps its input; backward recomputes one layer at a time
@@ -58,12 +80,8 @@ def feature_width(geometry: ModelGeometry, widths: LayerWidths, recompute: Recom
         # nothing is kept; one layer's forward transients are live at a time
         return widest
     features = sum(width * n for width, n in kinds)
-    if recompute.checkpoints(Module.MLP) and "dense" in geometry.mlps:
-        dense = sum(1 for k in geometry.mlps if k == "dense")
-        features -= (dense - 1) * (widths.mlp - widths.layer_input)
-    if recompute.checkpoints(Module.MOE) and geometry.moe_layers:
-        # the router/dispatch input stays (common width); one layer recomputes
-        features -= (geometry.moe_layers - 1) * (widths.moe - widths.common)
+    for k in geometry.mlp_kinds:
+        features -= mlp_spec(k).reference_dropped(widths, recompute, geometry.mlp_count(k))
     return features
 
 
@@ -139,11 +157,8 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     geometry, plan, rc = step.geometry, step.plan, step.recompute
     layout = plan.layout
     b = step.dtype_bytes
-    widths = layer_widths(geometry, layout.tp, layout.sp, layout.ep, "concentrated")
     core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
-    widths = with_adapters(
-        widths, geometry, step.adapter, layout.tp, layout.ep, "concentrated", core_kept, layout.sp
-    )
+    widths = layer_widths(geometry, layout, step.adapter, core_kept)
     features = feature_width(geometry, widths, rc)
     segments = plan.grad_segments if rc.keeps_gradients else 0
     seg_bytes = structure.segment_states(step)

@@ -48,6 +48,7 @@ from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.param_buffers import buffer_shard
 from cpmem.pricing.weights import rank_weights, stage_tensors
 from cpmem.pricing.workspaces import workspace_components
@@ -132,50 +133,15 @@ def adapter_parameters(
 def _adapter_parameters(
     geometry: ModelGeometry, adapter: Adapter, layout: ParallelLayout, held: tuple[int, ...]
 ) -> int:
-    """``adapter_parameters`` over the ``held`` layers (cached: every estimate prices its
-    static memory)."""
-    g, tp, r = geometry, layout.tp, adapter.rank
-    h = g.hidden
-    gdn_out = 2 * g.gdn_key_width + 2 * g.gdn_value_width + 2 * g.gdn_value_heads
-    per_kind: dict[str, dict[str, int]] = {
-        "attention": _attention_adapters(g, tp),
-        "gdn": {"gdn_in": h + gdn_out // tp, "gdn_out": g.gdn_value_width // tp + h},
-        "dense": {"fc1": h + 2 * g.ffn // tp, "fc2": g.ffn // tp + h},
+    """``adapter_parameters`` over the ``held`` layers, each kind's by its spec (cached:
+    every estimate prices its static memory)."""
+    per_mixer = {
+        k: mixer_spec(k).adapter_parameters(geometry, adapter, layout) for k in geometry.mixer_kinds
     }
-    total = 0
-    for mixer, mlp in ((g.mixers[i], g.mlps[i]) for i in held):
-        for target, width in per_kind[mixer].items():
-            total += r * width if adapter.adapts(target) else 0
-        if mlp == "dense":
-            total += sum(r * w for t, w in per_kind["dense"].items() if adapter.adapts(t))
-            continue
-        shared = g.shared_expert_ffn
-        for target, width in (("fc1", h + 2 * shared // tp), ("fc2", shared // tp + h)):
-            total += r * width if shared and adapter.adapts(target) else 0
-        if adapter.adapts("experts"):
-            local = g.num_experts // layout.ep
-            total += local * r * ((h + 2 * g.expert_ffn) + (g.expert_ffn + h))
-    return total
-
-
-def _attention_adapters(g: ModelGeometry, tp: int) -> dict[str, int]:
-    """Per attention target: the (in + out) widths of its adapters' factors on one rank.
-    ``qkv`` is one fused projection, or under MLA the query's and KV's down and up
-    projections (the down projections replicated, the up projections' outputs sharded);
-    ``proj`` the output projection."""
-    h = g.hidden
-    proj = g.attention_output_width // tp + h
-    if not g.is_mla:
-        q_out = g.q_width * (2 if g.attention_output_gate else 1) + 2 * g.kv_width
-        return {"qkv": h + q_out // tp, "proj": proj}
-    heads = g.q_heads
-    kv_up = g.kv_lora_rank + heads * (g.qk_nope_head_dim + g.v_head_dim) // tp
-    kv = (h + g.kv_lora_rank + g.qk_rope_head_dim) + kv_up
-    if g.q_lora_rank:
-        q = (h + g.q_lora_rank) + (g.q_lora_rank + heads * g.head_dim // tp)
-    else:
-        q = h + heads * g.head_dim // tp
-    return {"qkv": q + kv, "proj": proj}
+    per_mlp = {
+        k: mlp_spec(k).adapter_parameters(geometry, adapter, layout) for k in geometry.mlp_kinds
+    }
+    return sum(per_mixer[geometry.mixers[i]] + per_mlp[geometry.mlps[i]] for i in held)
 
 
 def static_memory(

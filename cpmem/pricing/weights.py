@@ -27,25 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.kinds import mixer_spec, mlp_spec
+from cpmem.pricing.layer_parameters import LayerParameters, norm_parameters
 
 WEIGHT_BYTES = 2
 """bf16, the dtype of every measured cell's frozen base."""
-
-
-@dataclass(frozen=True)
-class LayerParameters:
-    """One layer's parameters by how they are placed: ``sharded`` over TP, ``experts``
-    over EP (all routed experts together), ``replicated`` on every rank."""
-
-    sharded: int
-    experts: int
-    replicated: int
-
-    def on_rank(self, tp: int, ep: int, etp: int = 1) -> float:
-        return self.sharded / tp + self.experts / (ep * etp) + self.replicated
 
 
 def padded_vocab(geometry: ModelGeometry, tp: int) -> int:
@@ -55,75 +43,14 @@ def padded_vocab(geometry: ModelGeometry, tp: int) -> int:
     return -(-geometry.vocab // multiple) * multiple
 
 
-def norm_parameters(geometry: ModelGeometry, width: int) -> int:
-    """A norm's parameters over ``width``: RMSNorm's weight, LayerNorm's weight and bias."""
-    return 2 * width if geometry.norm == "layernorm" else width
-
-
 def mixer_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
-    """A token mixer's parameters, with the layer's input norm."""
-    g, h = geometry, geometry.hidden
-    sandwich = h if g.sandwich_norms else 0  # Gemma's post-attention norm
-    if kind == "attention" and g.is_mla:
-        return _mla_parameters(g, sandwich)
-    if kind == "attention":
-        q_out = g.q_width * (2 if g.attention_output_gate else 1)
-        sharded = h * (q_out + 2 * g.kv_width) + g.q_width * h
-        qk = 2 * norm_parameters(g, g.head_dim) if g.qk_norm else 0
-        replicated = norm_parameters(g, h) + sandwich + qk  # norms
-        if g.attention_bias:  # the QKV bias is sharded with its output, proj's is whole
-            sharded += q_out + 2 * g.kv_width
-            replicated += h
-        if g.attention_sinks:
-            sharded += g.q_heads
-        return LayerParameters(sharded, 0, replicated)
-    k, v, heads = g.gdn_key_width, g.gdn_value_width, g.gdn_value_heads
-    in_proj = h * (2 * k + 2 * v + 2 * heads)
-    conv = (2 * k + v) * g.gdn_conv_kernel
-    sharded = in_proj + conv + 2 * heads + v * h  # + dt_bias, A_log; out projection
-    return LayerParameters(sharded, 0, h + g.gdn_value_dim)  # input norm, gated out norm
-
-
-def fc1_width(geometry: ModelGeometry, ffn: int) -> int:
-    """fc1's output width for an MLP of ``ffn``: gate and up (``2F``) where gated, ``F``
-    for a plain GeLU / squared-ReLU MLP."""
-    return 2 * ffn if geometry.gated_mlp else ffn
+    """A token mixer's parameters, with the layer's input norm (its kind's spec)."""
+    return mixer_spec(kind).parameters(geometry)
 
 
 def mlp_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
-    """A feed-forward block's parameters, with its pre-MLP norm."""
-    g, h = geometry, geometry.hidden
-    # pre-MLP norm (and Gemma's post-MLP norm)
-    norms = norm_parameters(g, h) + (h if g.sandwich_norms else 0)
-    if kind == "dense":
-        fc1 = fc1_width(g, g.ffn)
-        bias = fc1 if g.mlp_bias else 0
-        return LayerParameters((fc1 + g.ffn) * h + bias, 0, norms + (h if g.mlp_bias else 0))
-    shared = (fc1_width(g, g.shared_expert_ffn) + g.shared_expert_ffn) * h
-    # the shared expert's sigmoid gate, H -> 1, replicated (none on DeepSeek-V3's)
-    gate = h if g.shared_expert_ffn and g.shared_expert_gate else 0
-    fc1 = fc1_width(g, g.expert_ffn)
-    per_expert = (fc1 + g.expert_ffn) * h + (fc1 + h if g.mlp_bias else 0)
-    router = h * g.num_experts + (g.num_experts if g.router_bias else 0)
-    return LayerParameters(shared, g.num_experts * per_expert, norms + router + gate)
-
-
-def _mla_parameters(g: ModelGeometry, sandwich: int) -> LayerParameters:
-    """Multi-head latent attention (megatron-core 0.16 ``MLASelfAttention``, HF
-    ``DeepseekV3Attention``): the query's down projection ``H x r_q`` and its norm (or a
-    plain ``H x heads·d`` query projection without ``q_lora_rank``), the KV down
-    projection to ``r_kv + d_rope`` and its norm, both replicated over TP; the query's and
-    KV's up projections (``r x heads·d``, ``r_kv x heads·(d_nope + d_v)``) and the output
-    projection sharded."""
-    h, heads = g.hidden, g.q_heads
-    q_up_in = g.q_lora_rank or h
-    sharded = q_up_in * heads * g.head_dim
-    sharded += g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim)
-    sharded += g.attention_output_width * h
-    replicated = h + sandwich + h * (g.kv_lora_rank + g.qk_rope_head_dim) + g.kv_lora_rank
-    if g.q_lora_rank:
-        replicated += h * g.q_lora_rank + g.q_lora_rank
-    return LayerParameters(sharded, 0, replicated)
+    """A feed-forward block's parameters, with its pre-MLP norm (its kind's spec)."""
+    return mlp_spec(kind).parameters(geometry)
 
 
 @dataclass(frozen=True)
@@ -193,62 +120,28 @@ class StageTensors:
 
 def layer_tensors(geometry: ModelGeometry, layer: int, tp: int) -> list[int]:
     """Element counts of layer ``layer``'s dense parameters on one TP rank (every tensor
-    but the routed experts'): the attention's QKV and output projections, the MLP's fc1
-    and fc2 (under MoE the router's ``[E, H]`` weight and the shared experts' MLP), the
-    two input norms, the biases and the q/k norms. Their sum is ``mixer_parameters`` +
-    ``mlp_parameters`` on the rank (a test holds it); the order is what megatron's
-    distributed-optimizer buffer pads tensor by tensor."""
-    g, h = geometry, geometry.hidden
-    if g.mixers[layer] != "attention" or g.is_mla or g.attention_output_gate:
-        raise InputError(
-            "training",
-            "full",
-            f"full-parameter training prices dense or MoE attention layers only "
-            f"({g.name}'s layer {layer} is {g.mixers[layer]}"
-            f"{', latent' if g.is_mla else ''}{', gated' if g.attention_output_gate else ''})",
-        )
-    if g.sandwich_norms or g.attention_sinks:
-        raise InputError(
-            "training", "full", f"full-parameter training does not price {g.name}'s extra norms"
-        )
-    qkv_out = g.q_width + 2 * g.kv_width
-    tensors = [qkv_out * h // tp, h * g.q_width // tp]
-    biases = [qkv_out // tp, h]  # a row-parallel bias is whole
-    widths = [g.ffn] if g.mlps[layer] == "dense" else []
-    if g.mlps[layer] == "moe":
-        tensors.append(g.num_experts * h)
-        if g.router_bias:
-            biases.append(g.num_experts)
-        if g.shared_expert_ffn:
-            widths.append(g.shared_expert_ffn)
-        if g.shared_expert_ffn and g.shared_expert_gate:
-            tensors.append(h)
-    for f in widths:
-        tensors += [fc1_width(g, f) * h // tp, h * f // tp]
-        biases += [fc1_width(g, f) // tp, h]
-    norm = [h, h] if g.norm == "layernorm" else [h]
-    tensors += norm + norm  # the attention's and the MLP's input norms
-    if g.attention_bias:
-        tensors += biases
-    if g.qk_norm:
-        qk = [g.head_dim] * (2 if g.norm == "layernorm" else 1)
-        tensors += qk + qk
-    return tensors
+    but the routed experts'), as its mixer's and its feed-forward block's specs give them:
+    both kinds' weights, then their norms, then their biases, then their per-head norms,
+    the order megatron's distributed-optimizer buffer pads tensor by tensor. Their sum is
+    ``mixer_parameters`` + ``mlp_parameters`` on the rank (a test holds it)."""
+    mixer = mixer_spec(geometry.mixers[layer]).trained_tensors(geometry, tp)
+    mlp = mlp_spec(geometry.mlps[layer]).trained_tensors(geometry, tp)
+    return [
+        *mixer.weights,
+        *mlp.weights,
+        *mixer.norms,
+        *mlp.norms,
+        *mixer.biases,
+        *mlp.biases,
+        *mixer.extra,
+        *mlp.extra,
+    ]
 
 
 def expert_tensors(geometry: ModelGeometry, layer: int, ep: int, etp: int) -> list[int]:
-    """Element counts of layer ``layer``'s routed experts on one rank: ``E / EP`` local
-    experts, each an MLP of ``expert_ffn`` whose linears are split over ETP (megatron's
-    ``SequentialMLP`` and ``TEGroupedMLP`` hold the same elements). Empty for a dense
-    layer."""
-    g, h = geometry, geometry.hidden
-    if g.mlps[layer] != "moe":
-        return []
-    f, fc1 = g.expert_ffn, fc1_width(g, g.expert_ffn)
-    one = [fc1 * h // etp, h * f // etp]
-    if g.mlp_bias:
-        one += [fc1 // etp, h]
-    return one * (g.num_experts // ep)
+    """Element counts of layer ``layer``'s routed experts on one rank (its feed-forward
+    kind's spec; empty for a block without routed experts)."""
+    return mlp_spec(geometry.mlps[layer]).expert_tensors(geometry, ep, etp)
 
 
 def stage_tensors(

@@ -9,6 +9,7 @@ sequence parallelism is on (and TP > 1), else 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
@@ -18,20 +19,17 @@ from cpmem.step.step import MoeRouting
 
 @dataclass(frozen=True)
 class LayerWidths:
-    """Elements retained per token by one layer of each kind, at one TP/SP setting."""
+    """Elements retained per token by one layer of each kind the model has, at one TP/SP
+    setting: ``saved`` by kind name (``ModelGeometry.mixers`` and ``mlps``), with the
+    input norm's ``common`` width and the layer input every kind shares."""
 
     common: int
-    attention: int
-    gdn: int
-    mlp: int
-    moe: int
     layer_input: int
+    saved: Mapping[str, int]
 
-    def mixer(self, kind: str) -> int:
-        return self.attention if kind == "attention" else self.gdn
-
-    def ffn(self, kind: str) -> int:
-        return self.moe if kind == "moe" else self.mlp
+    def of(self, kind: str) -> int:
+        """The width of a sub-layer of ``kind`` (0 for a kind the model does not have)."""
+        return self.saved.get(kind, 0)
 
 
 def sp_divisor(tp: int, sp: bool) -> int:
@@ -131,21 +129,3 @@ def moe_width(
     routed = rows * (2 * geometry.hidden + c * geometry.expert_ffn)
     shared = c * geometry.shared_expert_ffn // tp
     return common_width(geometry, tp, sp) + sandwich_width(geometry, tp, sp) + routed + shared
-
-
-def layer_widths(
-    geometry: ModelGeometry,
-    tp: int,
-    sp: bool,
-    ep: int = 1,
-    routing: MoeRouting = "concentrated",
-) -> LayerWidths:
-    """All reference widths of one model at one TP/SP/EP setting."""
-    return LayerWidths(
-        common=common_width(geometry, tp, sp),
-        attention=attention_width(geometry, tp, sp),
-        gdn=gdn_width(geometry, tp, sp) if geometry.is_hybrid else 0,
-        mlp=mlp_width(geometry, tp, sp) if "dense" in geometry.mlps else 0,
-        moe=moe_width(geometry, tp, sp, ep, routing),
-        layer_input=geometry.hidden // sp_divisor(tp, sp),
-    )

@@ -17,8 +17,8 @@ import pytest
 
 import cpmem.gate.megatron_tier as tier_module
 import cpmem.pricing.head as head_module
+import cpmem.pricing.kinds.moe as moe_module
 import cpmem.pricing.static as static_module
-import cpmem.pricing.tight.moe as moe_module
 import cpmem.pricing.weights as weights_module
 from cpmem.gate.megatron_tier import (
     CHECKS,

@@ -20,9 +20,9 @@ pytest.importorskip("megatron.core")
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from cpmem.pricing.tight.attention import FLASH_BACKWARD_DQ_Q  # noqa: E402
-from cpmem.pricing.tight.gdn import GDN_BACKWARD_WORKSPACE_V, GDN_CHUNK  # noqa: E402
-from cpmem.pricing.tight.moe import (  # noqa: E402
+from cpmem.pricing.kinds.attention import FLASH_BACKWARD_DQ_Q  # noqa: E402
+from cpmem.pricing.kinds.gdn import GDN_BACKWARD_WORKSPACE_V, GDN_CHUNK  # noqa: E402
+from cpmem.pricing.kinds.moe import (  # noqa: E402
     MOE_ROUTER_PER_TOPK,
     MOE_ROW_COMPILED_F,
     MOE_ROW_EAGER_F,
@@ -212,7 +212,7 @@ def test_a_checkpointed_moe_backward_at_ep_above_tp_holds_four_row_wide_buffers(
     input and three of the backward's fresh row buffers. At EP = TP (TP2 EP2 SP) the
     simulator holds the same four, where tight does not price them (its docstring says
     why): this asserts the disagreement it names."""
-    from cpmem.pricing.tight.moe import MOE_CHECKPOINT_BACKWARD_ROW_H
+    from cpmem.pricing.kinds.moe import MOE_CHECKPOINT_BACKWARD_ROW_H
     from oracles.rank_sim import runner
 
     model = replace(SMALL, hidden=256)  # an H-wide row is 512 B: whole blocks
@@ -250,7 +250,7 @@ def test_an_moe_layer_gathers_over_tp_only_for_its_shared_expert() -> None:
     without a shared expert: the gathered copy is recomputed. ``tight``'s
     ``moe.kept_width`` keeps ``2H/s`` on both."""
     from cpmem.model.presets import get_preset
-    from cpmem.pricing.tight import moe
+    from cpmem.pricing.kinds import moe
 
     routed_only = (_moe_kept_per_local_token(0, tp, "core_attn") for tp in (1, 2))
     assert len(set(routed_only)) == 1

@@ -38,14 +38,14 @@ from cpmem.model.geometry import ModelGeometry  # noqa: E402
 from cpmem.model.presets import MEASURED, PRESETS  # noqa: E402
 from cpmem.plan.layout import ParallelLayout  # noqa: E402
 from cpmem.plan.plan import explicit_plan  # noqa: E402
-from cpmem.pricing.tight.attention import ROPE_TABLES  # noqa: E402
+from cpmem.pricing.kinds.attention import ROPE_TABLES  # noqa: E402
+from cpmem.pricing.kinds.moe import dispatcher_state_width  # noqa: E402
 from cpmem.pricing.tight.compose import (  # noqa: E402
     forward_transient_width,
     full_backward_width,
     kept_width,
     tight_widths,
 )
-from cpmem.pricing.tight.moe import dispatcher_state_width  # noqa: E402
 from cpmem.pricing.tight.widths import TightWidths  # noqa: E402
 from cpmem.step.describe import describe_step  # noqa: E402
 from cpmem.step.step import Step  # noqa: E402
@@ -218,10 +218,10 @@ def retained_width(geometry: ModelGeometry, w: TightWidths, inputs: Step) -> int
 
 def _tight_field(w: TightWidths, kind: str) -> int:
     if kind.endswith("attention"):
-        return w.attention
+        return w.of("attention")
     if kind == "gdn":
-        return w.gdn
-    return w.mlp
+        return w.of("gdn")
+    return w.of("dense")
 
 
 @cache
@@ -425,7 +425,7 @@ def _moe_part(model: str, w: TightWidths) -> int:
     """tight's MoE width where every layer is MoE (unmeasured by the oracle), else 0."""
     g = PRESETS[model]
     assert set(g.mlps) in ({"dense"}, {"moe"})
-    return w.moe if "moe" in g.mlps else 0
+    return w.of("moe")
 
 
 @pytest.mark.parametrize("model", sorted(MEASURED))

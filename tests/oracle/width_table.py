@@ -89,9 +89,10 @@ def reason_for(row: Row) -> str:
 
 def _cpmem_widths(name: str):  # type: ignore[no-untyped-def]
     from cpmem.model.presets import PRESETS
-    from cpmem.pricing.widths import layer_widths
+    from cpmem.plan.layout import ParallelLayout
+    from cpmem.pricing.reference import layer_widths
 
-    return layer_widths(PRESETS[name], tp=1, sp=False)
+    return layer_widths(PRESETS[name], ParallelLayout())
 
 
 def _row(
@@ -115,7 +116,7 @@ def compute_rows(seq: int = SEQ, models: tuple[str, ...] | None = None) -> list[
         ref = _cpmem_widths(name)
         m = measure_reference(geo, "attention", seq)
         rows.append(
-            _row(name, "attention", "none", "torch-sdpa", m, None, ref.attention, "attention")
+            _row(name, "attention", "none", "torch-sdpa", m, None, ref.of("attention"), "attention")
         )
         if geo.gdn_key_heads:
             for impl, variant in (
@@ -123,12 +124,14 @@ def compute_rows(seq: int = SEQ, models: tuple[str, ...] | None = None) -> list[
                 ("torch-fused-kernel/grouped-qk", "no-repeat"),
             ):
                 m = measure_reference(geo, "gdn", seq, variant=variant)
-                rows.append(_row(name, "gdn", "none", impl, m, None, ref.gdn, "gdn"))
-        if ref.mlp:  # dense MLP models only (the MoE preset has none)
+                rows.append(_row(name, "gdn", "none", impl, m, None, ref.of("gdn"), "gdn"))
+        if ref.of("dense"):  # dense MLP models only (the MoE preset has none)
             variants = ["fused"] if geo.fused_swiglu else ["unfused", "unfused-sigmoid"]
             for act in variants:
                 m = measure_reference(geo, "mlp", seq, variant=act)
-                rows.append(_row(name, "mlp", "none", f"torch-{act}", m, None, ref.mlp, "mlp"))
+                rows.append(
+                    _row(name, "mlp", "none", f"torch-{act}", m, None, ref.of("dense"), "mlp")
+                )
         if not geo.gated_attention:  # megatron's local spec builds the ungated dense layer
             rows += _megatron_rows(name, geo, ref, seq)
     return rows
@@ -140,10 +143,12 @@ def _megatron_rows(name: str, geo: OracleGeometry, ref, seq: int) -> list[Row]: 
         for mode in ("none", "selective-core_attn"):
             m = measure_megatron(geo, mode, seq, fused_norm=fused)
             rows.append(
-                _row(name, "attention", mode, impl, m, "attention", ref.attention, "attention")
+                _row(
+                    name, "attention", mode, impl, m, "attention", ref.of("attention"), "attention"
+                )
             )
             if mode == "none":
-                rows.append(_row(name, "mlp", mode, impl, m, "mlp", ref.mlp, "mlp"))
+                rows.append(_row(name, "mlp", mode, impl, m, "mlp", ref.of("dense"), "mlp"))
         if fused:
             m = measure_megatron(geo, "selective-mlp", seq, fused_norm=True)
             rows.append(
@@ -157,7 +162,7 @@ def _megatron_rows(name: str, geo: OracleGeometry, ref, seq: int) -> list[Row]: 
             from cpmem.model.presets import PRESETS
 
             layers = PRESETS[name].layers
-            full_ref = ref.layer_input + (ref.attention + ref.mlp) // layers
+            full_ref = ref.layer_input + (ref.of("attention") + ref.of("dense")) // layers
             rows.append(
                 _row(name, "layer", "full", impl, m, None, full_ref, "H + (attention + mlp) / L")
             )

@@ -33,8 +33,8 @@ from cpmem.model.presets import PRESETS, get_preset
 from cpmem.plan.layout import round_up
 from cpmem.plan.planners import PLANNERS
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.kinds import attention
 from cpmem.pricing.registry import price
-from cpmem.pricing.tight import attention
 from cpmem.step.describe import describe_step
 from cpmem.step.step import Step
 

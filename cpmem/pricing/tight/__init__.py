@@ -6,8 +6,8 @@ and execution mode (eager/compiled, fused/unfused SwiGLU), keeps every fixed cos
 own component, prices the backward's first moment, and adds one small documented margin
 (a factor and fixed allowances) fitted so that every measured rank-sample is covered.
 
-- ``attention``, ``gdn``, ``mlp``, ``moe``: one layer kind each: its saved set, its peak
-  without gradients, its backward, with their constants beside them;
+- the layer kinds it composes are ``cpmem.pricing.kinds`` (one module each: the saved
+  set, the peak without gradients, the backward, with their constants beside them);
 - ``widths``: the widths of one model at one layout, which every kind reads;
 - ``calibrated``: what was chosen from measured cells rather than counted, and the
   fitted ``MARGIN``, each with its evidence;
@@ -16,6 +16,8 @@ own component, prices the backward's first moment, and adds one small documented
 
 Its targets, the margin fit, the leave-out studies and its report live in the suite
 (``cpmem.gate``, ``cpmem.calibration``, ``cpmem.reports``).
-"""
 
-from cpmem.pricing.tight import policy  # noqa: F401  (registers "tight")
+Importing ``cpmem.pricing`` registers the policy (``policy``); this package's own
+``__init__`` imports nothing, so a layer kind may read ``widths`` and ``calibrated``
+without loading the policy.
+"""

@@ -10,25 +10,17 @@ study replaces (``cpmem.gate``), so the policy itself holds no mutant switch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing import adapters, cp_comm
 from cpmem.pricing.components import Component
 from cpmem.pricing.head import head_bytes
-from cpmem.pricing.tight import attention, gdn, mlp, moe
-from cpmem.pricing.tight.calibrated import (
-    COLD_SETUP,
-    CP_HYBRID_BACKWARD_AUTOTUNE,
-    LOSS_BACKWARD_OUTPUTS,
-    Margin,
-)
+from cpmem.pricing.kinds import attention, mixer_spec, mlp_spec
+from cpmem.pricing.kinds.spec import LayerKindSpec, TightContext
+from cpmem.pricing.tight.calibrated import COLD_SETUP, LOSS_BACKWARD_OUTPUTS, Margin
 from cpmem.pricing.tight.widths import TightWidths
 from cpmem.pricing.widths import common_width, sandwich_width, sp_divisor
-from cpmem.step.recompute import Module
 from cpmem.step.step import Step
 
 FINAL_HIDDEN_STATES = 1
@@ -50,55 +42,48 @@ def tight_widths(
 ) -> TightWidths:
     """One model's tight widths at the plan's TP/SP (or at ``tp``/``sp``), for the
     step's execution mode, recompute path and adapters (``cpmem.pricing.adapters``: what
-    they keep beyond the harness's rank-1 LoRA, in the part of the layer they sit in).
-    ``runtime_q``: the Q-multiples the runtime keeps beyond the structure on ungated
-    attention (default ``attention.q_extra``: the step's runtime's)."""
+    they keep beyond the harness's rank-1 LoRA, in the part of the layer they sit in):
+    every kind the model has, by its spec (``cpmem.pricing.kinds``). ``runtime_q``: the
+    Q-multiples the runtime keeps beyond the structure on ungated attention (default
+    ``attention.q_extra``: the step's runtime's)."""
     layout = step.plan.layout
     tp = layout.tp if tp is None else tp
     sp = layout.sp if sp is None else sp
     lora = step.settings.training == "lora"
-    common = common_width(geometry, tp, sp, lora=lora)
-    sandwich = sandwich_width(geometry, tp, sp)  # the post-norm's input, outside the cores
-    masks = dropout_mask_width(geometry, tp, sp)  # each sub-layer's residual dropout
-    eager_none = not step.compiled and step.recompute.keeps_everything
-    core = attention.core_width(
-        geometry,
-        tp,
-        eager_none,
-        sp,
-        attention.q_extra(step) if runtime_q is None else runtime_q,
-        step.settings.runtime.attention_backend,
-    )
-    core -= attention.gather_freed_width(step, tp)
-    core += attention.softmax_stats_width(step, tp)
-    rc = step.recompute
-    core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
-    core += adapters.extra_width(geometry, step.adapter, tp, "attention", core_kept, sp)
-    mlp_core = mlp.core_width(geometry, tp, step.compiled)
-    mlp_core += adapters.extra_width(geometry, step.adapter, tp, "mlp", sp=sp)
-    gdn_width = gdn.saved_width(geometry, common, tp)
-    if gdn_width:
-        gdn_width += adapters.extra_width(geometry, step.adapter, tp, "gdn", sp=sp)
-    rows = step.expert_rows_per_token(tp) if geometry.is_moe else Fraction(0)
-    moe_width = moe.saved_width(geometry, tp, sp, rows, step.compiled, lora)
-    if moe_width:
-        moe_width += sandwich
-        expert = adapters.extra_width(geometry, step.adapter, tp, "expert", sp=sp)
-        moe_width += math.ceil(rows * expert)
-        if geometry.shared_expert_ffn:
-            moe_width += adapters.extra_width(geometry, step.adapter, tp, "shared", sp=sp)
-    return TightWidths(
-        common=common,
-        attention_core=core,
-        attention=common + sandwich + masks + core,
-        gdn=gdn_width,
-        mlp=common + sandwich + masks + mlp_core if "dense" in geometry.mlps else 0,
-        mlp_core=mlp_core,
-        moe=moe_width,
-        moe_kept=moe.kept_width(geometry, tp, sp) + sandwich if geometry.is_moe else 0,
-        layer_input=geometry.hidden // sp_divisor(tp, sp),
+    ctx = TightContext(
+        geometry=geometry,
+        step=step,
         tp=tp,
+        sp=sp,
+        lora=lora,
+        common=common_width(geometry, tp, sp, lora=lora),
+        sandwich=sandwich_width(geometry, tp, sp),  # the post-norm's input, outside the cores
+        masks=dropout_mask_width(geometry, tp, sp),  # each sub-layer's residual dropout
+        eager_none=not step.compiled and step.recompute.keeps_everything,
+        runtime_q=attention.q_extra(step) if runtime_q is None else runtime_q,
     )
+    saved: dict[str, int] = {}
+    for spec in layer_specs(geometry):
+        saved.update(spec.tight_widths(ctx))
+    parts = {part: saved.pop(part, 0) for part in NAMED_PARTS}
+    return TightWidths(
+        common=ctx.common,
+        layer_input=geometry.hidden // sp_divisor(tp, sp),
+        saved=saved,
+        tp=tp,
+        **parts,
+    )
+
+
+NAMED_PARTS = ("attention_core", "mlp_core", "moe_kept")
+"""The parts of a kind's width ``TightWidths`` names beside the kinds' saved sets."""
+
+
+def layer_specs(geometry: ModelGeometry) -> list[LayerKindSpec]:
+    """The spec of every mixer and feed-forward kind the model has, mixers first, each
+    once, in the order the stack first shows it."""
+    specs: list[LayerKindSpec] = [mixer_spec(k) for k in geometry.mixer_kinds]
+    return specs + [mlp_spec(k) for k in geometry.mlp_kinds]
 
 
 DROPOUT_MASK_ELEMENTS = 0.5
@@ -119,19 +104,22 @@ def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token kept over all layers at the end of forward (what backward
     finds): every layer's saved set, less what a selective recompute drops; under full
     recompute the layer inputs its checkpoints keep; without gradients the current
-    layer's input only."""
+    layer's input only. Beside them what a kind keeps after its forward whatever the
+    recompute (an MoE dispatcher's state)."""
     rc = step.recompute
-    state = moe.dispatcher_state_width(geometry, w, step) if geometry.moe_layers else 0
+    state = sum(
+        geometry.mlp_count(k) * mlp_spec(k).after_forward(geometry, w, step)
+        for k in geometry.mlp_kinds
+    )
     if rc.full:
         return geometry.layers * w.layer_input + state
     if not rc.keeps_gradients:
         return w.layer_input + state
-    total = sum((w.mixer(m) + w.ffn(f)) * n for m, f, n in geometry.layer_kinds)
-    dense = sum(1 for kind in geometry.mlps if kind == "dense")
-    if rc.checkpoints(Module.MLP) and dense:
-        total -= dense * (w.mlp - w.layer_input)
-    if rc.checkpoints(Module.MOE) and geometry.moe_layers:
-        total -= geometry.moe_layers * moe.checkpointed_width(w)
+    total = sum((w.of(m) + w.of(f)) * n for m, f, n in geometry.layer_kinds)
+    for k in geometry.mixer_kinds:
+        total -= geometry.mixer_count(k) * mixer_spec(k).checkpoint_dropped(w, step)
+    for k in geometry.mlp_kinds:
+        total -= geometry.mlp_count(k) * mlp_spec(k).checkpoint_dropped(w, step)
     return total
 
 
@@ -139,53 +127,30 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
     """Elements per token only one layer holds while it runs, on top of the kept set:
     an MoE layer's dispatch and combine buffers where no ``moe`` checkpoint drops its
     saved set; a checkpointed MLP's no-grad working set, a checkpointed MoE's saved set;
-    under full recompute and no-grad the widest no-grad pass of a sub-layer. Freed
-    before backward starts."""
-    rc = step.recompute
-    if rc.one_layer_at_a_time:
-        candidates = [moe.nograd_width(geometry, w, step)] if geometry.moe_layers else []
-        if "attention" in geometry.mixers:
-            candidates.append(attention.nograd_width(geometry, w, step))
-        if "dense" in geometry.mlps:
-            # the MLP's residual input is mid-layer: no checkpoint keeps it
-            candidates.append(mlp.nograd_width(geometry, w) + w.layer_input)
-        if geometry.is_hybrid:
-            candidates.append(gdn.nograd_width(geometry, w))
-        return max(candidates)
-    width = 0
-    if geometry.moe_layers and not rc.checkpoints(Module.MOE):
-        width += moe.dispatch_width(geometry, w, step)
-    if rc.checkpoints(Module.MLP) and "dense" in geometry.mlps:
-        # the checkpointed MLP's forward runs without gradients, beside the residual
-        # input the checkpoint keeps
-        width += mlp.nograd_width(geometry, w)
-    if rc.checkpoints(Module.MOE) and geometry.moe_layers:
-        width += moe.checkpointed_forward_width(geometry, w, step)
-    if "attention" in geometry.mixers:
-        # an attention layer's CP exchange (p2p's chunks, a2a's copy) is live while it runs
-        width = max(width, cp_comm.forward_in_flight_width(step))
-    return width
+    a mixer's CP exchange in flight; under full recompute and no-grad the widest no-grad
+    pass of a sub-layer. Freed before backward starts."""
+    if step.recompute.one_layer_at_a_time:
+        return max(spec.nograd_width(geometry, w, step) for spec in layer_specs(geometry))
+    width = sum(mlp_spec(k).forward_transient(geometry, w, step) for k in geometry.mlp_kinds)
+    # a mixer's CP exchange (p2p's chunks, a2a's copy) is live while it runs
+    in_flight = [mixer_spec(k).forward_in_flight(step) for k in geometry.mixer_kinds]
+    return max(width, *in_flight)
 
 
 def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token the backward of one layer holds under full recompute on top of
     the layer inputs: the layer recomputed with gradients (its whole saved set, the
-    gathered K/V of an attention layer under CP) plus the MLP's backward buffers; in a
-    GDN layer, once the MLP is done, the mixer's backward; in an attention layer the
-    flash backward beside its recomputed mixer. The widest layer of the model."""
+    gathered K/V of an attention layer under CP) plus the feed-forward block's backward
+    buffers; then the mixer's own backward (a GDN kernel's once the MLP is done, the flash
+    backward beside an attention layer's recomputed mixer). The widest layer of the
+    model."""
     widest = 0
     for m, f, _ in geometry.layer_kinds:
-        mixer = attention.recompute_width(step, w) if m == "attention" else w.mixer(m)
-        ffn_backward = mlp.backward_buffers(geometry, w) if f == "dense" else 0
-        if f == "moe":  # recomputed with its dispatch buffers, then its backward's
-            ffn_backward = moe.dispatch_width(geometry, w, step) + moe.backward_width(
-                geometry, w, step
-            )
-        widest = max(widest, mixer + w.ffn(f) + ffn_backward)
-        if m == "gdn":
-            widest = max(widest, gdn.backward_width(geometry, w))
-        else:
-            widest = max(widest, mixer + attention.flash_backward_width(step, w.tp))
+        mixer_kind, ffn_kind = mixer_spec(m), mlp_spec(f)
+        mixer = mixer_kind.recompute_width(geometry, w, step)
+        ffn_backward = ffn_kind.full_backward_buffers(geometry, w, step)
+        widest = max(widest, mixer + w.of(f) + ffn_backward)
+        widest = max(widest, mixer_kind.full_backward_peak(geometry, w, step, mixer))
     return widest
 
 
@@ -194,32 +159,16 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     top of the retained set and the incoming gradient, or under full recompute the
     widest layer's recompute and backward (``full_backward_width``). Its FFN's backward
     runs first and frees what it recomputed before the mixer's starts, so the larger of
-    the two phases (``mlp.backward_phase`` or a checkpointed MoE's recompute;
-    ``attention.backward_phase``). Rank simulator, Qwen3.5-4B TP1 ``core_attn+mlp``
-    (8,192 tokens): 60,419 elements per token of backward buffers = ``2H + 6F`` + 3; the
-    dense CP 8 grid rows without recompute peak in the flash backward."""
+    the two phases (the kinds' ``backward_phase``: the MLP's buffers, a checkpointed MoE's
+    recompute, the attention's flash backward). Rank simulator, Qwen3.5-4B TP1
+    ``core_attn+mlp`` (8,192 tokens): 60,419 elements per token of backward buffers =
+    ``2H + 6F`` + 3; the dense CP 8 grid rows without recompute peak in the flash
+    backward."""
     if step.recompute.full:
         return full_backward_width(geometry, w, step)
-    mixer, ffn = geometry.mixers[-1], geometry.mlps[-1]
-    ffn_phase = 0
-    if ffn == "dense":
-        ffn_phase = mlp.backward_phase(geometry, w, step)
-    if ffn == "moe" and step.recompute.checkpoints(Module.MOE):
-        ffn_phase = moe.checkpointed_width(w) + moe.checkpoint_backward_width(geometry, w, step)
-    mixer_phase = attention.backward_phase(step, w) if mixer == "attention" else 0
+    ffn_phase = mlp_spec(geometry.mlps[-1]).backward_phase(geometry, w, step)
+    mixer_phase = mixer_spec(geometry.mixers[-1]).backward_phase(geometry, w, step)
     return max(ffn_phase, mixer_phase)
-
-
-def a2a_padding_bytes(step: Step, w: TightWidths, busiest: int, tokens: int) -> int:
-    """Under ``a2a`` the all-to-all pads every rank's share to the largest, so the
-    attention cores a rank keeps (``[CP·s, h/CP]`` after the exchange) are the busiest
-    rank's size: a rank of ``tokens`` below it keeps the difference too. Rank simulator,
-    Qwen3-1.7B TP1 CP2 4,096 tokens laid out 3,584 + 512 without recompute: the 512-token
-    rank peaks at 3.5 GiB."""
-    if step.cp_comm != "a2a" or tokens >= busiest or not step.recompute.keeps_saved_sets:
-        return 0
-    layers = step.geometry.attention_layers
-    return (busiest - tokens) * layers * w.attention_core * step.dtype_bytes
 
 
 def priced_tokens(step: Step) -> int:
@@ -287,8 +236,10 @@ def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
         first = max(head.kept, head.backward)
     last_layer = tokens * step.dtype_bytes * last_layer_backward_width(step.geometry, w, step)
     moment = max(first, local + last_layer)
-    if step.cold and step.plan.layout.cp > 1 and step.geometry.is_hybrid:
-        moment = max(moment, local + CP_HYBRID_BACKWARD_AUTOTUNE)
+    g = step.geometry
+    autotune = max(mixer_spec(k).cold_backward_bytes(step) for k in g.mixer_kinds)
+    if autotune:
+        moment = max(moment, local + autotune)
     return moment
 
 
@@ -359,6 +310,15 @@ class Structure:
 POLICY = Structure()
 
 
+STEP_TERM_ORDER = (
+    Component.ROPE_TABLES,
+    Component.EMBEDDING,
+    Component.ATTENTION_SCORES,
+    Component.CP_GATHERED_KV,
+)
+"""The order the step-level terms stand in an estimate's components."""
+
+
 def structural_terms(
     step: Step, structure: Structure = POLICY, tokens: int | None = None
 ) -> tuple[dict[str, int], dict[str, int]]:
@@ -370,52 +330,42 @@ def structural_terms(
     to the largest rank's count (the gathered outputs and K/V) is priced at the busiest
     rank's count whichever rank is asked for.
     """
-    geometry, plan = step.geometry, step.plan
+    geometry = step.geometry
     b = step.dtype_bytes
     w = structure.widths(geometry, step)
     busiest = priced_tokens(step)
     tokens = busiest if tokens is None else tokens
-    one_layer = step.recompute.one_layer_at_a_time
-    # under full recompute a layer's segment states live only while it (re)runs
-    state_layers = min(1, geometry.gdn_layers) if one_layer else geometry.gdn_layers
-    segments = gdn.rank_segments(step)
-    seg = state_layers * gdn.segment_states_bytes(geometry, segments, plan.layout.tp, b)
+    mixers = [mixer_spec(k) for k in geometry.mixer_kinds]
+    terms: dict[str, int] = {}
+    for mixer in mixers:  # what a kind holds for its layers beside the per-token widths
+        for name, value in mixer.step_terms(step, w, tokens, busiest).items():
+            terms[name] = terms.get(name, 0) + value
     outputs = step.outputs
     gathered_outputs = gathered_outputs_bytes(step, busiest)
     transient = tokens * b * forward_transient_width(geometry, w, step)
-    if "attention" in geometry.mixers:  # an unfused core recomputed: one layer's s x s
-        transient += attention.attention_scores_transient_bytes(step)
-    if "attention" in geometry.mixers:
-        # p2p's ring and a2a's exchange pad every rank's share to the largest: a smaller
-        # rank's buffers are the busiest's size (the rank simulator pads them likewise)
-        transient += max(0, busiest - tokens) * b * cp_comm.forward_in_flight_width(step)
-    if one_layer:
+    transient += sum(mixer.transient_bytes(step, tokens, busiest) for mixer in mixers)
+    if step.recompute.one_layer_at_a_time:
         # the outputs are formed after the last layer's pass: the forward peak is the
         # larger of the two on top of the layer inputs, not their sum; under full
         # recompute the last layer's output is live beside them (FINAL_HIDDEN_STATES)
         final = FINAL_HIDDEN_STATES * tokens * b * w.layer_input if step.recompute.full else 0
         transient = max(final, transient - outputs - gathered_outputs)
+    padding = sum(mixer.retained_padding_bytes(step, w, tokens, busiest) for mixer in mixers)
     forward: dict[str, int] = {
         Component.COLD_SETUP: structure.cold(step),
-        Component.SEGMENT_STATES: seg,
+        Component.SEGMENT_STATES: terms.pop(Component.SEGMENT_STATES, 0),
         Component.OUTPUTS: outputs,
         Component.GATHERED_OUTPUTS: gathered_outputs,
-        Component.RETAINED_ACTIVATIONS: tokens * b * kept_width(geometry, w, step)
-        + a2a_padding_bytes(step, w, busiest, tokens),
+        Component.RETAINED_ACTIVATIONS: tokens * b * kept_width(geometry, w, step) + padding,
         Component.LAYER_TRANSIENT: transient,
     }
-    rope = attention.rope_table_bytes(step, tokens)
-    if rope:  # a component only where the model has attention layers
-        forward[Component.ROPE_TABLES] = rope
     embedding = embedding_bytes(step, tokens)
     if embedding:
-        forward[Component.EMBEDDING] = embedding
-    scores = geometry.attention_layers * attention.attention_scores_bytes(step)
-    if scores:
-        forward[Component.ATTENTION_SCORES] = scores
-    gathered_kv = attention.cp_gathered_kv_bytes(step, busiest, tokens)
-    if gathered_kv:  # a component only where it applies (CP without core_attn recompute)
-        forward[Component.CP_GATHERED_KV] = gathered_kv
+        terms[Component.EMBEDDING] = embedding
+    # each a component only where it applies, in one order
+    for name in (*STEP_TERM_ORDER, *sorted(set(terms) - set(STEP_TERM_ORDER))):
+        if terms.get(name):
+            forward[name] = terms[name]
     head = head_bytes(step, tokens)
     backward = structure.backward(step, w, tokens)
     forward_backward = {k: v for k, v in forward.items() if k != Component.LAYER_TRANSIENT}

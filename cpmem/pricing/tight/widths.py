@@ -22,13 +22,14 @@ forward peak is the layer inputs plus ``2H + 6F`` (Qwen3.5-4B: 142,848 elements 
 
 @dataclass(frozen=True)
 class TightWidths(LayerWidths):
-    """Elements per token kept by one layer of each kind (oracle saved sets), plus the
-    parts a selective recompute drops: the core attention's and the SwiGLU's."""
+    """Elements per token kept by one layer of each kind (oracle saved sets, by kind name
+    in ``saved``), plus the parts a selective recompute drops: the core attention's and
+    the SwiGLU's."""
 
-    attention_core: int
-    mlp_core: int
-    moe_kept: int
-    """What an MoE sub-layer keeps outside its ``MoELayer`` (``moe.kept_width``): all a
-    ``moe`` checkpoint keeps of it."""
     tp: int
     """The TP degree the widths are sharded by (workspaces added to them follow it)."""
+    attention_core: int = 0
+    mlp_core: int = 0
+    moe_kept: int = 0
+    """What an MoE sub-layer keeps outside its ``MoELayer`` (``moe.kept_width``): all a
+    ``moe`` checkpoint keeps of it."""

@@ -19,9 +19,9 @@ from collections.abc import Callable
 import pytest
 from test_tight import CASES
 
-import cpmem.pricing.tight.attention as attention
-import cpmem.pricing.tight.gdn as gdn
-import cpmem.pricing.tight.moe as moe
+import cpmem.pricing.kinds.attention as attention
+import cpmem.pricing.kinds.gdn as gdn
+import cpmem.pricing.kinds.moe as moe
 from cpmem.pricing.registry import price
 from cpmem.pricing.tight.calibrated import (
     MOE_COMPILED_ROW_FP32_F,

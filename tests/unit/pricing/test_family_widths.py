@@ -16,7 +16,7 @@ from cpmem.model.presets import PRESETS
 from cpmem.pricing.cold import COLD_SETUP
 from cpmem.pricing.components import Component
 from cpmem.pricing.head import head_bytes
-from cpmem.pricing.tight import attention
+from cpmem.pricing.kinds import attention
 from cpmem.pricing.tight.compose import tight_widths
 from cpmem.pricing.widths import mla_core_width, moe_rows_per_token, sandwich_width
 
@@ -87,7 +87,7 @@ def test_sandwich_norms_keep_the_sub_layer_output_per_sub_layer():
     assert sandwich_width(gemma, 4, True) == gemma.hidden // 4
     assert sandwich_width(PRESETS["qwen3-1.7b"], 1, False) == 0
     w = tight_widths(gemma, _step("gemma-3-12b"))
-    assert w.mlp - w.mlp_core == 3 * gemma.hidden  # norm input + output + post-norm input
+    assert w.of("dense") - w.mlp_core == 3 * gemma.hidden  # norm input + output + post-norm input
 
 
 def test_soft_capped_logits_keep_tanhs_output():

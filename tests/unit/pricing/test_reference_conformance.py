@@ -132,8 +132,7 @@ def test_negative_controls_are_not_reproduced_and_reference_covers_their_peaks(r
 def test_check_values_from_pricing_md():
     # pricing.md: "27B features 8,142,848; 4B 2,449,408; 1.7B 1,462,272" and the segment
     # state bytes "27B at TP1: 6,414,336; 4B: 4,292,608".
-    from cpmem.pricing.reference import feature_width, segment_state_bytes
-    from cpmem.pricing.widths import layer_widths
+    from cpmem.pricing.reference import feature_width, layer_widths, segment_state_bytes
 
     for name, features in (
         ("qwen3.5-27b", 8_142_848),
@@ -141,7 +140,7 @@ def test_check_values_from_pricing_md():
         ("qwen3-1.7b", 1_462_272),
     ):
         g = load_model(name)
-        assert feature_width(g, layer_widths(g, 1, False), Recompute()) == features
+        assert feature_width(g, layer_widths(g, ParallelLayout()), Recompute()) == features
     assert segment_state_bytes(load_model("qwen3.5-27b"), 1) == 6_414_336
     assert segment_state_bytes(load_model("qwen3.5-4b"), 1) == 4_292_608
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cpmem.pricing.tight.attention import FLASH_BACKWARD_DQ_Q
-from cpmem.pricing.tight.moe import MOE_ROUTER_PER_TOPK, MOE_ROW_SMALL
+from cpmem.pricing.kinds.attention import FLASH_BACKWARD_DQ_Q
+from cpmem.pricing.kinds.moe import MOE_ROUTER_PER_TOPK, MOE_ROW_SMALL
 
 # element sizes in bytes (struct's standard sizes: "e" half, "f" float, "q" long long)
 BF16 = struct.calcsize("<e")  # bf16 has the half's 2 bytes

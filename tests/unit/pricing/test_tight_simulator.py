@@ -135,7 +135,7 @@ def test_ungated_attention_is_the_simulators_plus_the_measured_q() -> None:
     for mode, modules in (("none", None), ("selective", "core_attn")):
         w = tight_widths(g, _inputs(g, mode, modules))
         # tight leaves the simulator's small terms (fp32 softmax statistics: 84) to the margin
-        assert -128 <= w.attention - (15_444 + g.q_width) <= 0
+        assert -128 <= w.of("attention") - (15_444 + g.q_width) <= 0
 
 
 # ----------------------------------------------------------------------------------- MoE
@@ -183,7 +183,7 @@ def test_moe_width_is_the_simulators(
     measured_extra = rows * 2 * g.expert_ffn if compiled else 0
     # tight counts the router's per-token terms and the rank-1 intermediates as the
     # simulator lays them out; within 16 elements per token (0.05%)
-    assert abs(w.moe - (sim_layer + measured_extra)) <= 16
+    assert abs(w.of("moe") - (sim_layer + measured_extra)) <= 16
     # the reference's width keeps 2H per row: 7-8% over the simulator concentrated
     if routing == "concentrated" and not compiled:
         from cpmem.pricing.widths import moe_width
@@ -321,7 +321,7 @@ def test_attention_no_grad_pass_is_the_simulators(model: str, tp: int, sim: int)
     copies and the all-gather's two full-width copies beside the local projection:
     exactly the simulator's peak. tight priced the layer's ``common`` and three copies at
     the gather (+3,200 to +5,632 per token)."""
-    from cpmem.pricing.tight.attention import nograd_width
+    from cpmem.pricing.kinds.attention import nograd_width
 
     g = _model(model)
     plan = _plan(ParallelLayout(tp=tp, cp=1, sp=True), (TOKENS,))
@@ -343,7 +343,7 @@ def test_ungated_query_copy_only_where_a_rank_holds_several_groups() -> None:
     sim = 80_899_072 / 4096 / 2
     q_t = g.q_width // 8
     w = tight_widths(g, inputs)
-    assert -32 <= w.attention - (sim + q_t) <= 0
+    assert -32 <= w.of("attention") - (sim + q_t) <= 0
     tp1 = tight_widths(g, _inputs(g, "selective", "core_attn"))
     assert tp1.attention_core == (5 * g.q_width + 3 * g.kv_width)
 

@@ -1,5 +1,7 @@
-"""A Gated DeltaNet layer in ``tight``: its saved set, its peak without gradients, its
-backward workspace, and the recurrent segment states it keeps per gradient segment.
+"""The Gated DeltaNet mixer: its parameters and adapters, the reference's width and
+segment states, and in ``tight`` its saved set, its peak without gradients, its backward
+workspace, and the recurrent segment states it keeps per gradient segment (``GDN``, its
+spec).
 
 The chunked gated delta rule of fla-core 0.6.0 as the rank simulator lays it out
 (oracles/rank_sim/kernels.py), the saved-tensor oracle's widths (oracles/README.md)."""
@@ -7,10 +9,16 @@ The chunked gated delta rule of fla-core 0.6.0 as the rank simulator lays it out
 from __future__ import annotations
 
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing.reference import segment_state_bytes
-from cpmem.pricing.tight.calibrated import SEGMENT_STATES_SPARED
+from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing import adapters
+from cpmem.pricing.components import Component
+from cpmem.pricing.kinds.spec import MixerSpec, TightContext
+from cpmem.pricing.layer_parameters import LayerParameters
+from cpmem.pricing.tight.calibrated import CP_HYBRID_BACKWARD_AUTOTUNE, SEGMENT_STATES_SPARED
 from cpmem.pricing.tight.widths import TightWidths
+from cpmem.pricing.widths import gdn_width
 from cpmem.step.step import Step
+from cpmem.step.trainer import Adapter
 
 GDN_SMALL_PER_HEAD = 66
 """GDN per value-head small terms (fp32 gate cumsum, beta, WY matrix A): 66·Vh."""
@@ -40,6 +48,15 @@ gradient segment on the rank: the final state each segment's kernel call returns
 the initial state it starts from, less ``calibrated.SEGMENT_STATES_SPARED``."""
 
 
+def segment_state_bytes(geometry: ModelGeometry, tp: int, dtype_bytes: int = 2) -> int:
+    """The reference's per gradient-enabled segment and GDN layer: initial and final fp32
+    recurrent state plus the convolution history, sharded by TP."""
+    k, v = geometry.gdn_key_width, geometry.gdn_value_width
+    state = 4 * geometry.gdn_value_heads * geometry.gdn_key_dim * geometry.gdn_value_dim
+    conv = dtype_bytes * (2 * k + v) * (geometry.gdn_conv_kernel - 1)
+    return int((2 / tp) * (state + conv))
+
+
 def saved_width(geometry: ModelGeometry, common: int, tp: int) -> int:
     """Elements per token one GDN layer keeps: the common norm/LoRA input, the
     projections (``4K + 7V``, K the key and V the value width) and the small per-head
@@ -63,14 +80,14 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths) -> int:
     57,824 elements per token where this is 63,552; TP2: 29,936 and 33,824), the
     saved-tensor oracle's CPU kernel, with its fp32 temporaries, above it
     (tests/oracle/test_tight_widths.py)."""
-    return w.gdn + _workspace(geometry, GDN_FORWARD_WORKSPACE_V, 1) // w.tp
+    return w.of("gdn") + _workspace(geometry, GDN_FORWARD_WORKSPACE_V, 1) // w.tp
 
 
 def backward_width(geometry: ModelGeometry, w: TightWidths) -> int:
     """Under full recompute, the GDN mixer's backward once its layer's MLP is done: the
     mixer's saved set and its kernel's backward workspace (``GDN_BACKWARD_WORKSPACE_V``
     value-width tensors, two chunk-state tensors)."""
-    return w.gdn + _workspace(geometry, GDN_BACKWARD_WORKSPACE_V, 2) // w.tp
+    return w.of("gdn") + _workspace(geometry, GDN_BACKWARD_WORKSPACE_V, 2) // w.tp
 
 
 def rank_segments(step: Step) -> int:
@@ -91,3 +108,66 @@ def segment_states_bytes(geometry: ModelGeometry, segments: int, tp: int, b: int
         return 0
     states = SEGMENT_STATES_PER_SEGMENT * segments - SEGMENT_STATES_SPARED
     return states * segment_state_bytes(geometry, tp, b) // 2
+
+
+def gdn_parameters(g: ModelGeometry) -> LayerParameters:
+    """GDN's parameters with its input norm: one in projection to ``2K + 2V + 2 h_v``
+    (q, k, v, the output gate z, beta and alpha), the causal convolution over ``2K + V``
+    channels, ``dt_bias`` and ``A_log`` per value head and the out projection, sharded
+    over TP; the input norm and the gated output norm replicated."""
+    h = g.hidden
+    k, v, heads = g.gdn_key_width, g.gdn_value_width, g.gdn_value_heads
+    in_proj = h * (2 * k + 2 * v + 2 * heads)
+    conv = (2 * k + v) * g.gdn_conv_kernel
+    sharded = in_proj + conv + 2 * heads + v * h  # + dt_bias, A_log; out projection
+    return LayerParameters(sharded, 0, h + g.gdn_value_dim)  # input norm, gated out norm
+
+
+class GdnSpec(MixerSpec):
+    """The Gated DeltaNet mixer (``cpmem.pricing.kinds.spec``)."""
+
+    name = "gdn"
+
+    def parameters(self, g: ModelGeometry) -> LayerParameters:
+        return gdn_parameters(g)
+
+    def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
+        h, tp = g.hidden, layout.tp
+        out = 2 * g.gdn_key_width + 2 * g.gdn_value_width + 2 * g.gdn_value_heads
+        widths = {"gdn_in": h + out // tp, "gdn_out": g.gdn_value_width // tp + h}
+        return sum(adapter.rank * w for t, w in widths.items() if adapter.adapts(t))
+
+    def reference_width(
+        self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool
+    ) -> int:
+        tp, sp = layout.tp, layout.sp
+        return gdn_width(g, tp, sp) + adapters.extra_width(g, adapter, tp, "gdn", sp=sp)
+
+    def tight_widths(self, ctx: TightContext) -> dict[str, int]:
+        g, tp = ctx.geometry, ctx.tp
+        width = saved_width(g, ctx.common, tp)
+        width += adapters.extra_width(g, ctx.step.adapter, tp, "gdn", sp=ctx.sp)
+        return {self.name: width}
+
+    def nograd_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        return nograd_width(g, w)
+
+    def full_backward_peak(self, g: ModelGeometry, w: TightWidths, step: Step, mixer: int) -> int:
+        return backward_width(g, w)
+
+    def step_terms(self, step: Step, w: TightWidths, tokens: int, busiest: int) -> dict[str, int]:
+        g = step.geometry
+        # under full recompute a layer's segment states live only while it (re)runs
+        layers = min(1, g.gdn_layers) if step.recompute.one_layer_at_a_time else g.gdn_layers
+        per_layer = segment_states_bytes(
+            g, rank_segments(step), step.plan.layout.tp, step.dtype_bytes
+        )
+        return {Component.SEGMENT_STATES: layers * per_layer}
+
+    def cold_backward_bytes(self, step: Step) -> int:
+        """The GDN kernels' autotuning buffer in the first backward of a CP run
+        (``calibrated.CP_HYBRID_BACKWARD_AUTOTUNE``)."""
+        return CP_HYBRID_BACKWARD_AUTOTUNE if step.cold and step.plan.layout.cp > 1 else 0
+
+
+GDN = GdnSpec()

@@ -1,7 +1,9 @@
-"""An MoE layer in ``tight``: megatron-core 0.16's ``MoELayer`` with the ``alltoall``
-dispatcher, as the rank simulator restates it (oracles/rank_sim/moe.py;
-oracles/rank_sim/README.md "MoE"): its saved set per routed row and per token, and what
-its forward holds beyond it while it dispatches and combines."""
+"""The mixture-of-experts block (routed experts, a router, shared experts): its
+parameters and adapters, the reference's width, and in ``tight`` megatron-core 0.16's
+``MoELayer`` with the ``alltoall`` dispatcher, as the rank simulator restates it
+(oracles/rank_sim/moe.py; oracles/rank_sim/README.md "MoE"): its saved set per routed row
+and per token, and what its forward holds beyond it while it dispatches and combines
+(``MOE``, its spec)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,23 @@ import math
 from fractions import Fraction
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing import adapters
+from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
+from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
+from cpmem.pricing.layer_parameters import LayerParameters, fc1_width, norm_tensors
 from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
-from cpmem.pricing.tight.mlp import swiglu_saved
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
-from cpmem.pricing.widths import common_width, sp_divisor
+from cpmem.pricing.widths import (
+    LayerWidths,
+    common_width,
+    moe_rows_per_token,
+    moe_width,
+    sp_divisor,
+)
+from cpmem.step.recompute import Module, Recompute
 from cpmem.step.step import Step
+from cpmem.step.trainer import Adapter
 
 MOE_ROW_EAGER_F = 6
 """F_e-multiples one routed expert row keeps in eager mode beside its H-wide input
@@ -189,10 +203,7 @@ TP1 full recompute, 8,192 tokens: 117,504 elements per token retained = 48 layer
 def dispatcher_state_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token every MoE layer's dispatcher keeps after its forward
     (``DISPATCHER_STATE_E``), over the MoE layers."""
-    layout = step.plan.layout
-    s = sp_divisor(w.tp, layout.sp and w.tp > 1)
-    per_layer = int(DISPATCHER_STATE_E * geometry.num_experts) // s
-    return geometry.moe_layers * per_layer
+    return geometry.moe_layers * MOE.after_forward(geometry, w, step)
 
 
 def backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -264,7 +275,7 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
 def checkpointed_width(w: TightWidths) -> int:
     """What a ``moe`` checkpoint drops and its recompute (or its no-grad forward) holds
     again: the layer's saved set beyond its norm's input and output (``kept_width``)."""
-    return w.moe - w.moe_kept
+    return w.of("moe") - w.moe_kept
 
 
 def checkpointed_forward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -282,3 +293,111 @@ def checkpointed_forward_width(geometry: ModelGeometry, w: TightWidths, step: St
     too."""
     nograd = nograd_width(geometry, w, step) - (w.moe_kept - w.layer_input)
     return max(checkpointed_width(w), nograd)
+
+
+class MoeSpec(MlpSpec):
+    """The mixture-of-experts block (``cpmem.pricing.kinds.spec``)."""
+
+    name = "moe"
+
+    def parameters(self, g: ModelGeometry) -> LayerParameters:
+        """The routed experts over EP (fc1 and fc2 each, their biases where the model has
+        them), the shared expert sharded over TP, the router (``H x E`` and its bias),
+        the shared expert's sigmoid gate (``H -> 1``, none on DeepSeek-V3's) and the norms
+        replicated."""
+        h = g.hidden
+        shared = (fc1_width(g, g.shared_expert_ffn) + g.shared_expert_ffn) * h
+        gate = h if g.shared_expert_ffn and g.shared_expert_gate else 0
+        fc1 = fc1_width(g, g.expert_ffn)
+        per_expert = (fc1 + g.expert_ffn) * h + (fc1 + h if g.mlp_bias else 0)
+        router = h * g.num_experts + (g.num_experts if g.router_bias else 0)
+        return LayerParameters(shared, g.num_experts * per_expert, mlp_norms(g) + router + gate)
+
+    def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
+        """The router's ``[E, H]`` weight, the shared expert's gate and MLP, the pre-MLP
+        norm, the biases (the router's, the shared expert's; fc2's whole)."""
+        h, f = g.hidden, g.shared_expert_ffn
+        weights = [g.num_experts * h]
+        biases = [g.num_experts] if g.router_bias else []
+        if f and g.shared_expert_gate:
+            weights.append(h)
+        if f:
+            weights += [fc1_width(g, f) * h // tp, h * f // tp]
+            biases += [fc1_width(g, f) // tp, h] if g.mlp_bias else []
+        return TrainedTensors(tuple(weights), tuple(norm_tensors(g, h)), tuple(biases))
+
+    def expert_tensors(self, g: ModelGeometry, ep: int, etp: int) -> list[int]:
+        """``E / EP`` local experts, each an MLP of ``expert_ffn`` whose linears are split
+        over ETP (megatron's ``SequentialMLP`` and ``TEGroupedMLP`` hold the same
+        elements)."""
+        h = g.hidden
+        f, fc1 = g.expert_ffn, fc1_width(g, g.expert_ffn)
+        one = [fc1 * h // etp, h * f // etp]
+        if g.mlp_bias:
+            one += [fc1 // etp, h]
+        return one * (g.num_experts // ep)
+
+    def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
+        """The shared expert's fc1 and fc2 as a dense MLP's; every local routed expert's
+        two linears once each (``experts``)."""
+        h, tp, r = g.hidden, layout.tp, adapter.rank
+        shared = g.shared_expert_ffn
+        total = 0
+        for target, width in (("fc1", h + 2 * shared // tp), ("fc2", shared // tp + h)):
+            total += r * width if shared and adapter.adapts(target) else 0
+        if adapter.adapts("experts"):
+            local = g.num_experts // layout.ep
+            total += local * r * ((h + 2 * g.expert_ffn) + (g.expert_ffn + h))
+        return total
+
+    def reference_width(
+        self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool
+    ) -> int:
+        tp, sp, ep = layout.tp, layout.sp, layout.ep
+        rows = moe_rows_per_token(g, ep, "concentrated", tp=tp)
+        extra = adapters.extra_width(g, adapter, tp, "expert", sp=sp)
+        return moe_width(g, tp, sp, ep, "concentrated") + rows * extra
+
+    def reference_dropped(self, widths: LayerWidths, recompute: Recompute, layers: int) -> int:
+        # the router/dispatch input stays (common width); one layer recomputes
+        if not recompute.checkpoints(Module.MOE):
+            return 0
+        return (layers - 1) * (widths.of(self.name) - widths.common)
+
+    def tight_widths(self, ctx: TightContext) -> dict[str, int]:
+        g, step, tp, sp = ctx.geometry, ctx.step, ctx.tp, ctx.sp
+        rows = step.expert_rows_per_token(tp)
+        width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora) + ctx.sandwich
+        expert = adapters.extra_width(g, step.adapter, tp, "expert", sp=sp)
+        width += math.ceil(rows * expert)
+        if g.shared_expert_ffn:
+            width += adapters.extra_width(g, step.adapter, tp, "shared", sp=sp)
+        return {self.name: width, "moe_kept": kept_width(g, tp, sp) + ctx.sandwich}
+
+    def checkpoint_dropped(self, w: TightWidths, step: Step) -> int:
+        return checkpointed_width(w) if step.recompute.checkpoints(Module.MOE) else 0
+
+    def after_forward(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        layout = step.plan.layout
+        s = sp_divisor(w.tp, layout.sp and w.tp > 1)
+        return int(DISPATCHER_STATE_E * g.num_experts) // s
+
+    def nograd_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        return nograd_width(g, w, step)
+
+    def forward_transient(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        if step.recompute.checkpoints(Module.MOE):
+            return checkpointed_forward_width(g, w, step)
+        return dispatch_width(g, w, step)
+
+    def full_backward_buffers(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        # recomputed with its dispatch buffers, then its backward's
+        return dispatch_width(g, w, step) + backward_width(g, w, step)
+
+    def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        if not step.recompute.checkpoints(Module.MOE):
+            return 0
+        return checkpointed_width(w) + checkpoint_backward_width(g, w, step)
+
+
+MOE = MoeSpec()

@@ -1,19 +1,28 @@
-"""An attention layer in ``tight``: its saved set, its peak without gradients, its
-backward, and what it holds under CP (the gathered K/V) and for rotary embedding.
+"""The attention mixer in its variants (MHA/GQA, windowed, attention sinks, an output
+gate, multi-head latent attention): its parameters and adapters, the reference's width,
+and in ``tight`` its saved set, its peak without gradients, its backward, and what it
+holds under CP (the gathered K/V) and for rotary embedding (``ATTENTION``, its spec).
 
-megatron-core 0.16's ``SelfAttention`` as the rank simulator runs it (oracles/rank_sim/),
-with the measured runtime's extra query-wide tensors (``calibrated``)."""
+megatron-core 0.16's ``SelfAttention`` and ``MLASelfAttention`` as the rank simulator
+runs them (oracles/rank_sim/), with the measured runtime's extra query-wide tensors
+(``calibrated``)."""
 
 from __future__ import annotations
 
+from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing import cp_comm
+from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing import adapters, cp_comm
+from cpmem.pricing.components import Component
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width, keeps_gathered_kv
+from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
+from cpmem.pricing.layer_parameters import LayerParameters, norm_parameters, norm_tensors
 from cpmem.pricing.tight.calibrated import EAGER_NONE_GATED, UNGATED_RUNTIME_Q
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
-from cpmem.pricing.widths import mla_core_width
+from cpmem.pricing.widths import attention_width, mla_core_width
 from cpmem.step.recompute import Module
 from cpmem.step.step import Step
+from cpmem.step.trainer import Adapter
 
 GATE_SIGMOID_Q = 2
 """Q-multiples of the output gate's sigmoid, which gated attention keeps in fp32:
@@ -231,7 +240,7 @@ def backward_phase(step: Step, w: TightWidths) -> int:
 def recompute_width(step: Step, w: TightWidths) -> int:
     """Under full recompute, the attention mixer recomputed with gradients: its saved set
     and, under CP, the other ranks' K/V it holds while it runs (``cp_kv_width``)."""
-    return w.attention + cp_kv_width(step)
+    return w.of("attention") + cp_kv_width(step)
 
 
 def cp_kv_width(step: Step) -> int:
@@ -367,3 +376,182 @@ def _fused_softmax(step: Step, s: int, batch_heads: int) -> bool:
     if runtime.environment().get("NVTE_MASKED_SOFTMAX_FUSION", "1") == "0":
         return False
     return 16 < s < 16384 and shapes
+
+
+def attention_parameters(g: ModelGeometry) -> LayerParameters:
+    """The attention sub-layer's parameters with its input norm (and Gemma's
+    post-attention norm): the QKV projection (with the output gate's second Q) and the
+    output projection sharded over TP, the norms replicated; the biases where the model
+    has them (the QKV bias sharded with its output, the output projection's whole); the
+    q/k norms; gpt-oss's per-head sinks."""
+    h = g.hidden
+    sandwich = h if g.sandwich_norms else 0  # Gemma's post-attention norm
+    if g.is_mla:
+        return _mla_parameters(g, sandwich)
+    q_out = g.q_width * (2 if g.attention_output_gate else 1)
+    sharded = h * (q_out + 2 * g.kv_width) + g.q_width * h
+    qk = 2 * norm_parameters(g, g.head_dim) if g.qk_norm else 0
+    replicated = norm_parameters(g, h) + sandwich + qk  # norms
+    if g.attention_bias:  # the QKV bias is sharded with its output, proj's is whole
+        sharded += q_out + 2 * g.kv_width
+        replicated += h
+    if g.attention_sinks:
+        sharded += g.q_heads
+    return LayerParameters(sharded, 0, replicated)
+
+
+def _mla_parameters(g: ModelGeometry, sandwich: int) -> LayerParameters:
+    """Multi-head latent attention (megatron-core 0.16 ``MLASelfAttention``, HF
+    ``DeepseekV3Attention``): the query's down projection ``H x r_q`` and its norm (or a
+    plain ``H x heads·d`` query projection without ``q_lora_rank``), the KV down
+    projection to ``r_kv + d_rope`` and its norm, both replicated over TP; the query's and
+    KV's up projections (``r x heads·d``, ``r_kv x heads·(d_nope + d_v)``) and the output
+    projection sharded."""
+    h, heads = g.hidden, g.q_heads
+    q_up_in = g.q_lora_rank or h
+    sharded = q_up_in * heads * g.head_dim
+    sharded += g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim)
+    sharded += g.attention_output_width * h
+    replicated = h + sandwich + h * (g.kv_lora_rank + g.qk_rope_head_dim) + g.kv_lora_rank
+    if g.q_lora_rank:
+        replicated += h * g.q_lora_rank + g.q_lora_rank
+    return LayerParameters(sharded, 0, replicated)
+
+
+def adapter_widths(g: ModelGeometry, tp: int) -> dict[str, int]:
+    """Per attention target: the (in + out) widths of its adapters' factors on one rank.
+    ``qkv`` is one fused projection, or under MLA the query's and KV's down and up
+    projections (the down projections replicated, the up projections' outputs sharded);
+    ``proj`` the output projection."""
+    h = g.hidden
+    proj = g.attention_output_width // tp + h
+    if not g.is_mla:
+        q_out = g.q_width * (2 if g.attention_output_gate else 1) + 2 * g.kv_width
+        return {"qkv": h + q_out // tp, "proj": proj}
+    heads = g.q_heads
+    kv_up = g.kv_lora_rank + heads * (g.qk_nope_head_dim + g.v_head_dim) // tp
+    kv = (h + g.kv_lora_rank + g.qk_rope_head_dim) + kv_up
+    if g.q_lora_rank:
+        q = (h + g.q_lora_rank) + (g.q_lora_rank + heads * g.head_dim // tp)
+    else:
+        q = h + heads * g.head_dim // tp
+    return {"qkv": q + kv, "proj": proj}
+
+
+def tight_core(ctx: TightContext) -> int:
+    """Elements per token the attention's core keeps beyond the input norm's set
+    (``core_width``), with what the step changes of it: the CP all-gather's freed
+    projection, the softmax statistics, the step's adapters."""
+    g, step, tp = ctx.geometry, ctx.step, ctx.tp
+    backend = step.settings.runtime.attention_backend
+    core = core_width(g, tp, ctx.eager_none, ctx.sp, ctx.runtime_q, backend)
+    core -= gather_freed_width(step, tp)
+    core += softmax_stats_width(step, tp)
+    rc = step.recompute
+    core_kept = rc.keeps_saved_sets and not rc.checkpoints(Module.CORE_ATTN)
+    return core + adapters.extra_width(g, step.adapter, tp, "attention", core_kept, ctx.sp)
+
+
+def a2a_padding_bytes(step: Step, w: TightWidths, busiest: int, tokens: int) -> int:
+    """Under ``a2a`` the all-to-all pads every rank's share to the largest, so the
+    attention cores a rank keeps (``[CP·s, h/CP]`` after the exchange) are the busiest
+    rank's size: a rank of ``tokens`` below it keeps the difference too. Rank simulator,
+    Qwen3-1.7B TP1 CP2 4,096 tokens laid out 3,584 + 512 without recompute: the 512-token
+    rank peaks at 3.5 GiB."""
+    if step.cp_comm != "a2a" or tokens >= busiest or not step.recompute.keeps_saved_sets:
+        return 0
+    layers = step.geometry.attention_layers
+    return (busiest - tokens) * layers * w.attention_core * step.dtype_bytes
+
+
+class AttentionSpec(MixerSpec):
+    """The attention mixer (``cpmem.pricing.kinds.spec``)."""
+
+    name = "attention"
+    attends = True
+
+    def parameters(self, g: ModelGeometry) -> LayerParameters:
+        return attention_parameters(g)
+
+    def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
+        """The QKV and output projections, the input norm, their biases (a row-parallel
+        bias is whole) and the q/k norms; latent attention, an output gate, sandwich
+        norms and attention sinks are not priced under full training."""
+        if g.is_mla or g.attention_output_gate:
+            variant = ", latent" if g.is_mla else ", gated"
+            raise InputError(
+                "training",
+                "full",
+                f"full-parameter training prices dense or MoE attention layers only "
+                f"({g.name}'s attention is{variant[1:]})",
+            )
+        if g.sandwich_norms or g.attention_sinks:
+            raise InputError(
+                "training", "full", f"full-parameter training does not price {g.name}'s extra norms"
+            )
+        h = g.hidden
+        qkv_out = g.q_width + 2 * g.kv_width
+        qk = norm_tensors(g, g.head_dim) if g.qk_norm else []
+        return TrainedTensors(
+            weights=(qkv_out * h // tp, h * g.q_width // tp),
+            norms=tuple(norm_tensors(g, h)),
+            biases=(qkv_out // tp, h) if g.attention_bias else (),
+            extra=tuple(qk + qk),
+        )
+
+    def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
+        widths = adapter_widths(g, layout.tp)
+        return sum(adapter.rank * w for t, w in widths.items() if adapter.adapts(t))
+
+    def reference_width(
+        self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool
+    ) -> int:
+        tp, sp = layout.tp, layout.sp
+        return attention_width(g, tp, sp) + adapters.extra_width(
+            g, adapter, tp, "attention", core_kept, sp
+        )
+
+    def tight_widths(self, ctx: TightContext) -> dict[str, int]:
+        core = tight_core(ctx)
+        return {self.name: ctx.common + ctx.sandwich + ctx.masks + core, "attention_core": core}
+
+    def nograd_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        return nograd_width(g, w, step)
+
+    def recompute_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        return recompute_width(step, w)
+
+    def full_backward_peak(self, g: ModelGeometry, w: TightWidths, step: Step, mixer: int) -> int:
+        return mixer + flash_backward_width(step, w.tp)
+
+    def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        return backward_phase(step, w)
+
+    def forward_in_flight(self, step: Step) -> int:
+        return cp_comm.forward_in_flight_width(step)
+
+    def step_terms(self, step: Step, w: TightWidths, tokens: int, busiest: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        rope = rope_table_bytes(step, tokens)
+        if rope:
+            out[Component.ROPE_TABLES] = rope
+        scores = step.geometry.attention_layers * attention_scores_bytes(step)
+        if scores:
+            out[Component.ATTENTION_SCORES] = scores
+        gathered = cp_gathered_kv_bytes(step, busiest, tokens)
+        if gathered:  # CP without a core_attn checkpoint
+            out[Component.CP_GATHERED_KV] = gathered
+        return out
+
+    def transient_bytes(self, step: Step, tokens: int, busiest: int) -> int:
+        # an unfused core recomputed: one layer's s x s; p2p's ring and a2a's exchange pad
+        # every rank's share to the largest: a smaller rank's buffers are the busiest's
+        # size (the rank simulator pads them likewise)
+        padded = max(0, busiest - tokens) * step.dtype_bytes * cp_comm.forward_in_flight_width(step)
+        return attention_scores_transient_bytes(step) + padded
+
+    def retained_padding_bytes(self, step: Step, w: TightWidths, tokens: int, busiest: int) -> int:
+        return a2a_padding_bytes(step, w, busiest, tokens)
+
+
+ATTENTION = AttentionSpec()
