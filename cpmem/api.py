@@ -36,7 +36,7 @@ def estimate(
     **options: Unpack[StepArguments],
 ) -> Estimate:
     """Price one forward with ``policy`` (None: the step's runtime's, ``reference`` for
-    ART's trainer and ``tight`` for Megatron-LM's, ``registry.RUNTIME_POLICIES``). ``options`` are ``describe_step``'s: a request
+    ART's trainer and ``tight`` for Megatron-LM's, ``Runtime.default_policy``). ``options`` are ``describe_step``'s: a request
     (``lengths`` + ``shared_prefix``, or ``request``), a ready ``plan`` (e.g. from
     :func:`cpmem.plan.plan.explicit_plan`) or a plan's counts (``logical_tokens``,
     ``packed_tokens``, ``rank_tokens`` / ``busiest_tokens``, ``segments``); the layout

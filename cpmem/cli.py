@@ -334,7 +334,7 @@ def _harness_figure(args: argparse.Namespace, est: Estimate) -> str | None:
     beside a trainer's figure; None where the step is the harness's already, or where
     golden/ measured no step of the model (not a measured preset's shapes, or not ART's
     runtime)."""
-    if est.facts.measured_model is None or est.runtime != "art":
+    if est.facts.measured_model is None or est.facts.evidence != "art_cells":
         return None
     arguments = _step_arguments(args)
     harness = {"head": "hidden", "step": "first", "lora_rank": 1, "lora_dropout": 0.0}

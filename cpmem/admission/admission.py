@@ -80,7 +80,7 @@ class Pricer:
     ``Estimate.whole_device_bytes``)."""
 
     policy: str | None = None
-    """None: each step's runtime's policy (``registry.RUNTIME_POLICIES``)."""
+    """None: each step's runtime's policy (``Runtime.default_policy``)."""
     figure: Figure = "forward"
     whole_device: bool = False
 

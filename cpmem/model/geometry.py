@@ -8,8 +8,10 @@ from typing import Literal
 
 from cpmem.errors import InputError, require_nonnegative_int, require_positive_int
 
-MixerKind = Literal["attention", "gdn"]
-MlpKind = Literal["dense", "moe"]
+MixerKind = Literal["attention", "gdn", "mamba", "none"]
+MlpKind = Literal["dense", "moe", "none"]
+MIXER_KINDS: tuple[MixerKind, ...] = ("attention", "gdn", "mamba", "none")
+MLP_KINDS: tuple[MlpKind, ...] = ("dense", "moe", "none")
 RouterScoring = Literal["topk_softmax", "softmax_topk", "sigmoid"]
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "none"]
@@ -19,10 +21,18 @@ POSITION_KINDS: tuple[PositionKind, ...] = ("rope", "learned", "none")
 
 @dataclass(frozen=True)
 class ModelGeometry:
-    """Shapes of a dense, hybrid (Gated DeltaNet + attention) or MoE decoder.
+    """Shapes of a decoder: a stack of layers, then the LM head and any multi-token
+    prediction (MTP) layers.
 
-    ``mixers[i]`` is layer i's token mixer (full attention or GDN) and ``mlps[i]``
-    its feed-forward kind (dense SwiGLU or a mixture of experts).
+    ``mixers[i]`` is layer i's token mixer (attention in its variants, Gated DeltaNet,
+    Mamba-2, or ``none``) and ``mlps[i]`` its feed-forward kind (a dense MLP, a mixture of
+    experts, or ``none``): a transformer layer has both; Megatron-LM's hybrid stacks
+    (``--hybrid-layer-pattern``, HF ``hybrid_override_pattern``) are layers of one
+    sub-layer each (``M``: Mamba-2 alone, ``*``: attention alone, ``-``: an MLP alone,
+    ``E``: an MoE alone), each with its own input norm. The attention's variant (gated,
+    latent, windows, sinks) and each kind's shapes are the model's. ``mtp_mixers`` /
+    ``mtp_mlps``: the layers of one MTP depth (empty: no MTP), repeated ``mtp_depths``
+    times after the last layer, sharing one set of weights where ``mtp_shared``.
     """
 
     name: str
@@ -40,6 +50,16 @@ class ModelGeometry:
     gdn_value_heads: int = 0
     gdn_value_dim: int = 0
     gdn_conv_kernel: int = 0
+    # Mamba-2 (megatron-core's ``MambaMixer``, HF ``NemotronHMamba2Mixer``): heads of
+    # ``mamba_head_dim`` (the inner width ``mamba_heads x mamba_head_dim``), the SSM state
+    # size per head, the groups B and C are shared over, the causal conv's kernel and the
+    # chunked scan's chunk
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state_dim: int = 0
+    mamba_groups: int = 0
+    mamba_conv_kernel: int = 0
+    mamba_chunk: int = 0
     num_experts: int = 0
     moe_top_k: int = 0
     expert_ffn: int = 0
@@ -110,6 +130,13 @@ class ModelGeometry:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # multi-token prediction (DeepSeek-V3's ``num_nextn_predict_layers``, Megatron-LM's
+    # ``--mtp-num-layers``): one depth's layers, the depths, whether every depth runs the
+    # same layers' weights (``--mtp-use-repeated-layer``)
+    mtp_mixers: tuple[MixerKind, ...] = ()
+    mtp_mlps: tuple[MlpKind, ...] = ()
+    mtp_depths: int = 0
+    mtp_shared: bool = False
     # the Hugging Face ``model_type`` the shapes were read from ("" for a preset of the
     # measured families); a label: the fields above carry every shape it implies
     family: str = field(default="", compare=False)
@@ -142,6 +169,13 @@ class ModelGeometry:
             "qk_rope_head_dim",
             "qk_nope_head_dim",
             "v_head_dim",
+            "mamba_heads",
+            "mamba_head_dim",
+            "mamba_state_dim",
+            "mamba_groups",
+            "mamba_conv_kernel",
+            "mamba_chunk",
+            "mtp_depths",
         ):
             require_nonnegative_int(name, getattr(self, name))
         if self.windows and len(self.windows) != len(self.mixers):
@@ -189,21 +223,44 @@ class ModelGeometry:
             raise InputError(
                 "mlps", len(self.mlps), f"must name one MLP kind per layer ({len(self.mixers)})"
             )
-        for i, kind in enumerate(self.mixers):
-            if kind not in ("attention", "gdn"):
-                raise InputError(f"mixers[{i}]", kind, "must be 'attention' or 'gdn'")
-        for i, mkind in enumerate(self.mlps):
-            if mkind not in ("dense", "moe"):
-                raise InputError(f"mlps[{i}]", mkind, "must be 'dense' or 'moe'")
+        self._check_stack("mixers", "mlps", self.mixers, self.mlps)
+        if len(self.mtp_mlps) != len(self.mtp_mixers):
+            raise InputError(
+                "mtp_mlps",
+                len(self.mtp_mlps),
+                f"must name one MLP kind per MTP layer ({len(self.mtp_mixers)})",
+            )
+        if self.mtp_mixers:
+            self._check_stack("mtp_mixers", "mtp_mlps", self.mtp_mixers, self.mtp_mlps)
+        if bool(self.mtp_mixers) != (self.mtp_depths > 0):
+            raise InputError(
+                "mtp_depths", self.mtp_depths, "MTP has depths exactly where it has layers"
+            )
         if self.q_heads % self.kv_groups:
             raise InputError("kv_groups", self.kv_groups, f"must divide q_heads ({self.q_heads})")
-        if self.gdn_layers:
+        if "gdn" in self.all_mixers:
             for name in ("gdn_key_heads", "gdn_key_dim", "gdn_value_heads", "gdn_value_dim"):
                 require_positive_int(name, getattr(self, name))
             require_positive_int("gdn_conv_kernel", self.gdn_conv_kernel)
-        if "dense" in self.mlps:
+        if "mamba" in self.all_mixers:
+            for name in (
+                "mamba_heads",
+                "mamba_head_dim",
+                "mamba_state_dim",
+                "mamba_groups",
+                "mamba_conv_kernel",
+                "mamba_chunk",
+            ):
+                require_positive_int(name, getattr(self, name))
+            if self.mamba_heads % self.mamba_groups:
+                raise InputError(
+                    "mamba_groups",
+                    self.mamba_groups,
+                    f"must divide mamba_heads ({self.mamba_heads}) (megatron-core MambaMixer)",
+                )
+        if "dense" in self.all_mlps:
             require_positive_int("ffn", self.ffn)
-        if self.moe_layers:
+        if "moe" in self.all_mlps:
             require_positive_int("num_experts", self.num_experts)
             require_positive_int("moe_top_k", self.moe_top_k)
             require_positive_int("expert_ffn", self.expert_ffn)
@@ -216,9 +273,41 @@ class ModelGeometry:
         if self.activation_clamp is not None and not self.activation_clamp > 0:
             raise InputError("activation_clamp", self.activation_clamp, "must be > 0 or None")
 
+    def _check_stack(
+        self, mixer_field: str, mlp_field: str, mixers: tuple[str, ...], mlps: tuple[str, ...]
+    ) -> None:
+        """Every layer names known kinds and has a mixer or a feed-forward block."""
+        problems = []
+        for i, (kind, mkind) in enumerate(zip(mixers, mlps, strict=True)):
+            if kind not in MIXER_KINDS:
+                problems.append(f"{mixer_field}[{i}]={kind!r}: must be one of {list(MIXER_KINDS)}")
+            if mkind not in MLP_KINDS:
+                problems.append(f"{mlp_field}[{i}]={mkind!r}: must be one of {list(MLP_KINDS)}")
+            if kind == "none" and mkind == "none":
+                problems.append(
+                    f"{mixer_field}[{i}]: a layer needs a mixer or a feed-forward block"
+                )
+        if problems:
+            raise InputError(mixer_field, len(mixers), "; ".join(problems))
+
     @property
     def layers(self) -> int:
         return len(self.mixers)
+
+    @cached_property
+    def all_mixers(self) -> frozenset[str]:
+        """Every mixer kind the model runs, its MTP layers' included."""
+        return frozenset(self.mixers) | frozenset(self.mtp_mixers)
+
+    @cached_property
+    def all_mlps(self) -> frozenset[str]:
+        """Every feed-forward kind the model runs, its MTP layers' included."""
+        return frozenset(self.mlps) | frozenset(self.mtp_mlps)
+
+    @property
+    def mamba_inner(self) -> int:
+        """Mamba-2's inner width: ``mamba_heads x mamba_head_dim``."""
+        return self.mamba_heads * self.mamba_head_dim
 
     @cached_property
     def layer_kinds(self) -> tuple[tuple[str, str, int], ...]:
@@ -351,19 +440,26 @@ class ModelGeometry:
     def check_tp(self, tp: int) -> None:
         """Raise InputError if tensor parallelism ``tp`` cannot shard this model's heads."""
         require_positive_int("tp", tp)
-        if self.q_heads % tp:
-            raise InputError("tp", tp, f"must divide q_heads ({self.q_heads}) of {self.name}")
-        if self.kv_groups >= tp and self.kv_groups % tp:
-            raise InputError("tp", tp, f"must divide kv_groups ({self.kv_groups}) of {self.name}")
-        if self.kv_groups < tp and tp % self.kv_groups:
-            raise InputError(
-                "tp", tp, f"must be a multiple of kv_groups ({self.kv_groups}) of {self.name}"
-            )
-        if self.gdn_layers:
-            for name in ("gdn_key_heads", "gdn_value_heads"):
-                heads = getattr(self, name)
-                if heads % tp:
-                    raise InputError("tp", tp, f"must divide {name} ({heads}) of {self.name}")
+        if "attention" in self.all_mixers:
+            if self.q_heads % tp:
+                raise InputError("tp", tp, f"must divide q_heads ({self.q_heads}) of {self.name}")
+            if self.kv_groups >= tp and self.kv_groups % tp:
+                raise InputError(
+                    "tp", tp, f"must divide kv_groups ({self.kv_groups}) of {self.name}"
+                )
+            if self.kv_groups < tp and tp % self.kv_groups:
+                raise InputError(
+                    "tp", tp, f"must be a multiple of kv_groups ({self.kv_groups}) of {self.name}"
+                )
+        sharded_heads = {
+            "gdn": ("gdn_key_heads", "gdn_value_heads"),
+            "mamba": ("mamba_heads", "mamba_groups"),  # megatron-core MambaMixer's asserts
+        }
+        for kind, names in sharded_heads.items():
+            for name in names if kind in self.all_mixers else ():
+                count = getattr(self, name)
+                if count % tp:
+                    raise InputError("tp", tp, f"must divide {name} ({count}) of {self.name}")
 
 
 def hybrid_layout(layers: int, full_attention_interval: int) -> tuple[MixerKind, ...]:

@@ -101,9 +101,10 @@ class Estimate:
 
     @property
     def figure_bytes(self) -> int:
-        """The figure a caller reads: ``peak_bytes`` (static memory and activations) for
-        a Megatron-LM run, ``estimate_bytes`` (the activations) for ART's trainer."""
-        return self.peak_bytes if self.runtime == "megatron-lm" else self.estimate_bytes
+        """The figure a caller reads (``Runtime.answers_peak``): ``peak_bytes`` (static
+        memory and activations) for a Megatron-LM run, ``estimate_bytes`` (the
+        activations) for ART's trainer."""
+        return self.peak_bytes if self.facts.answers_peak else self.estimate_bytes
 
     @property
     def routing_bound(self) -> str:

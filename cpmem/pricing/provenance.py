@@ -118,6 +118,10 @@ class Facts:
     """What about a step decides which tier measured its terms, and what it assumes."""
 
     runtime: str = "art"
+    evidence: str = "art_cells"
+    """Whose measurements check the step's runtime (``Runtime.evidence``)."""
+    answers_peak: bool = False
+    """Whether the runtime's answer leads with the device's peak (``Runtime.answers_peak``)."""
     first: bool = False
     measured_model: str | None = None
     """The measured preset whose shapes the model has (None: none)."""
@@ -162,7 +166,7 @@ def facts_of(step: Step) -> Facts:
     settings, layout, rc = step.settings, step.plan.layout, step.recompute
     g, runtime = step.geometry, settings.runtime
     measured = measured_preset(g)
-    art_lora = runtime.name == "art" and settings.training == "lora"
+    art_lora = runtime.evidence == "art_cells" and settings.training == "lora"
     plain_art = art_lora and runtime.attention_backend == "fused" and step.dtype_bytes == 2
     key = (measured, layout.tp, layout.cp, layout.sp, layout.ep, rc.label, step.compiled)
     cells = (
@@ -180,7 +184,7 @@ def facts_of(step: Step) -> Facts:
     )
     recompute_recorded = rc.mode in MEGATRON_RECOMPUTES or rc.label == "selective(core_attn)"
     megatron = (
-        runtime.name == "megatron-lm"
+        runtime.evidence == "megatron_recordings"
         and settings.training == "full"
         and megatron_built(g)
         and not settings.cold
@@ -190,6 +194,8 @@ def facts_of(step: Step) -> Facts:
     )
     return Facts(
         runtime=runtime.name,
+        evidence=runtime.evidence,
+        answers_peak=runtime.answers_peak,
         first=settings.cold,
         measured_model=measured,
         art_cells=cells,
@@ -269,7 +275,7 @@ MARGINS: dict[str, Source] = {
     "fitted": Source(
         "fitted",
         "art",
-        "tight's margin for ART's runtime, fitted on ART's golden cells (RUNTIME_MARGINS, "
+        "tight's margin for ART's runtime, fitted on ART's golden cells (calibrated.MARGIN, "
         "docs/tight.md)",
     ),
 }
@@ -288,7 +294,7 @@ def source_of(name: str, facts: Facts, policy: str) -> Source:
     term = TERMS[name]
     if facts.megatron and term.megatron:
         return Source("measured", "megatron-lm", "Megatron-LM's functional-test recordings")
-    if facts.runtime == "art" and _art_holds(term, facts):
+    if facts.evidence == "art_cells" and _art_holds(term, facts):
         model = facts.measured_model or "the model"
         where = "baselines" if term.static else "peaks"
         return Source("measured", "art", f"ART's golden cells' {where} of {model}")

@@ -140,7 +140,7 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
     formula for its LoRA trainer, refused for another runtime or full training (its
     widths are a frozen base's with LoRA: ``tight`` prices both)."""
     settings = step.settings
-    if settings.runtime.name != "art":
+    if not settings.runtime.published_formula:
         raise InputError(
             "policy",
             name,

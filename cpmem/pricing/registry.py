@@ -21,15 +21,13 @@ from cpmem.step.step import Step, default_cp_comm
 
 Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}
-RUNTIME_POLICIES: dict[str, str] = {"art": "reference", "megatron-lm": "tight"}
-"""The policy a step is priced with where none is named, by its runtime: ART's published
-LoRA formula (``reference``) for ART's trainer; ``tight`` for Megatron-LM's runs, the one
-layer-by-layer model its recordings check (``reference`` and ``global`` refuse them)."""
 
 
 def default_policy(step: Step) -> str:
-    """The policy ``price`` uses for ``step`` where none is named (``RUNTIME_POLICIES``)."""
-    return RUNTIME_POLICIES[step.settings.runtime.name]
+    """The policy ``price`` uses for ``step`` where none is named: its runtime's
+    (``Runtime.default_policy``: ART's published LoRA formula for its trainer, ``tight``
+    for Megatron-LM's runs, which ``reference`` and ``global`` refuse)."""
+    return step.settings.runtime.default_policy
 
 
 @dataclass(frozen=True)
@@ -95,14 +93,12 @@ its default)."""
 
 def _runtime_recompute(step: Step) -> Mode:
     """The recompute mode the step's runtime runs by default (``describe_settings``)."""
-    return Mode.NONE if step.settings.runtime.name == "megatron-lm" else Mode.SELECTIVE
+    return Mode(step.settings.runtime.default_recompute)
 
 
 def runtime_cp_comm(step: Step) -> str:
     """The CP comm type the step's runtime runs the model under by default."""
-    return default_cp_comm(
-        step.geometry, "p2p" if step.settings.runtime.name == "megatron-lm" else "all_gather"
-    )
+    return default_cp_comm(step.geometry, step.settings.runtime.default_cp_comm)
 
 
 def inapplicable_options(step: Step) -> list[str]:

@@ -14,7 +14,7 @@ from cpmem.plan.plan import Plan
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.provenance import REFERENCE_POLICIES
 from cpmem.pricing.reference import SAFETY
-from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS
+from cpmem.pricing.tight.calibrated import MARGIN
 from cpmem.reports.tables import table
 from cpmem.step.routing import LABELS, routing_kind
 from cpmem.step.step import Step
@@ -25,7 +25,7 @@ def render_estimate(est: Estimate, plan: Plan) -> str:
     """The human table: per-rank bytes, then the busiest rank's breakdown."""
     trained = est.trained
     asked = " (auto: Transformer Engine's pick)" if est.backend_asked == "auto" else ""
-    runtime = "" if est.runtime == "art" else f"  runtime={est.runtime}"
+    runtime = "" if est.facts.evidence == "art_cells" else f"  runtime={est.runtime}"
     experts = f" ep={est.ep} etp={est.etp}" if est.ep > 1 or est.etp > 1 else ""
     lines = [
         f"{est.model}  policy={est.policy}{runtime}  recompute={est.recompute}  "
@@ -83,10 +83,10 @@ def margin_line(est: Estimate) -> str | None:
             f"margin: margin_factor is the published formula's x{SAFETY:g} on the sum of its "
             "terms (docs/pricing.md)"
         )
-    m = RUNTIME_MARGINS[est.runtime]
+    m = MARGIN  # the only margin tight prices: a runtime's fitted one (Runtime.fitted_margin)
     return (
         "margin: tight's margin for ART's runtime, fitted on ART's golden cells "
-        f"(RUNTIME_MARGINS, docs/tight.md): x{m.forward_factor:g} on the structural sum "
+        f"(calibrated.MARGIN, docs/tight.md): x{m.forward_factor:g} on the structural sum "
         f"(margin_factor) and {m.forward_allowance // MIB} MiB on a forward "
         f"(margin_allowance; {m.backward_allowance // MIB} MiB on a backward, "
         f"{m.cold_backward_allowance // MIB} MiB more on a first backward)"

@@ -28,7 +28,6 @@ from cpmem.step.runtime import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     Runtime,
-    check_runtime,
     check_training,
 )
 from cpmem.step.step import (
@@ -185,10 +184,10 @@ def describe_settings(
     runs: ``default_cp_comm``) and ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
     picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
     step is planned, for its longest sequence (ART's default: the measured ``fused``)."""
-    process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
+    process = runtime if isinstance(runtime, Runtime) else Runtime.named(runtime)
     fused_swiglu_asked = fused_swiglu is not None
-    if fused_swiglu is None and process.name == "megatron-lm":
-        fused_swiglu = True  # Megatron-LM's --bias-swiglu-fusion default
+    if fused_swiglu is None:  # the runtime's (Megatron-LM's --bias-swiglu-fusion) or the model's
+        fused_swiglu = process.fuses_swiglu
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
     layout = ParallelLayout(
         tp=tp,
@@ -199,13 +198,12 @@ def describe_settings(
         etp=_default_etp(geometry, process, tp) if etp is None else etp,
     )
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
-    if recompute is None:  # the runtime's default: ART's selective, Megatron-LM's none
-        megatron = process.name == "megatron-lm" and modules is None
-        recompute = "none" if megatron else "selective"
+    if recompute is None:  # the runtime's default, selective wherever modules are named
+        recompute = process.default_recompute if modules is None else "selective"
     rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
     if attention_backend is None and not isinstance(runtime, Runtime):
         # the runtime's default: ART's measured fused backend; Megatron-LM's own auto
-        attention_backend = "auto" if process.name == "megatron-lm" else None
+        attention_backend = "auto" if process.default_backend == "auto" else None
     if attention_backend == "auto":
         process = process.pending_auto(container)
     elif attention_backend is not None:
@@ -213,9 +211,7 @@ def describe_settings(
             check_backend(attention_backend), attention_backend, process.backend_spread
         )
     if cp_comm is None:
-        cp_comm = default_cp_comm(
-            geometry, "p2p" if process.name == "megatron-lm" else "all_gather"
-        )
+        cp_comm = default_cp_comm(geometry, process.default_cp_comm)
     dtype_bytes = check_dtype(dtype)
     if grad_bytes is None:
         grad_bytes = 2 if dtype == "fp16" else 4
@@ -276,14 +272,9 @@ def check_backend(backend: str) -> AttentionBackend:
 
 
 def _default_etp(geometry: ModelGeometry, runtime: Runtime, tp: int) -> int:
-    """The experts' tensor parallelism where none is given: Megatron-LM's ETP = TP
-    (``arguments.py:587-588``) for its runtime; 1 for ART's trainer, as its measured MoE
-    cells ran (their static baselines match experts split over EP alone)."""
-    return tp if geometry.is_moe and runtime.name == "megatron-lm" else 1
-
-
-def _runtime(name: str) -> Runtime:
-    return Runtime.megatron_lm() if name == "megatron-lm" else Runtime.art()
+    """The experts' tensor parallelism where none is given (``Runtime.experts_follow_tp``:
+    Megatron-LM's TP, ART's 1)."""
+    return tp if geometry.is_moe and runtime.experts_follow_tp else 1
 
 
 def check_step_kind(step: str) -> StepKind:

@@ -4,11 +4,11 @@ runtimes apart, each settable from either door.
 ``Runtime`` names the process: ``art`` (ART's LoRA trainer on megatron-core, the
 calibration harness golden/ measured) or ``megatron-lm`` (Megatron-LM's ``pretrain_gpt.py``,
 whose CI recordings golden/megatron/ holds). Each field is one thing that differs between
-them; ``Runtime.art()`` and ``Runtime.megatron_lm()`` give each runtime's defaults, and any
-field can be set for either (``--attention-backend``, ``--cp-comm``...). What a policy takes
-from the name alone is stated where it reads it: ``tight``'s fitted margin and the measured
-runtime's extra query-wide tensor (``cpmem.pricing.tight.calibrated``) are ART's, fitted on
-its cells, and none of Megatron-LM's.
+them, its defaults included; ``Runtime.art()`` and ``Runtime.megatron_lm()`` give each
+runtime's values, and any field can be set for either (``--attention-backend``,
+``--cp-comm``...). Nothing reads the name to decide a figure: a policy reads the fields
+(``tight``'s fitted margin and the measured runtime's extra query-wide tensor are
+``fitted_margin`` and ``keeps_query_copy``, ART's, fitted on its cells).
 
 ``Training``: ``lora`` trains adapters on a frozen base (the default); ``full`` trains every
 parameter (bf16 weights, fp32 main gradients, the optimizer's fp32 master copy and moments,
@@ -76,6 +76,50 @@ class Runtime:
     container: str = "dev"
     """The container Transformer Engine's choice under ``auto`` is made in
     (``backend_choice.NAMED_CONTAINERS``)."""
+    default_policy: str = "reference"
+    """The policy a step is priced with where none is named: ART's published LoRA formula
+    for its trainer; ``tight`` for Megatron-LM's runs, the one layer-by-layer model its
+    recordings check (``cpmem.pricing.registry.default_policy``)."""
+    default_recompute: str = "selective"
+    """The recompute where neither a mode nor a module is named: ART's ``selective``
+    (its harness's core attention), Megatron-LM's ``none``."""
+    default_cp_comm: str = "all_gather"
+    """The CP comm type where none is named (moved to one Transformer Engine runs the
+    model's attention under: ``cpmem.step.step.default_cp_comm``): ART's ``all_gather``,
+    Megatron-LM's ``p2p`` (``--cp-comm-type``)."""
+    default_backend: str = "fused"
+    """The attention backend where none is named: ART's measured ``fused``; Megatron-LM's
+    ``auto``, Transformer Engine's choice (``transformer_config.py:151``)."""
+    default_planner: str | None = None
+    """The CP planner where none is named: None, the model's own (``plan.planners``);
+    Megatron-LM's ``balanced`` split (``get_batch_on_this_cp_rank``)."""
+    fuses_swiglu: bool | None = None
+    """The SwiGLU's fusion where the caller names none: None, the model's; Megatron-LM's
+    ``--bias-swiglu-fusion`` default (True)."""
+    experts_follow_tp: bool = False
+    """The experts' tensor parallelism where none is named: Megatron-LM's ETP = TP
+    (``arguments.py:587-588``); 1 for ART's trainer, as its measured MoE cells ran (their
+    static baselines match experts split over EP alone)."""
+    fitted_margin: bool = True
+    """``tight``'s margin was fitted on this runtime's measured cells and prices its steps
+    (``cpmem.pricing.tight.calibrated.MARGIN``); it holds the small terms the structure
+    leaves unpriced on them (the embedding's token ids, the kernels' softmax statistics),
+    which a runtime without it prices as tensors. Megatron-LM's recordings fitted no
+    constant of ``tight``: unmargined."""
+    keeps_query_copy: bool = True
+    """One more query-wide tensor per ungated attention layer than the structure
+    (``calibrated.UNGATED_RUNTIME_Q``): measured on ART's cells; Megatron-LM's recordings
+    are covered without it."""
+    published_formula: bool = True
+    """ART's published LoRA formula (``reference``, ``global``) prices this runtime's
+    steps; another runtime is priced by ``tight``."""
+    answers_peak: bool = False
+    """The figure an answer leads with: the device's peak, static memory and activations
+    (Megatron-LM's recordings measure the allocator's peak); else the activations (what
+    ART's harness measured, admitted beside its static memory)."""
+    evidence: str = "art_cells"
+    """Whose measurements check this runtime's steps (``cpmem.pricing.provenance``):
+    ``art_cells`` (golden/cells.csv) or ``megatron_recordings`` (golden/megatron/)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """What the runtime's settings assume (shown with the estimate)."""
 
@@ -121,8 +165,29 @@ class Runtime:
     def megatron_lm(cls, **settings: object) -> Runtime:
         """Megatron-LM's ``pretrain_gpt.py`` with its defaults (the data loader's attention
         mask on, the allgather token dispatcher), the run's own ``settings`` over them."""
-        base = cls(name="megatron-lm", dataloader_attention_mask=True, moe_dispatcher="allgather")
+        base = cls(
+            name="megatron-lm",
+            dataloader_attention_mask=True,
+            moe_dispatcher="allgather",
+            default_policy="tight",
+            default_recompute="none",
+            default_cp_comm="p2p",
+            default_backend="auto",
+            default_planner="balanced",
+            fuses_swiglu=True,
+            experts_follow_tp=True,
+            fitted_margin=False,
+            keeps_query_copy=False,
+            published_formula=False,
+            answers_peak=True,
+            evidence="megatron_recordings",
+        )
         return replace(base, **settings)  # type: ignore[arg-type]
+
+    @classmethod
+    def named(cls, name: str) -> Runtime:
+        """The runtime called ``name`` with its own values."""
+        return {"art": cls.art, "megatron-lm": cls.megatron_lm}[check_runtime(name)]()
 
     def environment(self) -> Mapping[str, str]:
         return dict(self.env)

@@ -43,10 +43,6 @@ update, the kernel workspaces its first step left); ``first``: the first step of
 freshly started process (its kernel set-up not yet paid, no optimizer moments yet), as
 every measured cell of the calibration harness ran its first repetition."""
 BF16_BYTES = 2
-MEGATRON_PLANNER = "balanced"
-"""Megatron-LM's CP split: every sequence cut into ``2 x CP`` chunks, rank ``r`` holding
-chunks ``r`` and ``2CP - 1 - r`` (``get_batch_on_this_cp_rank``), so each rank holds
-``s x b / CP`` tokens: the ``balanced`` planner."""
 
 
 TE_WINDOW_CP_COMMS = ("all_gather", "a2a")
@@ -202,8 +198,8 @@ class StepSettings:
             )
         warnings = self.geometry.check_lengths(request.sequence_lengths, self.allow_long)
         chosen = self.planner if planner is None else planner
-        if chosen is None and self.runtime.name == "megatron-lm":
-            chosen = MEGATRON_PLANNER
+        if chosen is None:
+            chosen = self.runtime.default_planner
         plan = plan_request(request, self.layout, chosen, self.geometry)
         warnings += check_ranks(plan, request.real_tokens)
         if microbatches:

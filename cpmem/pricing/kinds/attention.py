@@ -156,7 +156,7 @@ def q_extra(step: Step) -> int:
     """The Q-multiples the step's runtime keeps beyond the structure on an ungated
     attention layer: ``UNGATED_RUNTIME_Q`` for ART's trainer (its measured cells), none
     for Megatron-LM (its recordings are covered without it)."""
-    return UNGATED_RUNTIME_Q if step.settings.runtime.name == "art" else 0
+    return UNGATED_RUNTIME_Q if step.settings.runtime.keeps_query_copy else 0
 
 
 SOFTMAX_STATS_PER_HEAD = 2
@@ -172,7 +172,7 @@ def softmax_stats_width(step: Step, tp: int) -> int:
     g = step.geometry
     if g.is_mla or step.settings.runtime.keeps_attention_scores:
         return 0
-    if step.settings.runtime.name == "art":
+    if step.settings.runtime.fitted_margin:
         return 0
     return SOFTMAX_STATS_PER_HEAD * g.q_heads // tp
 

@@ -22,10 +22,10 @@ __all__ = [
     "MARGIN",
     "MOE_COMPILED_ROW_FP32_F",
     "NO_MARGIN",
-    "RUNTIME_MARGINS",
     "SEGMENT_STATES_SPARED",
     "UNGATED_RUNTIME_Q",
     "Margin",
+    "runtime_margin",
 ]
 
 LOSS_BACKWARD_OUTPUTS = 6
@@ -112,7 +112,10 @@ NO_MARGIN = Margin(
 )
 """No margin: every term a tensor read from the runtime's source."""
 
-RUNTIME_MARGINS: dict[str, Margin] = {"art": MARGIN, "megatron-lm": NO_MARGIN}
-"""The margin each runtime's steps are priced with: ART's fitted on its measured cells;
-none for Megatron-LM's, whose recordings no constant of ``tight`` was fitted to (the
-gate's Megatron-LM tier holds the unmargined structure to them)."""
+
+def runtime_margin(fitted: bool) -> Margin:
+    """The margin a runtime's steps are priced with (``Runtime.fitted_margin``): ART's,
+    fitted on its measured cells; none for Megatron-LM's, whose recordings no constant of
+    ``tight`` was fitted to (the gate's Megatron-LM tier holds the unmargined structure to
+    them)."""
+    return MARGIN if fitted else NO_MARGIN

@@ -255,9 +255,9 @@ def embedding_bytes(step: Step, tokens: int) -> int:
     the embedding dropout's bool mask on the rank's sequence shard (megatron applies the
     hidden dropout to the embedding's output after the SP scatter). Megatron-LM's
     recordings' first stages; within ``tight``'s fitted margin on ART's cells (8 B per
-    token), which are not priced with it."""
+    token), which are not priced with it (``Runtime.fitted_margin``)."""
     settings = step.settings
-    if not settings.holds_embedding or settings.runtime.name == "art":
+    if not settings.holds_embedding or settings.runtime.fitted_margin:
         return 0
     g, layout = step.geometry, step.plan.layout
     ids = EMBEDDING_ID_BYTES * tokens * (2 if g.positions == "learned" else 1)

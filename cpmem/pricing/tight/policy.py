@@ -9,7 +9,8 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import Component
 from cpmem.pricing.estimate import Estimate, step_fields
 from cpmem.pricing.registry import Ignore, register_policy
-from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS, Margin
+from cpmem.pricing.tight.calibrated import Margin
+from cpmem.pricing.tight.calibrated import runtime_margin as margin_for
 from cpmem.pricing.tight.compose import (
     POLICY,
     Structure,
@@ -31,8 +32,8 @@ def with_margin(base: dict[str, int], factor: float, allowance: int) -> dict[str
 
 
 def runtime_margin(step: Step) -> Margin:
-    """The margin the step's runtime is priced with (``calibrated.RUNTIME_MARGINS``)."""
-    return RUNTIME_MARGINS[step.settings.runtime.name]
+    """The margin the step's runtime is priced with (``calibrated.runtime_margin``)."""
+    return margin_for(step.settings.runtime.fitted_margin)
 
 
 def rank_forward_bytes(
