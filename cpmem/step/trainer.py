@@ -21,16 +21,26 @@ CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
 OptimizerKind = Literal["adam", "sgd", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
 
-ADAPTER_TARGETS: tuple[str, ...] = ("qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts")
+ADAPTER_TARGETS: tuple[str, ...] = (
+    "qkv",
+    "proj",
+    "fc1",
+    "fc2",
+    "gdn_in",
+    "gdn_out",
+    "experts",
+    "mamba_in",
+    "mamba_out",
+)
 """The projections an adapter can sit on: attention's fused QKV input and output
 projections, the SwiGLU's gate‖up and down projections, GDN's input and output
-projections, and every routed expert's linears."""
+projections, every routed expert's linears, and Mamba-2's ``in_proj`` and ``out_proj``."""
 TARGET_GROUPS: dict[str, tuple[str, ...]] = {
     "all": ADAPTER_TARGETS,
-    "attention": ("qkv", "proj", "gdn_in", "gdn_out"),
+    "attention": ("qkv", "proj", "gdn_in", "gdn_out", "mamba_in", "mamba_out"),
     "mlp": ("fc1", "fc2", "experts"),
 }
-"""``attention``: the token mixers' projections (attention and GDN); ``mlp``: the
+"""``attention``: the token mixers' projections (attention, GDN and Mamba-2); ``mlp``: the
 feed-forward ones (dense and routed experts)."""
 
 

@@ -3,7 +3,8 @@
 ``mlps`` give it.
 
 - mixers: ``attention`` (its variants: MHA/GQA, windowed, sinks, gated, latent), ``gdn``
-  (Gated DeltaNet), ``none`` (a layer that is a feed-forward block alone);
+  (Gated DeltaNet), ``mamba`` (Mamba-2), ``none`` (a layer that is a feed-forward block
+  alone);
 - feed-forward blocks: ``dense`` (``mlp``), ``moe``, ``none`` (a layer that is a mixer
   alone).
 
@@ -17,11 +18,12 @@ from __future__ import annotations
 from cpmem.errors import InputError
 from cpmem.pricing.kinds.attention import ATTENTION
 from cpmem.pricing.kinds.gdn import GDN
+from cpmem.pricing.kinds.mamba import MAMBA
 from cpmem.pricing.kinds.mlp import DENSE
 from cpmem.pricing.kinds.moe import MOE
 from cpmem.pricing.kinds.spec import NO_MIXER, NO_MLP, MixerSpec, MlpSpec
 
-MIXERS: dict[str, MixerSpec] = {s.name: s for s in (ATTENTION, GDN, NO_MIXER)}
+MIXERS: dict[str, MixerSpec] = {s.name: s for s in (ATTENTION, GDN, MAMBA, NO_MIXER)}
 MLPS: dict[str, MlpSpec] = {s.name: s for s in (DENSE, MOE, NO_MLP)}
 
 

@@ -43,10 +43,25 @@ def test_heads_parse(text: str, kind: str, chunk: int | None) -> None:
 
 
 def test_targets_parse_groups_and_names_in_one_order() -> None:
-    assert parse_targets("attention") == ("qkv", "proj", "gdn_in", "gdn_out")
+    assert parse_targets("attention") == (
+        "qkv",
+        "proj",
+        "gdn_in",
+        "gdn_out",
+        "mamba_in",
+        "mamba_out",
+    )
     assert parse_targets("mlp") == ("fc1", "fc2", "experts")
     assert parse_targets("fc2,qkv") == ("qkv", "fc2")
-    assert parse_targets(["attention", "fc1"]) == ("qkv", "proj", "fc1", "gdn_in", "gdn_out")
+    assert parse_targets(["attention", "fc1"]) == (
+        "qkv",
+        "proj",
+        "fc1",
+        "gdn_in",
+        "gdn_out",
+        "mamba_in",
+        "mamba_out",
+    )
     assert Adapter(16, 0.05, ("qkv",)).label == "lora r16 dropout 0.05 targets qkv"
     assert Adapter(targets=parse_targets("mlp")).label == "lora r1 targets mlp"
 
@@ -100,7 +115,7 @@ def test_text_and_json_say_what_was_priced() -> None:
     assert out["adapter"] == {
         "rank": 16,
         "dropout": 0.05,
-        "targets": ["qkv", "proj", "gdn_in", "gdn_out"],
+        "targets": ["qkv", "proj", "gdn_in", "gdn_out", "mamba_in", "mamba_out"],
     }
     assert out["head_bytes"] > 0
     harness = json.loads(_cli(*base, "--head", "hidden", "--json").stdout)
