@@ -91,12 +91,17 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
     pipe = step.settings.pipeline
     layers = pipe.chunk_layers(step.geometry.layers, stage, chunk)
     g = step.geometry
+    last = pipe.is_last(stage, chunk)
     geometry = replace(
         g,
         mixers=g.mixers[layers.start : layers.stop],
         mlps=g.mlps[layers.start : layers.stop],
+        windows=g.windows[layers.start : layers.stop],
+        # the MTP depths run after the last layer, on the stage holding the head
+        mtp_mixers=g.mtp_mixers if last else (),
+        mtp_mlps=g.mtp_mlps if last else (),
+        mtp_depths=g.mtp_depths if last else 0,
     )
-    last = pipe.is_last(stage, chunk)
     settings = step.settings.replace(
         geometry=geometry,
         pipeline=type(pipe)(),

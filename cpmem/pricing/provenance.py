@@ -152,7 +152,8 @@ def megatron_built(geometry: ModelGeometry) -> bool:
     """A layer Megatron-LM's GPT and MoE recordings build (every other kind cpmem prices
     is no recording's)."""
     return (
-        geometry.gdn_layers == 0
+        geometry.all_mixers <= {"attention"}
+        and not geometry.mtp_depths
         and geometry.kv_lora_rank == 0
         and not any(geometry.windows)
         and not geometry.sandwich_norms
@@ -248,6 +249,7 @@ TERMS: dict[str, Term] = {
     "pipeline_in_flight": Term("none", True),
     "pipeline_inputs": Term("none", True),
     "pipeline_buffers": Term("none", True),
+    "mtp": Term("none", False),  # no recording priced yet runs MTP depths
     # static memory
     "base_weights": Term("baselines", False, static=True),
     "adapter_params": Term("baselines", False, static=True),
