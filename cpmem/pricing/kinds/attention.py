@@ -537,7 +537,8 @@ class AttentionSpec(MixerSpec):
     def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         return backward_phase(step, w)
 
-    def forward_in_flight(self, step: Step) -> int:
+    def forward_transient(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        # its CP exchange (p2p's chunks, a2a's copy) is live while it runs
         return cp_comm.forward_in_flight_width(step)
 
     def step_terms(self, step: Step, w: TightWidths, tokens: int, busiest: int) -> dict[str, int]:

@@ -134,9 +134,10 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
     if step.recompute.one_layer_at_a_time:
         return max(spec.nograd_width(geometry, w, step) for spec in layer_specs(geometry))
     width = sum(mlp_spec(k).forward_transient(geometry, w, step) for k in geometry.mlp_kinds)
-    # a mixer's CP exchange (p2p's chunks, a2a's copy) is live while it runs
-    in_flight = [mixer_spec(k).forward_in_flight(step) for k in geometry.mixer_kinds]
-    return max(width, *in_flight)
+    # a mixer's own moment (a CP exchange in flight, a kernel's working set) comes while
+    # it runs, not while the feed-forward block does
+    mixers = [mixer_spec(k).forward_transient(geometry, w, step) for k in geometry.mixer_kinds]
+    return max(width, *mixers)
 
 
 def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from cpmem.api import estimate, load_model
+from cpmem.api import describe_step, estimate, load_model
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
@@ -135,3 +135,19 @@ def test_mamba_adapters_sit_on_in_proj_and_out_proj() -> None:
         HYBRID, Adapter(rank=16, targets=("qkv", "proj")), layout
     )
     assert none == 0
+
+
+def test_a_mamba_layer_keeps_its_in_proj_copy_three_inner_tensors_and_its_norm() -> None:
+    """Per token at TP 1 with the harness's adapters (hand count, the module docstring's
+    reading of megatron's training path): the input norm's input and output (2H = 2,048),
+    the residual dropout's bool mask (H/2 = 512, dropout 0.1), the in_proj output's copy
+    (2d + 2GN + heads = 6,176), out_x, the gated norm's input and output (3d = 6,144), the
+    norm's fp32 rstd per group (2G = 16) and two rank-1 A·x (2)."""
+    from cpmem.pricing.tight.compose import tight_widths
+
+    g = replace(HYBRID, hidden_dropout=0.1)
+    step = describe_step(g, [4096])
+    w = tight_widths(g, step)
+    assert w.of("mamba") == 2_048 + 512 + 6_176 + 6_144 + 16 + 2
+    tp2 = tight_widths(g, describe_step(g, [4096], tp=2, sp=False))
+    assert tp2.of("mamba") == 2_048 + 512 + (6_176 + 6_144 + 16) // 2 + 2
