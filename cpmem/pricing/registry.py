@@ -121,8 +121,7 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"modules: mlp: {g.name} has no dense MLP to checkpoint")
     if rc.checkpoints(Module.MOE) and not g.is_moe:
         out.append(f"modules: moe: {g.name} has no routed experts to checkpoint")
-    art = settings.runtime.name == "art"
-    if layout.dp > 1 and not settings.optimizer.distributed and art:
+    if layout.dp > 1 and not settings.optimizer.distributed:
         out.append("dp: only the distributed optimizer's shards read it")
     if settings.output_bytes is not None and not step.head.returns_hidden:
         out.append(f"output_bytes: the {step.head.label} head returns no hidden states")
