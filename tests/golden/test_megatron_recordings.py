@@ -224,6 +224,12 @@ def test_each_case_carries_the_features_its_arguments_turn_on() -> None:
     }
     assert set(SECOND_EXTRACTION) <= kept and len(kept) == 107 + 32 + len(SECOND_EXTRACTION)
     assert {tag for features in tagged.values() for tag in features} == set(FEATURE_TAGS)
+    # the table holds what the rule reads in each kept model_config.yaml
+    for case in {(r.family, r.case, r.test_type) for r in RECORDINGS}:
+        config = yaml.safe_load(
+            (GOLDEN / "megatron" / "cases" / case[0] / case[1] / "model_config.yaml").read_text()
+        )
+        assert case_features(config["MODEL_ARGS"], case[2]) == by_case[f"{case[0]}/{case[1]}"]
 
 
 def test_a_feature_is_on_only_where_its_flag_turns_it_on() -> None:
@@ -251,6 +257,11 @@ def test_every_world_size_is_its_bases_recipe_or_left_unknown() -> None:
     recipes = GOLDEN / "megatron"
     checked = 0
     for r in RECORDINGS:
+        # the table holds what the importer's rule gives
+        assert world_size(r.family, r.case, r.device, r.test_type) == (
+            r.world_size,
+            r.world_size_basis,
+        )
         if r.test_type == "release":
             assert r.world_size is None and r.world_size_basis.startswith("unknown: ")
             assert "TP 8 x PP 1 x DP with DP dividing 96" in r.world_size_basis
