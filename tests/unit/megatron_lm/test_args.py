@@ -474,11 +474,16 @@ def test_a_priced_switch_is_the_snapshots_switch_and_a_priced_value_its_valued_f
 
 
 def test_every_gpt_and_moe_case_is_read_or_refused_by_classified_flags_and_rules() -> None:
-    """No case of golden/megatron/cases stops on a flag the snapshot's parser lacks:
-    each is priced, or refused with the tables' and rules' reasons."""
+    """No GPT or MoE case of golden/megatron/cases (``pretrain_gpt.py``'s) stops on a flag
+    the snapshot's parser lacks: each is priced, or refused with the tables' and rules'
+    reasons."""
     refused: dict[str, str] = {}
     read = 0
-    for path in sorted(GOLDEN_CASES.glob("*/*/model_config.yaml")):
+    paths = [
+        *GOLDEN_CASES.glob("gpt/*/model_config.yaml"),
+        *GOLDEN_CASES.glob("moe/*/model_config.yaml"),
+    ]
+    for path in sorted(paths):
         try:
             read_megatron_args(path)
             read += 1
@@ -486,6 +491,26 @@ def test_every_gpt_and_moe_case_is_read_or_refused_by_classified_flags_and_rules
             refused[path.parent.name] = exc.reason
     assert read > 100 and refused
     assert not [name for name, why in refused.items() if "is not an argument" in why]
+
+
+def test_the_hybrid_cases_are_refused_and_only_flextron_names_flags_the_parser_lacks() -> None:
+    """The hybrid and Nemotron 3 cases run ``pretrain_hybrid.py`` (recipes/h100/mamba.yaml,
+    recipes/gb200/nemotron*.yaml) and, Flextron's, ``pretrain_hybrid_flex.py``, whose
+    arguments the parser reads as ``pretrain_gpt.py``'s: each is refused (the hybrid layer
+    pattern first), and the Flextron case's own flags are not ``pretrain_gpt.py``'s."""
+    paths = [
+        *GOLDEN_CASES.glob("hybrid/*/model_config.yaml"),
+        *GOLDEN_CASES.glob("nemotron/*/model_config.yaml"),
+    ]
+    unknown = []
+    for path in sorted(paths):
+        with pytest.raises(InputError) as err:
+            read_megatron_args(path)
+        assert "hybrid (Mamba) models" in err.value.reason, path
+        if "is not an argument" in err.value.reason:
+            unknown.append(path.parent.name)
+    assert len(paths) == 6
+    assert unknown == ["hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G"]
 
 
 # --- the fields a run's layout and vocabulary add ---------------------------------------
