@@ -302,13 +302,13 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
     else:
         static = static_memory(settings, step=inputs)
     device = settings.device
+    ignored = ignored_options(inputs, policy)
     return replace(
         est,
         stage_statics=statics,
         answered_stage=answered if statics else None,
-        ignored_options=ignored_options(inputs, policy),
-        unpriced=unpriced_options(inputs, policy)
-        | {o.partition(":")[0] for o in inapplicable_options(inputs)},
+        ignored_options=ignored,
+        unpriced=unpriced_options(inputs, policy) | {o.partition(":")[0] for o in ignored},
         static=static,
         device_budget=None if device is None else device_budget(device, static),
     )
