@@ -21,6 +21,7 @@ from cpmem.admission.capacity import DEFAULT_PACK, capacity
 from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
+from cpmem.plan.layout import data_parallel
 from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
@@ -139,7 +140,7 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
     )
     proc.add_argument("--rank", default=None, help=HELP["--rank"])
     whole = p.add_argument_group("the whole device (static memory and the device's budget)")
-    whole.add_argument("--dp", type=int, default=1, help=HELP["--dp"])
+    whole.add_argument("--dp", type=int, default=None, help=HELP["--dp"])
     whole.add_argument(
         "--optimizer", choices=("adam", "sgd", "none"), default="adam", help=HELP["--optimizer"]
     )
@@ -176,7 +177,7 @@ def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "lora_dropout": args.lora_dropout,
         "lora_targets": args.lora_targets,
         "cp_comm": args.cp_comm,
-        "dp": args.dp,
+        "dp": 1 if args.dp is None else args.dp,
         "optimizer": args.optimizer,
         "distributed_optimizer": args.distributed_optimizer,
         "device": args.device,
@@ -225,7 +226,7 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
     rank_tokens = (
         None if args.rank_tokens is None else parse_int_list("rank_tokens", args.rank_tokens)
     )
-    return {
+    arguments = {
         "model": args.model,
         **_settings_arguments(args),
         "lengths": lengths,
@@ -240,6 +241,10 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "allow_long": args.allow_long,
         **_microbatch_arguments(args),
     }
+    world = getattr(args, "world_size", None)  # profile record has no --world-size
+    if world is not None:
+        arguments["dp"] = data_parallel(world, args.tp, args.cp, args.pp, args.dp)
+    return arguments
 
 
 def _microbatch_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -460,6 +465,13 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
         return cli_megatron.capacity_command(args, _defaults("capacity"))
+    if args.world_size is not None:
+        raise InputError(
+            "world_size",
+            args.world_size,
+            "capacity searches layouts of other TP x CP, each its own DP of a world: give "
+            "--dp (the data-parallel ranks) with --model or --config",
+        )
     plot = None
     if args.plot is not None:  # checked before the search runs
         require_matplotlib()

@@ -21,7 +21,7 @@ from cpmem.api import MEGATRON_POLICY, describe_megatron
 from cpmem.cli_help import HELP
 from cpmem.errors import InputError, require_bytes
 from cpmem.megatron.args import read_megatron_args
-from cpmem.megatron.describe import megatron_run
+from cpmem.megatron.describe import megatron_run, with_dtype
 from cpmem.pricing.registry import backend_spread, price
 from cpmem.reports.cli_render import render_capacity, render_megatron_estimate
 from cpmem.step.step import Step
@@ -73,13 +73,14 @@ def _overrides(args: argparse.Namespace, defaults: dict[str, Any]) -> dict[str, 
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
         raise InputError("megatron_args", args.megatron_args, f"does not take {flags}")
     out = {FLAG_KEYWORDS.get(k, k): v for k, v in given.items()}
-    if "lengths" in out:
-        raise InputError(
-            "lengths",
-            out["lengths"],
-            "a Megatron-LM run's request is --micro-batch-size sequences of --seq-length "
-            "tokens (its arguments)",
-        )
+    for name in ("lengths", "microbatch_lengths", "microbatch_file"):
+        if name in out:
+            raise InputError(
+                name,
+                out[name],
+                "a Megatron-LM run's request is --micro-batch-size sequences of --seq-length "
+                "tokens each micro-batch (its arguments)",
+            )
     return out
 
 
@@ -159,6 +160,9 @@ def capacity_command(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     if args.world_size is None:
         raise InputError("world_size", None, "give --world-size N with --megatron-args")
     read = read_megatron_args(args.megatron_args)
+    overrides = _overrides(args, defaults)
+    if "dtype" in overrides:  # the run in that dtype, as describe_megatron reads it
+        read = with_dtype(read, overrides["dtype"])
     run = megatron_run(
         read,
         world_size=args.world_size,
@@ -171,7 +175,7 @@ def capacity_command(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     settings: dict[str, Any] = {
         k: v for k, v in run.arguments.items() if k not in ("lengths", "tp", "cp")
     }
-    settings.update(_overrides(args, defaults))
+    settings.update(overrides)
     found = capacity(
         run.geometry,
         layouts=[(run.arguments["tp"], run.arguments["cp"])],

@@ -24,7 +24,7 @@ Nothing here prices: the run is priced by the policies, as a step from ``--model
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry
-from cpmem.step.backend_choice import BackendChoice, choose_backend
+from cpmem.step.backend_choice import BackendChoice, choose_backend, container_named
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.device import Device, resolve_device
 from cpmem.step.recompute import FullMethod, Mode, Module, Recompute
@@ -222,6 +222,7 @@ def megatron_run(
     pick under ``container``)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
         raise InputError("world_size", world_size, "must be a positive integer")
+    container_named(container)  # refused by name, whether or not auto reads it
     check_megatron_args(args)  # the reader's rules, for arguments built in code too
     tp = args.tensor_model_parallel_size
     pp = args.pipeline_model_parallel_size
@@ -273,7 +274,7 @@ def megatron_run(
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
         "cp_comm": args.cp_comm_type,
         "step": "steady",
-        "runtime": megatron_runtime(args, choice),
+        "runtime": replace(megatron_runtime(args, choice), container=container),
         "training": "full",
         "optimizer": "adam",
         "distributed_optimizer": args.use_distributed_optimizer,
@@ -298,6 +299,16 @@ def megatron_routing(args: MegatronArgs) -> str:
 
 
 LORA_KEYWORDS = ("lora_rank", "lora_dropout", "lora_targets")
+MEGATRON_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def with_dtype(args: MegatronArgs, dtype: str) -> MegatronArgs:
+    """``args`` with ``--bf16`` / ``--fp16`` (neither: fp32) set for ``dtype``, so its
+    gradients' element and Transformer Engine's choice under ``auto`` follow Megatron-LM's
+    own rules for that dtype (``megatron_run``)."""
+    if dtype not in MEGATRON_DTYPES:
+        raise InputError("dtype", dtype, f"must be one of {list(MEGATRON_DTYPES)}")
+    return replace(args, bf16=dtype == "bf16", fp16=dtype == "fp16")
 
 
 def describe_megatron(
@@ -318,6 +329,8 @@ def describe_megatron(
         args, name = megatron_args, "megatron-lm"
     else:
         args, name = read_megatron_args(megatron_args), str(megatron_args)
+    if "dtype" in overrides:  # the run in another dtype, as its arguments would state it
+        args = with_dtype(args, overrides["dtype"])
     run = megatron_run(
         args,
         world_size=world_size,
@@ -328,6 +341,8 @@ def describe_megatron(
         name=name,
     )
     arguments: dict[str, Any] = dict(run.arguments)
+    if overrides.get("runtime") == arguments["runtime"].name:  # the run's own, as it reads
+        overrides = {k: v for k, v in overrides.items() if k != "runtime"}
     if any(k in overrides for k in LORA_KEYWORDS) and "training" not in overrides:
         overrides = {**overrides, "training": "lora"}
     arguments.update(overrides)

@@ -342,13 +342,23 @@ def assumptions(
     ep: int,
     etp: int,
     workspace_bytes: int,
+    unpriced: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """One line for each assumption that matters for the step: the CP layout (CP > 1),
-    how the experts are split (a MoE model), where the kernel set-up is charged."""
+    how the experts are split (a MoE model), where the kernel set-up is charged. Each
+    states what was priced: where the policy does not price the planner or the MoE
+    routing on the step (``unpriced``, the options named as such), the line says what it
+    charges instead, never the option's value."""
     out: dict[str, str] = {}
     if cp > 1:
-        layout = PLANNER_LAYOUTS.get(planner, planner)
-        out["cp_layout"] = f"{planner}: {layout} (--planner names another)"
+        if "planner" in unpriced:
+            out["cp_layout"] = (
+                "every CP rank charged the packed tokens: no CP layout priced (the "
+                f"{planner} planner's is not read)"
+            )
+        else:
+            layout = PLANNER_LAYOUTS.get(planner, planner)
+            out["cp_layout"] = f"{planner}: {layout} (--planner names another)"
     if facts.is_moe:
         if ep > 1 and etp == 1:
             split = f"experts split over EP {ep} only (ETP 1: each expert whole on its rank)"
@@ -356,7 +366,7 @@ def assumptions(
             split = f"experts split over EP {ep} and their weights over ETP {etp}"
         else:
             split = "every expert on every rank (EP 1, ETP 1)"
-        out["experts"] = f"{split}; {facts.moe_routing} routing"
+        out["experts"] = f"{split}; {priced_routing(facts.moe_routing, unpriced)} routing"
     if facts.first:
         out["setup"] = (
             "first step of its process: its kernel set-up charged in the activations "
@@ -368,3 +378,10 @@ def assumptions(
             f"({workspace_bytes / MIB:g} MiB), none in the activations"
         )
     return out
+
+
+def priced_routing(routing: str, unpriced: frozenset[str]) -> str:
+    """The MoE routing a step was priced under: its own, or ``concentrated`` where the
+    routing is not priced (the reference charges every expert row concentrated; at EP 1
+    every routed copy lands on the rank's experts whatever the routing)."""
+    return "concentrated" if "moe_routing" in unpriced else routing

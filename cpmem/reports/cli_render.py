@@ -107,8 +107,10 @@ def routing_line(est: Estimate) -> str | None:
             continue
         label = f"capacity factor {est.capacity_factor:g}" if name == "capacity" else name
         others.append(f"{label} {fmt_gib(b)} GiB")
+    bound = est.routing_bound
+    article = "an" if bound[0] in "aeiou" else "a"
     line = (
-        f"MoE routing: {est.facts.moe_routing}, a {est.routing_bound}: "
+        f"MoE routing: {est.facts.moe_routing}, {article} {bound}: "
         f"{fmt_gib(figures[own])} GiB; under " + ", ".join(others)
     )
     saved = figures[own] - figures.get("capacity", figures[own])

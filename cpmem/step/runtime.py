@@ -31,6 +31,9 @@ AttentionBackend = Literal["flash", "fused", "unfused", "local"]
 ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = get_args(AttentionBackend)
 TransformerImpl = Literal["transformer_engine", "local"]
 MoeDispatcher = Literal["alltoall", "allgather"]
+DEV_CONTAINER = "dev"
+"""The container Transformer Engine's choice is made in where none is named
+(``backend_choice.NAMED_CONTAINERS``)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,10 @@ class Runtime:
     backend_resolved: bool = True
     """False while ``auto`` waits for the request whose sequence Transformer Engine's
     selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""
-    container: str = "dev"
+    container: str = DEV_CONTAINER
     """The container Transformer Engine's choice under ``auto`` is made in
-    (``backend_choice.NAMED_CONTAINERS``)."""
+    (``backend_choice.NAMED_CONTAINERS``); the one named, whatever the backend, so a
+    container no ``auto`` reads is named as such (``registry.inapplicable_options``)."""
     default_policy: str = "reference"
     """The policy a step is priced with where none is named: ART's published LoRA formula
     for its trainer; ``tight`` for Megatron-LM's runs, the one layer-by-layer model its

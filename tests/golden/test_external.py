@@ -377,7 +377,12 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
     ),
     (StepSettings, "allow_long"): (_same, _set(allow_long=True), {"allow_long"}),
     (StepSettings, "cp_comm"): (_same, _set(cp_comm="p2p"), {"cp_comm"}),
-    (StepSettings, "dtype_bytes"): (_same, _set(dtype_bytes=4), {"dtype_bytes"}),
+    # fp32 attention runs unfused (flash and fused take bf16/fp16 only): from an unfused base
+    (StepSettings, "dtype_bytes"): (
+        _set(runtime=Runtime().with_backend("unfused", "unfused")),
+        _set(runtime=Runtime().with_backend("unfused", "unfused"), dtype_bytes=4),
+        {"dtype_bytes"},
+    ),
     (ParallelLayout, "tp"): (_same, _nested("layout", tp=1), {"tp"}),
     (ParallelLayout, "cp"): (_same, _nested("layout", cp=4), {"cp", "rank_tokens"}),
     (ParallelLayout, "sp"): (_same, _nested("layout", sp=False), {"sp"}),
