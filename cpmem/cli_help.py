@@ -15,9 +15,11 @@ HELP: dict[str, str] = {
     "(--lora-rank N: a LoRA run on that model); with --world-size and --device (default h100) "
     "(docs/megatron-runtime.md)",
     "--world-size": "with --megatron-args: the GPUs the run uses; DP = world / (TP x PP x CP)",
-    "--container": "the container Transformer Engine's attention choice "
-    "is made in under --attention-backend auto: dev (NGC PyTorch 25.11, TE 2.11; default) or "
-    "ngc-24.01 (Megatron-LM's lts image until 2025-11-06, whose flash-attn TE does not use)",
+    "--container": "the container the run's software is read from: Transformer Engine's "
+    "attention choice under --attention-backend auto, and the PyTorch that compiles the fused "
+    "cross entropy (--head fused): dev (NGC PyTorch 25.11, TE 2.11; default), ngc-24.10 "
+    "(PyTorch 2.5) or ngc-24.01 (Megatron-LM's lts image until 2025-11-06, PyTorch 2.2, whose "
+    "flash-attn TE does not use)",
     "--rank": "the rank answered: busiest (default: the stage and data-parallel rank where "
     "static memory and activations together peak), last (the last global rank, which "
     "Megatron-LM logs) or a global rank number in megatron's order (tp-cp-ep-dp-pp)",

@@ -9,6 +9,7 @@ anywhere reaches pricing the same way, with the same checks and warnings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -183,7 +184,8 @@ def describe_settings(
     wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``; where
     Transformer Engine runs the model's attention under another type only, the first it
     runs: ``default_cp_comm``) and ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
-    picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
+    picks in ``container`` (``dev``, ``ngc-24.10`` or ``ngc-24.01``, ``backend_choice``; its PyTorch also
+    prices the fused head, ``torch_build``), resolved when the
     step is planned, for its longest sequence (ART's default: the measured ``fused``)."""
     process = runtime if isinstance(runtime, Runtime) else _runtime(check_runtime(runtime))
     fused_swiglu_asked = fused_swiglu is not None
@@ -206,6 +208,8 @@ def describe_settings(
     if attention_backend is None and not isinstance(runtime, Runtime):
         # the runtime's default: ART's measured fused backend; Megatron-LM's own auto
         attention_backend = "auto" if process.name == "megatron-lm" else None
+    if not isinstance(runtime, Runtime):
+        process = replace(process, container=container)
     if attention_backend == "auto":
         process = process.pending_auto(container)
     elif attention_backend is not None:

@@ -74,8 +74,9 @@ class Runtime:
     """False while ``auto`` waits for the request whose sequence Transformer Engine's
     selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""
     container: str = "dev"
-    """The container Transformer Engine's choice under ``auto`` is made in
-    (``backend_choice.NAMED_CONTAINERS``)."""
+    """The container the run's software is read from (``backend_choice.NAMED_CONTAINERS``):
+    Transformer Engine's choice under ``auto`` is made in it, and its PyTorch compiles
+    megatron's fused cross entropy (``cpmem.step.torch_build``)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
     """What the runtime's settings assume (shown with the estimate)."""
 
