@@ -17,10 +17,12 @@ HELP: dict[str, str] = {
     "--world-size": "the GPUs the run uses: DP = world / (TP x PP x CP); required with "
     "--megatron-args; with --model or --config in place of --dp (a --dp that differs is "
     "refused; capacity, which searches layouts, takes --dp)",
-    "--container": "the container Transformer Engine's attention choice "
-    "is made in under --attention-backend auto: dev (NGC PyTorch 25.11, TE 2.11; default) or "
-    "ngc-24.01 (Megatron-LM's lts image until 2025-11-06, whose flash-attn TE does not use); "
-    "another name is refused, and one beside a named backend is listed as ignored",
+    "--container": "the container the run's software is read from: Transformer Engine's "
+    "attention choice under --attention-backend auto, and the PyTorch that compiles the fused "
+    "cross entropy (--head fused): dev (NGC PyTorch 25.11, TE 2.11; default), ngc-24.10 "
+    "(PyTorch 2.5) or ngc-24.01 (Megatron-LM's lts image until 2025-11-06, PyTorch 2.2, whose "
+    "flash-attn TE does not use); another name is refused, and one that neither reads is "
+    "listed as ignored",
     "--rank": "the rank answered: busiest (default: the stage and data-parallel rank where "
     "static memory and activations together peak), last (the last global rank, which "
     "Megatron-LM logs) or a global rank number in megatron's order (tp-cp-ep-dp-pp); it picks "

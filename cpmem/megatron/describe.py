@@ -127,9 +127,11 @@ def megatron_recompute(args: MegatronArgs) -> Recompute:
     return Recompute(Mode.NONE, ())
 
 
-def megatron_runtime(args: MegatronArgs, choice: BackendChoice) -> Runtime:
-    """The process Megatron-LM runs for ``args``, with the attention backend chosen."""
+def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str = "dev") -> Runtime:
+    """The process Megatron-LM runs for ``args`` in ``container``, with the attention
+    backend chosen."""
     return Runtime.megatron_lm(
+        container=container,
         attention_backend=choice.backend,
         backend_asked=choice.asked,
         backend_spread=choice.spread,
@@ -274,7 +276,7 @@ def megatron_run(
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
         "cp_comm": args.cp_comm_type,
         "step": "steady",
-        "runtime": replace(megatron_runtime(args, choice), container=container),
+        "runtime": megatron_runtime(args, choice, container),
         "training": "full",
         "optimizer": "adam",
         "distributed_optimizer": args.use_distributed_optimizer,

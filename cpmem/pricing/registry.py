@@ -191,17 +191,18 @@ def _rank_read(settings: StepSettings) -> bool:
 
 def _process_unread(step: Step) -> list[str]:
     """Process settings the step cannot use: a SwiGLU fusion asked of a model without a
-    gated MLP, a container where no ``auto`` choice reads it, micro-batches that repeat
+    gated MLP, a container where no ``auto`` choice or fused head reads it, micro-batches that repeat
     the request one after another at PP 1, leave to price long sequences where none is."""
     g, settings = step.geometry, step.settings
     runtime, pipe = settings.runtime, settings.pipeline
     out = []
     if settings.fused_swiglu_asked and not g.gated_mlp:
         out.append(f"fused_swiglu: {g.name}'s MLP is not gated, no SwiGLU to fuse")
-    if runtime.container != DEV_CONTAINER and runtime.backend_asked != "auto":
+    fused_head = step.head.kind == "fused"  # its PyTorch compiles the fused loss
+    if runtime.container != DEV_CONTAINER and runtime.backend_asked != "auto" and not fused_head:
         out.append(
-            "container: only --attention-backend auto reads it (Transformer Engine's choice); "
-            f"{runtime.attention_backend} is named"
+            "container: only --attention-backend auto (Transformer Engine's choice) and the "
+            f"fused head (its PyTorch) read it; {runtime.attention_backend} is named"
         )
     if pipe.microbatches > 1 and not pipe.active and not step.microbatches:
         out.append(

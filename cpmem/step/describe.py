@@ -185,11 +185,12 @@ def describe_settings(
     wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``; where
     Transformer Engine runs the model's attention under another type only, the first it
     runs: ``default_cp_comm``) and ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
-    picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
-    step is planned, for its longest sequence (ART's default: the measured ``fused``; an
-    fp32 step's, ``auto`` on either runtime, since Transformer Engine runs flash and fused
-    on bf16/fp16 only). An unknown ``container`` is refused whether or not ``auto`` reads
-    it; one no ``auto`` reads is named in ``ignored_options``."""
+    picks in ``container`` (``dev``, ``ngc-24.10`` or ``ngc-24.01``, ``backend_choice``; its
+    PyTorch also prices the fused head, ``torch_build``), resolved when the step is planned,
+    for its longest sequence (ART's default: the measured ``fused``; an fp32 step's, ``auto``
+    on either runtime, since Transformer Engine runs flash and fused on bf16/fp16 only). An
+    unknown ``container`` is refused whether or not anything reads it; one nothing reads is
+    named in ``ignored_options``."""
     process = runtime if isinstance(runtime, Runtime) else Runtime.named(runtime)
     fused_swiglu_asked = fused_swiglu is not None
     if fused_swiglu is None:  # the runtime's (Megatron-LM's --bias-swiglu-fusion) or the model's

@@ -77,9 +77,11 @@ class Runtime:
     """False while ``auto`` waits for the request whose sequence Transformer Engine's
     selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""
     container: str = DEV_CONTAINER
-    """The container Transformer Engine's choice under ``auto`` is made in
-    (``backend_choice.NAMED_CONTAINERS``); the one named, whatever the backend, so a
-    container no ``auto`` reads is named as such (``registry.inapplicable_options``)."""
+    """The container the run's software is read from (``backend_choice.NAMED_CONTAINERS``):
+    Transformer Engine's choice under ``auto`` is made in it, and its PyTorch compiles
+    megatron's fused cross entropy (``cpmem.step.torch_build``); the one named, whatever the
+    backend, so a container nothing reads is named as such
+    (``registry.inapplicable_options``)."""
     default_policy: str = "reference"
     """The policy a step is priced with where none is named: ART's published LoRA formula
     for its trainer; ``tight`` for Megatron-LM's runs, the one layer-by-layer model its

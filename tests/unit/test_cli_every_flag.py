@@ -208,7 +208,7 @@ def test_an_unknown_container_is_refused_on_every_door(
 ) -> None:
     code, err = _run([*DOORS[door], "--container", "bogus"], capsys)
     assert code == 2
-    assert "container='bogus': must be one of ['dev', 'ngc-24.01']" in err
+    assert "container='bogus': must be one of ['dev', 'ngc-24.01', 'ngc-24.10']" in err
 
 
 @pytest.mark.parametrize(
