@@ -38,8 +38,12 @@ from tests.golden import external_estimators as ext
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "tests.golden.external_estimators"
 MIB = 1 << 20
-EVERY_TARGET = ["qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts"]
-ATTENTION_TARGETS = ["qkv", "proj", "gdn_in", "gdn_out"]
+# trainer.ADAPTER_TARGETS written out: the mixers' projections (attention, GDN, Mamba-2's
+# in_proj/out_proj) and the feed-forward ones
+EVERY_TARGET = [
+    "qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts", "mamba_in", "mamba_out"
+]  # fmt: skip
+ATTENTION_TARGETS = ["qkv", "proj", "gdn_in", "gdn_out", "mamba_in", "mamba_out"]
 DOC = (ROOT / "docs" / "external-estimators.md").read_text(encoding="utf-8")
 
 
