@@ -87,7 +87,7 @@ HELP: dict[str, str] = {
     "--lora-rank": "LoRA adapter rank (default 1, the measured harness)",
     "--lora-dropout": "dropout on the adapters' input, in [0, 1) (default 0)",
     "--lora-targets": "projections with adapters: all (default), attention, mlp, or names "
-    "joined by commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts",
+    "joined by commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts, mamba_in, mamba_out",
     "--cp-comm": "attention's CP communication: all_gather (K/V gathered, the measured "
     "runtime; ART's default), p2p (ring; Megatron-LM's default), a2a (Ulysses all-to-all "
     "over heads), a2a+p2p (Megatron-LM's hierarchical CP, priced as its p2p ring)",
