@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cpmem.admission.admission import Decision
+from cpmem.admission.budget import BUDGET_DEVICE
 from cpmem.admission.capacity import Capacity, Fit
 from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
@@ -160,19 +161,19 @@ def render_static(est: Estimate) -> list[str]:
 def render_whole_device(decision: Decision) -> list[str]:
     """The device's bytes on every rank, the busiest marked."""
     whole = decision.whole_device()
-    rows = [
-        [name, f"{whole[key]:,}", fmt_gib(float(str(whole[key])))]
-        for name, key in (
-            ("static", "static_bytes"),
-            ("activations", "activations_bytes"),
-            ("head", "head_bytes"),
-            ("reserve (3%)", "reserve_bytes"),
-            ("outside PyTorch", "non_torch_bytes"),
-            ("free", "free_bytes"),
-            ("device total", "device_total_bytes"),
-        )
-    ]
-    lines = table([f"device {whole['device']}, busiest rank", "bytes", "GiB"], rows, right=(1, 2))
+    given = whole["device"] == BUDGET_DEVICE  # a given budget: nothing taken off it
+    keys = (
+        ("static", "static_bytes"),
+        ("activations", "activations_bytes"),
+        ("head", "head_bytes"),
+        *(() if given else (("reserve (3%)", "reserve_bytes"),)),
+        *(() if given else (("outside PyTorch", "non_torch_bytes"),)),
+        ("free", "free_bytes"),
+        ("budget" if given else "device total", "device_total_bytes"),
+    )
+    rows = [[name, f"{whole[key]:,}", fmt_gib(float(str(whole[key])))] for name, key in keys]
+    title = "--budget-gib" if given else f"device {whole['device']}"
+    lines = table([f"{title}, busiest rank", "bytes", "GiB"], rows, right=(1, 2))
     per_rank = whole["per_rank_bytes"]
     assert isinstance(per_rank, list)
     marks = [
@@ -191,12 +192,15 @@ def render_whole_device(decision: Decision) -> list[str]:
 
 def step_kinds_line(decision: Decision) -> str | None:
     """Which step kind the decision was taken on, with the chosen variant's bytes at each
-    (whole-device bytes against a device, activations against a given budget); None
-    where none was recorded."""
+    (whole-device bytes against a device or a budget, activations against the runtime's
+    figures); None where none was recorded."""
     if not decision.step_kinds:
         return None
     kinds = ", ".join(f"{k} {fmt_gib(b)} GiB" for k, b in decision.step_kinds)
-    where = "on the device" if decision.device_budget is not None else "of its activations"
+    where = "of its activations"
+    if decision.device_budget is not None:
+        given = decision.device_budget.device.name == BUDGET_DEVICE
+        where = "with its static memory" if given else "on the device"
     if len({b for _, b in decision.step_kinds}) == 1:
         return f"decided on the first and the steady step alike ({kinds})"
     return f"decided on the {decision.estimate.step_kind} step, the larger {where} ({kinds})"
