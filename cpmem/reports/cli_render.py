@@ -19,7 +19,7 @@ from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS
 from cpmem.reports.tables import table
 from cpmem.step.routing import LABELS, routing_kind
 from cpmem.step.step import Step
-from cpmem.units import MIB, fmt_gib
+from cpmem.units import MIB, counted, fmt_gib
 
 
 def render_estimate(est: Estimate, plan: Plan) -> str:
@@ -212,7 +212,7 @@ def stages_label(settings: Mapping[str, Any]) -> str:
         return ""
     vpp, m = int(settings.get("vpp", 1)), int(settings.get("microbatches", 1))
     chunks = f", {vpp} chunks a stage" if vpp > 1 else ""
-    return f"  pp {pp}{chunks}, {m} micro-batches (the busiest stage's figure and static)"
+    return f"  pp {pp}{chunks}, {counted(m, 'micro-batch')} (the busiest stage's figure and static)"
 
 
 def render_capacity(found: Capacity) -> str:
@@ -333,7 +333,7 @@ def render_megatron_estimate(
         f"of {pipe.pp}) of {world}: TP {layout.tp} PP {pipe.pp} CP {layout.cp} DP {layout.dp}"
         + (f" VP {pipe.vpp}" if pipe.vpp > 1 else "")
         + moe
-        + f", {pipe.microbatches} micro-batches, "
+        + f", {counted(pipe.microbatches, 'micro-batch')}, "
         f"{settings.device.name if settings.device else 'no device'}, attention "
         f"{runtime.attention_backend}{asked}; policy {est.policy}",
     ]

@@ -142,6 +142,8 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
     under full recompute and no-grad the widest no-grad pass of a sub-layer. Freed
     before backward starts."""
     rc = step.recompute
+    if not geometry.layers:  # a pipeline chunk of the embedding or the loss alone
+        return 0
     if rc.one_layer_at_a_time:
         candidates = [moe.nograd_width(geometry, w, step)] if geometry.moe_layers else []
         if "attention" in geometry.mixers:
@@ -200,6 +202,8 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     dense CP 8 grid rows without recompute peak in the flash backward."""
     if step.recompute.full:
         return full_backward_width(geometry, w, step)
+    if not geometry.layers:  # a pipeline chunk of the loss alone: no layer runs backward
+        return 0
     mixer, ffn = geometry.mixers[-1], geometry.mlps[-1]
     ffn_phase = 0
     if ffn == "dense":
