@@ -14,9 +14,10 @@ HELP: dict[str, str] = {
     "--policy tight unless named; every other flag given overrides the arguments' setting "
     "(--lora-rank N: a LoRA run on that model); with --world-size and --device (default h100) "
     "(docs/megatron-runtime.md)",
-    "--world-size": "the GPUs the run uses: DP = world / (TP x PP x CP); required with "
-    "--megatron-args; with --model or --config in place of --dp (a --dp that differs is "
-    "refused; capacity, which searches layouts, takes --dp)",
+    "--world-size": "the GPUs the run uses: DP = world / (TP x PP x CP), after any "
+    "--tp/--pp/--cp given; required with --megatron-args; with --model or --config in place "
+    "of --dp (a --dp that contradicts it is refused; capacity, which searches layouts, takes "
+    "--dp)",
     "--container": "the container the run's software is read from: Transformer Engine's "
     "attention choice under --attention-backend auto, and the PyTorch that compiles the fused "
     "cross entropy (--head fused): dev (NGC PyTorch 25.11, TE 2.11; default), ngc-24.10 "
@@ -102,9 +103,11 @@ HELP: dict[str, str] = {
     "--json": "print one JSON object instead of the table",
     "--peak-bytes": "profile record: the measured activation peak of the step's busiest rank "
     "(its peak allocated bytes in the forward less those allocated before it)",
-    "--budget-gib": "usable bytes per rank, in GiB",
-    "--free-bytes": "free device bytes per rank (with the two flags below instead of "
-    "--budget-gib: usable = free + reusable reserved - a 3%% reserve of the device total)",
+    "--budget-gib": "the device's usable bytes per rank, in GiB: static memory and activations "
+    "together, as --device weighs them (beside --device the smaller decides)",
+    "--free-bytes": "a running process's free device bytes per rank (with the two flags below: "
+    "what it has left once its static memory is allocated, free + reusable reserved - a 3%% "
+    "reserve of the device total, for the activations alone)",
     "--reusable-reserved-bytes": "bytes the caching allocator holds and can reuse",
     "--device-total-bytes": "the device's total memory in bytes, as the runtime reports it "
     "(a device without a preset; with --free-bytes: the runtime's own budget rule)",

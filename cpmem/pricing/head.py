@@ -123,6 +123,13 @@ def head_input_bytes(step: Step, tokens: int) -> int:
     return tokens * h * b + (tokens // s * h * b if s > 1 else 0)
 
 
+def keeps_norm_input(step: Step) -> bool:
+    """Whether the head's kept bytes hold the final norm's saved input (a trained output
+    layer's, ``trained_head_bytes``): the last layer's output, or in a pipeline chunk of
+    the loss alone the activation the chunk received."""
+    return not step.head.returns_hidden and step.settings.training == "full"
+
+
 def trained_head_bytes(step: Step, tokens: int) -> HeadBytes:
     """What a trained output layer adds to a frozen one's moments (full-parameter
     training; 0 for LoRA, whose output layer is megatron's ``LinearWithFrozenWeight`` and

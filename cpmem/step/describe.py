@@ -49,6 +49,7 @@ from cpmem.step.trainer import (
     check_optimizer,
     parse_targets,
 )
+from cpmem.units import counted
 
 
 class SettingsArguments(TypedDict, total=False):
@@ -427,10 +428,12 @@ def _microbatched(
     count = settings.get("microbatches")
     if count is not None and count not in (1, len(requests)):
         raise InputError(
-            "microbatches", count, f"differs from the {len(requests)} micro-batch requests"
+            "microbatches",
+            count,
+            f"differs from the {counted(len(requests), 'micro-batch request')}",
         )
-    counted: SettingsArguments = {**settings, "microbatches": len(requests)}
-    s = describe_settings(model, **counted)
+    each: SettingsArguments = {**settings, "microbatches": len(requests)}
+    s = describe_settings(model, **each)
     return s.step(requests[0], microbatches=requests if len(requests) > 1 else ())
 
 

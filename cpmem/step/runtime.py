@@ -195,6 +195,13 @@ class Runtime:
         """The runtime called ``name`` with its own values."""
         return {"art": cls.art, "megatron-lm": cls.megatron_lm}[check_runtime(name)]()
 
+    def is_runtime(self, name: str) -> bool:
+        """Whether ``name`` is this process's runtime: its identity fields
+        (``IDENTITY_FIELDS``: the defaults and what the policies read) are that runtime's,
+        whatever the run's own settings (its backend, environment, fusions)."""
+        own = Runtime.named(name)
+        return all(getattr(own, f) == getattr(self, f) for f in IDENTITY_FIELDS)
+
     def environment(self) -> Mapping[str, str]:
         return dict(self.env)
 
@@ -219,6 +226,24 @@ class Runtime:
         """Whether the core attention materialises ``s x s`` probabilities (the unfused
         backends) rather than running one kernel over blocks (flash, fused)."""
         return self.attention_backend in ("unfused", "local")
+
+
+IDENTITY_FIELDS = (
+    "default_policy",
+    "default_recompute",
+    "default_cp_comm",
+    "default_backend",
+    "default_planner",
+    "fuses_swiglu",
+    "experts_follow_tp",
+    "fitted_margin",
+    "keeps_query_copy",
+    "published_formula",
+    "answers_peak",
+    "evidence",
+)
+"""The fields that tell one runtime from another (each runtime's own values, never the run's
+settings)."""
 
 
 def check_training(training: str) -> Training:

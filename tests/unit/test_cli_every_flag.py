@@ -176,7 +176,11 @@ def test_a_flag_is_priced_named_or_refused(
     if (door, flag) in SAME:
         assert not moved and not named, f"{flag} on {door}: no longer {SAME[door, flag]!r}"
         return
-    assert moved != bool(named), f"{flag} on {door}: moved={moved}, named={sorted(named)}"
+    # a flag is priced (moves a figure) or named, never both; a layout flag on the Megatron
+    # door may move the run and name what it moved (its micro-batches at PP 1)
+    own = flag.removeprefix("--").replace("-", "_")
+    named_own = own in named or (bool(named) and not moved)
+    assert moved != named_own, f"{flag} on {door}: moved={moved}, named={sorted(named)}"
 
 
 def test_world_size_beside_a_model_gives_the_data_parallel_ranks(

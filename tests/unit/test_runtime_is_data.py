@@ -17,8 +17,14 @@ def _is_runtime_name(node: ast.AST) -> bool:
     """``x.runtime.name``, ``runtime.name``, ``x.runtime`` (the estimate's runtime name)."""
     if isinstance(node, ast.Attribute) and node.attr == "name":
         inner = node.value
-        return (isinstance(inner, ast.Name) and inner.id in ("runtime", "process")) or (
-            isinstance(inner, ast.Attribute) and inner.attr == "runtime"
+        return (
+            (isinstance(inner, ast.Name) and inner.id in ("runtime", "process"))
+            or (isinstance(inner, ast.Attribute) and inner.attr == "runtime")
+            or (
+                isinstance(inner, ast.Subscript)
+                and isinstance(inner.slice, ast.Constant)
+                and inner.slice.value == "runtime"
+            )
         )
     return isinstance(node, ast.Attribute) and node.attr == "runtime"
 
@@ -50,6 +56,7 @@ def test_the_finder_finds_a_planted_comparison() -> None:
     )
     assert _name_comparisons(planted) == [1, 3]
     assert _name_comparisons(ast.parse('if "megatron-lm" in names:\n    pass\n')) == [1]
+    assert _name_comparisons(ast.parse('ok = given == arguments["runtime"].name\n')) == [1]
     assert _name_comparisons(ast.parse("if runtime.fitted_margin:\n    pass\n")) == []
 
 

@@ -131,6 +131,8 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
     saved set; a checkpointed MLP's no-grad working set, a checkpointed MoE's saved set;
     a mixer's CP exchange in flight; under full recompute and no-grad the widest no-grad
     pass of a sub-layer. Freed before backward starts."""
+    if not geometry.layers:  # a pipeline chunk of the embedding or the loss alone
+        return 0
     if step.recompute.one_layer_at_a_time:
         return max(spec.nograd_width(geometry, w, step) for spec in layer_specs(geometry))
     width = sum(mlp_spec(k).forward_transient(geometry, w, step) for k in geometry.mlp_kinds)
@@ -169,6 +171,8 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     backward."""
     if step.recompute.full:
         return full_backward_width(geometry, w, step)
+    if not geometry.layers:  # a pipeline chunk of the loss alone: no layer runs backward
+        return 0
     ffn_phase = mlp_spec(geometry.mlps[-1]).backward_phase(geometry, w, step)
     mixer_phase = mixer_spec(geometry.mixers[-1]).backward_phase(geometry, w, step)
     return max(ffn_phase, mixer_phase)
@@ -240,7 +244,7 @@ def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     last_layer = tokens * step.dtype_bytes * last_layer_backward_width(step.geometry, w, step)
     moment = max(first, local + last_layer)
     g = step.geometry
-    autotune = max(mixer_spec(k).cold_backward_bytes(step) for k in g.mixer_kinds)
+    autotune = max((mixer_spec(k).cold_backward_bytes(step) for k in g.mixer_kinds), default=0)
     if autotune:
         moment = max(moment, local + autotune)
     return moment

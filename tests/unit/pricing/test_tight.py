@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from harness import HARNESS
+from harness import HARNESS, SEED_BUDGET_BYTES, runtime_budget_flags
 from raw_sources import SOURCES, read_source
 
 import cpmem.pricing.tight  # noqa: F401  (registers "tight")
@@ -314,8 +314,7 @@ def test_cli_admits_the_27b_cp2_4k_pair_with_tight_forward_backward(
         "1228",
         "--cp",
         "2",
-        "--budget-gib",
-        "81.868",
+        *runtime_budget_flags(SEED_BUDGET_BYTES),  # the runtime's own budget for the pair
         "--policy",
         "tight",
         "--figure",
