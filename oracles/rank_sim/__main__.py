@@ -48,6 +48,8 @@ def _version(dist: str) -> str | None:
 
 def cpmem_counts(args: argparse.Namespace, lengths: list[int]) -> tuple[dict[str, Any], str]:
     """Per-rank counts from cpmem's default planner (lazy import; cpmem may be moving)."""
+    if args.megatron_args:
+        raise SimInputError("rank_tokens", None, "give --rank-tokens with --megatron-args")
     try:
         from cpmem import api
     except Exception as exc:
@@ -127,12 +129,18 @@ def request_counts(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from oracles.rank_sim.runner import simulate_rank
 
+    if sum(bool(x) for x in (args.config, args.model, args.megatron_args)) > 1:
+        raise SimInputError("model", None, "give one of --model, --config, --megatron-args")
     if args.config:
         model: SimModel = load_config(args.config)
+    elif args.megatron_args:
+        from oracles.rank_sim.hybrid import load_megatron_args
+
+        model = load_megatron_args(args.megatron_args)
     elif args.model:
         model = get_model(args.model)
     else:
-        raise SimInputError("model", None, "give --model or --config")
+        raise SimInputError("model", None, "give --model, --config or --megatron-args")
     if args.layers:
         model = model.truncated(args.layers)
     model.check_tp(args.tp)
@@ -158,7 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             segs, tuple(counts["attention_tokens"]), tuple(counts["gdn_tokens"]), tp=args.tp,
             rank=r, logical_tokens=counts["logical_tokens"], sp=not args.no_sp,
         )  # fmt: skip
-        res = simulate_rank(model, layout, rc, compiled=args.compiled, **moe, **step_kw)
+        res = simulate_rank(
+            model, layout, rc, compiled=args.compiled, micro_batch=args.micro_batch,
+            **moe, **step_kw,
+        )  # fmt: skip
         results.append(res.as_dict())
     busiest = max(results, key=lambda x: x["forward_backward_peak_bytes"])["rank"]
     return {
@@ -262,6 +273,13 @@ def run_stages(
     pp = 1 if args.pp is None else args.pp
     vpp = 1 if args.vpp is None else args.vpp
     stage_layers = _ints("stage_layers", args.stage_layers)
+    if args.micro_batch != 1:
+        raise SimInputError("micro_batch", args.micro_batch, "pipeline stages run packed rows (1)")
+    segments = list(model.pipeline_segments)
+    if stage_layers is None and segments:  # a hybrid pattern's '|' segments fix the stages
+        if len(segments) % pp:
+            raise SimInputError("pp", pp, f"does not divide the pattern's {len(segments)} segments")
+        stage_layers, vpp = segments, (vpp if args.vpp is not None else len(segments) // pp)
     requests = _microbatch_requests(args)
     chunks, group = check_pipeline(
         pp, 0 if args.stage is None else args.stage, vpp, len(requests), args.microbatch_group_size
@@ -349,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m oracles.rank_sim", description=__doc__)
     ap.add_argument("--model", help="preset name or recorded id (e.g. qwen3.5-27b)")
     ap.add_argument("--config", help="a Hugging Face config.json")
+    ap.add_argument(
+        "--megatron-args",
+        help="a hybrid model from Megatron-LM arguments: a model_config.yaml (MODEL_ARGS), "
+        "a JSON object of flags, or a text of --flag value words (hybrid.py)",
+    )
     ap.add_argument("--lengths", help="sequence lengths, comma-separated")
     ap.add_argument("--shared-prefix", type=int, default=0)
     ap.add_argument("--rank-tokens", help="explicit per-CP-rank token counts (TP padding included)")
@@ -387,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"CP attention communication: {' | '.join(CP_COMMS)} (default all_gather)",
     )
     ap.add_argument("--rank", type=int, default=None, help="simulate this CP rank only")
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        default=1,
+        help="rows of megatron's [s, b, h] the rank's tokens form (Mamba layers; default 1: "
+        "one packed row)",
+    )
     pipe = ap.add_argument_group(
         "pipeline stages", "any of these runs pipeline stages (oracles/rank_sim/pipeline/stage.py)"
     )

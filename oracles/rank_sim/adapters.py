@@ -29,8 +29,10 @@ adapter input is ``x`` itself (PEFT's ``nn.Identity``).
 
 Names: ``qkv`` (attention QKV), ``proj`` (attention output), ``gdn_in`` / ``gdn_out``
 (Gated DeltaNet input/output projections), ``fc1`` / ``fc2`` (the dense MLP's and the
-MoE shared expert's), ``experts`` (the routed experts' fc1 and fc2). Groups: ``all``,
-``attention`` (the token mixers' projections), ``mlp`` (fc1, fc2, experts).
+MoE shared expert's), ``experts`` (the routed experts' fc1 and fc2), ``mamba_in`` /
+``mamba_out`` (the Mamba-2 mixer's ``in_proj`` / ``out_proj``). Groups: ``all``,
+``attention`` (the attention and GDN projections), ``mamba`` (the Mamba-2 mixer's two),
+``mlp`` (fc1, fc2, experts).
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ from torch import nn
 from oracles.rank_sim.geometry import SimInputError
 
 BF16 = torch.bfloat16
-TARGETS = ("qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts")
+TARGETS = ("qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts", "mamba_in", "mamba_out")
 GROUPS: dict[str, tuple[str, ...]] = {
     "all": TARGETS,
     "attention": ("qkv", "proj", "gdn_in", "gdn_out"),
+    "mamba": ("mamba_in", "mamba_out"),
     "mlp": ("fc1", "fc2", "experts"),
 }
 

@@ -29,7 +29,9 @@ class SimInputError(ValueError):
 
 @dataclass(frozen=True)
 class SimModel:
-    """One decoder's shapes. ``kinds`` lists each layer's mixer: ``attention`` or ``gdn``."""
+    """One decoder's shapes. ``kinds`` lists each layer's mixer: ``attention``, ``gdn``,
+    ``mamba``, or "" for a layer without one (a hybrid stack's MLP- or MoE-only layer);
+    ``mlp_kinds`` each layer's feed-forward ("" for a mixer-only layer)."""
 
     name: str
     hidden: int
@@ -95,6 +97,23 @@ class SimModel:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Mamba-2 mixers (megatron-core ``MambaMixer``; hybrid.py): heads, head dim, state
+    # dim (d_state), B/C groups, conv kernel and scan chunk (the mixer's defaults 4, 128)
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state: int = 0
+    mamba_groups: int = 0
+    mamba_conv_kernel: int = 4
+    mamba_chunk: int = 128
+    # the dense MLP is a GLU (fc1 2F wide); False: one F-wide fc1 and ``mlp_activation``
+    # "squared_relu" (Megatron's --squared-relu) or "gelu" (its default)
+    mlp_gated: bool = True
+    # attention layers rotate q and k (rope tables); False: no position embedding in
+    # attention (Megatron's learned_absolute / none)
+    rope: bool = True
+    # layers per pipeline segment when the description fixes them (a hybrid pattern's
+    # ``|``); () lets the pipeline split evenly
+    pipeline_segments: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def mla(self) -> bool:
@@ -114,8 +133,12 @@ class SimModel:
     def gdn_layers(self) -> int:
         return sum(k == "gdn" for k in self.kinds)
 
+    @property
+    def mamba_layers(self) -> int:
+        return sum(k == "mamba" for k in self.kinds)
+
     def mlp_kind(self, layer: int) -> str:
-        """Layer ``layer``'s feed-forward kind: "dense" or "moe"."""
+        """Layer ``layer``'s feed-forward kind: "dense", "moe", or "" (none)."""
         if self.mlp_kinds:
             return self.mlp_kinds[layer]
         return "moe" if self.moe else "dense"
@@ -126,12 +149,16 @@ class SimModel:
 
     def truncated(self, layers: int) -> SimModel:
         """The first ``layers`` layers (the interleave pattern kept)."""
+        return replace(self.sliced(0, layers), name=f"{self.name}[:{layers}]")
+
+    def sliced(self, lo: int, hi: int) -> SimModel:
+        """Layers [lo, hi): every per-layer field cut alike (a pipeline chunk's)."""
         return replace(
             self,
-            name=f"{self.name}[:{layers}]",
-            kinds=self.kinds[:layers],
-            mlp_kinds=self.mlp_kinds[:layers],
-            windows=self.windows[:layers],
+            kinds=self.kinds[lo:hi],
+            mlp_kinds=self.mlp_kinds[lo:hi],
+            windows=self.windows[lo:hi],
+            pipeline_segments=(),
         )
 
     def check_tp(self, tp: int) -> None:
@@ -148,6 +175,11 @@ class SimModel:
             raise SimInputError("tp", tp, f"does not divide the FFN width {self.ffn}")
         if self.dense_ffn % tp:
             raise SimInputError("tp", tp, f"does not divide the dense FFN width {self.dense_ffn}")
+        if self.mamba_layers and (self.mamba_heads % tp or self.mamba_groups % tp):
+            raise SimInputError(
+                "tp", tp, f"does not divide the {self.mamba_heads} Mamba heads and "
+                f"{self.mamba_groups} groups",
+            )  # fmt: skip
         if self.moe and self.shared_expert_ffn % tp:
             raise SimInputError(
                 "tp", tp, f"does not divide the shared expert {self.shared_expert_ffn}"
@@ -291,7 +323,7 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
     dense_mla = family in MLA_FAMILIES and not text.get("n_routed_experts")
     if family in MOE_FAMILIES and not dense_mla:  # an MLA config without experts is dense
         moe = moe_family_fields(text, family, layers, get)
-    elif text.get("num_experts") or text.get("n_routed_experts"):
+    elif family != "nemotron_h" and (text.get("num_experts") or text.get("n_routed_experts")):
         experts = int(text.get("num_experts") or text.get("n_routed_experts"))
         moe = {
             "moe": True,
@@ -326,6 +358,10 @@ def from_hf_config(raw: dict[str, Any], name: str = "config") -> SimModel:
     )
     fields.update(_attention_family(text, family, layers, get))
     fields.update(_plain_attention(text, family))
+    if family == "nemotron_h":  # Mamba-2 hybrid stacks (hybrid.py)
+        from oracles.rank_sim.hybrid import nemotron_h_fields
+
+        fields.update(nemotron_h_fields(text, layers, get))
     return SimModel(**fields)
 
 
@@ -431,6 +467,7 @@ DEFAULT_FAMILIES = (
 # decoder these fields describe)
 FAMILIES = (
     *DEFAULT_FAMILIES, *PLAIN_ATTENTION_FAMILIES, *MOE_FAMILIES, "gemma2", "gemma3_text", "gemma3",
+    "nemotron_h",
 )  # fmt: skip
 
 

@@ -47,6 +47,7 @@ class RankContext:
     routing: str = "concentrated"  # MoE routing: balanced | concentrated (oracles/rank_sim/moe.py)
     adapters: AdapterSpec = field(default_factory=AdapterSpec)  # rank, dropout, targets
     cp_comm: str = "all_gather"  # CP attention communication (oracles/rank_sim/cp_comm.py)
+    micro_batch: int = 1  # rows of megatron's [s, b, h] the tokens form (Mamba layers)
 
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
@@ -120,7 +121,9 @@ class Attention(nn.Module):
 
     Gemma (``model.sandwich_norms``): the output projection's result goes through its own
     RMSNorm (HF ``Gemma3DecoderLayer.post_attention_layernorm``) before the residual add.
-    ``model.qk_norm`` off (Llama, Mistral, Qwen2, Gemma 2, gpt-oss) skips the q/k norms.
+    ``model.qk_norm`` off (Llama, Mistral, Qwen2, Gemma 2, gpt-oss) skips the q/k norms;
+    ``model.rope`` off (Megatron hybrids without rope, ``nemotron_h``) sends q and k to the
+    kernel unrotated.
     ``window`` (set per layer by ``build_layers`` from ``model.window``) reaches the CP
     core (cp_comm.py); the flash kernel keeps the same set with or without a window or a
     logit soft-cap."""
@@ -195,10 +198,12 @@ class Attention(nn.Module):
                 qkv = qkv + self.qkv_bias
             q, k, v, gate = self._split(qkv)
             del qkv
-            assert ctx.rope is not None
             norm = ctx.model.qk_norm
-            q = _rope(rmsnorm(q, self.qn_w) if norm else q, ctx.rope)
-            k = _rope(rmsnorm(k, self.kn_w) if norm else k, ctx.rope)
+            q = rmsnorm(q, self.qn_w) if norm else q
+            k = rmsnorm(k, self.kn_w) if norm else k
+            if ctx.model.rope:
+                assert ctx.rope is not None
+                q, k = _rope(q, ctx.rope), _rope(k, ctx.rope)
             if ctx.recompute.core_attn:
                 out = ctx.recompute.checkpoint(self.core, q, k, v)
             else:
@@ -284,7 +289,13 @@ class MLP(nn.Module):
     "gelu_tanh" (Gemma's ``gelu_pytorch_tanh``), ``F.gelu(approximate="tanh")`` (GeGLU;
     one op, saves its input). Gemma (``sandwich_norms``): the down projection's result goes
     through its own RMSNorm (``post_feedforward_layernorm``) inside the MLP. Under
-    selective ``mlp`` the norm and everything after it are checkpointed."""
+    selective ``mlp`` the norm and everything after it are checkpointed.
+
+    Ungated (``model.mlp_gated`` off: Megatron without ``--swiglu``): fc1 is F wide and
+    the activation megatron's ``MLP.forward`` applies to all of it: ``squared_relu``
+    (megatron.core.activations, ``torch.pow(F.relu(x), 2)``: relu keeps its output, pow
+    its input, the same tensor) or ``F.gelu`` (keeps its input); fc2's adapter keeps the
+    activation: 2F/t either way."""
 
     def __init__(self, ctx: RankContext, cfg: Any) -> None:
         super().__init__()
@@ -292,14 +303,17 @@ class MLP(nn.Module):
         self.ctx = ctx
         self.norm_w = _frozen(m.hidden)
         ffn = m.dense_ffn or m.ffn  # a dense layer of a model with experts: dense_ffn
-        self.fc1 = LoRAColumn(m.hidden, 2 * ffn // t, cfg, t, ctx.adapters, "fc1")
+        fc1 = (2 if m.mlp_gated else 1) * ffn // t
+        self.fc1 = LoRAColumn(m.hidden, fc1, cfg, t, ctx.adapters, "fc1")
         self.fc2 = LoRARow(ffn // t, m.hidden, cfg, ctx.layout, ctx.adapters, "fc2")
         self.post_w = _frozen(m.hidden) if m.sandwich_norms else None
 
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         h = self.fc1(gather_sp(hn, ctx.layout, keep_local=self.fc1.adapted))
-        if ctx.model.fused_swiglu or ctx.compiled:  # inductor fuses the unfused GLU too
+        if not ctx.model.mlp_gated:
+            act = _ungated(h, ctx.model.mlp_activation)
+        elif ctx.model.fused_swiglu or ctx.compiled:  # inductor fuses the unfused GLU too
             act = K.FusedSwiGLU.apply(h)
         else:
             x0, x1 = torch.chunk(h, 2, dim=-1)
@@ -323,26 +337,44 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Layer ``index``: its mixer (``kind``) and its feed-forward, ``MoE`` or ``MLP`` as
-    ``SimModel.mlp_kind(index)`` says (Qwen3-MoE's ``mlp_only_layers`` and
-    ``decoder_sparse_step``, DeepSeek-V3's ``first_k_dense_replace``)."""
+    """Layer ``index``: its mixer (``kind``: attention, GDN, Mamba-2, or "" for none) and
+    its feed-forward, ``MoE``, ``MLP`` or none as ``SimModel.mlp_kind(index)`` says
+    (Qwen3-MoE's ``mlp_only_layers`` and ``decoder_sparse_step``, DeepSeek-V3's
+    ``first_k_dense_replace``; a hybrid stack's one-sub-layer layers, hybrid.py)."""
 
     def __init__(self, ctx: RankContext, cfg: Any, kind: str, index: int = 0) -> None:
         super().__init__()
+        from oracles.rank_sim.mamba import MambaMixer
         from oracles.rank_sim.moe import MoE
 
         self.ctx, self.kind, self.index = ctx, kind, index
-        self.mixer = attention_layer(ctx, cfg) if kind == "attention" else GatedDeltaNet(ctx, cfg)
-        moe = ctx.model.mlp_kind(index) == "moe"
-        self.mlp: nn.Module = MoE(ctx, cfg) if moe else MLP(ctx, cfg)
+        mixers: dict[str, Callable[[RankContext, Any], nn.Module]] = {
+            "attention": attention_layer, "gdn": GatedDeltaNet, "mamba": MambaMixer,
+        }  # fmt: skip
+        self.mixer = mixers[kind](ctx, cfg) if kind else None
+        mlp_kind = ctx.model.mlp_kind(index)
+        self.mlp: nn.Module | None = (
+            MoE(ctx, cfg) if mlp_kind == "moe" else MLP(ctx, cfg) if mlp_kind else None
+        )
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.mixer(x))
+        if self.mixer is not None:
+            x = self.mixer(x)
+        return self.mlp(x) if self.mlp is not None else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ctx.recompute.full:
             return self.ctx.recompute.checkpoint(self.body, x)
         return self.body(x)
+
+
+def _ungated(h: torch.Tensor, activation: str) -> torch.Tensor:
+    """The ungated MLP's activation, as megatron's ``MLP.forward`` applies it."""
+    if activation == "squared_relu":
+        from megatron.core.activations import squared_relu
+
+        return squared_relu(h)
+    return F.gelu(h)
 
 
 def attention_layer(ctx: RankContext, cfg: Any) -> nn.Module:

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from oracles.rank_sim import kernels as K
 from oracles.rank_sim.adapters import AdapterSpec
 from oracles.rank_sim.cp_comm import check_cp_comm
-from oracles.rank_sim.geometry import SimModel
+from oracles.rank_sim.geometry import SimInputError, SimModel
 from oracles.rank_sim.head import HeadSpec
 from oracles.rank_sim.layers import RankContext, _config, build_layers, gather_sp
 from oracles.rank_sim.layout import RankLayout
@@ -107,7 +107,22 @@ def release_groups() -> None:
 
 
 def _count(layout: RankLayout, kind: str) -> int:
-    return layout.attn_local if kind == "attention" else layout.gdn_local
+    """Tokens a layer of ``kind`` runs on: the GDN layout's for GDN, else attention's
+    (Mamba's all-to-all starts from the attention layout; see ``_stream_count`` for a
+    layer without a mixer)."""
+    return layout.gdn_local if kind == "gdn" else layout.attn_local
+
+
+def _stream_count(layout: RankLayout, kinds: tuple[str, ...]) -> int:
+    """Tokens of the residual stream after ``kinds``: the last mixer's layout (an MLP-
+    or MoE-only layer keeps whatever layout it is handed)."""
+    mixers = [k for k in kinds if k]
+    return _count(layout, mixers[-1] if mixers else "attention")
+
+
+def _tables(model: SimModel) -> bool:
+    """Whether the step makes rope tables: an attention layer that rotates q and k."""
+    return model.rope and "attention" in model.kinds
 
 
 def simulate_rank(
@@ -123,16 +138,20 @@ def simulate_rank(
     lora_dropout: float = 0.0,
     lora_targets: str | tuple[str, ...] = "all",
     cp_comm: str = "all_gather",
+    micro_batch: int = 1,
 ) -> RankResult:
     """Forward (+ backward unless no-grad) of one rank; peaks per phase and component.
     ``ep`` and ``routing`` apply to MoE models (oracles/rank_sim/moe.py); ``head``
     (hidden | logits | fused | chunked:N | linear-ce, head.py), the adapters
     (``lora_rank``, ``lora_dropout``, ``lora_targets``: adapters.py) and ``cp_comm``
-    (all_gather | p2p | a2a: cp_comm.py) default to the calibration harness."""
+    (all_gather | p2p | a2a: cp_comm.py) default to the calibration harness.
+    ``micro_batch``: the rows of megatron's [s, b, h] the rank's tokens form, read by
+    Mamba layers (mamba.py; 1: one packed row)."""
     from oracles.rank_sim.moe import check_routing, expert_rows
 
     layout.check(model.gdn_layers > 0)
     model.check_tp(layout.tp)
+    check_micro_batch(model, layout, micro_batch)
     model.check_ep(ep, layout.tp * layout.cp)
     check_routing(routing)
     head_spec = HeadSpec.parse(head)
@@ -150,7 +169,7 @@ def simulate_rank(
         with FakeTensorMode(allow_non_fake_inputs=True):
             ctx = RankContext(
                 model, layout, recompute, compiled, cp_group, set_label, ep=ep, routing=routing,
-                adapters=adapters, cp_comm=cp_comm,
+                adapters=adapters, cp_comm=cp_comm, micro_batch=micro_batch,
             )  # fmt: skip
             layers = build_layers(ctx)
             params = list(layers.parameters())
@@ -170,10 +189,28 @@ def simulate_rank(
     result.seconds = time.perf_counter() - started
     result.ops = tracker.ops
     result.step = {"head": head_spec.label, **adapters.as_dict(), "cp_comm": cp_comm}
+    if micro_batch != 1:
+        result.step["micro_batch"] = micro_batch
     if model.moe:
         rows = {expert_rows(model, ctx.local(_count(layout, k)), ep, routing) for k in model.kinds}
         result.expert_rows = max(rows)
     return result
+
+
+def check_micro_batch(model: SimModel, layout: RankLayout, micro_batch: int) -> None:
+    """The micro-batch rows must split every Mamba layer's tokens; megatron's Mamba
+    asserts (head and group counts, CP) as input errors (mamba.py)."""
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise SimInputError("micro_batch", micro_batch, "must be an integer >= 1")
+    if not model.mamba_layers:
+        return
+    from oracles.rank_sim.mamba import check_mamba
+
+    check_mamba(model, layout.tp, layout.cp, layout.attention_tokens)
+    if layout.attn_local % micro_batch:
+        raise SimInputError(
+            "micro_batch", micro_batch, f"does not divide the rank's {layout.attn_local} tokens"
+        )
 
 
 def _needs_input_grad(ctx: RankContext) -> bool:
@@ -195,7 +232,7 @@ def _step(
     grad = torch.no_grad() if rc.no_grad else torch.enable_grad()
     labels = None
     if lm_head is not None:  # the batch's labels: one int64 per token the rank's head sees
-        last = _count(layout, model.kinds[-1])
+        last = _stream_count(layout, model.kinds)
         with ctx.label("labels"):
             labels = torch.empty((last,), dtype=torch.int64)
     with grad:
@@ -217,14 +254,15 @@ def _step(
                 # checkpoint would give them none
                 x = x.detach().requires_grad_(True)
             del emb
-        with ctx.label("rope"):
-            tables = (torch.empty((longest, model.rope_width), dtype=BF16),) * 2
-            ctx.rope = (tables[0], torch.empty_like(tables[1]))
-            del tables
+        if _tables(model):
+            with ctx.label("rope"):
+                tables = (torch.empty((longest, model.rope_width), dtype=BF16),) * 2
+                ctx.rope = (tables[0], torch.empty_like(tables[1]))
+                del tables
         count = first
         for layer in layers:
             want = _count(layout, layer.kind)
-            if want != count:
+            if layer.kind and want != count:
                 with ctx.label("relayout"):
                     x = K.Relayout.apply(x, ctx.local(want))
                 count = want

@@ -81,7 +81,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -98,7 +98,10 @@ from oracles.rank_sim.recompute import Recompute
 from oracles.rank_sim.runner import (
     _count,
     _needs_input_grad,
+    _stream_count,
+    _tables,
     _unpack,
+    check_micro_batch,
     init_groups,
     release_groups,
 )
@@ -479,6 +482,8 @@ def simulate_stage(
     _check_layouts(model, layouts)
     lay0 = layouts[0]
     model.check_tp(lay0.tp)
+    for lay in layouts:  # Mamba layers: megatron's asserts, one packed row each
+        check_micro_batch(model, lay, 1)
     model.check_ep(ep, lay0.tp * lay0.cp)
     check_routing(routing)
     head_spec = HeadSpec.parse(head)
@@ -592,7 +597,7 @@ def _build_chunk(ctx: RankContext, model: SimModel, lo: int, hi: int) -> Any:
     """Layers [lo, hi) as ``layers.build_layers`` builds them (frozen base, trainable
     adapters): it builds every layer of ``ctx.model``, so it is handed the chunk's slice
     and the whole model put back; the layers keep ``ctx`` and read only shapes of it."""
-    ctx.model = replace(model, kinds=model.kinds[lo:hi])
+    ctx.model = model.sliced(lo, hi)
     try:
         return build_layers(ctx)
     finally:
@@ -663,7 +668,7 @@ def _forward(
     grad = torch.no_grad() if rc.no_grad else torch.enable_grad()
     if last_stage and lm_head is not None:  # the batch's labels, as runner._step
         with ctx.label("labels"):
-            flight.labels = torch.empty((_count(layout, model.kinds[-1]),), dtype=torch.int64)
+            flight.labels = torch.empty((_stream_count(layout, model.kinds),), dtype=torch.int64)
     with grad:
         if first_stage:
             count = _count(layout, model.kinds[0])
@@ -678,21 +683,22 @@ def _forward(
                     x = x.detach().requires_grad_(True)
                 del emb
         else:  # megatron's recv_forward buffer: the previous virtual stage's output rows
-            count = _count(layout, model.kinds[lo - 1])
+            count = _stream_count(layout, model.kinds[:lo])
             with ctx.label("pp_input"):
                 x = torch.empty(
                     (ctx.local(count), model.hidden), dtype=BF16, requires_grad=not rc.no_grad
                 )
             flight.input = x
         longest = max(layout.attn_local, layout.gdn_local)
-        with ctx.label("rope"):
-            tables = (torch.empty((longest, model.head_dim), dtype=BF16),) * 2
-            ctx.rope = (tables[0], torch.empty_like(tables[1]))
-            del tables
+        if _tables(model):
+            with ctx.label("rope"):
+                tables = (torch.empty((longest, model.head_dim), dtype=BF16),) * 2
+                ctx.rope = (tables[0], torch.empty_like(tables[1]))
+                del tables
         flight.rope = ctx.rope
         for layer in layers:
             want = _count(layout, layer.kind)
-            if want != count:
+            if layer.kind and want != count:
                 with ctx.label("relayout"):
                     x = K.Relayout.apply(x, ctx.local(want))
                 count = want
