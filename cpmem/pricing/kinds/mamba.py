@@ -63,10 +63,12 @@ FP32 = 2
 LORA_ACTIVATIONS = 2
 """The harness's rank-1 ``A·x`` on in_proj and on out_proj."""
 
-STATE_TENSORS_FORWARD = 3
-"""Chunk-state tensors the scan's forward holds at once, in bf16-equivalents of one
-``d x N`` state per chunk: the fp32 states of ``_chunk_state_fwd`` (2) and the passed
-states ``_state_passing_fwd`` returns in the input's dtype (1)."""
+STATE_TENSORS_FORWARD = 1
+"""Chunk-state tensors live at the scan forward's last allocation, in bf16-equivalents of
+one ``d x N`` state per chunk: the passed states ``_state_passing_fwd`` returns in the
+input's dtype (the fp32 ones of ``_chunk_state_fwd`` are freed by then). The rank
+simulator's stand-in (oracles/rank_sim/mamba_kernels.py, its README's "Mamba-2")
+allocates and frees each buffer where mamba_ssm's host code names it."""
 
 STATE_TENSORS_BACKWARD = 4
 """Chunk-state tensors the scan's backward holds at once, in bf16-equivalents of one
@@ -109,11 +111,10 @@ def inner(g: ModelGeometry) -> int:
 
 def saved_core(g: ModelGeometry, tp: int) -> int:
     """Elements per token the mixer keeps beyond its input norm's set: the in_proj
-    output, ``KEPT_INNER_D`` inner-wide tensors, the norm's fp32 ``rstd`` per group and
-    the two rank-1 adapters' activations."""
-    return (in_proj_width(g) + KEPT_INNER_D * inner(g) + FP32 * g.mamba_groups) // tp + (
-        LORA_ACTIVATIONS
-    )
+    output, ``KEPT_INNER_D`` inner-wide tensors, the gated norm's fp32 ``rstd`` per group
+    and the input norm's per token, and the two rank-1 adapters' activations."""
+    rstd = FP32 * (g.mamba_groups + 1)
+    return (in_proj_width(g) + KEPT_INNER_D * inner(g) + rstd) // tp + LORA_ACTIVATIONS
 
 
 def states_per_token(g: ModelGeometry) -> int:
@@ -126,13 +127,20 @@ def cb_per_token(g: ModelGeometry) -> int:
     return FP32 * g.mamba_groups * g.mamba_chunk
 
 
-def forward_working_set(g: ModelGeometry, tp: int) -> int:
-    """Elements per token the scan's forward holds beside what the layer keeps: the
-    in_proj output ``forward`` still holds, the conv output, the per-head fp32 terms, the
-    chunk states, ``C·Bᵀ`` and the gated output before it is made contiguous."""
-    width = in_proj_width(g) + conv_channels(g) + inner(g)
+def scan_moment(g: ModelGeometry, tp: int) -> int:
+    """Elements per token at the scan forward's last allocation beside the layer's input
+    norm: the in_proj output ``forward`` still holds, the conv output, the per-head fp32
+    terms, the passed chunk states, ``C·Bᵀ``, ``out_x`` and the gated output (the rank
+    simulator: ``W + (d + 2GN) + 4h + dN/Q + 2GQ + 2d``, over TP)."""
+    width = in_proj_width(g) + conv_channels(g) + 2 * inner(g)
     width += PER_HEAD_FORWARD * g.mamba_heads + STATE_TENSORS_FORWARD * states_per_token(g)
     return (width + CB_TENSORS_FORWARD * cb_per_token(g)) // tp
+
+
+def forward_working_set(g: ModelGeometry, tp: int) -> int:
+    """Elements per token the scan's forward holds beside what the layer keeps: its
+    moment less ``out_x``, which the layer keeps."""
+    return scan_moment(g, tp) - inner(g) // tp
 
 
 def backward_working_set(g: ModelGeometry, tp: int) -> int:
@@ -182,13 +190,14 @@ class MambaSpec(MixerSpec):
 
     def nograd_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         """Without gradients, beside the kept layer inputs: the in_proj output formed as
-        base + LoRA delta + sum (``LORA_SUM_COPIES``) beside its norm's gathered output,
-        or the scan's moment: the in_proj output, its copy and the forward's working
-        set, whichever is larger."""
+        base + LoRA delta + sum (``LORA_SUM_COPIES``) beside the norm's local and gathered
+        output, or the scan's moment beside the norm's output, whichever is larger (the
+        rank simulator's two no-grad moments: ``H/t + H + 3W/t`` and
+        ``H/t + scan_moment``)."""
         tp = w.tp
-        forming = g.hidden + LORA_SUM_COPIES * in_proj_width(g) // tp
-        scan = in_proj_width(g) // tp + forward_working_set(g, tp)
-        return max(forming, scan)
+        norm = g.hidden // tp
+        forming = norm + g.hidden + LORA_SUM_COPIES * in_proj_width(g) // tp
+        return max(forming, norm + scan_moment(g, tp))
 
     def forward_transient(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         return forward_working_set(g, w.tp) if step.recompute.keeps_saved_sets else 0

@@ -137,9 +137,33 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
         return max(spec.nograd_width(geometry, w, step) for spec in layer_specs(geometry))
     width = sum(mlp_spec(k).forward_transient(geometry, w, step) for k in geometry.mlp_kinds)
     # a mixer's own moment (a CP exchange in flight, a kernel's working set) comes while
-    # it runs, not while the feed-forward block does
-    mixers = [mixer_spec(k).forward_transient(geometry, w, step) for k in geometry.mixer_kinds]
+    # it runs, not while the feed-forward block does, at its last layer, before the
+    # layers after it have kept anything
+    later = kept_after(geometry, w, step)
+    last = last_layer_of(geometry.mixers)
+    mixers = [
+        mixer_spec(k).forward_transient(geometry, w, step) - later[last[k] + 1]
+        for k in geometry.mixer_kinds
+    ]
     return max(width, *mixers)
+
+
+def last_layer_of(kinds: tuple[str, ...]) -> dict[str, int]:
+    """The index of the last layer of each kind in ``kinds`` (a stack's mixers or MLPs)."""
+    return {k: i for i, k in enumerate(kinds)}
+
+
+def kept_after(geometry: ModelGeometry, w: TightWidths, step: Step) -> list[int]:
+    """``out[i]``: elements per token the layers from ``i`` on keep at the end of forward
+    (what a sub-layer's moment at layer ``i - 1`` does not have beside it yet, and what
+    the backward has freed by the time it reaches layer ``i - 1``); ``out[L]`` is 0."""
+    out = [0] * (geometry.layers + 1)
+    for i in range(geometry.layers - 1, -1, -1):
+        mixer, mlp = mixer_spec(geometry.mixers[i]), mlp_spec(geometry.mlps[i])
+        kept = w.of(mixer.name) + w.of(mlp.name)
+        kept -= mixer.checkpoint_dropped(w, step) + mlp.checkpoint_dropped(w, step)
+        out[i] = out[i + 1] + kept
+    return out
 
 
 def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -165,7 +189,9 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     widest layer's recompute and backward (``full_backward_width``). Its FFN's backward
     runs first and frees what it recomputed before the mixer's starts, so the larger of
     the two phases (the kinds' ``backward_phase``: the MLP's buffers, a checkpointed MoE's
-    recompute, the attention's flash backward). Rank simulator, Qwen3.5-4B TP1
+    recompute, the attention's flash backward, Mamba's scan backward); a kind whose last
+    layer is not the model's (a hybrid stack's mixer before an MLP-only layer) at its
+    last layer, less what the layers after it kept and have freed. Rank simulator, Qwen3.5-4B TP1
     ``core_attn+mlp`` (8,192 tokens): 60,419 elements per token of backward buffers =
     ``2H + 6F`` + 3; the dense CP 8 grid rows without recompute peak in the flash
     backward."""
@@ -173,9 +199,15 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
         return full_backward_width(geometry, w, step)
     if not geometry.layers:  # a pipeline chunk of the loss alone: no layer runs backward
         return 0
-    ffn_phase = mlp_spec(geometry.mlps[-1]).backward_phase(geometry, w, step)
-    mixer_phase = mixer_spec(geometry.mixers[-1]).backward_phase(geometry, w, step)
-    return max(ffn_phase, mixer_phase)
+    # a kind's last layer, once the layers after it have freed their kept sets (a
+    # hybrid stack's Mamba layer before its MLP-only layer)
+    later = kept_after(geometry, w, step)
+    phases = [
+        spec(k).backward_phase(geometry, w, step) - later[i + 1]
+        for spec, stack in ((mlp_spec, geometry.mlps), (mixer_spec, geometry.mixers))
+        for k, i in last_layer_of(stack).items()
+    ]
+    return max(phases)
 
 
 def priced_tokens(step: Step) -> int:

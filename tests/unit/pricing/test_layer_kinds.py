@@ -144,12 +144,13 @@ def test_a_mamba_layer_keeps_its_in_proj_copy_three_inner_tensors_and_its_norm()
     reading of megatron's training path): the input norm's input and output (2H = 2,048),
     the residual dropout's bool mask (H/2 = 512, dropout 0.1), the in_proj output's copy
     (2d + 2GN + heads = 6,176), out_x, the gated norm's input and output (3d = 6,144), the
-    norm's fp32 rstd per group (2G = 16) and two rank-1 A·x (2)."""
+    norm's fp32 rstd per group (2G = 16), the input norm's fp32 rstd (2) and two rank-1
+    A·x (2)."""
     from cpmem.pricing.tight.compose import tight_widths
 
     g = replace(HYBRID, hidden_dropout=0.1)
     step = describe_step(g, [4096])
     w = tight_widths(g, step)
-    assert w.of("mamba") == 2_048 + 512 + 6_176 + 6_144 + 16 + 2
+    assert w.of("mamba") == 2_048 + 512 + 6_176 + 6_144 + 16 + 2 + 2
     tp2 = tight_widths(g, describe_step(g, [4096], tp=2, sp=False))
-    assert tp2.of("mamba") == 2_048 + 512 + (6_176 + 6_144 + 16) // 2 + 2
+    assert tp2.of("mamba") == 2_048 + 512 + (6_176 + 6_144 + 16 + 2) // 2 + 2
