@@ -19,15 +19,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from oracles.rank_sim.hybrid import from_megatron_args  # noqa: E402
-from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
-from oracles.rank_sim.recompute import Recompute  # noqa: E402
-from oracles.rank_sim.runner import simulate_rank  # noqa: E402
-
 from cpmem.api import describe_step  # noqa: E402
 from cpmem.model.geometry import ModelGeometry  # noqa: E402
 from cpmem.pricing.tight.compose import structural_terms  # noqa: E402
 from cpmem.pricing.tight.policy import STRUCTURE_ONLY  # noqa: E402
+from oracles.rank_sim.hybrid import from_megatron_args  # noqa: E402
+from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
+from oracles.rank_sim.recompute import Recompute  # noqa: E402
+from oracles.rank_sim.runner import simulate_rank  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -86,5 +85,6 @@ def _simulated(tp: int) -> tuple[int, int]:
 @pytest.mark.parametrize("tp", [1, 2])
 def test_tight_covers_the_simulated_mamba_stack_within_3_percent(tp: int) -> None:
     priced, simulated = _cpmem(tp), _simulated(tp)
-    for figure, (p, s) in zip(("forward", "forward+backward"), zip(priced, simulated)):
+    pairs = zip(("forward", "forward+backward"), zip(priced, simulated, strict=True), strict=True)
+    for figure, (p, s) in pairs:
         assert s <= p <= s * (1 + TOLERANCE), f"TP {tp} {figure}: tight {p:,} simulator {s:,}"
