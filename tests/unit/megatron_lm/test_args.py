@@ -319,13 +319,13 @@ def test_harmless_flags_are_ignored(flag: str, value: object) -> None:
 
 
 def test_a_refused_flag_at_its_snapshot_default_is_read_as_absent() -> None:
-    # --moe-router-score-function: Literal['softmax', 'sigmoid'] = 'softmax' (its row)
-    assert snapshot_arguments()["--moe-router-score-function"].default == "softmax"
-    args = parse_megatron_args({**REQUIRED, "--moe-router-score-function": "softmax"})
-    assert args.ignored == ("--moe-router-score-function",)
+    # --softmax-type: Literal['vanilla', 'off-by-one', 'learnable'] = 'vanilla' (its row)
+    assert snapshot_arguments()["--softmax-type"].default == "vanilla"
+    args = parse_megatron_args({**REQUIRED, "--softmax-type": "vanilla"})
+    assert args.ignored == ("--softmax-type",)
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--moe-router-score-function": "sigmoid"})
-    assert err.value.value == "--moe-router-score-function sigmoid"
+        parse_megatron_args({**REQUIRED, "--softmax-type": "learnable"})
+    assert err.value.value == "--softmax-type learnable"
 
 
 def test_a_refused_flag_at_a_harmless_value_is_read_as_absent() -> None:
@@ -614,10 +614,15 @@ def test_a_t5_case_is_refused_as_t5(tmp_path: Path) -> None:
     assert "T5" in err.value.reason
 
 
-def test_a_hybrid_model_is_refused_by_name() -> None:
+def test_a_hybrid_pattern_with_sparse_attention_is_refused_naming_the_symbol() -> None:
+    """'D' (DeepSeek sparse attention) is a layer megatron-core builds and cpmem does not
+    price; an unknown symbol is megatron-core's ValueError (hybrid_layer_allocation.py
+    _validate_pattern); both named at once with the flag's value."""
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--hybrid-layer-pattern": "M-M-"})
-    assert "hybrid (Mamba) models" in err.value.reason
+        parse_megatron_args({**REQUIRED, "--hybrid-layer-pattern": "MD-X"})
+    assert err.value.value == "--hybrid-layer-pattern MD-X"
+    assert "'D' in the main pattern is DeepSeek sparse attention" in err.value.reason
+    assert "'X' is not a valid layer symbol" in err.value.reason
 
 
 def test_a_moe_gpt_is_read() -> None:
