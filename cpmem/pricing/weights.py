@@ -236,13 +236,16 @@ def stage_tensors(
     return StageTensors(tuple(dense), tuple(tied), tuple(experts))
 
 
-def total_parameters(geometry: ModelGeometry) -> int:
+def total_parameters(geometry: ModelGeometry, *, mtp: bool = True) -> int:
     """Every parameter of the model once (no vocabulary padding, no copy of a shared
-    embedding), its MTP depths' included: the figure model cards publish."""
+    embedding), its MTP depths' included unless ``mtp`` is False: the figure model cards
+    publish is the model without them (DeepSeek-V3's "671B", its checkpoint's 685B with
+    the 14B MTP module; Qwen3.5-35B-A3B's "35B")."""
     params = sum(
         mixer_parameters(geometry, m).on_rank(1, 1) + mlp_parameters(geometry, f).on_rank(1, 1)
         for m, f in zip(geometry.mixers, geometry.mlps, strict=True)
     )
-    params += mtp_depths_built(geometry) * mtp_depth_parameters(geometry).on_rank(1, 1)
+    if mtp:
+        params += mtp_depths_built(geometry) * mtp_depth_parameters(geometry).on_rank(1, 1)
     embeddings = geometry.vocab * geometry.hidden * (1 if geometry.tied_embeddings else 2)
     return int(params) + embeddings + norm_parameters(geometry, geometry.hidden)
