@@ -17,14 +17,17 @@ from typing import Any
 
 from cpmem import cli_megatron
 from cpmem.admission.admission import admit_step, usable_budget
+from cpmem.admission.budget import gib_budget
 from cpmem.admission.capacity import DEFAULT_PACK, capacity
 from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
-from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
+from cpmem.plan.layout import data_parallel
+from cpmem.plan.planners import PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names
+from cpmem.reports.admit_render import render_admit
 from cpmem.reports.capacity_plot import (
     check_plot_path,
     require_matplotlib,
@@ -35,14 +38,11 @@ from cpmem.reports.cli_render import (
     render_capacity,
     render_estimate,
     render_models,
-    render_whole_device,
-    step_kinds_line,
 )
-from cpmem.reports.tables import table
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import MODES
 from cpmem.step.runtime import ATTENTION_BACKENDS, RUNTIMES, TRAININGS
-from cpmem.units import GIB, fmt_gib
+from cpmem.units import fmt_gib
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -94,7 +94,7 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
     """The step settings every pricing command takes (``describe_settings``'s keywords
     but the layout's TP and CP): ``estimate`` and ``admit`` through ``_add_request_args``,
     ``capacity`` through ``_add_capacity_args``; ``_settings_arguments`` maps them."""
-    p.add_argument("--ep", type=int, default=1, help=HELP["--ep"])
+    p.add_argument("--ep", type=int, help=HELP["--ep"])
     sp = p.add_mutually_exclusive_group()
     sp.add_argument(
         "--sp", dest="sp", action="store_const", const=True, default=None, help=HELP["--sp"]
@@ -139,7 +139,7 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
     )
     proc.add_argument("--rank", default=None, help=HELP["--rank"])
     whole = p.add_argument_group("the whole device (static memory and the device's budget)")
-    whole.add_argument("--dp", type=int, default=1, help=HELP["--dp"])
+    whole.add_argument("--dp", type=int, help=HELP["--dp"])
     whole.add_argument(
         "--optimizer", choices=("adam", "sgd", "none"), default="adam", help=HELP["--optimizer"]
     )
@@ -149,12 +149,18 @@ def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device"
     whole.add_argument("--device", help=HELP[device_help])
     whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
     pipe = p.add_argument_group("pipeline parallelism (every stage's schedule priced)")
-    pipe.add_argument("--pp", type=int, default=1, help=HELP["--pp"])
-    pipe.add_argument("--vpp", type=int, default=1, help=HELP["--vpp"])
+    pipe.add_argument("--pp", type=int, help=HELP["--pp"])
+    pipe.add_argument("--vpp", type=int, help=HELP["--vpp"])
     pipe.add_argument("--microbatches", type=int, default=None, help=HELP["--microbatches"])
     pipe.add_argument("--stage-layers", help=HELP["--stage-layers"])
     pipe.add_argument("--first-stage-layers", type=int, help=HELP["--first-stage-layers"])
     pipe.add_argument("--last-stage-layers", type=int, help=HELP["--last-stage-layers"])
+
+
+def _size(given: int | None) -> int:
+    """A parallel size flag: 1 where not given. The flags default to None, so that
+    beside ``--megatron-args`` a size given as 1 is told from one not given."""
+    return 1 if given is None else given
 
 
 def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -163,7 +169,7 @@ def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "config": args.config,
         "fused_swiglu": args.fused,
         "sp": args.sp,
-        "ep": args.ep,
+        "ep": _size(args.ep),
         "recompute": args.recompute,
         "modules": args.modules,
         "planner": args.planner,
@@ -176,13 +182,13 @@ def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "lora_dropout": args.lora_dropout,
         "lora_targets": args.lora_targets,
         "cp_comm": args.cp_comm,
-        "dp": args.dp,
+        "dp": 1 if args.dp is None else args.dp,
         "optimizer": args.optimizer,
         "distributed_optimizer": args.distributed_optimizer,
         "device": args.device,
         "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
-        "pp": args.pp,
-        "vpp": args.vpp,
+        "pp": _size(args.pp),
+        "vpp": _size(args.vpp),
         "stage_layers": None
         if args.stage_layers is None
         else parse_int_list("stage_layers", args.stage_layers),
@@ -202,8 +208,8 @@ def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
 def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", help=HELP["--lengths"])
     p.add_argument("--shared-prefix", type=int, default=0, help=HELP["--shared-prefix"])
-    p.add_argument("--tp", type=int, default=1, help=HELP["--tp"])
-    p.add_argument("--cp", type=int, default=1, help=HELP["--cp"])
+    p.add_argument("--tp", type=int, help=HELP["--tp"])
+    p.add_argument("--cp", type=int, help=HELP["--cp"])
     p.add_argument("--allow-long", action="store_true", help=HELP["--allow-long"])
     _add_settings_args(p)
     mbs = p.add_mutually_exclusive_group()
@@ -225,7 +231,7 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
     rank_tokens = (
         None if args.rank_tokens is None else parse_int_list("rank_tokens", args.rank_tokens)
     )
-    return {
+    arguments = {
         "model": args.model,
         **_settings_arguments(args),
         "lengths": lengths,
@@ -235,11 +241,17 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "rank_tokens": rank_tokens,
         "busiest_tokens": args.busiest_tokens,
         "segments": args.segments,
-        "tp": args.tp,
-        "cp": args.cp,
+        "tp": _size(args.tp),
+        "cp": _size(args.cp),
         "allow_long": args.allow_long,
         **_microbatch_arguments(args),
     }
+    world = getattr(args, "world_size", None)  # profile record has no --world-size
+    if world is not None:
+        arguments["dp"] = data_parallel(
+            world, _size(args.tp), _size(args.cp), _size(args.pp), args.dp
+        )
+    return arguments
 
 
 def _microbatch_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -296,9 +308,7 @@ def _whole_bytes(field: str, value: float | None) -> int | None:
     return int(value)
 
 
-def _warn(warnings: Sequence[str]) -> None:
-    for w in warnings:
-        print(f"cpmem: warning: {w}", file=sys.stderr)
+_warn = cli_megatron.warn
 
 
 def _warn_ignored(est: Estimate) -> None:
@@ -352,15 +362,13 @@ def _harness_figure(args: argparse.Namespace, est: Estimate) -> str | None:
     )
 
 
-def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | None:
-    """The budget the command line gives: ``--budget-gib``, or the runtime's free and
-    reserved bytes with the device's total; None: derive it from the device
-    (``--device`` / ``--device-total-bytes`` alone)."""
+def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> dict[str, Any]:
+    """``admit_step``'s budget keywords from the command line (``cpmem.admission.budget``):
+    ``--budget-gib`` (the device's usable bytes, static memory and activations together;
+    beside ``--device`` the smaller decides), or the runtime's free and reserved bytes
+    with the device's total (what the running process has left for the activations);
+    none: the device's (``--device`` / ``--device-total-bytes``)."""
     runtime = (args.free_bytes, args.reusable_reserved_bytes)
-    if args.budget_gib is not None:
-        if not args.budget_gib >= 0 or args.budget_gib == float("inf"):
-            raise InputError("budget-gib", args.budget_gib, "must be a finite number >= 0")
-        return int(args.budget_gib * GIB)
     if any(v is not None for v in runtime):
         if any(v is None for v in runtime) or args.device_total_bytes is None:
             raise InputError(
@@ -368,8 +376,17 @@ def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | 
                 None,
                 "give all of --free-bytes, --reusable-reserved-bytes, --device-total-bytes",
             )
+        if args.budget_gib is not None or args.device is not None:
+            raise InputError(
+                "free_bytes",
+                args.free_bytes,
+                "the runtime's figures are what its process has left after its static "
+                "memory; give them or --budget-gib / --device, not both",
+            )
         arguments["device_total_bytes"] = None  # the runtime's figures, not a device's
-        return usable_budget(*runtime, args.device_total_bytes)
+        return {"budget_bytes": usable_budget(*runtime, args.device_total_bytes)}
+    if args.budget_gib is not None:
+        return {"usable_bytes": gib_budget("budget-gib", args.budget_gib)}
     if args.device is None and args.device_total_bytes is None:
         raise InputError(
             "budget",
@@ -377,7 +394,7 @@ def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | 
             "give --budget-gib, --device NAME (or --device-total-bytes N), or the runtime's "
             "--free-bytes, --reusable-reserved-bytes and --device-total-bytes",
         )
-    return None
+    return {}
 
 
 def cmd_admit(args: argparse.Namespace) -> int:
@@ -387,57 +404,12 @@ def cmd_admit(args: argparse.Namespace) -> int:
     budget = _admit_budget(args, arguments)
     step = describe_step(**arguments)
     _warn(step.warnings)
-    decision = admit_step(step, budget, policy=args.policy, figure=args.figure)
-    warnings = list(step.warnings)
-    if not args.json:
-        _warn_ignored(decision.estimate)
+    decision = admit_step(step, policy=args.policy, figure=args.figure, **budget)
     if args.json:
-        out = decision.to_dict()
-        out["warnings"] = warnings
-        print(json.dumps(out, indent=2))
+        print(json.dumps({**decision.to_dict(), "warnings": list(step.warnings)}, indent=2))
     else:
-        print(
-            f"{decision.action.upper()}: required {fmt_gib(decision.required_bytes)} GiB "
-            f"({decision.variant}, planner {decision.planner_of(decision.variant)}), "
-            f"usable {fmt_gib(decision.available_bytes)} GiB"
-        )
-        chosen = decision.planner_of(decision.variant) or ""
-        if decision.action == "fit" and decision.variant.startswith("memory-minimal"):
-            print(
-                f"  fits only if the runtime lays the request out as {chosen} "
-                f"({EXECUTABLE.get(chosen, chosen)}), not as {decision.planner_of('cost-optimal')}"
-            )
-        considered = []
-        for variant, required in decision.considered:
-            planner = decision.planner_of(variant) or "-"
-            runs = EXECUTABLE.get(planner, "")
-            considered.append(
-                [
-                    "  considered",
-                    variant,
-                    f"{fmt_gib(required)} GiB",
-                    f"planner {planner}" + (f": {runs}" if runs else ""),
-                ]
-            )
-        for line in table(None, considered, right=(2,)):
-            print(line)
-        if any(v.startswith("split-") for v, _ in decision.considered):
-            print(
-                "  split-N: the request run as N sequential sub-forwards (its sequences "
-                "divided N ways, a shared prefix repeated where needed), every part's "
-                "activations kept until backward"
-            )
-        if decision.action == "split":
-            print(f"  split into {decision.parts} sub-forwards")
-        if decision.suggestion:
-            print(f"  suggestion: {decision.suggestion}")
-        if decision.device_budget is not None:
-            for line in render_whole_device(decision):
-                print("  " + line)
-        else:
-            kinds = step_kinds_line(decision)
-            if kinds is not None:
-                print("  " + kinds)
+        _warn_ignored(decision.estimate)
+        print("\n".join(render_admit(decision)))
     return 0 if decision.action != "refuse" else 3
 
 
@@ -460,6 +432,13 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
         return cli_megatron.capacity_command(args, _defaults("capacity"))
+    if args.world_size is not None:
+        raise InputError(
+            "world_size",
+            args.world_size,
+            "capacity searches layouts of other TP x CP, each its own DP of a world: give "
+            "--dp (the data-parallel ranks) with --model or --config",
+        )
     plot = None
     if args.plot is not None:  # checked before the search runs
         require_matplotlib()
@@ -476,6 +455,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if args.json:
         out = found.to_dict()
         out["plot"] = None if written is None else str(written)
+        out["warnings"] = []  # no request is given: the search flags its own lengths
         print(json.dumps(out, indent=2))
     else:
         print(render_capacity(found))

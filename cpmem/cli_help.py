@@ -14,13 +14,21 @@ HELP: dict[str, str] = {
     "--policy tight unless named; every other flag given overrides the arguments' setting "
     "(--lora-rank N: a LoRA run on that model); with --world-size and --device (default h100) "
     "(docs/megatron-runtime.md)",
-    "--world-size": "with --megatron-args: the GPUs the run uses; DP = world / (TP x PP x CP)",
-    "--container": "the container Transformer Engine's attention choice "
-    "is made in under --attention-backend auto: dev (NGC PyTorch 25.11, TE 2.11; default) or "
-    "ngc-24.01 (Megatron-LM's lts image until 2025-11-06, whose flash-attn TE does not use)",
+    "--world-size": "the GPUs the run uses: DP = world / (TP x PP x CP), after any "
+    "--tp/--pp/--cp given; required with --megatron-args; with --model or --config in place "
+    "of --dp (a --dp that contradicts it is refused; capacity, which searches layouts, takes "
+    "--dp)",
+    "--container": "the container the run's software is read from: Transformer Engine's "
+    "attention choice under --attention-backend auto, and the PyTorch that compiles the fused "
+    "cross entropy (--head fused): dev (NGC PyTorch 25.11, TE 2.11; default), ngc-24.10 "
+    "(PyTorch 2.5) or ngc-24.01 (Megatron-LM's lts image until 2025-11-06, PyTorch 2.2, whose "
+    "flash-attn TE does not use); another name is refused, and one that neither reads is "
+    "listed as ignored",
     "--rank": "the rank answered: busiest (default: the stage and data-parallel rank where "
     "static memory and activations together peak), last (the last global rank, which "
-    "Megatron-LM logs) or a global rank number in megatron's order (tp-cp-ep-dp-pp)",
+    "Megatron-LM logs) or a global rank number in megatron's order (tp-cp-ep-dp-pp); it picks "
+    "the pipeline stage and the distributed optimizer's slice, the activations are the busiest "
+    "CP rank's (listed as ignored where no stage or slice differs)",
     "--attention-backend": "the core attention's kernel: fused (cuDNN), flash (flash-attn), "
     "unfused or local (s x s probabilities kept), or auto: the one Transformer Engine's "
     "selection picks for the run (never unfused under CP); default: the runtime's (ART: fused; "
@@ -31,15 +39,22 @@ HELP: dict[str, str] = {
     "--training": "what is trained: lora (adapters on a frozen base; default) or full (every "
     "parameter: bf16 weights, fp32 main gradients, Adam's master copy and moments)",
     "--etp": "expert tensor parallel size, MoE models (default 1: each routed expert whole on "
-    "its EP rank, as the measured runtime runs them)",
-    "--dtype": "parameters' and activations' dtype: bf16 (default), fp16 or fp32",
+    "its EP rank, as the measured runtime runs them; --megatron-args and --runtime "
+    "megatron-lm: TP); must divide the experts' FFN width, and be 1 for experts with biases "
+    "(megatron-core's rules)",
+    "--dtype": "the dtype of the parameters (frozen base, adapters, full training's "
+    "weights) and activations: bf16 (default), fp16 or fp32; fp32 parameters have no fp32 "
+    "master copy (megatron-core steps them in place), and Transformer Engine runs fp32 "
+    "attention unfused (flash and fused are refused; the default backend is then auto)",
     "--fused-activation": "the runtime fuses the SwiGLU activation (default: by model family)",
     "--unfused-activation": "the runtime runs SwiGLU unfused",
     "--lengths": "sequence lengths of the request, comma-separated, e.g. 4096,4096",
-    "--shared-prefix": "tokens every sequence shares at its start, stored once (default 0)",
+    "--shared-prefix": "tokens every sequence shares at its start, stored once (default 0; "
+    "two or more sequences share one)",
     "--tp": "tensor parallel size (default 1)",
     "--cp": "context parallel size (default 1)",
-    "--ep": "expert parallel size, MoE models (default 1)",
+    "--ep": "expert parallel size, MoE models (default 1): must divide the routed experts "
+    "(megatron-core's num_experts % EP == 0)",
     "--sp": "sequence parallel on (the default when --tp > 1)",
     "--no-sp": "sequence parallel off",
     "--recompute": "activation recompute: selective (checkpointed modules), none, full "
@@ -73,7 +88,7 @@ HELP: dict[str, str] = {
     "--lora-rank": "LoRA adapter rank (default 1, the measured harness)",
     "--lora-dropout": "dropout on the adapters' input, in [0, 1) (default 0)",
     "--lora-targets": "projections with adapters: all (default), attention, mlp, or names "
-    "joined by commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts",
+    "joined by commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts, mamba_in, mamba_out",
     "--cp-comm": "attention's CP communication: all_gather (K/V gathered, the measured "
     "runtime; ART's default), p2p (ring; Megatron-LM's default), a2a (Ulysses all-to-all "
     "over heads), a2a+p2p (Megatron-LM's hierarchical CP, priced as its p2p ring)",
@@ -88,9 +103,11 @@ HELP: dict[str, str] = {
     "--json": "print one JSON object instead of the table",
     "--peak-bytes": "profile record: the measured activation peak of the step's busiest rank "
     "(its peak allocated bytes in the forward less those allocated before it)",
-    "--budget-gib": "usable bytes per rank, in GiB",
-    "--free-bytes": "free device bytes per rank (with the two flags below instead of "
-    "--budget-gib: usable = free + reusable reserved - a 3%% reserve of the device total)",
+    "--budget-gib": "the device's usable bytes per rank, in GiB: static memory and activations "
+    "together, as --device weighs them (beside --device the smaller decides)",
+    "--free-bytes": "a running process's free device bytes per rank (with the two flags below: "
+    "what it has left once its static memory is allocated, free + reusable reserved - a 3%% "
+    "reserve of the device total, for the activations alone)",
     "--reusable-reserved-bytes": "bytes the caching allocator holds and can reuse",
     "--device-total-bytes": "the device's total memory in bytes, as the runtime reports it "
     "(a device without a preset; with --free-bytes: the runtime's own budget rule)",
@@ -109,7 +126,8 @@ HELP: dict[str, str] = {
     "'4096,4096;2048;8192' (instead of --lengths)",
     "--microbatch-file": "a JSON list of the micro-batches' requests: [[4096, 4096], "
     '{"lengths": [2048, 2048], "shared_prefix": 512}]',
-    "--dp": "data-parallel ranks (a distributed optimizer shards its states over them)",
+    "--dp": "data-parallel ranks (a distributed optimizer shards its states over them; "
+    "default 1, or --world-size / (TP x CP x PP))",
     "--optimizer": "how the adapters are trained: adam (default), sgd, none (static memory)",
     "--distributed-optimizer": "megatron's distributed optimizer: master copy and moments / dp",
     "--figure": "admit on the forward peak or the whole step (forward_backward; policies "

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from cpmem.admission.admission import admit_step
+from cpmem.admission.budget import gib_budget
 from cpmem.admission.capacity import capacity
 from cpmem.api import MEGATRON_POLICY, describe_megatron
 from cpmem.cli_help import HELP
-from cpmem.errors import InputError, require_bytes
+from cpmem.errors import InputError
 from cpmem.megatron.args import read_megatron_args
-from cpmem.megatron.describe import megatron_run
+from cpmem.megatron.describe import megatron_run_with
 from cpmem.pricing.registry import backend_spread, price
+from cpmem.reports.admit_render import budget_line
 from cpmem.reports.cli_render import render_capacity, render_megatron_estimate
 from cpmem.step.step import Step
-from cpmem.units import GIB, fmt_gib
+from cpmem.units import fmt_gib
 
 
 def add_megatron_args(p: argparse.ArgumentParser) -> None:
@@ -73,28 +77,41 @@ def _overrides(args: argparse.Namespace, defaults: dict[str, Any]) -> dict[str, 
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
         raise InputError("megatron_args", args.megatron_args, f"does not take {flags}")
     out = {FLAG_KEYWORDS.get(k, k): v for k, v in given.items()}
-    if "lengths" in out:
-        raise InputError(
-            "lengths",
-            out["lengths"],
-            "a Megatron-LM run's request is --micro-batch-size sequences of --seq-length "
-            "tokens (its arguments)",
-        )
+    for name in ("lengths", "microbatch_lengths", "microbatch_file"):
+        if name in out:
+            raise InputError(
+                name,
+                out[name],
+                "a Megatron-LM run's request is --micro-batch-size sequences of --seq-length "
+                "tokens each micro-batch (its arguments)",
+            )
     return out
 
 
-def _step(args: argparse.Namespace, defaults: dict[str, Any], rank: str | None = None) -> Step:
+def _run_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """``megatron_run``'s keywords from the command line (an H100 where no device is
+    given: it chooses the step's kernels)."""
     if args.world_size is None:
         raise InputError("world_size", None, "give --world-size N with --megatron-args")
+    return {
+        "world_size": args.world_size,
+        "rank": args.rank or "busiest",
+        "device": args.device or "h100",
+        "attention_backend": args.attention_backend,
+        "container": args.container,
+    }
+
+
+def _step(args: argparse.Namespace, defaults: dict[str, Any]) -> Step:
     return describe_megatron(
-        args.megatron_args,
-        world_size=args.world_size,
-        rank=rank or args.rank or "busiest",
-        device=args.device or "h100",
-        attention_backend=args.attention_backend,
-        container=args.container,
-        **_overrides(args, defaults),
+        args.megatron_args, **_run_keywords(args), **_overrides(args, defaults)
     )
+
+
+def warn(warnings: Sequence[str]) -> None:
+    """Legal but suspicious input, one ``cpmem: warning:`` line each on stderr."""
+    for w in warnings:
+        print(f"cpmem: warning: {w}", file=sys.stderr)
 
 
 def _policy(args: argparse.Namespace, defaults: dict[str, Any]) -> str:
@@ -113,36 +130,46 @@ def estimate(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
         out.update(megatron_fields(step, spread, ignored))
         print(json.dumps(out, indent=2))
     else:
+        warn(step.warnings)
         print(render_megatron_estimate(est, step, spread, ignored))
     return 0
 
 
 def megatron_fields(step: Step, spread: dict[str, int], ignored: tuple[str, ...]) -> dict[str, Any]:
-    """What a Megatron-LM run's JSON adds to the estimate's: the run's world, the
-    backend spread, the arguments read and changing nothing."""
+    """What a Megatron-LM run's JSON adds to the estimate's: the run's world, its DP and
+    micro-batches per step (derived from the world and the global batch), the backend
+    spread, the arguments read and changing nothing, and the step's warnings
+    (legal but suspicious input, empty when none)."""
     return {
         "world_size": step.settings.world_size,
+        "dp": step.settings.layout.dp,
+        "microbatches": step.settings.pipeline.microbatches,
         "backend_spread_peak_bytes": dict(spread),
         "ignored_args": list(ignored),
+        "warnings": list(step.warnings),
     }
 
 
 def admit(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
+    """The run admitted on its forward+backward figure with its static memory, against
+    ``--budget-gib`` (the device's usable bytes), ``--device``, or the smaller of the two
+    (``cpmem.admission.budget``); the H100 assumed where no device is given only chooses
+    the step's kernels, so a budget alone decides."""
     step = _step(args, defaults)
-    policy = _policy(args, defaults)
-    budget = (
-        None if args.budget_gib is None else int(require_bytes("budget_gib", args.budget_gib * GIB))
+    usable = None if args.budget_gib is None else gib_budget("budget-gib", args.budget_gib)
+    decision = admit_step(
+        step,
+        usable_bytes=usable,
+        use_device=args.device is not None or usable is None,
+        policy=_policy(args, defaults),
+        figure="forward_backward",
     )
-    if budget is not None:
-        # a given budget is what the runtime leaves the step's activations beyond its static
-        # memory (as for every step): the device only chose the attention backend
-        step = step.with_settings(device=None)
-    decision = admit_step(step, budget, policy=policy, figure="forward_backward")
+    code = 0 if decision.action != "refuse" else 3
     if args.json:
-        print(json.dumps(decision.to_dict(), indent=2))
-        return 0 if decision.action != "refuse" else 3
-    est = decision.estimate
-    stage = est.device_stage("forward_backward")
+        print(json.dumps({**decision.to_dict(), "warnings": list(step.warnings)}, indent=2))
+        return code
+    warn(step.warnings)
+    stage = decision.estimate.device_stage("forward_backward")
     print(
         f"{decision.action.upper()}: required {fmt_gib(decision.required_bytes)} GiB "
         f"(the peak of {step.settings.rank} rank, stage {stage} of "
@@ -150,38 +177,32 @@ def admit(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     )
     if decision.suggestion:
         print(f"  suggestion: {decision.suggestion}")
-    return 0 if decision.action != "refuse" else 3
+    print("  " + budget_line(decision))
+    return code
 
 
 def capacity_command(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     """The longest sequence of ``--micro-batch-size`` sequences that fits the device, the
-    run's other arguments unchanged (``cpmem.admission.capacity`` at its TP x CP)."""
-    if args.world_size is None:
-        raise InputError("world_size", None, "give --world-size N with --megatron-args")
-    read = read_megatron_args(args.megatron_args)
-    run = megatron_run(
-        read,
-        world_size=args.world_size,
-        device=args.device or "h100",
-        rank=args.rank or "busiest",
-        attention_backend=args.attention_backend,
-        container=args.container,
-        name=args.megatron_args,
-    )
+    run's other arguments unchanged (``cpmem.admission.capacity`` at its TP x CP, the
+    layout flags given beside the arguments written into them as for ``estimate``)."""
+    step = _step(args, defaults)  # the run's own step: its checks and warnings
+    overrides = _overrides(args, defaults)
+    run, rest = megatron_run_with(args.megatron_args, overrides, **_run_keywords(args))
     settings: dict[str, Any] = {
         k: v for k, v in run.arguments.items() if k not in ("lengths", "tp", "cp")
     }
-    settings.update(_overrides(args, defaults))
+    settings.update(rest, training=step.settings.training)
     found = capacity(
         run.geometry,
         layouts=[(run.arguments["tp"], run.arguments["cp"])],
-        pack=read.micro_batch_size,
+        pack=run.args.micro_batch_size,
         policy=_policy(args, defaults),
         figure="forward_backward",
         **settings,
     )
     if args.json:
-        print(json.dumps(found.to_dict(), indent=2))
+        print(json.dumps({**found.to_dict(), "warnings": list(step.warnings)}, indent=2))
     else:
+        warn(step.warnings)
         print(render_capacity(found))
     return 0

@@ -21,6 +21,20 @@ class InputError(CpmemError, ValueError):
         super().__init__(f"{field}={value!r}: {reason}")
 
 
+def refuse_all(problems: Sequence[InputError]) -> None:
+    """Raise every problem at once: the one ``InputError`` where there is one, else one
+    naming every field and value (``tp+ep``), each problem's own message after the other."""
+    if not problems:
+        return
+    if len(problems) == 1:
+        raise problems[0]
+    raise InputError(
+        "+".join(p.field for p in problems),
+        [p.value for p in problems],
+        f"{len(problems)} settings are refused: " + "; ".join(str(p) for p in problems),
+    )
+
+
 class ConfigError(InputError):
     """A model config.json that cpmem cannot understand."""
 

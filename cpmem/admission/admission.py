@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal, Unpack
 
+from cpmem.admission.budget import Budget, step_budget
 from cpmem.admission.comm import (
     Communicator,
     LocalCommunicator,
@@ -22,15 +23,14 @@ from cpmem.admission.comm import (
     bounded,
     collective_plan,
 )
-from cpmem.errors import InputError, require_bytes
+from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.planners import EXECUTABLE
 from cpmem.plan.request import Request, Segment
 from cpmem.pricing.components import retained_bytes
-from cpmem.pricing.device_budget import DeviceBudget, device_budget, runtime_budget
+from cpmem.pricing.device_budget import DeviceBudget, runtime_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import price
-from cpmem.pricing.static import StaticMemory
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.recompute import Mode, Module, Recompute
 from cpmem.step.routing import WORST
@@ -73,10 +73,11 @@ class Pricer:
     Every step is priced as the first and as a steady step of its process and required
     at the larger: a run must survive both, and which holds more depends on the step (the
     first pays its kernel set-up in the activations, a steady one holds the optimizer's
-    moments and the kernel workspaces in its static memory). Against a given budget the
-    requirement is the activation figure; with ``whole_device`` (the decision is against
-    a device, its budget derived, not given) it is the whole-device figure (static memory
-    plus activations, where a pipeline step holds most of both:
+    moments and the kernel workspaces in its static memory). Against the runtime's figures
+    (what a running process has left once its static memory is allocated) the requirement
+    is the activation figure; with ``whole_device`` (the decision is against a device or
+    a given budget, ``cpmem.admission.budget``) it is the whole-device figure (static
+    memory plus activations, where a pipeline step holds most of both:
     ``Estimate.whole_device_bytes``)."""
 
     policy: str | None = None
@@ -124,8 +125,8 @@ class Pricer:
         return est.estimate_bytes
 
     def required(self, est: Estimate) -> int:
-        """The admission figure: the activation figure against a given budget, the
-        whole-device figure against a device."""
+        """The admission figure: the activation figure against the runtime's figures,
+        the whole-device figure against a device or a given budget."""
         if self.whole_device:
             self.activations(est)  # refuses a figure the policy does not price
             return est.whole_device_bytes(self.figure)
@@ -146,12 +147,16 @@ class Decision:
     suggestion: str | None = None
     planners: tuple[tuple[str, str], ...] = ()  # variant -> the planner its layout assumes
     device_budget: DeviceBudget | None = None
-    """The device the budget was derived from, with the static memory under it (None:
-    the budget was given)."""
+    """The deciding device (or the given budget as one, ``budget.given_budget``) with the
+    chosen estimate's static memory under it (None: the runtime's figures decided)."""
     step_kinds: Kinds = ()
     """The chosen variant's required bytes as the first and as a steady step of its
-    process (``Pricer``): its activation figure against a given budget, its whole-device
-    bytes against a device; the decision was taken on the larger (``estimate.step_kind``)."""
+    process (``Pricer``): its activation figure against the runtime's figures, its
+    whole-device bytes against a device or a budget; the decision was taken on the
+    larger (``estimate.step_kind``)."""
+    budget: Budget | None = None
+    """What the decision was taken against and which budget decided
+    (``cpmem.admission.budget``)."""
 
     @property
     def fits(self) -> bool:
@@ -175,14 +180,15 @@ class Decision:
             ],
             "suggestion": self.suggestion,
             "estimate": self.estimate.to_dict(),
+            **(self.budget.to_dict() if self.budget is not None else {}),
             **({"whole_device": self.whole_device()} if self.device_budget else {}),
             **({self.step_kinds_key: dict(self.step_kinds)} if self.step_kinds else {}),
         }
 
     @property
     def step_kinds_key(self) -> str:
-        """The JSON key of ``step_kinds``: whole-device bytes against a device, the
-        activation figure against a given budget."""
+        """The JSON key of ``step_kinds``: whole-device bytes against a device or a
+        budget, the activation figure against the runtime's figures."""
         return "step_whole_device_bytes" if self.device_budget else "step_required_bytes"
 
     def whole_device(self) -> dict[str, object]:
@@ -269,6 +275,7 @@ def admit(
     lengths: Sequence[int] | None = None,
     *,
     budget_bytes: float | None = None,
+    usable_bytes: float | None = None,
     policy: str | None = None,
     figure: Figure = "forward",
     comm: Communicator | None = None,
@@ -276,8 +283,12 @@ def admit(
     **options: Unpack[StepArguments],
 ) -> Decision:
     """Admit the step ``cpmem.api.estimate`` prices for the same arguments (``options``
-    are ``describe_step``'s) against ``budget_bytes`` of this rank, or, without one,
-    against what the step's ``device`` leaves once its static memory is allocated.
+    are ``describe_step``'s) against this rank's budget (``cpmem.admission.budget``):
+    ``usable_bytes`` the device can give the step (static memory and activations
+    together), the step's ``device`` (its total less the reserve and the memory outside
+    PyTorch; with ``usable_bytes`` too, the smaller decides), or ``budget_bytes``, the
+    running process's own figure (free + reusable reserved - 3%), left after its static
+    memory and compared with the activations alone.
 
     The step is described inside the first collective, so a bad input on one rank raises
     on every rank instead of leaving the others waiting. ``timeout`` (seconds; None: the
@@ -290,38 +301,21 @@ def admit(
         if bad_timeout is not None:
             raise bad_timeout
         step = describe_step(model, lengths, **options)
-        step_budget(step, budget_bytes)
+        step_budget(step, budget_bytes, usable_bytes)
         return step
 
     step = collective_plan(comm, described)
-    return admit_step(step, budget_bytes, policy=policy, figure=figure, comm=comm)
-
-
-def step_budget(step: Step, budget_bytes: float | None) -> tuple[int, DeviceBudget | None]:
-    """The rank's budget: ``budget_bytes`` as given (for the activations), or, against the
-    step's device, what the device leaves a step's static memory and activations together
-    (its total less the reserve and the memory outside PyTorch:
-    ``cpmem.pricing.device_budget``), with that device's budget rule (no static in it)."""
-    device = step.settings.device
-    if budget_bytes is not None:
-        if device is not None:
-            raise InputError(
-                "budget_bytes", budget_bytes, f"give a budget or a device ({device.name}), not both"
-            )
-        require_bytes("budget_bytes", budget_bytes)
-        return int(budget_bytes), None
-    if device is None:
-        raise InputError(
-            "budget_bytes", None, "give a budget, or a device (device= / --device) to derive it"
-        )
-    whole = device_budget(device, StaticMemory({}))
-    return whole.budget_bytes, whole
+    return admit_step(
+        step, budget_bytes, usable_bytes=usable_bytes, policy=policy, figure=figure, comm=comm
+    )
 
 
 def admit_step(
     step: Step,
     budget_bytes: float | None = None,
     *,
+    usable_bytes: float | None = None,
+    use_device: bool = True,
     policy: str | None = None,
     figure: Figure = "forward",
     comm: Communicator | None = None,
@@ -340,45 +334,49 @@ def admit_step(
     required at the larger (``Pricer``), whatever ``step.settings.cold`` says: a run
     must survive both. The decision names the step kind it was decided on
     (``estimate.step_kind``) with the chosen variant's bytes at each (``step_kinds``).
-    Against ``budget_bytes`` the figure is the activations'. Without it the decision is
-    against the step's device (``step_budget``), static memory included
-    (``Pricer.whole_device``; a pipeline step at the stage where static and activations
-    together are largest), and carries the whole device's breakdown; its required and
-    available bytes are then the activations' and what the device leaves them beside
-    the chosen estimate's static memory, as with a given budget.
+    The budget (``cpmem.admission.budget.step_budget``: ``usable_bytes``, the step's
+    device unless ``use_device`` is False, or the runtime's ``budget_bytes``) says what
+    is compared: against a device or a given budget the step's static memory and
+    activations together (``Pricer.whole_device``; a pipeline step at the stage where
+    they are largest), the decision carrying the whole device's breakdown and stating
+    its required and available bytes as the activations and what the budget leaves them
+    beside the chosen estimate's static memory; against the runtime's figures the
+    activations alone.
     """
     comm, bad_timeout = _bounded(comm, timeout)
-    resolved: list[tuple[int, DeviceBudget | None]] = []
+    resolved: list[Budget] = []
 
     def checked() -> None:
         """The inputs every rank checks inside the first collective."""
         if bad_timeout is not None:
             raise bad_timeout
-        resolved.append(step_budget(step, budget_bytes))
+        resolved.append(step_budget(step, budget_bytes, usable_bytes, use_device=use_device))
 
     pricer = Pricer(policy, figure, whole_device=budget_bytes is None)
     if step.request is None:
-        decision = _admit_fixed(step, lambda: resolved[0][0], pricer, comm, checked)
+        decision = _admit_fixed(step, lambda: resolved[0].available_bytes, pricer, comm, checked)
     else:
-        decision = _admit_request(step, lambda: resolved[0][0], pricer, comm, checked)
+        decision = _admit_request(step, lambda: resolved[0].available_bytes, pricer, comm, checked)
+    decision = replace(decision, budget=resolved[0])
     if not pricer.whole_device:
         return decision
-    return _on_device(decision, pricer)
+    return _on_device(decision, pricer, resolved[0])
 
 
-def _on_device(decision: Decision, pricer: Pricer) -> Decision:
+def _on_device(decision: Decision, pricer: Pricer, budget: Budget) -> Decision:
     """A decision taken in whole-device bytes, stated as activations against what the
-    device leaves them beside the chosen estimate's static memory (its ``step_kinds``
+    budget leaves them beside the chosen estimate's static memory (its ``step_kinds``
     stay whole-device bytes)."""
     est = decision.estimate
     _, static = est.device_required(pricer.figure)
     held = 0 if static is None else static.total
+    under = est.static if est.static is not None else static
     return replace(
         decision,
         required_bytes=decision.required_bytes - held,
         available_bytes=decision.available_bytes - held,
         considered=tuple((v, b - held) for v, b in decision.considered),
-        device_budget=est.device_budget,
+        device_budget=None if under is None else budget.device_budget(under),
     )
 
 

@@ -31,6 +31,7 @@ from cpmem.gate.megatron_tier import (
     run_tier,
 )
 from cpmem.golden.files import default_golden_dir
+from cpmem.golden.megatron_features import FEATURES
 from cpmem.pricing.weights import padded_vocab
 from cpmem.reports.kept import kept_report_cli
 from cpmem.reports.tables import pct, table
@@ -312,6 +313,49 @@ def _recording_rows(tier: MegatronTier) -> list[list[str]]:
     return out
 
 
+def _all_counts(tier: MegatronTier) -> str:
+    families = sorted({r.family for r in tier.recordings})
+    return ", ".join(
+        f"{sum(r.family == f for r in tier.recordings)} {f.upper() if f == 'gpt' else f}"
+        for f in families
+    )
+
+
+def _feature_rows(tier: MegatronTier) -> list[list[str]]:
+    """Each feature family: its recordings, cases, and how many are priced and refused."""
+    what = {f.tag: f.what for f in FEATURES}
+    return [
+        [
+            f.feature,
+            what[f.feature],
+            str(len(f.recordings)),
+            str(len(f.cases)),
+            str(len(f.priced)),
+            str(len(f.refusals)),
+        ]
+        for f in tier.by_feature()
+    ]
+
+
+def _refused_rows(tier: MegatronTier) -> list[list[str]]:
+    """Every refused recording of a feature family: what its arguments or world size lack."""
+    out = []
+    for f in sorted(tier.refusals, key=lambda x: x.recording.recording_id):
+        rec = f.recording
+        if not rec.features:
+            continue
+        out.append(
+            [
+                rec.recording_id,
+                rec.device,
+                "" if rec.world_size is None else str(rec.world_size),
+                ", ".join(rec.features),
+                f.refused_values,
+            ]
+        )
+    return out
+
+
 def render_report(tier: MegatronTier) -> str:
     n = len(tier.rows)
     refused = [[why, str(len(ids))] for why, ids in sorted(tier.refused.items())]
@@ -338,6 +382,10 @@ def render_report(tier: MegatronTier) -> str:
         "",
         f"- {n} recordings ({_family_counts(tier)}) priced from their own `model_config.yaml` on the rank "
         "Megatron-LM logs (the last), their recipe's world size and their platform's device.",
+        f"- {len(tier.recordings)} recordings in `golden/megatron/recordings.csv` "
+        f"({_all_counts(tier)}); {len(tier.refusals)} refused, each with every reason (their "
+        'arguments, or a world size the snapshot does not give): "Refused arguments" and '
+        '"By feature family" below.',
         f"- {len(tier.unnamed_platform)} recordings name no platform (`golden_values_dev.json`, "
         f"`golden_values_lts.json`): imported, not priced. {len(tier.no_values)} recordings "
         "have no finite value.",
@@ -382,6 +430,29 @@ def render_report(tier: MegatronTier) -> str:
         "## Refused arguments",
         "",
         *(table(["refusal", "recordings"], refused, style="markdown") if refused else ["none"]),
+        "",
+        "## By feature family",
+        "",
+        "The feature families each recording's arguments turn on "
+        "(`cpmem.golden.megatron_features`: a rule over the case's `MODEL_ARGS` and "
+        "`TEST_TYPE`, the `features` column of `recordings.csv`); a recording may exercise "
+        "several:",
+        "",
+        *table(
+            ["feature", "what", "recordings", "cases", "priced", "refused"],
+            _feature_rows(tier),
+            style="markdown",
+        ),
+        "",
+        "Their refused recordings, and what each one's refusal names (the reasons are in "
+        '"Refused arguments"; the world size is empty where the snapshot does not give it, '
+        "`world_size_basis` in `recordings.csv` says why):",
+        "",
+        *table(
+            ["recording", "device", "world", "features", "refused"],
+            _refused_rows(tier),
+            style="markdown",
+        ),
         "",
         "## The terms against the recordings",
         "",

@@ -1,7 +1,7 @@
 """The gate's second measured tier: Megatron-LM's functional-test recordings.
 
-Every recording of ``golden/megatron/recordings.csv`` (the GPT and MoE families) is read
-from its case's own ``model_config.yaml`` into the one step description
+Every recording of ``golden/megatron/recordings.csv`` (the GPT, MoE, hybrid and Nemotron
+families) is read from its case's own ``model_config.yaml`` into the one step description
 (``cpmem.megatron.describe``), answered for the rank Megatron-LM logs (``rank="last"``) on
 its recipe's world size and its platform's device, priced by ``tight`` (the structure
 every measured runtime checks; Megatron-LM's runs carry no fitted margin), and held to:
@@ -31,7 +31,10 @@ by what the run does (its layout, backend, device, a resumed process's second re
 the tensor or the evidence behind it, and capped twice: the error it excuses
 (``limit``) and the bytes (``cap_bytes``). Anything else fails the tier. Recordings
 whose file names no platform are counted and not priced; cases whose arguments cpmem
-refuses are counted with the refusal.
+refuses, and recordings whose world size the snapshot does not give, are counted with
+every reason (``Refusal``); ``MegatronTier.by_feature`` groups the recordings by the
+feature families their arguments turn on (``cpmem.golden.megatron_features``), priced or
+refused.
 
 The recordings' own tolerance: Megatron-LM's CI passes a run whose memory stays within
 5% of the recorded values (``test_pretraining_regular_pipeline.py``), so two runs of the
@@ -48,6 +51,7 @@ from pathlib import Path
 
 from cpmem.errors import InputError
 from cpmem.golden.megatron import Recording, load_recordings
+from cpmem.golden.megatron_features import FEATURE_TAGS
 from cpmem.golden.megatron_history import load_recorded_images
 from cpmem.megatron.args import MegatronArgs, read_megatron_args
 from cpmem.megatron.describe import describe_megatron
@@ -358,6 +362,8 @@ def price_recording(
     """A recording's case priced as it ran: its arguments (read from its case's
     ``model_config.yaml`` unless given), world size, device, last rank, and the container
     of the CI image it was recorded in (``recorded_images.csv`` unless given)."""
+    if recording.world_size is None:
+        raise InputError("world_size", None, recording.world_size_basis)
     if args is None:
         args = read_megatron_args(recording.model_config(golden_dir))
     if image is None:
@@ -376,12 +382,70 @@ def price_recording(
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A recording the tier does not price, and every reason: its arguments' refusal
+    (field ``megatron_args``) and, where the snapshot does not give it, its world size's
+    (field ``world_size``)."""
+
+    recording: Recording
+    problems: tuple[InputError, ...]
+
+    @property
+    def message(self) -> str:
+        return "; ".join(str(p) for p in self.problems)
+
+    @property
+    def refused_values(self) -> str:
+        """What is refused, without the reasons: the arguments, or the missing world size."""
+        return "; ".join(
+            "world size unknown" if p.field == "world_size" else str(p.value) for p in self.problems
+        )
+
+
+@dataclass(frozen=True)
+class FeatureCount:
+    """The recordings of one feature family (``megatron_features``): priced and refused."""
+
+    feature: str
+    recordings: tuple[str, ...]
+    priced: tuple[str, ...]
+    refusals: tuple[Refusal, ...]
+
+    @property
+    def cases(self) -> tuple[str, ...]:
+        return tuple(sorted({rid.rsplit("/", 1)[0] for rid in self.recordings}))
+
+
+@dataclass(frozen=True)
 class MegatronTier:
     rows: tuple[TierRow, ...]
     refused: dict[str, tuple[str, ...]]
     """The refusal's message -> the recordings it refused."""
     unnamed_platform: tuple[str, ...]
     no_values: tuple[str, ...]
+    refusals: tuple[Refusal, ...] = ()
+    """Every refused recording with its reasons (``refused`` groups them by message)."""
+    recordings: tuple[Recording, ...] = ()
+    """Every recording the tier was run over, priced or not."""
+
+    def by_feature(self) -> tuple[FeatureCount, ...]:
+        """Each feature family's recordings (``FEATURES`` order; families no recording
+        exercises left out): what is priced and what is refused, with the reasons."""
+        priced = {r.recording.recording_id for r in self.rows}
+        out = []
+        for tag in FEATURE_TAGS:
+            recs = tuple(r.recording_id for r in self.recordings if tag in r.features)
+            if not recs:
+                continue
+            out.append(
+                FeatureCount(
+                    tag,
+                    recs,
+                    tuple(rid for rid in recs if rid in priced),
+                    tuple(f for f in self.refusals if tag in f.recording.features),
+                )
+            )
+        return tuple(out)
 
     def failing(self, check: str) -> list[TierRow]:
         """Rows failing ``check`` that no declared miss explains."""
@@ -410,12 +474,13 @@ class MegatronTier:
 def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
     """The tier over the recordings of ``family`` (default: every family)."""
     rows: list[TierRow] = []
-    refused: dict[str, list[str]] = {}
+    refusals: list[Refusal] = []
     unnamed: list[str] = []
     empty: list[str] = []
     cases: dict[Path, MegatronArgs | InputError] = {}
     images = load_recorded_images(golden_dir)
-    for rec in load_recordings(golden_dir, family):
+    recordings = load_recordings(golden_dir, family)
+    for rec in recordings:
         if not rec.has_values:
             empty.append(rec.recording_id)
             continue
@@ -428,19 +493,29 @@ def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
                 cases[path] = read_megatron_args(path)
             except InputError as exc:
                 cases[path] = exc
+        read = cases[path]
+        problems = [read] if isinstance(read, InputError) else []
+        if rec.world_size is None:
+            problems.append(InputError("world_size", None, rec.world_size_basis))
+        if problems:
+            refusals.append(Refusal(rec, tuple(problems)))
+            continue
+        assert isinstance(read, MegatronArgs)
         try:
-            read = cases[path]
-            if isinstance(read, InputError):
-                raise read
             image = images[rec.recording_id].base_image
             rows.append(price_recording(rec, golden_dir, read, image))
         except InputError as exc:
-            refused.setdefault(str(exc), []).append(rec.recording_id)
+            refusals.append(Refusal(rec, (exc,)))
+    refused: dict[str, list[str]] = {}
+    for refusal in refusals:
+        refused.setdefault(refusal.message, []).append(refusal.recording.recording_id)
     return MegatronTier(
         _above_case(rows),
         {k: tuple(v) for k, v in refused.items()},
         tuple(unnamed),
         tuple(empty),
+        tuple(refusals),
+        tuple(recordings),
     )
 
 
@@ -485,6 +560,10 @@ def megatron_check(golden_dir: Path) -> dict[str, object]:
         "median_headroom": tier.median_headroom,
         "median_bound_headroom": tier.median_bound_headroom,
         "refused": {k: len(v) for k, v in tier.refused.items()},
+        "features": {
+            f.feature: {"recordings": len(f.recordings), "priced": len(f.priced)}
+            for f in tier.by_feature()
+        },
         "unnamed_platform": len(tier.unnamed_platform),
         "no_values": len(tier.no_values),
     }

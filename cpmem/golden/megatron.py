@@ -1,17 +1,19 @@
 """Megatron-LM's functional-test recordings: the second measured runtime's data layer.
 
-Megatron-LM's CI trains its own GPT and MoE test cases and keeps the memory its last
-rank logs at every step (``golden/megatron/README.md``). ``import_recordings`` reads a
-snapshot of those test cases (each case's ``model_config.yaml``, its
-``golden_values_<environment>_<platform>.json`` files reduced to the two memory series,
-the CI recipes and ``MANIFEST.tsv``) and keeps:
+Megatron-LM's CI trains its own test cases (GPT, MoE, Mamba-2 hybrids, Nemotron 3) and
+keeps the memory its last rank logs at every step (``golden/megatron/README.md``).
+``import_recordings`` reads a snapshot of those test cases (``cases/<family>/<case>/``:
+each case's ``model_config.yaml``, its ``golden_values_<environment>_<platform>.json``
+files reduced to the two memory series; the CI recipes and ``MANIFEST.tsv``) and keeps:
 
 - every case's ``model_config.yaml`` and every recipe, unedited (they are the inputs the
   recordings were made with);
 - ``MANIFEST.tsv``, unedited (each original's upstream path and git blob);
 - ``recordings.csv``, one normalised row per recording: the case, the environment and
-  platform its file name gives, the world size its recipe runs, how many steps it logged
-  and how many of them are finite, and each series' last and maximum finite value.
+  platform its file name gives, the feature families its arguments turn on
+  (``megatron_features``), the world size its recipe runs and the rule that says so
+  (``WORLD_RULES``; empty where the snapshot does not say), how many steps it logged and
+  how many of them are finite, and each series' last and maximum finite value.
 
 The raw series are not kept: every figure the gate reads is in the table, and each row
 names the upstream file (path and git blob) it was reduced from. A measured value is
@@ -24,11 +26,17 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cpmem.golden.files import GoldenDataError, atomic_write, csv_bytes, read_csv
+from cpmem.golden.megatron_features import (
+    FEATURE_TAGS,
+    case_features,
+    format_features,
+    parse_features,
+)
 
 MEGATRON_SUBDIR = "megatron"
 RECORDINGS_FILE = "recordings.csv"
@@ -46,7 +54,9 @@ RECORDING_COLUMNS: tuple[str, ...] = (
     "device",
     "second_recording",
     "test_type",
+    "features",
     "world_size",
+    "world_size_basis",
     "upstream_path",
     "git_blob",
     "steps",
@@ -78,17 +88,71 @@ _FILE = re.compile(
 )
 
 
-def _world_size(device: str, case: str) -> int:
-    """GPUs a recording ran on: its recipe's nodes x GPUs per node.
+@dataclass(frozen=True)
+class WorldRule:
+    """A rule giving the GPUs some recordings ran on, and the source it stands on."""
 
-    ``recipes/h100/{gpt,moe}.yaml`` (platforms ``dgx_a100``, ``dgx_h100``): 1 node x 8;
-    ``recipes/gb200/{gpt,moe}.yaml``: 2 nodes x 4; ``recipes/gb200/*-1node.yaml``, which
-    run the ``_1node`` cases: 1 node x 4. A file naming no platform (or another
-    cluster's A100/H100 nodes) ran the 8-GPU recipe its environment's ``dgx_a100``
-    recordings ran."""
-    if device == "gb200":
-        return 4 if case.endswith("_1node") else 8
-    return 8
+    applies: Callable[[str, str, str, str], bool]
+    """(family, case, device, test type) -> whether the rule is the recording's."""
+    world_size: int | None
+    basis: str
+    """What ``recordings.csv`` says of it (``world_size_basis``); ``{family}`` is the
+    recording's family."""
+
+
+def _gb200(device: str) -> bool:
+    return device == "gb200"
+
+
+RELEASE_WORLD_BASIS = (
+    "unknown: no recipe of the snapshot, nor any in Megatron-LM's history, runs the release "
+    "cases (their CI recipes are the private megatron-lm-convergence-tests repository, "
+    "checked out at tests/test_utils/local_recipes by .gitlab/stages/04.functional-tests.yml); "
+    "the arguments fix TP 8 x PP 1 x DP with DP dividing 96 (global batch 384 / micro-batch 4)"
+)
+WORLD_RULES: tuple[WorldRule, ...] = (
+    WorldRule(lambda f, c, d, t: t == "release", None, RELEASE_WORLD_BASIS),
+    WorldRule(
+        lambda f, c, d, t: f in ("gpt", "moe") and _gb200(d) and c.endswith("_1node"),
+        4,
+        "recipes/gb200/{family}-1node.yaml: 1 x 4",
+    ),
+    WorldRule(
+        lambda f, c, d, t: f in ("gpt", "moe") and _gb200(d),
+        8,
+        "recipes/gb200/{family}.yaml: 2 x 4",
+    ),
+    WorldRule(lambda f, c, d, t: f in ("gpt", "moe"), 8, "recipes/h100/{family}.yaml: 1 x 8"),
+    WorldRule(
+        lambda f, c, d, t: f == "nemotron" and c.endswith("_1N4G"),
+        4,
+        "recipes/gb200/nemotron-1node.yaml: 1 x 4",
+    ),
+    WorldRule(lambda f, c, d, t: f == "nemotron", 8, "recipes/gb200/nemotron.yaml: 2 x 4"),
+    WorldRule(
+        lambda f, c, d, t: f == "hybrid" and c.startswith("hybrid_flextron_"),
+        8,
+        "Megatron-LM's tests/test_utils/recipes/h100/flextron.yaml at the snapshot (blob "
+        "45515e547bad39c8b13f8979193dfee612868892; not among the snapshot's recipes/): 1 x 8",
+    ),
+    WorldRule(lambda f, c, d, t: f == "hybrid", 8, "recipes/h100/mamba.yaml: 1 x 8"),
+)
+"""The recordings' world sizes, first rule that applies. ``recipes/h100/{gpt,moe}.yaml``
+(platforms ``dgx_a100``, ``dgx_h100``) and ``mamba.yaml`` (the hybrid cases): 1 node x 8;
+``recipes/gb200/{gpt,moe,nemotron}.yaml``: 2 nodes x 4; ``recipes/gb200/*-1node.yaml``,
+which run the ``_1node`` (and Nemotron's ``_1N4G``) cases: 1 node x 4. A file naming no
+platform (or another cluster's A100/H100 nodes) ran the 8-GPU recipe its environment's
+``dgx_a100`` recordings ran. The release runs' world size is not in the snapshot: left
+empty, with what their arguments say of it."""
+
+
+def world_size(family: str, case: str, device: str, test_type: str) -> tuple[int | None, str]:
+    """The GPUs a recording ran on (None: not known) and the basis ``WORLD_RULES`` gives;
+    a family no rule covers is refused."""
+    for rule in WORLD_RULES:
+        if rule.applies(family, case, device, test_type):
+            return rule.world_size, rule.basis.format(family=family)
+    raise GoldenDataError("has no world-size rule (WORLD_RULES)", file=f"{family}/{case}")
 
 
 @dataclass(frozen=True)
@@ -104,7 +168,11 @@ class Recording:
     device: str
     second_recording: bool
     test_type: str
-    world_size: int
+    features: tuple[str, ...]
+    """The feature families its arguments turn on (``megatron_features.FEATURES``)."""
+    world_size: int | None
+    """None where the snapshot does not say (``world_size_basis`` says why)."""
+    world_size_basis: str
     upstream_path: str
     git_blob: str
     steps: int
@@ -195,6 +263,7 @@ def normalise(source_dir: Path) -> list[dict[str, str]]:
                 Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader),
             )
             test_type = str(config.get("TEST_TYPE", "regular"))
+            features = format_features(case_features(config.get("MODEL_ARGS") or {}, test_type))
             for path in sorted(case_dir.glob("golden_values_*.json")):
                 where = f"{family}/{case}/{path.name}"
                 m = _FILE.match(path.name)
@@ -206,6 +275,7 @@ def normalise(source_dir: Path) -> list[dict[str, str]]:
                 if platform and platform not in PLATFORM_DEVICES:
                     raise GoldenDataError("names an unknown platform", file=where, value=platform)
                 device = PLATFORM_DEVICES.get(platform, "")
+                world, basis = world_size(family, case, device, test_type)
                 key = (f"{family}/{case}", path.name)
                 if key not in upstream:
                     raise GoldenDataError(f"has no row in {UPSTREAM_MANIFEST}", file=where)
@@ -232,7 +302,9 @@ def normalise(source_dir: Path) -> list[dict[str, str]]:
                         "device": device,
                         "second_recording": "true" if m["second"] else "false",
                         "test_type": test_type,
-                        "world_size": str(_world_size(device, case)),
+                        "features": features,
+                        "world_size": "" if world is None else str(world),
+                        "world_size_basis": basis,
                         "upstream_path": upstream[key][0],
                         "git_blob": upstream[key][1],
                         "steps": str(steps),
@@ -282,7 +354,9 @@ def _parse(row: dict[str, str], i: int, where: str) -> Recording:
             device=row["device"],
             second_recording=row["second_recording"] == "true",
             test_type=row["test_type"],
-            world_size=int(row["world_size"]),
+            features=parse_features(row["features"]),
+            world_size=_optional(row["world_size"], int),  # type: ignore[arg-type]
+            world_size_basis=row["world_size_basis"],
             upstream_path=row["upstream_path"],
             git_blob=row["git_blob"],
             steps=int(row["steps"]),
@@ -310,7 +384,8 @@ def load_recordings(golden_dir: Path, family: str | None = None) -> list[Recordi
 
 def check_recordings(golden_dir: Path, recordings: Iterable[Recording]) -> list[str]:
     """Problems between the table and what is kept beside it (empty: consistent): every
-    recording's case has its ``model_config.yaml``, and names a ``MANIFEST.tsv`` row."""
+    recording's case has its ``model_config.yaml``, names a ``MANIFEST.tsv`` row, only
+    known features and a basis for its world size."""
     problems: list[str] = []
     manifest_path = golden_dir / MEGATRON_SUBDIR / UPSTREAM_MANIFEST
     listed = set()
@@ -322,6 +397,11 @@ def check_recordings(golden_dir: Path, recordings: Iterable[Recording]) -> list[
     for r in recordings:
         if not r.model_config(golden_dir).is_file():
             problems.append(f"{r.recording_id}: its case's model_config.yaml is missing")
+        unknown = [t for t in r.features if t not in FEATURE_TAGS]
+        if unknown:
+            problems.append(f"{r.recording_id}: unknown features {unknown}")
+        if not r.world_size_basis:
+            problems.append(f"{r.recording_id}: its world size names no basis")
         if (r.upstream_path, r.git_blob) not in listed:
             problems.append(
                 f"{r.recording_id}: {r.upstream_path} @ {r.git_blob} is not in {UPSTREAM_MANIFEST}"

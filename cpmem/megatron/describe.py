@@ -13,7 +13,11 @@ Nothing here prices: the run is priced by the policies, as a step from ``--model
   kinds (Mamba-2, latent attention, Gated DeltaNet) by ``cpmem.megatron.stack``;
 - the layout: DP = world / (TP x PP x CP); sequence parallelism only at TP > 1
   (``arguments.py``); experts split over EP and ETP (``--expert-tensor-parallel-size``,
-  TP by default, ``arguments.py:587-588``);
+  TP by default, ``arguments.py:587-588``). A layout keyword given beside the arguments
+  (``LAYOUT_ARGS``: ``tp=2`` for ``--tensor-model-parallel-size 2``) replaces the
+  argument before any of this is derived, so the world stays the one given and DP,
+  the micro-batch count, the vocabulary's padding and the stage split follow it; a
+  ``dp`` given must be the one the world leaves;
 - the step: ``--micro-batch-size`` sequences of ``--seq-length`` tokens per micro-batch,
   ``global / (micro x DP)`` micro-batches, the CP ranks' load-balanced share (Megatron-LM's
   planner, ``StepSettings.step``), the output layer and cross entropy as its head, a
@@ -25,7 +29,7 @@ Nothing here prices: the run is priced by the policies, as a step from ``--model
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,7 @@ from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
 from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.model.geometry import ModelGeometry
-from cpmem.step.backend_choice import BackendChoice, choose_backend
+from cpmem.step.backend_choice import BackendChoice, choose_backend, container_named
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.device import Device, resolve_device
 from cpmem.step.recompute import FullMethod, Mode, Module, Recompute
@@ -158,9 +162,11 @@ def megatron_recompute(args: MegatronArgs) -> Recompute:
     return Recompute(Mode.NONE, ())
 
 
-def megatron_runtime(args: MegatronArgs, choice: BackendChoice) -> Runtime:
-    """The process Megatron-LM runs for ``args``, with the attention backend chosen."""
+def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str = "dev") -> Runtime:
+    """The process Megatron-LM runs for ``args`` in ``container``, with the attention
+    backend chosen."""
     return Runtime.megatron_lm(
+        container=container,
         attention_backend=choice.backend,
         backend_asked=choice.asked,
         backend_spread=choice.spread,
@@ -234,6 +240,72 @@ def megatron_backend(
     )
 
 
+FUNCTIONAL_TEST_CONFIG = "model_config.yaml"
+"""The file every Megatron-LM functional test case keeps its arguments in, one per case
+folder (``tests/functional_tests/test_cases/<model>/<case>/model_config.yaml``)."""
+
+
+def run_name(source: str | Path) -> str:
+    """The run's title: a functional test case's folder (its ``model_config.yaml`` is
+    named alike in every case), any other arguments file by its own name."""
+    path = Path(source)
+    if path.name == FUNCTIONAL_TEST_CONFIG and path.parent.name:
+        return path.parent.name
+    return path.name or str(source)
+
+
+LAYOUT_ARGS = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "vpp": "num_virtual_stages_per_pipeline_rank",
+    "first_stage_layers": "decoder_first_pipeline_num_layers",
+    "last_stage_layers": "decoder_last_pipeline_num_layers",
+}
+"""``describe_step``'s layout keywords, as the Megatron-LM arguments they stand for
+(``--tp 2`` beside ``--megatron-args`` is ``--tensor-model-parallel-size 2``)."""
+
+
+def with_layout(
+    args: MegatronArgs, overrides: dict[str, Any]
+) -> tuple[MegatronArgs, dict[str, Any]]:
+    """The arguments with the layout keywords among ``overrides`` written into them
+    (``LAYOUT_ARGS``; a virtual pipeline size replaces ``--num-layers-per-virtual-
+    pipeline-stage`` too), and the other keywords: a run's layout is derived from its
+    arguments and its world (``megatron_run``), never set beside them."""
+    changes = {LAYOUT_ARGS[k]: v for k, v in overrides.items() if k in LAYOUT_ARGS}
+    if "vpp" in overrides:
+        changes["num_layers_per_virtual_pipeline_stage"] = None
+    rest = {k: v for k, v in overrides.items() if k not in LAYOUT_ARGS}
+    return (replace(args, **changes) if changes else args), rest
+
+
+def check_dp(run: MegatronRun, dp: object) -> None:
+    """A data-parallel size given beside a run: the one its world leaves, else refused
+    naming both."""
+    if dp is None or dp == run.dp:
+        return
+    a = run.args
+    tp, pp, cp = (
+        a.tensor_model_parallel_size,
+        a.pipeline_model_parallel_size,
+        a.context_parallel_size,
+    )
+    asks = (
+        f"world_size {tp * pp * cp * dp}"
+        if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0
+        else "a positive DP"
+    )
+    raise InputError(
+        "dp",
+        dp,
+        f"contradicts the world: world_size {run.world_size} / (TP {tp} x PP {pp} x CP {cp}) "
+        f"is DP {run.dp}; give the world size the DP asks for ({asks}) or leave --dp out",
+    )
+
+
 def megatron_run(
     args: MegatronArgs,
     *,
@@ -249,13 +321,16 @@ def megatron_run(
     pick under ``container``)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
         raise InputError("world_size", world_size, "must be a positive integer")
+    container_named(container)  # refused by name, whether or not auto reads it
     check_megatron_args(args)  # the reader's rules, for arguments built in code too
     tp = args.tensor_model_parallel_size
     pp = args.pipeline_model_parallel_size
     cp = args.context_parallel_size
     if world_size % (tp * pp * cp):
         raise InputError(
-            "world_size", world_size, f"is not divisible by TP x PP x CP = {tp * pp * cp}"
+            "world_size",
+            world_size,
+            f"is not divisible by TP x PP x CP = {tp} x {pp} x {cp} = {tp * pp * cp}",
         )
     dp = world_size // (tp * pp * cp)
     etp = args.expert_tensor_parallel_size or tp
@@ -276,7 +351,7 @@ def megatron_run(
             "(Megatron-LM's micro-batch calculator asserts it)",
         )
     microbatches = 1 if gbs is None else gbs // (mbs * dp)
-    geometry = megatron_geometry(args, Path(name).parent.name or str(name))
+    geometry = megatron_geometry(args, run_name(name))
     resolved = resolve_device(device)
     assert resolved is not None
     choice = megatron_backend(args, resolved, attention_backend, container)
@@ -289,7 +364,8 @@ def megatron_run(
         "cp": cp,
         "sp": args.sequence_parallel and tp > 1,
         "ep": args.expert_model_parallel_size,
-        "etp": etp if args.num_experts is not None else 1,
+        # a dense model: the ETP its arguments state, named as unread where it is not 1
+        "etp": etp if args.num_experts is not None else (args.expert_tensor_parallel_size or 1),
         "dp": dp,
         "pp": pp,
         "vpp": vpp,
@@ -300,7 +376,7 @@ def megatron_run(
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
         "cp_comm": args.cp_comm_type,
         "step": "steady",
-        "runtime": megatron_runtime(args, choice),
+        "runtime": megatron_runtime(args, choice, container),
         "training": "full",
         "optimizer": "adam",
         "distributed_optimizer": args.use_distributed_optimizer,
@@ -325,6 +401,39 @@ def megatron_routing(args: MegatronArgs) -> str:
 
 
 LORA_KEYWORDS = ("lora_rank", "lora_dropout", "lora_targets")
+MEGATRON_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def with_dtype(args: MegatronArgs, dtype: str) -> MegatronArgs:
+    """``args`` with ``--bf16`` / ``--fp16`` (neither: fp32) set for ``dtype``, so its
+    gradients' element and Transformer Engine's choice under ``auto`` follow Megatron-LM's
+    own rules for that dtype (``megatron_run``)."""
+    if dtype not in MEGATRON_DTYPES:
+        raise InputError("dtype", dtype, f"must be one of {list(MEGATRON_DTYPES)}")
+    return replace(args, bf16=dtype == "bf16", fp16=dtype == "fp16")
+
+
+def megatron_run_with(
+    megatron_args: str | Path | MegatronArgs,
+    overrides: dict[str, Any],
+    **run: Any,
+) -> tuple[MegatronRun, dict[str, Any]]:
+    """The run of ``megatron_args`` (a file or ``MegatronArgs``) with the layout keywords
+    among ``overrides`` written into its arguments (``with_layout``; ``dtype`` too,
+    ``with_dtype``) and ``dp`` checked
+    against its world (``check_dp``), and the remaining keywords; ``run`` are
+    ``megatron_run``'s."""
+    if isinstance(megatron_args, MegatronArgs):
+        args, name = megatron_args, "megatron-lm"
+    else:
+        args, name = read_megatron_args(megatron_args), str(megatron_args)
+    args, rest = with_layout(args, overrides)
+    if "dtype" in rest:  # the run in another dtype, as its arguments would state it
+        args = with_dtype(args, rest["dtype"])
+    dp = rest.pop("dp", None)
+    found = megatron_run(args, name=name, **run)
+    check_dp(found, dp)
+    return found, rest
 
 
 def describe_megatron(
@@ -340,21 +449,21 @@ def describe_megatron(
     """The step of a Megatron-LM run, read from its arguments (a ``model_config.yaml``, a
     flags file, or ``MegatronArgs``), as ``describe_step`` builds it: ``overrides`` are
     ``describe_step``'s keywords over the arguments' (``lora_rank`` and the other adapter
-    keywords price a LoRA run of the model: ``training="lora"`` unless given)."""
-    if isinstance(megatron_args, MegatronArgs):
-        args, name = megatron_args, "megatron-lm"
-    else:
-        args, name = read_megatron_args(megatron_args), str(megatron_args)
-    run = megatron_run(
-        args,
+    keywords price a LoRA run of the model: ``training="lora"`` unless given; the layout
+    keywords are the arguments' own, ``with_layout``, and ``dp`` must be the world's)."""
+    run, overrides = megatron_run_with(
+        megatron_args,
+        overrides,
         world_size=world_size,
         device=device,
         rank=rank,
         attention_backend=attention_backend,
         container=container,
-        name=name,
     )
     arguments: dict[str, Any] = dict(run.arguments)
+    given = overrides.get("runtime")
+    if isinstance(given, str) and arguments["runtime"].is_runtime(given):  # the run's own
+        overrides = {k: v for k, v in overrides.items() if k != "runtime"}
     if any(k in overrides for k in LORA_KEYWORDS) and "training" not in overrides:
         overrides = {**overrides, "training": "lora"}
     arguments.update(overrides)

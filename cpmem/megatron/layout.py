@@ -132,10 +132,14 @@ def stage_layer_counts(args: MegatronArgs) -> tuple[int, ...] | None:
 
 
 def layout_problems(args: MegatronArgs) -> list[tuple[str, str]]:
-    """Megatron-LM's checks of the split, as (flags, its reason) pairs."""
+    """Megatron-LM's checks of the split, as (flags, its reason) pairs. A layout string
+    (``--pipeline-model-parallel-layout``, itself refused) places the layers its own way:
+    the even split's checks do not apply to it (arguments.py:941-951)."""
     segments = hybrid_segments(args)
     if segments is not None:
         return _segment_problems(args, segments)
+    if "--pipeline-model-parallel-layout" in args.flag_values:
+        return []
     out: list[tuple[str, str]] = []
     pp = args.pipeline_model_parallel_size
     per_virtual = args.num_layers_per_virtual_pipeline_stage

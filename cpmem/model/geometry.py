@@ -149,6 +149,10 @@ class ModelGeometry:
     # (``cpmem.pricing.registry.inapplicable_options``). Not a shape: geometries compare
     # without it.
     unpriced_parts: tuple[str, ...] = field(default=(), compare=False)
+    # a model chunk of a pipeline stage (``cpmem.pricing.pipeline.chunk_step``), which may
+    # hold no layer: a first virtual stage of the embedding alone, or a last one of the
+    # final norm, the output layer and the loss (``cpmem.step.pipeline.Pipeline``)
+    pipeline_chunk: bool = False
 
     def __post_init__(self) -> None:
         for name in ("hidden", "q_heads", "kv_groups", "head_dim", "vocab"):
@@ -217,7 +221,7 @@ class ModelGeometry:
             )
         if self.final_logit_softcap is not None and not self.final_logit_softcap > 0:
             raise InputError("final_logit_softcap", self.final_logit_softcap, "must be > 0")
-        if not self.mixers:
+        if not self.mixers and not self.pipeline_chunk:
             raise InputError("mixers", self.mixers, "a model needs at least one layer")
         if len(self.mlps) != len(self.mixers):
             raise InputError(

@@ -85,7 +85,14 @@ class Request:
             raise InputError("lengths", list(lengths), "a request needs at least one sequence")
         for i, n in enumerate(lengths):
             require_positive_int(f"lengths[{i}]", n)
-        if shared_prefix == 0 or len(lengths) == 1:
+        if shared_prefix and len(lengths) == 1:
+            raise InputError(
+                "shared_prefix",
+                shared_prefix,
+                "one sequence shares its prefix with no other: give two or more sequences, "
+                "or no shared prefix",
+            )
+        if shared_prefix == 0:
             return cls.independent(lengths)
         for i, n in enumerate(lengths):
             if shared_prefix >= n:

@@ -29,7 +29,8 @@ MASK_ELEMENTS = 0.5
 
 
 def _input_widths(geometry: ModelGeometry, tp: int, part: str = "") -> dict[str, tuple[str, float]]:
-    """Per target: the layer part it sits in (``attention``, ``gdn``, ``mlp``, ``expert``)
+    """Per target: the layer part it sits in (``attention``, ``gdn``, ``mamba``, ``mlp``,
+    ``expert``)
     and the width of the adapter's input per token (experts: per routed row). Part
     ``shared`` (an MoE layer's shared expert, a dense SwiGLU its ``fc1`` / ``fc2`` targets
     name, as in the rank simulator's ``SharedExpertMLP``): fc1's and fc2's inputs at the
@@ -48,6 +49,8 @@ def _input_widths(geometry: ModelGeometry, tp: int, part: str = "") -> dict[str,
         "proj": ("attention", geometry.attention_output_width / tp),
         "gdn_in": ("gdn", geometry.hidden),
         "gdn_out": ("gdn", v / tp),
+        "mamba_in": ("mamba", geometry.hidden),
+        "mamba_out": ("mamba", geometry.mamba_inner / tp),
         "fc1": ("mlp", geometry.hidden),
         "fc2": ("mlp", geometry.ffn / tp),
         "experts": ("expert", geometry.hidden + geometry.expert_ffn),
@@ -93,6 +96,8 @@ def pinned_width(
         "qkv": gathered,
         "fc1": gathered,
         "gdn_in": gathered,
+        "mamba_in": gathered,
+        "mamba_out": geometry.mamba_inner // tp,
         "proj": 0 if core_kept else geometry.attention_output_width // tp,
         "gdn_out": geometry.gdn_value_width // tp,
         "fc2": geometry.ffn // tp,

@@ -69,6 +69,9 @@ class Component(StrEnum):
     layer input per chunk in flight, the current one's included."""
     PIPELINE_BUFFERS = "pipeline_buffers"
     """The activation a stage sends on, or the gradient it receives, while it moves."""
+    MTP = "mtp"
+    """The multi-token prediction depths' layers, inputs and loss heads, kept from their
+    forward (before the main head's) until their backward, on the stage holding the head."""
     FORWARD_PEAK_EXCESS = "forward_peak_excess"
     """Where the forward peak exceeds the backward's: the step's peak is the forward's."""
 
@@ -86,6 +89,7 @@ RETAINED: frozenset[Component] = frozenset(
         Component.HEAD_KEPT,
         Component.PIPELINE_IN_FLIGHT,
         Component.PIPELINE_INPUTS,
+        Component.MTP,
     }
 )
 """What a forward keeps until its backward: kept once per part of a split request."""

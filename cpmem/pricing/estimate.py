@@ -88,6 +88,10 @@ class Estimate:
     ignored_options: tuple[str, ...] = ()
     """The options set on the step that this policy does not price (each a one-line
     reason: ``option: why``), attached by ``cpmem.pricing.registry.price``."""
+    unpriced: frozenset[str] = field(default=frozenset(), compare=False)
+    """The options this policy does not price on the step, set on it or not, and those set
+    that no policy prices there (``registry.unpriced_options``, ``inapplicable_options``):
+    what the assumptions must not state as priced. Attached by ``registry.price``."""
     facts: Facts = Facts()
     """What about the step decides which measured tier holds each term and what the
     estimate assumes (``cpmem.pricing.provenance``)."""
@@ -216,6 +220,7 @@ class Estimate:
             ep=self.ep,
             etp=self.etp,
             workspace_bytes=workspaces,
+            unpriced=self.unpriced,
         )
 
     @property

@@ -17,7 +17,9 @@ layer runs ``LinearWithFrozenWeight``, which saves only the weight),
 copy; ``exp`` and the division run in place; ``save_for_backward(exp_logits,
 target_mask, masked_target_1d)`` keeps the fp32 softmax; the backward builds the
 gradient in that buffer and autograd casts it back to bf16), ``fusions/
-fused_cross_entropy.py`` (the same upcast; the gradient cast to bf16 inside); chunked
+fused_cross_entropy.py`` (the same upcast and the same softmax kept; its helpers
+compiled by ``jit_fuser``, which adds fp32 buffers by the container's PyTorch:
+``fused_loss_bytes``, ``cpmem.step.torch_build``); chunked
 log-probs recomputed per chunk in backward (verl's ``FusedLinearForPPO``); a fused linear
 cross entropy (Wijmans et al. 2024, Cut Cross Entropy: saves the hidden states and an
 fp32 log-sum-exp per token, never the logits). The rank simulator runs or restates each
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.step import Step
+from cpmem.step.torch_build import torch_build
 
 FP32 = 4
 INT64 = 8
@@ -42,6 +45,22 @@ LOGIT_KEPT_BYTES = FP32
 LOGIT_BACKWARD_BYTES = FP32 + 2
 """Bytes per logit in the head's backward: the fp32 gradient built in the kept softmax's
 buffer and its bf16 cast, which the output layer's backward reads."""
+FUSED_BACKWARD_COPY_BYTES = FP32
+"""Bytes per logit the compiled fused loss's backward holds beyond the unfused one's:
+inductor scatters ``calculate_gradients``' in-place update of the saved softmax into a new
+fp32 copy and writes it back, so the softmax, the copy and the bf16 gradient are live
+together (10 B per logit; ``TorchBuild.compiled_backward_copy``)."""
+FUSED_FORWARD_COPY_BYTES = FP32
+"""Bytes per logit PyTorch 2.2's compiled forward adds: the in-place ``exp`` of
+``calculate_predicted_logits`` computed into a new fp32 buffer beside the fp32 copy it is
+written back into (``TorchBuild.compiled_forward_in_place`` false)."""
+AUTOTUNE_CLONE_BYTES = FP32
+"""Bytes per logit a PyTorch before 2.6 adds at the first launch of the fused loss's
+mutating pointwise kernels (the forward's in-place division, the backward's write-back into
+the softmax): the device clone of the fp32 buffer each mutates while its configs are
+benchmarked (``TorchBuild.autotune_clones_on_device``). A first-micro-batch transient,
+priced on every step: the first step lacks only the optimizer's moments (made lazily at
+its end), so the figure covers it by at most those."""
 SOFTCAP_KEPT_BYTES = 2
 """Bytes per logit a final logit soft-capping ``cap * tanh(logits / cap)`` (Gemma 2's
 ``final_logit_softcapping``, applied to the bf16 logits before the loss upcasts them)
@@ -83,6 +102,18 @@ def vocab_shard(step: Step) -> int:
     return -(-step.geometry.vocab // multiple) * multiple // tp
 
 
+def fused_loss_bytes(step: Step) -> tuple[int, int]:
+    """Bytes per logit megatron's fused cross entropy holds beyond the unfused one at the
+    head's forward and backward moments, in the step's container (its PyTorch compiles the
+    loss's helpers: ``cpmem.step.torch_build``): (0, 4) from PyTorch 2.6 (every NGC image
+    from 25.01), (4, 8) on 2.5 (NGC 24.10), (8, 8) on 2.2 (NGC 24.01)."""
+    build = torch_build(step.settings.runtime.container)
+    clone = AUTOTUNE_CLONE_BYTES if build.autotune_clones_on_device else 0
+    forward = clone + (0 if build.compiled_forward_in_place else FUSED_FORWARD_COPY_BYTES)
+    backward = clone + (FUSED_BACKWARD_COPY_BYTES if build.compiled_backward_copy else 0)
+    return forward, backward
+
+
 def head_input_bytes(step: Step, tokens: int) -> int:
     """The final norm's output the head reads: the rank's tokens, and under SP also the
     local shard it was gathered from."""
@@ -90,6 +121,13 @@ def head_input_bytes(step: Step, tokens: int) -> int:
     s = sp_divisor(layout.tp, layout.sp)
     h, b = step.geometry.hidden, step.dtype_bytes
     return tokens * h * b + (tokens // s * h * b if s > 1 else 0)
+
+
+def keeps_norm_input(step: Step) -> bool:
+    """Whether the head's kept bytes hold the final norm's saved input (a trained output
+    layer's, ``trained_head_bytes``): the last layer's output, or in a pipeline chunk of
+    the loss alone the activation the chunk received."""
+    return not step.head.returns_hidden and step.settings.training == "full"
 
 
 def trained_head_bytes(step: Step, tokens: int) -> HeadBytes:
@@ -133,10 +171,11 @@ def _frozen_head_bytes(step: Step, tokens: int) -> HeadBytes:
     if head.kind in ("logits", "fused"):
         logits = tokens * vt
         softcap = logits * SOFTCAP_KEPT_BYTES if step.geometry.final_logit_softcap else 0
+        forward, backward = fused_loss_bytes(step) if head.kind == "fused" else (0, 0)
         return HeadBytes(
             kept=logits * LOGIT_KEPT_BYTES + per_token + softcap,
-            forward=read + logits * LOGIT_FORWARD_BYTES,
-            backward=logits * LOGIT_BACKWARD_BYTES + grad_in,
+            forward=read + logits * (LOGIT_FORWARD_BYTES + forward),
+            backward=logits * (LOGIT_BACKWARD_BYTES + backward) + grad_in,
         )
     hidden_kept = tokens * h * b  # the head's input, saved to recompute the logits
     if head.kind == "chunked":

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from cpmem.pricing.components import Component, retained_bytes
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.head import keeps_norm_input
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.pipeline import Op
 from cpmem.step.step import Step
@@ -91,12 +92,18 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
     pipe = step.settings.pipeline
     layers = pipe.chunk_layers(step.geometry.layers, stage, chunk)
     g = step.geometry
+    last = pipe.is_last(stage, chunk)
     geometry = replace(
         g,
         mixers=g.mixers[layers.start : layers.stop],
         mlps=g.mlps[layers.start : layers.stop],
+        windows=g.windows[layers.start : layers.stop],
+        # the MTP depths run after the last layer, on the stage holding the head
+        mtp_mixers=g.mtp_mixers if last else (),
+        mtp_mlps=g.mtp_mlps if last else (),
+        mtp_depths=g.mtp_depths if last else 0,
+        pipeline_chunk=True,  # the first or last virtual stage may hold no layer
     )
-    last = pipe.is_last(stage, chunk)
     settings = step.settings.replace(
         geometry=geometry,
         pipeline=type(pipe)(),
@@ -185,8 +192,13 @@ def stage_peak(
     keeps_input = step.recompute.keeps_saved_sets
 
     def received(key: tuple[int, int], rank: int) -> int:
-        """The input a chunk off the first virtual stage keeps until its backward."""
+        """The input a chunk off the first virtual stage keeps until its backward; in a
+        chunk of the loss alone (no layer) the final norm saves it, which a trained
+        head's kept bytes hold already (``head.keeps_norm_input``)."""
         if not keeps_input or pipe.is_first(stage, key[1]):
+            return 0
+        # off the first, only the last virtual stage may hold no layer: the step's head
+        if not pipe.chunk_layers(step.geometry.layers, stage, key[1]) and keeps_norm_input(step):
             return 0
         return stage_activation(microbatches[key[0]], rank)
 
@@ -269,6 +281,7 @@ def price_pipeline(step: Step, policy: Policy) -> Estimate:
         per_rank_bytes=busiest.forward,
         busiest_rank=moment.rank,
         busiest_tokens=microbatches[moment.op.microbatch].plan.rank_tokens[moment.rank],
+        head=step.head,  # the step's head, the last stage's, whichever stage is busiest
         packed_tokens=step.plan.packed_tokens,
         logical_tokens=step.plan.logical_tokens,
         grad_segments=step.plan.grad_segments,

@@ -152,7 +152,8 @@ def megatron_built(geometry: ModelGeometry) -> bool:
     """A layer Megatron-LM's GPT and MoE recordings build (every other kind cpmem prices
     is no recording's)."""
     return (
-        geometry.gdn_layers == 0
+        geometry.all_mixers <= {"attention"}
+        and not geometry.mtp_depths
         and geometry.kv_lora_rank == 0
         and not any(geometry.windows)
         and not geometry.sandwich_norms
@@ -248,6 +249,7 @@ TERMS: dict[str, Term] = {
     "pipeline_in_flight": Term("none", True),
     "pipeline_inputs": Term("none", True),
     "pipeline_buffers": Term("none", True),
+    "mtp": Term("none", False),  # no recording priced yet runs MTP depths
     # static memory
     "base_weights": Term("baselines", False, static=True),
     "adapter_params": Term("baselines", False, static=True),
@@ -340,13 +342,23 @@ def assumptions(
     ep: int,
     etp: int,
     workspace_bytes: int,
+    unpriced: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """One line for each assumption that matters for the step: the CP layout (CP > 1),
-    how the experts are split (a MoE model), where the kernel set-up is charged."""
+    how the experts are split (a MoE model), where the kernel set-up is charged. Each
+    states what was priced: where the policy does not price the planner or the MoE
+    routing on the step (``unpriced``, the options named as such), the line says what it
+    charges instead, never the option's value."""
     out: dict[str, str] = {}
     if cp > 1:
-        layout = PLANNER_LAYOUTS.get(planner, planner)
-        out["cp_layout"] = f"{planner}: {layout} (--planner names another)"
+        if "planner" in unpriced:
+            out["cp_layout"] = (
+                "every CP rank charged the packed tokens: no CP layout priced (the "
+                f"{planner} planner's is not read)"
+            )
+        else:
+            layout = PLANNER_LAYOUTS.get(planner, planner)
+            out["cp_layout"] = f"{planner}: {layout} (--planner names another)"
     if facts.is_moe:
         if ep > 1 and etp == 1:
             split = f"experts split over EP {ep} only (ETP 1: each expert whole on its rank)"
@@ -354,7 +366,7 @@ def assumptions(
             split = f"experts split over EP {ep} and their weights over ETP {etp}"
         else:
             split = "every expert on every rank (EP 1, ETP 1)"
-        out["experts"] = f"{split}; {facts.moe_routing} routing"
+        out["experts"] = f"{split}; {priced_routing(facts.moe_routing, unpriced)} routing"
     if facts.first:
         out["setup"] = (
             "first step of its process: its kernel set-up charged in the activations "
@@ -366,3 +378,10 @@ def assumptions(
             f"({workspace_bytes / MIB:g} MiB), none in the activations"
         )
     return out
+
+
+def priced_routing(routing: str, unpriced: frozenset[str]) -> str:
+    """The MoE routing a step was priced under: its own, or ``concentrated`` where the
+    routing is not priced (the reference charges every expert row concentrated; at EP 1
+    every routed copy lands on the rank's experts whatever the routing)."""
+    return "concentrated" if "moe_routing" in unpriced else routing

@@ -72,7 +72,7 @@ def layer_widths(
 def feature_width(geometry: ModelGeometry, widths: LayerWidths, recompute: Recompute) -> int:
     """Elements retained per token over all layers, for one recompute setting."""
     kinds = [(widths.of(mix) + widths.of(ffn), n) for mix, ffn, n in geometry.layer_kinds]
-    widest = max(width for width, _ in kinds)
+    widest = max((width for width, _ in kinds), default=0)  # a pipeline chunk: none
     if recompute.full:
         # each layer keeps its input; backward recomputes one layer at a time
         return geometry.layers * widths.layer_input + widest

@@ -14,10 +14,11 @@ from cpmem.pricing.accumulation import price_accumulation
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.pipeline import price_pipeline
-from cpmem.pricing.static import rank_stage, static_memory
+from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
 from cpmem.step.recompute import Mode, Module
 from cpmem.step.routing import LABELS, routing_kind
-from cpmem.step.step import Step, default_cp_comm
+from cpmem.step.runtime import DEV_CONTAINER
+from cpmem.step.step import Step, StepSettings, default_cp_comm
 
 Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}
@@ -121,13 +122,112 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"modules: mlp: {g.name} has no dense MLP to checkpoint")
     if rc.checkpoints(Module.MOE) and not g.is_moe:
         out.append(f"modules: moe: {g.name} has no routed experts to checkpoint")
-    art = settings.runtime.name == "art"
-    if layout.dp > 1 and not settings.optimizer.distributed and art:
+    if layout.dp > 1 and not settings.optimizer.distributed:
         out.append("dp: only the distributed optimizer's shards read it")
     if settings.output_bytes is not None and not step.head.returns_hidden:
         out.append(f"output_bytes: the {step.head.label} head returns no hidden states")
+    out.extend(_layout_unread(step))
+    out.extend(_process_unread(step))
     out.extend(g.unpriced_parts)
     return out
+
+
+def _layout_unread(step: Step) -> list[str]:
+    """Layout and optimizer settings the step cannot use: expert tensor parallelism
+    without routed experts, sequence parallelism at TP 1, a distributed optimizer with
+    nothing to shard, SGD on a first step (its momentum, like Adam's moments, is made at
+    the first optimizer step), a rank whose answer is every rank's."""
+    g, layout, settings = step.geometry, step.plan.layout, step.settings
+    opt = settings.optimizer
+    out = []
+    if layout.etp > 1 and not g.is_moe:
+        out.append(f"etp: {g.name} has no routed experts to split")
+    if layout.sp and layout.tp == 1:
+        out.append("sp: tp is 1, sequence parallelism shards nothing")
+    if opt.distributed and not _sharding_read(step):
+        out.append(
+            "distributed_optimizer: its shards change no buffer here (dp x cp is 1, or no "
+            "optimizer state is kept)"
+        )
+    if opt.kind == "sgd" and settings.cold:
+        out.append(
+            "optimizer: a first step holds no moments yet; sgd keeps adam's master copy and "
+            "gradients"
+        )
+    if settings.rank != "busiest" and not _rank_read(settings):
+        out.append(
+            "rank: every rank of this run holds the same static memory (no pipeline stage, "
+            "no distributed-optimizer slice of its own) and the activations priced are the "
+            "busiest CP rank's"
+        )
+    return out
+
+
+def _sharding_read(step: Step) -> bool:
+    """Whether the distributed optimizer moves the step's static memory on any stage:
+    its slices of the states, or its buffers' alignment padding (``param_buffers``)."""
+    settings = step.settings
+    whole = replace(settings, optimizer=replace(settings.optimizer, distributed=False))
+    stages = range(settings.pipeline.pp)
+    return any(
+        static_memory(settings, stage=s, step=step) != static_memory(whole, stage=s, step=step)
+        for s in stages
+    )
+
+
+def _rank_read(settings: StepSettings) -> bool:
+    """Whether the answered rank moves a figure: its pipeline stage, or its slice of a
+    full-training distributed optimizer's buffers (``static.dp_slice``; adapters' states
+    are divided evenly, ``static._sharded``). The activations are always the busiest CP
+    rank's (``Estimate.busiest_rank``)."""
+    if settings.pipeline.active:
+        return True
+    opt, layout = settings.optimizer, settings.layout
+    if settings.training != "full" or not opt.distributed:
+        return False
+    experts = settings.geometry.is_moe and expert_shards(settings) > 1
+    return optimizer_shards(layout) > 1 or experts
+
+
+def _process_unread(step: Step) -> list[str]:
+    """Process settings the step cannot use: a SwiGLU fusion asked of a model without a
+    gated MLP, a container where no ``auto`` choice or fused head reads it, micro-batches that repeat
+    the request one after another at PP 1, leave to price long sequences where none is."""
+    g, settings = step.geometry, step.settings
+    runtime, pipe = settings.runtime, settings.pipeline
+    out = []
+    if settings.fused_swiglu_asked and not g.gated_mlp:
+        out.append(f"fused_swiglu: {g.name}'s MLP is not gated, no SwiGLU to fuse")
+    fused_head = step.head.kind == "fused"  # its PyTorch compiles the fused loss
+    if runtime.container != DEV_CONTAINER and runtime.backend_asked != "auto" and not fused_head:
+        out.append(
+            "container: only --attention-backend auto (Transformer Engine's choice) and the "
+            f"fused head (its PyTorch) read it; {runtime.attention_backend} is named"
+        )
+    if pipe.microbatches > 1 and not pipe.active and not step.microbatches:
+        out.append(
+            "microbatches: at pp 1 each micro-batch (the request given) frees its activations "
+            "before the next runs: one micro-batch's figure"
+        )
+    if settings.allow_long and not _long_sequence(step):
+        limit = g.max_position_embeddings
+        out.append(
+            "allow_long: "
+            + (
+                f"no sequence is longer than {g.name}'s {limit:,} positions"
+                if limit is not None and step.request is not None
+                else "no sequence is checked against the model's positions on this step"
+            )
+        )
+    return out
+
+
+def _long_sequence(step: Step) -> bool:
+    """Whether a sequence of the step (any micro-batch's) exceeds the model's positions."""
+    limit = step.geometry.max_position_embeddings
+    requests = step.microbatches or ((step.request,) if step.request is not None else ())
+    lengths = [n for r in requests for n in r.sequence_lengths]
+    return limit is not None and any(n > limit for n in lengths)
 
 
 def ignored_options(step: Step, policy: str) -> tuple[str, ...]:
@@ -203,11 +303,13 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
     else:
         static = static_memory(settings, step=inputs)
     device = settings.device
+    ignored = ignored_options(inputs, policy)
     return replace(
         est,
         stage_statics=statics,
         answered_stage=answered if statics else None,
-        ignored_options=ignored_options(inputs, policy),
+        ignored_options=ignored,
+        unpriced=unpriced_options(inputs, policy) | {o.partition(":")[0] for o in ignored},
         static=static,
         device_budget=None if device is None else device_budget(device, static),
     )

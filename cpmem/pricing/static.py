@@ -2,17 +2,20 @@
 
 The activations a step's forward and backward add are priced by the policies; this
 module prices what sits under them on the device, from the geometry, the layout and
-how the adapters are trained (``StepSettings.optimizer``), each term named:
+how the adapters are trained (``StepSettings.optimizer``) and the parameters' dtype
+(``StepSettings.dtype_bytes``: bf16, the measured runtime's, by default), each term named:
 
-- ``base_weights``: the frozen bf16 base (``cpmem.pricing.weights``), the last stage's
-  MTP depths included;
-- ``adapter_params``: the LoRA ``A`` and ``B`` of every adapted projection, bf16 (the MTP
-  depths' layers' too, on the last stage);
-- ``adapter_grads``: their fp32 gradients, megatron's ``main_grad`` buffers, allocated
-  when the model is wrapped for data parallelism (before the first forward);
-- ``optimizer_states``: the fp32 master copy of every trainable parameter, made when
-  megatron's mixed-precision optimizer is built (before the first forward), and the
-  optimizer's moments (Adam: two, SGD: momentum), made at the first optimizer step;
+- ``base_weights``: the frozen base in the step's dtype (``cpmem.pricing.weights``), the
+  last stage's MTP depths included;
+- ``adapter_params``: the LoRA ``A`` and ``B`` of every adapted projection, in the same
+  dtype (the MTP depths' layers' too, on the last stage);
+- ``adapter_grads``: their gradients, megatron's ``main_grad`` buffers (fp32 unless
+  ``Optimizer.grad_bytes`` is 2), allocated when the model is wrapped for data
+  parallelism (before the first forward);
+- ``optimizer_states``: the fp32 master copy of every trainable 2-byte parameter (none of
+  fp32 parameters, which the optimizer steps itself: ``master_bytes``), made when
+  megatron's optimizer is built (before the first forward), and the optimizer's moments
+  (Adam: two, SGD: momentum), made at the first optimizer step;
   both divided over the data-parallel x context-parallel ranks under the distributed
   optimizer (megatron-core shards it over ``intra_dp_cp_group``:
   ``megatron/core/optimizer/__init__.py``, ``distrib_optimizer.py`` cuts each buffer into
@@ -21,7 +24,9 @@ how the adapters are trained (``StepSettings.optimizer``), each term named:
 - the workspaces and buffers a process keeps once its first step has run
   (``cpmem.pricing.workspaces``: two cuBLAS workspaces, Transformer Engine's, megatron's
   global buffer), priced on a warm step only, since a cold step's activation figure
-  already holds its kernel set-up (``cold_setup``).
+  already holds its kernel set-up (``cold_setup``);
+- ``master_gradients``: where ``main_grad`` is 2-byte (fp16), the fp32 copy the optimizer
+  makes of it (``master_gradient_bytes``).
 
 Under ``training="full"`` (Megatron-LM's runs) every parameter is trained, the last
 stage's MTP depths and their embedding copy included (``weights.stage_tensors``):
@@ -35,7 +40,7 @@ stage's MTP depths and their embedding copy included (``weights.stage_tensors``)
   the distributed optimizer (dense parameters over DP x CP, the routed experts over the
   expert data-parallel group, the tied output copy in a buffer of its own);
 - ``master_gradients``: where ``main_grad`` is not fp32, the fp32 copy the optimizer
-  makes of it (``main_grad.float()``) and keeps until the next ``zero_grad``.
+  makes of it (``master_gradient_bytes``).
 
 The measured runtime's baselines (its own rank-8 adapters, trained by megatron's
 optimizer, never stepped, beside the harness's rank-1 slot) are checked against this
@@ -59,10 +64,8 @@ from cpmem.step.ranks import coordinates
 from cpmem.step.step import Step, StepSettings
 from cpmem.step.trainer import Adapter, Optimizer
 
-ADAPTER_PARAM_BYTES = 2
-"""bf16 adapter parameters (the base's dtype)."""
 MASTER_BYTES = 4
-"""The fp32 master copy of a bf16 trainable parameter."""
+"""The fp32 master copy of a 2-byte (bf16, fp16) trainable parameter (``master_bytes``)."""
 MOMENT_BYTES = {"adam": 8, "sgd": 4, "none": 0}
 """The optimizer's fp32 moments per trainable parameter: Adam's two, SGD's momentum
 (Megatron-LM, docs "Distributed Optimizer": master + moments = 12 B for Adam)."""
@@ -254,24 +257,52 @@ def mtp_adapter_parameters(
 
 
 def _adapters(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticComponent, int]:
-    """A frozen base with trained adapters."""
+    """A frozen base with trained adapters, both in the step's dtype (``dtype_bytes``)."""
     g, layout, opt = settings.geometry, settings.layout, settings.optimizer
     pipe = settings.pipeline
+    p = settings.dtype_bytes
     layers = _stage_layers(settings, stage)
     trainable = adapter_parameters(g, settings.adapter, layout, layers)
     if stage == pipe.pp - 1:
         trainable += mtp_adapter_parameters(g, settings.adapter, layout)
     trains = opt.kind != "none"
-    states = trainable * (MASTER_BYTES if trains else 0)
+    states = trainable * master_bytes(p, opt)
     states += trainable * MOMENT_BYTES[opt.kind] if stepped else 0
-    return {
+    out = {
         StaticComponent.BASE_WEIGHTS: rank_weights(
-            g, layout, layers, first=stage == 0, last=stage == pipe.pp - 1
+            g, layout, layers, first=stage == 0, last=stage == pipe.pp - 1, param_bytes=p
         ).total,
-        StaticComponent.ADAPTER_PARAMS: trainable * ADAPTER_PARAM_BYTES,
+        StaticComponent.ADAPTER_PARAMS: trainable * p,
         StaticComponent.ADAPTER_GRADS: trainable * opt.grad_bytes if trains else 0,
         StaticComponent.OPTIMIZER_STATES: _sharded(states, optimizer_shards(layout), opt),
     }
+    if master_gradient_bytes(opt):
+        shards = optimizer_shards(layout)
+        out[StaticComponent.MASTER_GRADIENTS] = _sharded(
+            trainable * master_gradient_bytes(opt), shards, opt
+        )
+    return out
+
+
+def master_bytes(param_bytes: int, opt: Optimizer) -> int:
+    """The optimizer's fp32 master copy per trained element: 4 B of 2-byte (bf16, fp16)
+    parameters, none of fp32 ones. megatron-core 0.16.1 copies a 2-byte parameter
+    (``Float16OptimizerWithFloat16Params``: ``param.detach().clone().float()``,
+    optimizer.py:672-674; the distributed optimizer's shard, distrib_optimizer.py:395-399)
+    and steps an fp32 one itself: without ``--fp16`` / ``--bf16`` the ``FP32Optimizer``
+    (optimizer/__init__.py:419, 463-465), and under the distributed optimizer a view of
+    the parameter's shard (distrib_optimizer.py:419-424)."""
+    trains = opt.kind != "none"
+    return MASTER_BYTES if trains and param_bytes < MASTER_BYTES else 0
+
+
+def master_gradient_bytes(opt: Optimizer) -> int:
+    """The fp32 copy per trained element the optimizer makes of a 2-byte ``main_grad``
+    (``main_grad.float()``, optimizer.py:759; ``shard_model_grad.float()``,
+    distrib_optimizer.py:2419), kept until the next ``zero_grad``; none of an fp32 one
+    (``float()`` returns the buffer itself)."""
+    trains = opt.kind != "none"
+    return MASTER_BYTES if trains and opt.grad_bytes < MASTER_BYTES else 0
 
 
 def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticComponent, int]:
@@ -303,15 +334,15 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
             optimizer_elements += sum(group)
     trains = opt.kind != "none"
     p = settings.dtype_bytes
-    master = MASTER_BYTES * optimizer_elements if trains and p < MASTER_BYTES else 0
+    master = master_bytes(p, opt) * optimizer_elements
     moments = MOMENT_BYTES[opt.kind] * optimizer_elements if stepped else 0
     out = {
         StaticComponent.WEIGHTS: p * padded,
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
-    if trains and opt.grad_bytes < MASTER_BYTES:
-        out[StaticComponent.MASTER_GRADIENTS] = MASTER_BYTES * optimizer_elements
+    if master_gradient_bytes(opt):
+        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out
 
 

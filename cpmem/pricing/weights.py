@@ -1,7 +1,7 @@
 """The frozen base weights one rank holds, from the geometry and the layout.
 
-Parameters are counted the way megatron-core 0.16 builds and shards them (bf16, the
-measured runtime's dtype):
+Parameters are counted the way megatron-core 0.16 builds and shards them, in the step's
+dtype (``param_bytes``: bf16, the measured runtime's, by default):
 
 - the embedding and the output layer are vocabulary-parallel: ``V_pad/t x H`` each, the
   vocabulary padded to a multiple of ``128 x TP`` (megatron's
@@ -42,7 +42,7 @@ from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.layer_parameters import LayerParameters, norm_parameters, norm_tensors
 
 WEIGHT_BYTES = 2
-"""bf16, the dtype of every measured cell's frozen base."""
+"""bf16, the dtype of every measured cell's frozen base (``rank_weights``' default)."""
 
 
 def padded_vocab(geometry: ModelGeometry, tp: int) -> int:
@@ -104,16 +104,18 @@ def rank_weights(
     *,
     first: bool = True,
     last: bool = True,
+    param_bytes: int = WEIGHT_BYTES,
 ) -> Weights:
-    """One rank's frozen base weights. ``layers``: the layers this rank holds (all by
-    default); ``first`` / ``last``: whether it is the first / last pipeline stage, which
-    holds the embedding / the output layer, the final norm and any MTP depths (tied
-    embeddings, or MTP: megatron keeps a copy of the embedding on the last stage)."""
-    tp = layout.tp
+    """One rank's frozen base weights, ``param_bytes`` each (the step's dtype: 2 for bf16
+    and fp16, 4 for fp32). ``layers``: the layers this rank holds (all by default);
+    ``first`` / ``last``: whether it is the first / last pipeline stage, which holds the
+    embedding / the output layer, the final norm and any MTP depths (tied embeddings, or
+    MTP: megatron keeps a copy of the embedding on the last stage)."""
+    tp, b = layout.tp, param_bytes
     held = tuple(range(geometry.layers) if layers is None else layers)
     params = _layer_parameters(geometry, tp, layout.ep, layout.etp, held)
-    matrix = padded_vocab(geometry, tp) // tp * geometry.hidden * WEIGHT_BYTES
-    positions = geometry.learned_position_rows * geometry.hidden * WEIGHT_BYTES
+    matrix = padded_vocab(geometry, tp) // tp * geometry.hidden * b
+    positions = geometry.learned_position_rows * geometry.hidden * b
     tied = geometry.tied_embeddings
     mtp = mtp_depths_built(geometry) if last else 0
     mtp_params = mtp * mtp_depth_parameters(geometry).on_rank(tp, layout.ep, layout.etp)
@@ -121,9 +123,9 @@ def rank_weights(
         embedding=(matrix if first or (last and (tied or mtp)) else 0)
         + (positions if first else 0),
         output_layer=matrix if last and not tied else 0,
-        layers=int(params) * WEIGHT_BYTES,
-        final_norm=norm_parameters(geometry, geometry.hidden) * WEIGHT_BYTES if last else 0,
-        mtp=int(mtp_params) * WEIGHT_BYTES,
+        layers=int(params) * b,
+        final_norm=norm_parameters(geometry, geometry.hidden) * b if last else 0,
+        mtp=int(mtp_params) * b,
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cpmem.admission.admission import Decision
+from cpmem.admission.budget import BUDGET_DEVICE
 from cpmem.admission.capacity import Capacity, Fit
 from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
@@ -18,7 +19,7 @@ from cpmem.pricing.tight.calibrated import MARGIN
 from cpmem.reports.tables import table
 from cpmem.step.routing import LABELS, routing_kind
 from cpmem.step.step import Step
-from cpmem.units import MIB, fmt_gib
+from cpmem.units import MIB, counted, fmt_gib
 
 
 def render_estimate(est: Estimate, plan: Plan) -> str:
@@ -107,8 +108,10 @@ def routing_line(est: Estimate) -> str | None:
             continue
         label = f"capacity factor {est.capacity_factor:g}" if name == "capacity" else name
         others.append(f"{label} {fmt_gib(b)} GiB")
+    bound = est.routing_bound
+    article = "an" if bound[0] in "aeiou" else "a"
     line = (
-        f"MoE routing: {est.facts.moe_routing}, a {est.routing_bound}: "
+        f"MoE routing: {est.facts.moe_routing}, {article} {bound}: "
         f"{fmt_gib(figures[own])} GiB; under " + ", ".join(others)
     )
     saved = figures[own] - figures.get("capacity", figures[own])
@@ -160,19 +163,19 @@ def render_static(est: Estimate) -> list[str]:
 def render_whole_device(decision: Decision) -> list[str]:
     """The device's bytes on every rank, the busiest marked."""
     whole = decision.whole_device()
-    rows = [
-        [name, f"{whole[key]:,}", fmt_gib(float(str(whole[key])))]
-        for name, key in (
-            ("static", "static_bytes"),
-            ("activations", "activations_bytes"),
-            ("head", "head_bytes"),
-            ("reserve (3%)", "reserve_bytes"),
-            ("outside PyTorch", "non_torch_bytes"),
-            ("free", "free_bytes"),
-            ("device total", "device_total_bytes"),
-        )
-    ]
-    lines = table([f"device {whole['device']}, busiest rank", "bytes", "GiB"], rows, right=(1, 2))
+    given = whole["device"] == BUDGET_DEVICE  # a given budget: nothing taken off it
+    keys = (
+        ("static", "static_bytes"),
+        ("activations", "activations_bytes"),
+        ("head", "head_bytes"),
+        *(() if given else (("reserve (3%)", "reserve_bytes"),)),
+        *(() if given else (("outside PyTorch", "non_torch_bytes"),)),
+        ("free", "free_bytes"),
+        ("budget" if given else "device total", "device_total_bytes"),
+    )
+    rows = [[name, f"{whole[key]:,}", fmt_gib(float(str(whole[key])))] for name, key in keys]
+    title = "--budget-gib" if given else f"device {whole['device']}"
+    lines = table([f"{title}, busiest rank", "bytes", "GiB"], rows, right=(1, 2))
     per_rank = whole["per_rank_bytes"]
     assert isinstance(per_rank, list)
     marks = [
@@ -191,12 +194,15 @@ def render_whole_device(decision: Decision) -> list[str]:
 
 def step_kinds_line(decision: Decision) -> str | None:
     """Which step kind the decision was taken on, with the chosen variant's bytes at each
-    (whole-device bytes against a device, activations against a given budget); None
-    where none was recorded."""
+    (whole-device bytes against a device or a budget, activations against the runtime's
+    figures); None where none was recorded."""
     if not decision.step_kinds:
         return None
     kinds = ", ".join(f"{k} {fmt_gib(b)} GiB" for k, b in decision.step_kinds)
-    where = "on the device" if decision.device_budget is not None else "of its activations"
+    where = "of its activations"
+    if decision.device_budget is not None:
+        given = decision.device_budget.device.name == BUDGET_DEVICE
+        where = "with its static memory" if given else "on the device"
     if len({b for _, b in decision.step_kinds}) == 1:
         return f"decided on the first and the steady step alike ({kinds})"
     return f"decided on the {decision.estimate.step_kind} step, the larger {where} ({kinds})"
@@ -208,7 +214,7 @@ def stages_label(settings: Mapping[str, Any]) -> str:
         return ""
     vpp, m = int(settings.get("vpp", 1)), int(settings.get("microbatches", 1))
     chunks = f", {vpp} chunks a stage" if vpp > 1 else ""
-    return f"  pp {pp}{chunks}, {m} micro-batches (the busiest stage's figure and static)"
+    return f"  pp {pp}{chunks}, {counted(m, 'micro-batch')} (the busiest stage's figure and static)"
 
 
 def render_capacity(found: Capacity) -> str:
@@ -329,7 +335,7 @@ def render_megatron_estimate(
         f"of {pipe.pp}) of {world}: TP {layout.tp} PP {pipe.pp} CP {layout.cp} DP {layout.dp}"
         + (f" VP {pipe.vpp}" if pipe.vpp > 1 else "")
         + moe
-        + f", {pipe.microbatches} micro-batches, "
+        + f", {counted(pipe.microbatches, 'micro-batch')}, "
         f"{settings.device.name if settings.device else 'no device'}, attention "
         f"{runtime.attention_backend}{asked}; policy {est.policy}",
     ]

@@ -5,7 +5,9 @@ spread). A backend TE refuses for the step (unfused under CP, TE's ``utils.py:75
 is never priced: asking for it is an error naming TE's reason.
 
 The container the pick is made under is a named setting: ``dev`` (the default,
-``attention_backend.DEFAULT_CONTAINER``) or ``ngc-24.01``: NGC PyTorch 24.01, the image
+``attention_backend.DEFAULT_CONTAINER``), ``ngc-24.10`` (NGC PyTorch 24.10: TE's pick as
+``dev``'s; its PyTorch, ``cpmem.step.torch_build``, is what differs) or ``ngc-24.01``:
+NGC PyTorch 24.01, the image
 Megatron-LM's ``lts`` environment was built from until its "Bump LTS container" commit
 (23a1dcaf74, 2025-11-06; ``.gitlab/stages/01.build.yml`` before it), whose Transformer
 Engine predates megatron-core 0.16's range; restated with the oldest rule this project
@@ -45,11 +47,18 @@ NGC_2401_CONTAINER = Container(
 )
 NAMED_CONTAINERS: dict[str, Container] = {
     "dev": DEFAULT_CONTAINER,
+    "ngc-24.10": DEFAULT_CONTAINER,
     "ngc-24.01": NGC_2401_CONTAINER,
 }
-IMAGE_CONTAINERS: dict[str, str] = {"nvcr.io/nvidia/pytorch:24.01-py3": "ngc-24.01"}
-"""CI images whose Transformer Engine picks otherwise than the default container's rule,
-by the name of the container that restates them; every other image is ``dev``."""
+"""Each named container's attention software. ``ngc-24.10`` picks as ``dev`` does (as every
+image after 24.01 is priced); it differs in its PyTorch (``cpmem.step.torch_build``)."""
+IMAGE_CONTAINERS: dict[str, str] = {
+    "nvcr.io/nvidia/pytorch:24.01-py3": "ngc-24.01",
+    "nvcr.io/nvidia/pytorch:24.10-py3": "ngc-24.10",
+}
+"""CI images priced in a container other than ``dev``, by its name: 24.01, whose
+Transformer Engine picks otherwise and whose PyTorch is 2.2, and 24.10, whose PyTorch is
+2.5 (``cpmem.step.torch_build``); every other image is ``dev``."""
 
 
 def container_for_image(image: str) -> str:

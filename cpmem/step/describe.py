@@ -9,6 +9,7 @@ anywhere reaches pricing the same way, with the same checks and warnings.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -18,11 +19,12 @@ from cpmem.model.load import load_model
 from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.request import Request
+from cpmem.step.backend_choice import container_named
 from cpmem.step.device import Device, resolve_device
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice, parse_rank
-from cpmem.step.recompute import Recompute
+from cpmem.step.recompute import Mode, Recompute
 from cpmem.step.routing import check_routing
 from cpmem.step.runtime import (
     ATTENTION_BACKENDS,
@@ -31,6 +33,7 @@ from cpmem.step.runtime import (
     check_training,
 )
 from cpmem.step.step import (
+    FP32_BYTES,
     STEP_KINDS,
     MoeRouting,
     Step,
@@ -46,6 +49,7 @@ from cpmem.step.trainer import (
     check_optimizer,
     parse_targets,
 )
+from cpmem.units import counted
 
 
 class SettingsArguments(TypedDict, total=False):
@@ -182,8 +186,12 @@ def describe_settings(
     wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``; where
     Transformer Engine runs the model's attention under another type only, the first it
     runs: ``default_cp_comm``) and ``attention_backend`` to its ``auto``: the backend Transformer Engine's selection
-    picks in ``container`` (``dev`` or ``ngc-24.01``, ``backend_choice``), resolved when the
-    step is planned, for its longest sequence (ART's default: the measured ``fused``)."""
+    picks in ``container`` (``dev``, ``ngc-24.10`` or ``ngc-24.01``, ``backend_choice``; its
+    PyTorch also prices the fused head, ``torch_build``), resolved when the step is planned,
+    for its longest sequence (ART's default: the measured ``fused``; an fp32 step's, ``auto``
+    on either runtime, since Transformer Engine runs flash and fused on bf16/fp16 only). An
+    unknown ``container`` is refused whether or not anything reads it; one nothing reads is
+    named in ``ignored_options``."""
     process = runtime if isinstance(runtime, Runtime) else Runtime.named(runtime)
     fused_swiglu_asked = fused_swiglu is not None
     if fused_swiglu is None:  # the runtime's (Megatron-LM's --bias-swiglu-fusion) or the model's
@@ -200,12 +208,16 @@ def describe_settings(
         etp=_default_etp(geometry, process, tp) if etp is None else etp,
     )
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
-    if recompute is None:  # the runtime's default, selective wherever modules are named
-        recompute = process.default_recompute if modules is None else "selective"
-    rc = recompute if isinstance(recompute, Recompute) else Recompute.parse(recompute, modules)
+    rc = _recompute(recompute, modules, process)
+    dtype_bytes = check_dtype(dtype)
+    container_named(container)  # an unknown container is refused wherever it is given
     if attention_backend is None and not isinstance(runtime, Runtime):
-        # the runtime's default: ART's measured fused backend; Megatron-LM's own auto
-        attention_backend = "auto" if process.default_backend == "auto" else None
+        # the runtime's default: ART's measured fused backend; Megatron-LM's own auto; under
+        # fp32 Transformer Engine's own choice, as flash and fused run bf16/fp16 only
+        auto = process.default_backend == "auto" or dtype_bytes == FP32_BYTES
+        attention_backend = "auto" if auto else None
+    if not isinstance(runtime, Runtime):
+        process = replace(process, container=container)
     if attention_backend == "auto":
         process = process.pending_auto(container)
     elif attention_backend is not None:
@@ -214,7 +226,6 @@ def describe_settings(
         )
     if cp_comm is None:
         cp_comm = default_cp_comm(geometry, process.default_cp_comm)
-    dtype_bytes = check_dtype(dtype)
     if grad_bytes is None:
         grad_bytes = 2 if dtype == "fp16" else 4
     return StepSettings(
@@ -255,7 +266,39 @@ def describe_settings(
     )
 
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": FP32_BYTES}
+
+
+def _recompute(
+    recompute: str | Recompute | None, modules: str | Sequence[str] | None, process: Runtime
+) -> Recompute:
+    """The recompute setting: the runtime's default where neither a mode nor a module is
+    named, selective wherever modules are named; modules beside a ready ``Recompute`` (a
+    Megatron-LM run's own) replace its selective modules. Modules beside a mode that
+    checkpoints none by module are refused, not dropped."""
+    if isinstance(recompute, Recompute):
+        if modules is None:
+            return recompute
+        if recompute.mode is not Mode.SELECTIVE:
+            raise InputError(
+                "modules",
+                modules,
+                f"names selective recompute's modules; the run recomputes {recompute.label} "
+                "(give --recompute selective beside them)",
+            )
+        return Recompute.parse("selective", modules)
+    if recompute is None:  # the runtime's default, selective wherever modules are named
+        recompute = process.default_recompute if modules is None else "selective"
+    rc = Recompute.parse(recompute, modules)
+    text = modules if isinstance(modules, str) or modules is None else "+".join(modules)
+    if text and text.replace(",", "+").strip("+ ") and rc.mode is not Mode.SELECTIVE:
+        raise InputError(
+            "modules",
+            text,
+            f"names selective recompute's modules; --recompute {rc.mode} checkpoints none by "
+            "module (give --recompute selective, or no --modules)",
+        )
+    return rc
 
 
 def check_dtype(dtype: str) -> int:
@@ -351,6 +394,13 @@ def describe_step(
         raise InputError(
             "request", "+".join(sources), "give lengths, a request, a plan or a plan's counts"
         )
+    if segments is not None and not explicit:
+        raise InputError(
+            "segments",
+            segments,
+            "is an explicit plan's count: give it with --packed-tokens (a planned request "
+            "counts its own segments)",
+        )
     if plan is not None:
         return s.step_for_plan(plan)
     if explicit:
@@ -380,10 +430,12 @@ def _microbatched(
     count = settings.get("microbatches")
     if count is not None and count not in (1, len(requests)):
         raise InputError(
-            "microbatches", count, f"differs from the {len(requests)} micro-batch requests"
+            "microbatches",
+            count,
+            f"differs from the {counted(len(requests), 'micro-batch request')}",
         )
-    counted: SettingsArguments = {**settings, "microbatches": len(requests)}
-    s = describe_settings(model, **counted)
+    each: SettingsArguments = {**settings, "microbatches": len(requests)}
+    s = describe_settings(model, **each)
     return s.step(requests[0], microbatches=requests if len(requests) > 1 else ())
 
 

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from cpmem.errors import InputError, require_positive_int
+from cpmem.errors import InputError, require_nonnegative_int, require_positive_int
+from cpmem.units import counted
 
 OpKind = Literal["forward", "backward"]
 
@@ -46,7 +47,13 @@ class Op:
 @dataclass(frozen=True)
 class Pipeline:
     """``pp`` stages of ``vpp`` chunks, ``microbatches`` per step, ``layers`` per
-    virtual stage (``pp x vpp`` counts in virtual-stage order; None: even)."""
+    virtual stage (``pp x vpp`` counts in virtual-stage order; None: even). The first
+    virtual stage may hold no layer (the embedding alone) and the last none (the final
+    norm, the output layer and the loss): Megatron-LM builds such a chunk where the
+    embedding and the loss count as layers (``--account-for-embedding-in-pipeline-split``,
+    ``--account-for-loss-in-pipeline-split``: ``get_num_layers_to_build`` takes one layer
+    off those chunks and asserts only ``>= 0``; an empty ``TransformerBlock`` runs,
+    transformer_block.py:189-201, 798-801). Every other virtual stage holds a layer."""
 
     pp: int = 1
     vpp: int = 1
@@ -73,14 +80,14 @@ class Pipeline:
                 raise InputError(
                     "microbatches",
                     m,
-                    f"interleaving (vpp {self.vpp}) runs groups of {group} micro-batches, "
+                    f"interleaving (vpp {self.vpp}) runs groups of {counted(group, 'micro-batch')}, "
                     f"which megatron's schedule needs in [pp={self.pp}, M={m}]",
                 )
             if 0 < m % group < self.pp:
                 raise InputError(
                     "microbatches",
                     m,
-                    f"leaves a last group of {m % group} micro-batches, fewer than pp "
+                    f"leaves a last group of {counted(m % group, 'micro-batch')}, fewer than pp "
                     f"({self.pp}), which megatron's interleaved schedule refuses",
                 )
         if self.layers is not None:
@@ -90,8 +97,15 @@ class Pipeline:
                     list(self.layers),
                     f"needs {self.pp * self.vpp} counts (pp x vpp), one per virtual stage",
                 )
-            for n in self.layers:
-                require_positive_int("stage_layers", n)
+            for j, n in enumerate(self.layers):
+                require_nonnegative_int("stage_layers", n)
+                if n == 0 and 0 < j < len(self.layers) - 1:
+                    raise InputError(
+                        "stage_layers",
+                        list(self.layers),
+                        f"virtual stage {j} holds no layer; only the first (the embedding "
+                        "alone) or the last (the output layer and loss alone) may",
+                    )
 
     @property
     def active(self) -> bool:
@@ -195,9 +209,11 @@ def stage_layer_counts(
     if explicit is None and first is None and last is None:
         return None
     if explicit is not None:
-        counts = [require_positive_int("stage_layers", n) for n in explicit]
+        counts = [require_nonnegative_int("stage_layers", n) for n in explicit]
         if len(counts) == pp * vpp:
-            return tuple(counts)
+            return tuple(counts)  # ``Pipeline`` refuses an empty middle virtual stage
+        for n in counts:
+            require_positive_int("stage_layers", n)
         if len(counts) != pp:
             raise InputError(
                 "stage_layers", counts, f"needs {pp} counts (one per stage) or {pp * vpp}"

@@ -31,6 +31,9 @@ AttentionBackend = Literal["flash", "fused", "unfused", "local"]
 ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = get_args(AttentionBackend)
 TransformerImpl = Literal["transformer_engine", "local"]
 MoeDispatcher = Literal["alltoall", "allgather"]
+DEV_CONTAINER = "dev"
+"""The container Transformer Engine's choice is made in where none is named
+(``backend_choice.NAMED_CONTAINERS``)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,12 @@ class Runtime:
     backend_resolved: bool = True
     """False while ``auto`` waits for the request whose sequence Transformer Engine's
     selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""
-    container: str = "dev"
-    """The container Transformer Engine's choice under ``auto`` is made in
-    (``backend_choice.NAMED_CONTAINERS``)."""
+    container: str = DEV_CONTAINER
+    """The container the run's software is read from (``backend_choice.NAMED_CONTAINERS``):
+    Transformer Engine's choice under ``auto`` is made in it, and its PyTorch compiles
+    megatron's fused cross entropy (``cpmem.step.torch_build``); the one named, whatever the
+    backend, so a container nothing reads is named as such
+    (``registry.inapplicable_options``)."""
     default_policy: str = "reference"
     """The policy a step is priced with where none is named: ART's published LoRA formula
     for its trainer; ``tight`` for Megatron-LM's runs, the one layer-by-layer model its
@@ -199,6 +205,13 @@ class Runtime:
         """The runtime called ``name`` with its own values."""
         return {"art": cls.art, "megatron-lm": cls.megatron_lm}[check_runtime(name)]()
 
+    def is_runtime(self, name: str) -> bool:
+        """Whether ``name`` is this process's runtime: its identity fields
+        (``IDENTITY_FIELDS``: the defaults and what the policies read) are that runtime's,
+        whatever the run's own settings (its backend, environment, fusions)."""
+        own = Runtime.named(name)
+        return all(getattr(own, f) == getattr(self, f) for f in IDENTITY_FIELDS)
+
     def environment(self) -> Mapping[str, str]:
         return dict(self.env)
 
@@ -223,6 +236,24 @@ class Runtime:
         """Whether the core attention materialises ``s x s`` probabilities (the unfused
         backends) rather than running one kernel over blocks (flash, fused)."""
         return self.attention_backend in ("unfused", "local")
+
+
+IDENTITY_FIELDS = (
+    "default_policy",
+    "default_recompute",
+    "default_cp_comm",
+    "default_backend",
+    "default_planner",
+    "fuses_swiglu",
+    "experts_follow_tp",
+    "fitted_margin",
+    "keeps_query_copy",
+    "published_formula",
+    "answers_peak",
+    "evidence",
+)
+"""The fields that tell one runtime from another (each runtime's own values, never the run's
+settings)."""
 
 
 def check_training(training: str) -> Training:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Literal
 
-from cpmem.errors import InputError
+from cpmem.errors import InputError, refuse_all
 from cpmem.model.geometry import ModelGeometry
-from cpmem.plan.layout import ParallelLayout
+from cpmem.plan.layout import ParallelLayout, expert_problems
 from cpmem.plan.plan import Plan
 from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
@@ -43,6 +43,9 @@ update, the kernel workspaces its first step left); ``first``: the first step of
 freshly started process (its kernel set-up not yet paid, no optimizer moments yet), as
 every measured cell of the calibration harness ran its first repetition."""
 BF16_BYTES = 2
+FP32_BYTES = 4
+TE_HALF_BACKENDS = ("flash", "fused")
+"""The attention backends Transformer Engine runs on 2-byte (bf16, fp16) tensors only."""
 
 
 TE_WINDOW_CP_COMMS = ("all_gather", "a2a")
@@ -127,7 +130,7 @@ class StepSettings:
     names it then (``registry.SETTABLE``)."""
 
     def __post_init__(self) -> None:
-        self.geometry.check_tp(self.layout.tp)
+        refuse_all(self._layout_problems())
         check_training(self.training)
         check_rank(self.rank, self.world_size)
         if self.training == "full" and self.adapter != Adapter():
@@ -139,6 +142,7 @@ class StepSettings:
             )
         if self.pipeline.active:
             self.pipeline.virtual_layers(self.geometry.layers)  # the layers cut as asked
+        self._check_dtype_backend()
         check_cp_comm(self.cp_comm)
         if self.cp_comm == "a2a" and self.layout.cp > 1:
             self._check_a2a_heads()
@@ -156,6 +160,34 @@ class StepSettings:
             or self.output_bytes < 0
         ):
             raise InputError("output_bytes", self.output_bytes, "must be an integer >= 0")
+
+    def _layout_problems(self) -> list[InputError]:
+        """Every rule the layout breaks on the model, listed together: TP on the heads
+        (``ModelGeometry.check_tp``), EP and ETP on the routed experts
+        (``cpmem.plan.layout.expert_problems``)."""
+        problems = []
+        try:
+            self.geometry.check_tp(self.layout.tp)
+        except InputError as exc:
+            problems.append(exc)
+        return problems + expert_problems(self.geometry, self.layout)
+
+    def _check_dtype_backend(self) -> None:
+        """Transformer Engine runs flash and fused attention on bf16 and fp16 only
+        (``get_attention_backend`` turns both off for another qkv dtype:
+        ``cpmem.step.attention_backend``, utils.py:435-465 at TE v2.11): an fp32 step
+        with attention layers runs unfused, so one priced under flash or fused is refused."""
+        backend = self.runtime.attention_backend
+        fp32 = self.dtype_bytes == FP32_BYTES
+        half_only = self.runtime.backend_resolved and backend in TE_HALF_BACKENDS
+        if fp32 and half_only and self.geometry.attention_layers:
+            raise InputError(
+                "attention_backend",
+                backend,
+                "Transformer Engine runs flash and fused attention on bf16 and fp16 only "
+                "(get_attention_backend, utils.py:435-465 at TE v2.11); an fp32 step runs "
+                "it unfused: give --attention-backend unfused or auto, or --dtype bf16",
+            )
 
     @property
     def world_size(self) -> int:

@@ -23,8 +23,11 @@ decoder, for the rank's own CP tokens.
   fake-tensor mode and this simulator's tracker; ``convert_frame``'s
   ``should_skip_for_dispatch_mode``), so the helpers run as megatron's Python, eagerly.
   Their outputs (the fp32 copy, the softmax buffer, the bf16 gradient made inside the
-  function's backward) are the same tensors a compiled run materialises; what inductor
-  would fuse inside each helper was not traced.
+  function's backward) are tensors a compiled run materialises too; a compiled run holds
+  more, which this eager run does not: inductor scatters the backward's update into a new
+  fp32 copy of the softmax (every PyTorch from 2.2, read on CPU inductor;
+  tests/oracle/test_fused_cross_entropy.py), and older PyTorch builds add buffers of their
+  own (cpmem's ``cpmem/step/torch_build.py``).
 - ``chunked:N``: log-probabilities N tokens at a time, each chunk's logits recomputed in
   backward, restated from verl's ``FusedLinearForPPOFunction`` (verl/utils/experimental/
   torch_functional.py, volcengine/verl): forward saves the hidden states, the classifier

@@ -38,8 +38,12 @@ from tests.golden import external_estimators as ext
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "tests.golden.external_estimators"
 MIB = 1 << 20
-EVERY_TARGET = ["qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts"]
-ATTENTION_TARGETS = ["qkv", "proj", "gdn_in", "gdn_out"]
+# trainer.ADAPTER_TARGETS written out: the mixers' projections (attention, GDN, Mamba-2's
+# in_proj/out_proj) and the feed-forward ones
+EVERY_TARGET = [
+    "qkv", "proj", "fc1", "fc2", "gdn_in", "gdn_out", "experts", "mamba_in", "mamba_out"
+]  # fmt: skip
+ATTENTION_TARGETS = ["qkv", "proj", "gdn_in", "gdn_out", "mamba_in", "mamba_out"]
 DOC = (ROOT / "docs" / "external-estimators.md").read_text(encoding="utf-8")
 
 
@@ -377,7 +381,12 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
     ),
     (StepSettings, "allow_long"): (_same, _set(allow_long=True), {"allow_long"}),
     (StepSettings, "cp_comm"): (_same, _set(cp_comm="p2p"), {"cp_comm"}),
-    (StepSettings, "dtype_bytes"): (_same, _set(dtype_bytes=4), {"dtype_bytes"}),
+    # fp32 attention runs unfused (flash and fused take bf16/fp16 only): from an unfused base
+    (StepSettings, "dtype_bytes"): (
+        _set(runtime=Runtime().with_backend("unfused", "unfused")),
+        _set(runtime=Runtime().with_backend("unfused", "unfused"), dtype_bytes=4),
+        {"dtype_bytes"},
+    ),
     (ParallelLayout, "tp"): (_same, _nested("layout", tp=1), {"tp"}),
     (ParallelLayout, "cp"): (_same, _nested("layout", cp=4), {"cp", "rank_tokens"}),
     (ParallelLayout, "sp"): (_same, _nested("layout", sp=False), {"sp"}),

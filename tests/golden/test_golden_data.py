@@ -31,11 +31,12 @@ from cpmem.golden.files import (
 from cpmem.golden.importer import append_rows, import_sources
 from cpmem.golden.manifest import verify, verify_manifest, write_manifest
 from cpmem.golden.schema import COLUMN_NAMES, COLUMNS, CellsModel, schema_bytes
+from tests.golden.shared_dir import shared_dir
 
 SOURCES = GOLDEN_DIR / "sources"
 CP_FILE = "art_recompute_memory_cp.csv"
 TP_FILE = "art_recompute_memory.csv"
-SHARED_SOURCES = Path(__file__).resolve().parents[3] / "shared" / "golden-sources"
+SHARED_SOURCES = shared_dir() / "golden-sources"
 
 # Source column -> cells column, written out independently of cpmem.golden.
 CP_MAP = {
@@ -236,7 +237,7 @@ def test_dropped_ratio_is_derivable_from_kept_columns() -> None:
     assert checked == 61
 
 
-@pytest.mark.skipif(not SHARED_SOURCES.is_dir(), reason="no ../shared/golden-sources here")
+@pytest.mark.skipif(not SHARED_SOURCES.is_dir(), reason=f"no {SHARED_SOURCES} here")
 def test_provenance_copies_are_byte_identical_to_shared_sources() -> None:
     for name in ("README.md", CP_FILE, TP_FILE):
         assert (SOURCES / name).read_bytes() == (SHARED_SOURCES / name).read_bytes(), name
@@ -548,7 +549,7 @@ def test_manifest_verifies() -> None:
     # the Megatron-LM recordings: the table, the upstream manifest, every case's
     # arguments and the CI recipes (cpmem golden import-megatron)
     assert {"megatron/recordings.csv", "megatron/MANIFEST.tsv"} <= megatron
-    assert sum(p.endswith("/model_config.yaml") for p in megatron) == 139
+    assert sum(p.endswith("/model_config.yaml") for p in megatron) == 162
     assert paths - megatron == {
         "cells.csv",
         "schema.json",

@@ -115,7 +115,8 @@ BUILD = """test:build_image:
 def _recording(path: str) -> Recording:
     return Recording(
         "gpt/case/lts_dgx_a100", "gpt", "case", "golden_values_lts_dgx_a100.json", "lts",
-        "dgx_a100", "a100", False, "regular", 8, path, "0" * 40, 1, 1, 1, 1, 1.0, 1.0, 1.0, 1.0,
+        "dgx_a100", "a100", False, "regular", (), 8, "recipes/h100/gpt.yaml: 1 x 8", path,
+        "0" * 40, 1, 1, 1, 1, 1.0, 1.0, 1.0, 1.0,
     )  # fmt: skip
 
 

@@ -2,8 +2,9 @@
 
 Expected values: a small snapshot written here (its numbers reduced by hand), the CI
 recipes kept beside the table (``recipes/*/*.yaml``: nodes x GPUs of each case they
-list), and, where this checkout sits beside the project's shared directory, the
-upstream JSON files themselves (``../shared/golden-sources/megatron-lm``; CI has no
+list), the feature families read by hand from each case's ``model_config.yaml``, and,
+where this checkout sees the project's shared directory (``tests.golden.shared_dir``),
+the upstream JSON files themselves (``shared/golden-sources/megatron-lm``; CI has no
 such directory and skips those checks).
 """
 
@@ -26,10 +27,14 @@ from cpmem.golden.megatron import (
     load_recordings,
     normalise,
     snapshot_commit,
+    world_size,
 )
+from cpmem.golden.megatron_features import FEATURE_TAGS, case_features
+from tests.golden.second_extraction import SECOND_EXTRACTION
+from tests.golden.shared_dir import shared_dir
 
 GOLDEN = default_golden_dir()
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "golden-sources" / "megatron-lm"
+SHARED = shared_dir() / "golden-sources" / "megatron-lm"
 COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 CASE = "tiny_case_1node"
 
@@ -43,7 +48,9 @@ def _snapshot(root: Path, extra_files: dict[str, dict[str, object]] | None = Non
     case_dir = root / "cases" / "gpt" / CASE
     case_dir.mkdir(parents=True)
     (case_dir / "model_config.yaml").write_text(
-        "MODEL_ARGS:\n  --num-layers: 2\nTEST_TYPE: ckpt-resume\n", encoding="utf-8"
+        "MODEL_ARGS:\n  --num-layers: 2\n  --multi-latent-attention: true\n"
+        "  --cuda-graph-impl: none\nTEST_TYPE: ckpt-resume\n",
+        encoding="utf-8",
     )
     files: dict[str, dict[str, object]] = {
         "golden_values_dev_dgx_gb200.json": {
@@ -84,7 +91,9 @@ def test_normalise_reduces_each_recording_to_its_finite_steps(tmp_path: Path) ->
         "device": "gb200",
         "second_recording": "false",
         "test_type": "ckpt-resume",
+        "features": "mla",  # --multi-latent-attention; --cuda-graph-impl none is no graph
         "world_size": "4",  # recipes/gb200/gpt-1node.yaml: 1 node x 4 GPUs
+        "world_size_basis": "recipes/gb200/gpt-1node.yaml: 1 x 4",
         "upstream_path": f"tests/functional_tests/test_cases/gpt/{CASE}/"
         "golden_values_dev_dgx_gb200.json",
         "git_blob": f"{0:040x}",
@@ -101,6 +110,7 @@ def test_normalise_reduces_each_recording_to_its_finite_steps(tmp_path: Path) ->
     assert (a100["environment"], a100["platform"], a100["device"]) == ("lts", "dgx_a100", "a100")
     assert a100["second_recording"] == "true"
     assert a100["world_size"] == "8"  # recipes/h100/gpt.yaml: 1 node x 8 GPUs
+    assert a100["world_size_basis"] == "recipes/h100/gpt.yaml: 1 x 8"
     assert (a100["steps"], a100["finite_steps"]) == ("5", "2")
     assert (a100["first_finite_step"], a100["last_finite_step"]) == ("2", "3")
     # step 5's allocated 300 has no finite peak beside it: not counted
@@ -189,13 +199,83 @@ def test_import_writes_the_table_and_unedited_copies_that_check_clean(tmp_path: 
 RECORDINGS = load_recordings(GOLDEN)
 
 
-def test_the_table_holds_566_recordings_of_two_families() -> None:
-    assert len(RECORDINGS) == 566
-    assert len(load_recordings(GOLDEN, "gpt")) == 450
-    assert len(load_recordings(GOLDEN, "moe")) == 116
-    assert len({r.recording_id for r in RECORDINGS}) == 566
+def test_the_table_holds_611_recordings_of_four_families() -> None:
+    # the first extraction: 450 GPT and 116 MoE recordings; the second (its README's "The
+    # families added in the second extraction"): 17 GPT, 18 MoE, 8 hybrid, 2 Nemotron
+    assert len(RECORDINGS) == 611
+    assert len(load_recordings(GOLDEN, "gpt")) == 450 + 17
+    assert len(load_recordings(GOLDEN, "moe")) == 116 + 18
+    assert len(load_recordings(GOLDEN, "hybrid")) == 8
+    assert len(load_recordings(GOLDEN, "nemotron")) == 2
+    assert len({r.recording_id for r in RECORDINGS}) == 611
     header, _ = read_csv(GOLDEN / "megatron" / "recordings.csv", "recordings.csv")
     assert tuple(header) == RECORDING_COLUMNS
+
+
+def test_each_case_carries_the_features_its_arguments_turn_on() -> None:
+    by_case = {f"{r.family}/{r.case}": r.features for r in RECORDINGS}
+    tagged = {case: features for case, features in by_case.items() if features}
+    # the first extraction's one case of these kinds: latent attention with an MTP layer
+    first = {"moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental": ("mla", "mtp")}
+    assert tagged == {**SECOND_EXTRACTION, **first}
+    kept = {
+        p.parent.relative_to(GOLDEN / "megatron" / "cases").as_posix()
+        for p in (GOLDEN / "megatron" / "cases").glob("*/*/model_config.yaml")
+    }
+    assert set(SECOND_EXTRACTION) <= kept and len(kept) == 107 + 32 + len(SECOND_EXTRACTION)
+    assert {tag for features in tagged.values() for tag in features} == set(FEATURE_TAGS)
+    # the table holds what the rule reads in each kept model_config.yaml
+    for case in {(r.family, r.case, r.test_type) for r in RECORDINGS}:
+        config = yaml.safe_load(
+            (GOLDEN / "megatron" / "cases" / case[0] / case[1] / "model_config.yaml").read_text()
+        )
+        assert case_features(config["MODEL_ARGS"], case[2]) == by_case[f"{case[0]}/{case[1]}"]
+
+
+def test_a_feature_is_on_only_where_its_flag_turns_it_on() -> None:
+    assert case_features({"--multi-latent-attention": None}, "regular") == ("mla",)
+    assert case_features({"--multi-latent-attention": False}, "regular") == ()
+    assert case_features({"--mtp-num-layers": 0, "--cuda-graph-impl": "none"}, "regular") == ()
+    assert case_features({"--mtp-num-layers": 2, "--optimizer": "dist_muon"}, "regular") == (
+        "mtp",
+        "muon",
+    )
+    assert case_features({"--optimizer": "adam"}, "release") == ("release-15b",)
+    assert case_features({" --fp8-param-gather ": True}, "regular") == ("fp8",)
+
+
+def test_a_family_without_a_world_size_rule_is_refused() -> None:
+    with pytest.raises(GoldenDataError) as err:
+        world_size("bert", "bert_mr_tp2", "h100", "regular")
+    assert err.value.file == "bert/bert_mr_tp2" and "world-size rule" in str(err.value)
+
+
+def test_every_world_size_is_its_bases_recipe_or_left_unknown() -> None:
+    """A basis naming a kept recipe holds that recipe's nodes x GPUs, and the recipe runs
+    the recording's family; the release runs, which no recipe of the snapshot runs, have
+    none, and say what their arguments allow."""
+    recipes = GOLDEN / "megatron"
+    checked = 0
+    for r in RECORDINGS:
+        # the table holds what the importer's rule gives
+        assert world_size(r.family, r.case, r.device, r.test_type) == (
+            r.world_size,
+            r.world_size_basis,
+        )
+        if r.test_type == "release":
+            assert r.world_size is None and r.world_size_basis.startswith("unknown: ")
+            assert "TP 8 x PP 1 x DP with DP dividing 96" in r.world_size_basis
+            continue
+        assert r.world_size is not None
+        if r.case.startswith("hybrid_flextron_"):
+            # tests/test_utils/recipes/h100/flextron.yaml at the snapshot: nodes 1, gpus 8
+            assert r.world_size == 8 and "h100/flextron.yaml" in r.world_size_basis
+            continue
+        recipe = yaml.safe_load((recipes / r.world_size_basis.split(":")[0]).read_text())
+        assert r.world_size == recipe["spec"]["nodes"] * recipe["spec"]["gpus"], r.recording_id
+        assert recipe["spec"]["model"] == r.family, r.recording_id
+        checked += 1
+    assert checked == 611 - 5 - 1
 
 
 def test_every_recordings_case_and_manifest_row_is_kept() -> None:
@@ -249,6 +329,10 @@ needs_shared = pytest.mark.skipif(
     "recording_id",
     [
         "gpt/gpt3_mcore_te_tp2_pp2/dev_dgx_a100",
+        "gpt/gpt3_15b_8t_release/lts_dgx_a100",
+        "hybrid/hybrid_mr_mcore_te_tp1_pp4_cp1_dgx_a100_1N8G/dev_dgx_h100",
+        "nemotron/nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_h100_2nd",
         "gpt/gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer/dev_dgx_h100_2nd",
         "gpt/gpt3_mcore_te_tp2_pp1_resume_torch_dist_multi_dist_optimizer_instances/"
         "lts_dgx_a100_2nd",
@@ -284,3 +368,20 @@ def test_the_table_is_what_the_shared_snapshot_normalises_to() -> None:
     """Every figure of the table is the snapshot's own, reduced as the importer reduces it."""
     _, kept = read_csv(GOLDEN / "megatron" / "recordings.csv", "recordings.csv")
     assert normalise(SHARED) == kept
+
+
+def test_two_hybrid_lts_recordings_are_one_copied_file() -> None:
+    """golden/megatron/README.md: the lts A100 files of the TP 1 and TP 2 hybrid cases are
+    one blob (a GPT case's file, copied when the hybrid cases were added): the same
+    figures under two layouts, not two measurements."""
+    lts = [
+        r
+        for r in RECORDINGS
+        if r.family == "hybrid" and r.environment == "lts" and "_pp1_" in r.case
+    ]
+    assert len(lts) == 2 and lts[0].git_blob == lts[1].git_blob
+    assert lts[0].git_blob.startswith("dc393d0d")
+    assert (lts[0].allocated_last_bytes, lts[0].max_allocated_max_bytes) == (
+        lts[1].allocated_last_bytes,
+        lts[1].max_allocated_max_bytes,
+    )

@@ -32,6 +32,7 @@ from cpmem.golden.megatron import load_recordings
 from cpmem.golden.megatron_history import load_recorded_images
 from cpmem.megatron.args import read_megatron_args
 from cpmem.step.step import Step
+from tests.golden.second_extraction import SECOND_EXTRACTION
 
 GOLDEN = default_golden_dir()
 MIB = 1 << 20
@@ -118,7 +119,50 @@ def test_auto_is_transformer_engines_pick_in_the_image_each_recording_ran_in(
 
 def test_refusals_name_a_refused_flag(tier: MegatronTier) -> None:
     assert tier.refused
-    assert all("megatron_args" in message for message in tier.refused)
+    assert all(message.startswith(("megatron_args=", "world_size=")) for message in tier.refused)
+    assert sum(len(ids) for ids in tier.refused.values()) == len(tier.refusals)
+    for refusal in tier.refusals:
+        assert refusal.problems
+        assert refusal.recording.recording_id in tier.refused[refusal.message]
+
+
+def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
+    tier: MegatronTier,
+) -> None:
+    """The recordings whose arguments turn on a feature family (hybrid, MLA, MTP, FP8,
+    FSDP, Muon, offloading, CUDA graphs, the 15B release runs) each appear, priced or
+    refused; none is priced today, so each is refused with every reason (per family, the
+    flag that the cases of recordings.csv give, read by hand)."""
+    featured = [r for r in tier.recordings if r.features]
+    assert {f"{r.family}/{r.case}" for r in featured} >= set(SECOND_EXTRACTION)
+    refused = {f.recording.recording_id: f for f in tier.refusals}
+    assert all(r.recording_id in refused for r in featured)  # none priced: each refused
+    flag = {
+        "hybrid": ("--hybrid-layer-pattern", "--hybrid-override-pattern"),
+        "mla": ("--multi-latent-attention",),
+        "mtp": ("--mtp-num-layers",),
+        "fp8": ("--fp8-format",),
+        "fsdp": ("--use-megatron-fsdp",),
+        "muon": ("--optimizer muon",),
+        "offloading": ("--fine-grained-activation-offloading",),
+        "cudagraph": ("--cuda-graph-impl",),
+        "release-15b": ("world_size=None: unknown",),
+    }
+    counts = {f.feature: f for f in tier.by_feature()}
+    assert set(counts) == set(flag)
+    for feature, count in counts.items():
+        assert count.priced == ()
+        assert {f.recording.recording_id for f in count.refusals} == set(count.recordings)
+        for refusal in count.refusals:
+            assert any(text in refusal.message for text in flag[feature]), (feature, refusal)
+    assert len(counts["release-15b"].recordings) == 5 and counts["hybrid"].cases == (
+        "hybrid/hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G",
+        "hybrid/hybrid_mr_mcore_te_tp1_pp1_cp1_dgx_a100_1N8G",
+        "hybrid/hybrid_mr_mcore_te_tp1_pp4_cp1_dgx_a100_1N8G",
+        "hybrid/hybrid_mr_mcore_te_tp2_pp1_cp1_dgx_a100_1N8G",
+        "nemotron/nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200",
+        "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G",
+    )
 
 
 def test_every_declared_miss_explains_a_failing_recording(tier: MegatronTier) -> None:

@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from harness import SEED_BUDGET_BYTES, runtime_budget_flags
 
 from cpmem import cli
 from cpmem.cli import main
+from cpmem.units import GIB
 
 HARNESS_FLAGS = ["--head", "hidden", "--step", "first"]
 """The calibration harness's step: every recorded figure below was priced for it."""
@@ -124,7 +126,11 @@ def test_rank_tokens_flag(capsys):
 
 
 def test_admit_fits_under_busiest_rank_and_is_refused_globally(capsys):
-    base = [a if a != "estimate" else "admit" for a in EXAMPLE] + ["--budget-gib", "81.868"]
+    """The measured runtime's own budget for the seed pair (its figures: what its
+    process had left for the activations) fits the busiest rank's figure and refuses
+    the figure that charges every rank the packed count."""
+    base = [a if a != "estimate" else "admit" for a in EXAMPLE]
+    base += runtime_budget_flags(SEED_BUDGET_BYTES)
     assert main(base) == 0
     assert capsys.readouterr().out.startswith("FIT")
     assert main([*base, "--policy", "global"]) == 3
@@ -329,10 +335,12 @@ def test_clean_input_has_no_warnings(capsys):
 
 
 def test_the_measured_1_7b_pair_fits_13_gib_only_on_the_balanced_layout(capsys):
-    """`cpmem admit` on the measured 1.7B pair (forward peak 13.93 GiB) with 13 GiB: the
+    """`cpmem admit` on the measured 1.7B pair (forward peak 13.93 GiB) with 13 GiB left
+    for its activations (the runtime's figures): the
     default layout (5,120 on the busiest rank) does not fit; only a layout another runtime
     executes (Megatron's zigzag) would, and the output says which."""
-    argv = ["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13", "--json", *HARNESS_FLAGS]
+    budget = runtime_budget_flags(13 * GIB)  # left for the activations, as the runtime's
+    argv = ["admit", *PAIR_1_7B, "--cp", "2", *budget, "--json", *HARNESS_FLAGS]
     code = main(argv)
     out = json.loads(capsys.readouterr().out)
     considered = {c["variant"]: c for c in out["considered"]}
@@ -347,7 +355,7 @@ def test_the_measured_1_7b_pair_fits_13_gib_only_on_the_balanced_layout(capsys):
         "balanced",
     )
     assert set(considered) == {"cost-optimal", "memory-minimal:balanced"}
-    main(["admit", *PAIR_1_7B, "--cp", "2", "--budget-gib", "13", *HARNESS_FLAGS])
+    main(["admit", *PAIR_1_7B, "--cp", "2", *budget, *HARNESS_FLAGS])
     text = capsys.readouterr().out
     assert "fits only if the runtime lays the request out as balanced" in text
     assert "planner chunked" in text

@@ -3,8 +3,9 @@
 With a learned profile for the 4B's CP 2 selective step (10 MB per token, observed at
 4,096 tokens), ``cpmem estimate --model qwen3.5-4b --lengths 2048,2048 --cp 2 --profiles
 prof.json`` prices about 21 GiB (the profile floor; under 20 GiB without it), so ``cpmem
-admit ... --profiles prof.json --budget-gib 20`` must not say FIT: admission prices the
-same profile floor. Every figure below is read from ``estimate --json`` with the same
+admit ... --profiles prof.json`` with 20 GiB left for the activations (the runtime's
+figures, ``harness.runtime_budget_flags``) must not say FIT: admission prices the same
+profile floor. Every figure below is read from ``estimate --json`` with the same
 arguments, except the ~21 GiB sanity bound.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import runtime_budget_flags
 
 from cpmem.cli import main
 from cpmem.units import fmt_gib
@@ -59,7 +61,7 @@ def test_the_profile_raises_the_estimate_to_about_21_gib(capsys, profiles):
 
 def test_admit_does_not_fit_what_the_estimate_prices_above_the_budget(capsys, profiles):
     est = estimate_json(capsys, *REQUEST, *profiles)
-    code, d = run(capsys, "admit", *REQUEST, *profiles, "--budget-gib", "20")
+    code, d = run(capsys, "admit", *REQUEST, *profiles, *runtime_budget_flags(20 * GIB))
     considered = {c["variant"]: c["required_bytes"] for c in d["considered"]}
     # admission prices the cost-optimal layout as estimate does, profile included
     assert considered["cost-optimal"] == est["estimate_bytes"]
@@ -83,8 +85,8 @@ def test_admit_does_not_fit_what_the_estimate_prices_above_the_budget(capsys, pr
 
 def test_admit_requires_the_estimate_when_it_fits(capsys, profiles):
     est = estimate_json(capsys, *REQUEST, *profiles)
-    budget = f"{est['estimate_bytes'] / GIB + 1:.3f}"
-    code, d = run(capsys, "admit", *REQUEST, *profiles, "--budget-gib", budget)
+    budget = runtime_budget_flags(est["estimate_bytes"] + GIB)
+    code, d = run(capsys, "admit", *REQUEST, *profiles, *budget)
     assert code == 0
     assert (d["action"], d["variant"]) == ("fit", "cost-optimal")
     assert d["required_bytes"] == est["estimate_bytes"]
@@ -104,10 +106,9 @@ def test_tight_ignores_profiles_in_estimate_and_admission_alike(capsys, profiles
     first = estimate_json(capsys, *REQUEST, "--policy", "tight", "--step", "first")
     assert first[key] > est[key]
     wanted = first[key]
-    budgets = ("20", f"{wanted / GIB + 1:.3f}")
-    for budget in budgets:
+    for budget in (20 * GIB, wanted + GIB):
         argv = [*REQUEST, *profiles, "--policy", "tight", "--figure", figure]
-        code, d = run(capsys, "admit", *argv, "--budget-gib", budget)
+        code, d = run(capsys, "admit", *argv, *runtime_budget_flags(budget))
         considered = {c["variant"]: c["required_bytes"] for c in d["considered"]}
         assert considered["cost-optimal"] == wanted
         if wanted <= d["available_bytes"]:
@@ -121,7 +122,8 @@ def test_admit_over_the_budget_with_profiles_says_split_or_refuse(capsys, profil
     """The command line as a process, 20 GiB against the ~21 GiB profiled estimate: its
     first word is SPLIT or REFUSE (exit 0 or 3), and the cost-optimal figure it prints is
     the estimate's, profile floor included."""
-    argv = [sys.executable, "-m", "cpmem.cli", "admit", *REQUEST, *profiles, "--budget-gib", "20"]
+    budget = runtime_budget_flags(20 * GIB)
+    argv = [sys.executable, "-m", "cpmem.cli", "admit", *REQUEST, *profiles, *budget]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     first = proc.stdout.split(":", 1)[0]
     assert first in ("SPLIT", "REFUSE"), proc.stdout + proc.stderr

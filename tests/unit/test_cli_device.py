@@ -1,5 +1,5 @@
 """The whole device from the command line: `estimate --device`, `admit --device`, and the
-budget forms that keep working as before."""
+budget forms (``--budget-gib``, the runtime's figures)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,14 @@ def test_a_small_device_refuses_what_a_large_one_fits(capsys: pytest.CaptureFixt
 
 
 def test_budget_forms_admit_without_a_device(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = _json(capsys, ["admit", *SEED, "--budget-gib", "81.868"])
-    assert code == 0 and "whole_device" not in out
+    """``--budget-gib`` is a device's usable bytes: the static memory is weighed under it
+    (``whole_device``), and what it leaves the activations is the budget less that
+    static memory; the runtime's figures are what its process has left after its static
+    memory: free + reusable - 3% of the total, for the activations alone."""
+    code, out = _json(capsys, ["admit", *SEED, "--budget-gib", "200"])
+    whole = out["whole_device"]
+    assert isinstance(whole, dict) and code == 0 and out["decided_by"] == "budget"
+    assert out["available_bytes"] == 200 * 2**30 - whole["static_bytes"]
     runtime = [
         "--free-bytes",
         "90e9",
@@ -72,12 +78,14 @@ def test_budget_forms_admit_without_a_device(capsys: pytest.CaptureFixture[str])
     ]
     code, out = _json(capsys, ["admit", *SEED, *runtime])
     assert out["available_bytes"] == int(90e9 - 0.03 * 150121021440)
+    assert out["decided_by"] == "runtime" and "whole_device" not in out
 
 
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--device", "h200", "--budget-gib", "80"], "budget_bytes"),
+        (["--budget-gib", "0"], "budget-gib=0.0"),
+        (["--device", "h200", "--free-bytes", "1e9"], "--reusable-reserved-bytes"),
         (["--device", "h300"], "device='h300'"),
         (["--device-total-bytes", "1.5"], "device_total_bytes=1.5"),
         ([], "--device NAME"),

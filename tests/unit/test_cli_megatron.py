@@ -40,13 +40,35 @@ def test_estimate_json_is_the_api_estimate() -> None:
     assert "--save" in got["ignored_args"]
 
 
-def test_the_last_rank_is_megatrons_logging_rank_and_the_busiest_the_default() -> None:
-    # PP 1, DP 8 under the distributed optimizer: the last of eight slices holds the
-    # bucket's padding, the first (the busiest) all real elements
-    _, out, _ = run(["estimate", *BASE, "--json"])
-    _, last, _ = run(["estimate", *BASE, "--json", "--rank", "last"])
-    busiest, logged = json.loads(out), json.loads(last)
-    assert busiest["static_bytes"] >= logged["static_bytes"]
+DP3_FLAGS = """\
+--num-layers 1 --hidden-size 64 --num-attention-heads 2 --seq-length 128
+--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 3 --bf16
+--use-distributed-optimizer --vocab-size 1000 --tokenizer-type NullTokenizer
+"""
+"""A one-layer GPT on 3 GPUs (DP 3) whose distributed-optimizer buffer ends in padding.
+Hand count: the 1,000-token vocabulary padded to 1,024 rows (a multiple of 128) x 64 =
+65,536 (tied: one table), 128 learned positions x 64 = 8,192, the layer's QKV 64 x 192 +
+192, projection 64 x 64 + 64, FC1 64 x 256 + 256, FC2 256 x 64 + 64 and two LayerNorms of
+2 x 64: 49,984, the final LayerNorm 128: 123,840 elements, each parameter a multiple of
+64 so none padded at its start. The bucket ends on a multiple of lcm(3, 128) = 384:
+124,032 elements, 192 of them padding, in three slices of 41,344; the last slice holds
+the padding, so 41,152 real elements. The optimizer's state is 12 B a real element (an
+fp32 master copy and Adam's two fp32 moments): 496,128 B on the first slice (the busiest
+rank's, all real), 493,824 B on the last (the rank Megatron-LM logs)."""
+
+
+def test_the_last_rank_is_megatrons_logging_rank_and_the_busiest_the_default(
+    tmp_path: Path,
+) -> None:
+    flags = tmp_path / "dp3.flags"
+    flags.write_text(DP3_FLAGS)
+    base = ["estimate", "--megatron-args", str(flags), "--world-size", "3", "--json"]
+    _, out, _ = run(base)
+    _, last, _ = run([*base, "--rank", "last"])
+    busiest, logged = json.loads(out)["static_components"], json.loads(last)["static_components"]
+    assert busiest["weights"] == logged["weights"] == 2 * 124_032  # bf16, the whole buffer
+    assert busiest["optimizer_states"] == 12 * 41_344 == 496_128
+    assert logged["optimizer_states"] == 12 * 41_152 == 493_824
 
 
 def test_estimate_text_names_both_figures() -> None:

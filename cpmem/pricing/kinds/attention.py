@@ -9,7 +9,6 @@ runs them (oracles/rank_sim/), with the measured runtime's extra query-wide tens
 
 from __future__ import annotations
 
-from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters, cp_comm
@@ -418,6 +417,24 @@ def _mla_parameters(g: ModelGeometry, sandwich: int) -> LayerParameters:
     return LayerParameters(sharded, 0, replicated)
 
 
+def _mla_tensors(g: ModelGeometry, tp: int) -> TrainedTensors:
+    """Latent attention's trained tensors (megatron-core ``MLASelfAttention``): the
+    query's projection (its up projection from ``q_lora_rank``, or a plain one from
+    ``H``), the KV's up projection and the output projection sharded over TP; the query's
+    and the KV's down projections and their norms replicated (``_mla_parameters``)."""
+    h, heads = g.hidden, g.q_heads
+    q_up = (g.q_lora_rank or h) * heads * g.head_dim // tp
+    kv_up = g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim) // tp
+    kv_down = h * (g.kv_lora_rank + g.qk_rope_head_dim)
+    q_down = (h * g.q_lora_rank,) if g.q_lora_rank else ()
+    q_norm = (g.q_lora_rank,) if g.q_lora_rank else ()
+    return TrainedTensors(
+        weights=(*q_down, q_up, kv_down, kv_up, g.attention_output_width // tp * h),
+        norms=(h, *((h,) if g.sandwich_norms else ())),
+        extra=(*q_norm, g.kv_lora_rank),
+    )
+
+
 def adapter_widths(g: ModelGeometry, tp: int) -> dict[str, int]:
     """Per attention target: the (in + out) widths of its adapters' factors on one rank.
     ``qkv`` is one fused projection, or under MLA the query's and KV's down and up
@@ -474,29 +491,22 @@ class AttentionSpec(MixerSpec):
         return attention_parameters(g)
 
     def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
-        """The QKV and output projections, the input norm, their biases (a row-parallel
-        bias is whole) and the q/k norms; latent attention, an output gate, sandwich
-        norms and attention sinks are not priced under full training."""
-        if g.is_mla or g.attention_output_gate:
-            variant = ", latent" if g.is_mla else ", gated"
-            raise InputError(
-                "training",
-                "full",
-                f"full-parameter training prices dense or MoE attention layers only "
-                f"({g.name}'s attention is{variant[1:]})",
-            )
-        if g.sandwich_norms or g.attention_sinks:
-            raise InputError(
-                "training", "full", f"full-parameter training does not price {g.name}'s extra norms"
-            )
+        """The QKV projection (with the output gate's second Q) and the output
+        projection, the input norm (and Gemma's post-attention norm), their biases (a
+        row-parallel bias is whole), the q/k norms and gpt-oss's per-head sinks; latent
+        attention's own (``_mla_tensors``). Their sum on the rank is ``parameters``'."""
+        if g.is_mla:
+            return _mla_tensors(g, tp)
         h = g.hidden
-        qkv_out = g.q_width + 2 * g.kv_width
+        q_out = g.q_width * (2 if g.attention_output_gate else 1)
+        qkv_out = q_out + 2 * g.kv_width
         qk = norm_tensors(g, g.head_dim) if g.qk_norm else []
+        sinks = [g.q_heads // tp] if g.attention_sinks else []
         return TrainedTensors(
             weights=(qkv_out * h // tp, h * g.q_width // tp),
-            norms=tuple(norm_tensors(g, h)),
+            norms=(*norm_tensors(g, h), *((h,) if g.sandwich_norms else ())),
             biases=(qkv_out // tp, h) if g.attention_bias else (),
-            extra=tuple(qk + qk),
+            extra=tuple(qk + qk + sinks),
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
@@ -527,7 +537,8 @@ class AttentionSpec(MixerSpec):
     def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         return backward_phase(step, w)
 
-    def forward_in_flight(self, step: Step) -> int:
+    def forward_transient(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        # its CP exchange (p2p's chunks, a2a's copy) is live while it runs
         return cp_comm.forward_in_flight_width(step)
 
     def step_terms(self, step: Step, w: TightWidths, tokens: int, busiest: int) -> dict[str, int]:

@@ -12,8 +12,8 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
 from cpmem.pricing.components import Component
-from cpmem.pricing.kinds.spec import MixerSpec, TightContext
-from cpmem.pricing.layer_parameters import LayerParameters
+from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
+from cpmem.pricing.layer_parameters import LayerParameters, norm_tensors
 from cpmem.pricing.tight.calibrated import CP_HYBRID_BACKWARD_AUTOTUNE, SEGMENT_STATES_SPARED
 from cpmem.pricing.tight.widths import TightWidths
 from cpmem.pricing.widths import gdn_width
@@ -130,6 +130,20 @@ class GdnSpec(MixerSpec):
 
     def parameters(self, g: ModelGeometry) -> LayerParameters:
         return gdn_parameters(g)
+
+    def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
+        """megatron-core's ``GatedDeltaNet``: the in projection (fused with the input
+        norm), the causal convolution's kernel (no bias), ``dt_bias``, ``A_log``, the out
+        projection sharded over TP; the input norm and the gated output norm (one value
+        head wide) whole. Their sum on the rank is ``parameters``'."""
+        h, k, v, heads = g.hidden, g.gdn_key_width, g.gdn_value_width, g.gdn_value_heads
+        in_proj = h * (2 * k + 2 * v + 2 * heads) // tp
+        conv = (2 * k + v) * g.gdn_conv_kernel // tp
+        return TrainedTensors(
+            weights=(in_proj, conv, v // tp * h),
+            norms=tuple(norm_tensors(g, h)),
+            extra=(heads // tp, heads // tp, g.gdn_value_dim),
+        )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
         h, tp = g.hidden, layout.tp

@@ -103,7 +103,7 @@ class DenseSpec(MlpSpec):
         h, fc1 = g.hidden, fc1_width(g, g.ffn)
         return TrainedTensors(
             weights=(fc1 * h // tp, h * g.ffn // tp),
-            norms=tuple(norm_tensors(g, h)),
+            norms=(*norm_tensors(g, h), *((h,) if g.sandwich_norms else ())),
             biases=(fc1 // tp, h) if g.mlp_bias else (),
         )
 

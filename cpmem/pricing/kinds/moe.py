@@ -324,7 +324,8 @@ class MoeSpec(MlpSpec):
         if f:
             weights += [fc1_width(g, f) * h // tp, h * f // tp]
             biases += [fc1_width(g, f) // tp, h] if g.mlp_bias else []
-        return TrainedTensors(tuple(weights), tuple(norm_tensors(g, h)), tuple(biases))
+        norms = (*norm_tensors(g, h), *((h,) if g.sandwich_norms else ()))
+        return TrainedTensors(tuple(weights), norms, tuple(biases))
 
     def expert_tensors(self, g: ModelGeometry, ep: int, etp: int) -> list[int]:
         """``E / EP`` local experts, each an MLP of ``expert_ffn`` whose linears are split

@@ -147,9 +147,10 @@ class MixerSpec(LayerKindSpec):
         gradient."""
         return 0
 
-    def forward_in_flight(self, step: Step) -> int:
-        """Elements per token the mixer's forward holds in flight for CP beyond its kept
-        set, while it runs."""
+    def forward_transient(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        """Elements per token the mixer holds beyond its kept set while its forward runs,
+        where the step keeps saved sets (a CP exchange in flight, a kernel's working
+        set)."""
         return 0
 
     def step_terms(self, step: Step, w: TightWidths, tokens: int, busiest: int) -> dict[str, int]:

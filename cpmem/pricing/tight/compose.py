@@ -11,7 +11,7 @@ study replaces (``cpmem.gate``), so the policy itself holds no mutant switch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import Component
@@ -80,10 +80,12 @@ NAMED_PARTS = ("attention_core", "mlp_core", "moe_kept")
 
 
 def layer_specs(geometry: ModelGeometry) -> list[LayerKindSpec]:
-    """The spec of every mixer and feed-forward kind the model has, mixers first, each
-    once, in the order the stack first shows it."""
-    specs: list[LayerKindSpec] = [mixer_spec(k) for k in geometry.mixer_kinds]
-    return specs + [mlp_spec(k) for k in geometry.mlp_kinds]
+    """The spec of every mixer and feed-forward kind the model has (its MTP layers'
+    included), mixers first, each once, in the order the stack first shows it."""
+    mixers = dict.fromkeys((*geometry.mixers, *geometry.mtp_mixers))
+    mlps = dict.fromkeys((*geometry.mlps, *geometry.mtp_mlps))
+    specs: list[LayerKindSpec] = [mixer_spec(k) for k in mixers]
+    return specs + [mlp_spec(k) for k in mlps]
 
 
 DROPOUT_MASK_ELEMENTS = 0.5
@@ -129,12 +131,15 @@ def forward_transient_width(geometry: ModelGeometry, w: TightWidths, step: Step)
     saved set; a checkpointed MLP's no-grad working set, a checkpointed MoE's saved set;
     a mixer's CP exchange in flight; under full recompute and no-grad the widest no-grad
     pass of a sub-layer. Freed before backward starts."""
+    if not geometry.layers:  # a pipeline chunk of the embedding or the loss alone
+        return 0
     if step.recompute.one_layer_at_a_time:
         return max(spec.nograd_width(geometry, w, step) for spec in layer_specs(geometry))
     width = sum(mlp_spec(k).forward_transient(geometry, w, step) for k in geometry.mlp_kinds)
-    # a mixer's CP exchange (p2p's chunks, a2a's copy) is live while it runs
-    in_flight = [mixer_spec(k).forward_in_flight(step) for k in geometry.mixer_kinds]
-    return max(width, *in_flight)
+    # a mixer's own moment (a CP exchange in flight, a kernel's working set) comes while
+    # it runs, not while the feed-forward block does
+    mixers = [mixer_spec(k).forward_transient(geometry, w, step) for k in geometry.mixer_kinds]
+    return max(width, *mixers)
 
 
 def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -166,6 +171,8 @@ def last_layer_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     backward."""
     if step.recompute.full:
         return full_backward_width(geometry, w, step)
+    if not geometry.layers:  # a pipeline chunk of the loss alone: no layer runs backward
+        return 0
     ffn_phase = mlp_spec(geometry.mlps[-1]).backward_phase(geometry, w, step)
     mixer_phase = mixer_spec(geometry.mixers[-1]).backward_phase(geometry, w, step)
     return max(ffn_phase, mixer_phase)
@@ -237,10 +244,47 @@ def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     last_layer = tokens * step.dtype_bytes * last_layer_backward_width(step.geometry, w, step)
     moment = max(first, local + last_layer)
     g = step.geometry
-    autotune = max(mixer_spec(k).cold_backward_bytes(step) for k in g.mixer_kinds)
+    autotune = max((mixer_spec(k).cold_backward_bytes(step) for k in g.mixer_kinds), default=0)
     if autotune:
         moment = max(moment, local + autotune)
     return moment
+
+
+MTP_INPUT_H = 4
+"""H-wide tensors per token one MTP depth keeps beside its layers' saved sets and its loss
+head, on the rank's sequence shard (megatron-core ``MultiTokenPredictionLayer``,
+``_concat_embeddings`` at the recordings' snapshot): the ``enorm`` input (the shifted
+tokens' embedding) and the ``hnorm`` input (the previous depth's hidden states), each a
+norm's saved input, and their ``2H`` concatenation, which the trained ``eh_proj`` saves.
+The depth's final norm and the output layer's input are its head's
+(``cpmem.pricing.head.trained_head_bytes``)."""
+
+
+def mtp_bytes(step: Step, w: TightWidths, tokens: int) -> int:
+    """What the MTP depths keep until their backward on the rank holding ``tokens``
+    tokens, where the step ends with the head whose output layer they share (the depths
+    run after the last layer and their losses before the main head's:
+    ``GPTModel._postprocess``, ``process_mtp_loss``): per depth its layers' kept set
+    (``kept_width`` of a stack of them, under the step's recompute), ``MTP_INPUT_H`` and
+    the shifted token ids its embedding saves, and its head's kept set (the fp32
+    softmax of its logits). 0 without MTP or without a head."""
+    g = step.geometry
+    if not g.mtp_depths or step.head.returns_hidden:
+        return 0
+    layout = step.plan.layout
+    depth = replace(
+        g,
+        mixers=g.mtp_mixers,
+        mlps=g.mtp_mlps,
+        mtp_mixers=(),
+        mtp_mlps=(),
+        mtp_depths=0,
+        windows=(),
+    )
+    s = sp_divisor(layout.tp, layout.sp)
+    per_token = kept_width(depth, w, step) + MTP_INPUT_H * g.hidden // s
+    per_depth = tokens * (per_token * step.dtype_bytes + EMBEDDING_ID_BYTES)
+    return g.mtp_depths * (per_depth + head_bytes(step, tokens).kept)
 
 
 EMBEDDING_ID_BYTES = 8
@@ -315,6 +359,7 @@ STEP_TERM_ORDER = (
     Component.EMBEDDING,
     Component.ATTENTION_SCORES,
     Component.CP_GATHERED_KV,
+    Component.MTP,
 )
 """The order the step-level terms stand in an estimate's components."""
 
@@ -362,6 +407,9 @@ def structural_terms(
     embedding = embedding_bytes(step, tokens)
     if embedding:
         terms[Component.EMBEDDING] = embedding
+    mtp = mtp_bytes(step, w, tokens)
+    if mtp:
+        terms[Component.MTP] = mtp
     # each a component only where it applies, in one order
     for name in (*STEP_TERM_ORDER, *sorted(set(terms) - set(STEP_TERM_ORDER))):
         if terms.get(name):

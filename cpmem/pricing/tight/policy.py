@@ -101,6 +101,18 @@ def fusion_unpriced(step: Step) -> bool:
     return step.compiled or ("dense" not in g.mlps and not g.shared_expert_ffn)
 
 
+def compile_unpriced(step: Step) -> bool:
+    """Whether torch.compile moves nothing ``tight`` prices on ``step``: tight reads it in
+    gated attention's eager saved set without recompute (``eager_none``:
+    ``kinds.attention.EAGER_NONE_GATED``), in an unfused SwiGLU's (a dense MLP's or a
+    shared expert's: ``kinds.mlp.swiglu_saved``) and in a routed expert's row
+    (``kinds.moe.saved_width``); a step with none of them prices the same compiled."""
+    g = step.geometry
+    gated_eager = g.attention_output_gate and step.recompute.keeps_everything
+    unfused = not g.fused_swiglu and ("dense" in g.mlps or bool(g.shared_expert_ffn))
+    return not (g.is_moe or gated_eager or unfused)
+
+
 def backend_unpriced(step: Step) -> bool:
     """Whether flash moves nothing ``tight`` prices on ``step``: every attention layer is
     gated, whose saved set is priced as measured under the fused kernel
@@ -112,6 +124,11 @@ def backend_unpriced(step: Step) -> bool:
 
 TIGHT_IGNORES: dict[str, str | Ignore] = {
     "profiles": "tight prices no learned floors (the reference does)",
+    "compiled": Ignore(
+        "tight reads torch.compile in gated attention's eager saved set, an unfused SwiGLU "
+        "and a routed expert's row; this step has none (its SwiGLU fused, no routed experts)",
+        where=compile_unpriced,
+    ),
     "fused_swiglu": Ignore(
         "tight prices a routed expert's GLU eager as megatron-core's unfused one (its fused "
         "weighted_bias_swiglu, experts.py:689-692, is not priced) and every SwiGLU fused "

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from harness import runtime_budget_flags
 
 from cpmem.admission.admission import admit
 from cpmem.api import estimate
@@ -77,7 +78,8 @@ def test_a_split_is_priced_at_one_step_kind_for_every_part() -> None:
 def test_admit_says_which_step_decided(capsys: pytest.CaptureFixture[str]) -> None:
     first, steady = _figure("first"), _figure("steady")
     argv = ["admit", "--model", M17, "--lengths", "5632,5632", "--tp", "2", "--cp", "2"]
-    argv += ["--policy", "tight", "--budget-gib", str(BUDGET_GIB)]
+    # the runtime's figures: the budget left for the activations, compared with them alone
+    argv += ["--policy", "tight", *runtime_budget_flags(int(BUDGET_GIB * GIB))]
     assert main(argv) == 3
     text = capsys.readouterr().out
     line = (

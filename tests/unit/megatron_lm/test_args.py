@@ -474,11 +474,16 @@ def test_a_priced_switch_is_the_snapshots_switch_and_a_priced_value_its_valued_f
 
 
 def test_every_gpt_and_moe_case_is_read_or_refused_by_classified_flags_and_rules() -> None:
-    """No case of golden/megatron/cases stops on a flag the snapshot's parser lacks:
-    each is priced, or refused with the tables' and rules' reasons."""
+    """No GPT or MoE case of golden/megatron/cases (``pretrain_gpt.py``'s) stops on a flag
+    the snapshot's parser lacks: each is priced, or refused with the tables' and rules'
+    reasons."""
     refused: dict[str, str] = {}
     read = 0
-    for path in sorted(GOLDEN_CASES.glob("*/*/model_config.yaml")):
+    paths = [
+        *GOLDEN_CASES.glob("gpt/*/model_config.yaml"),
+        *GOLDEN_CASES.glob("moe/*/model_config.yaml"),
+    ]
+    for path in sorted(paths):
         try:
             read_megatron_args(path)
             read += 1
@@ -486,6 +491,33 @@ def test_every_gpt_and_moe_case_is_read_or_refused_by_classified_flags_and_rules
             refused[path.parent.name] = exc.reason
     assert read > 100 and refused
     assert not [name for name, why in refused.items() if "is not an argument" in why]
+
+
+def test_the_hybrid_cases_read_but_flextron_s_and_the_flex_dispatcher_s() -> None:
+    """The hybrid and Nemotron 3 cases run ``pretrain_hybrid.py`` (recipes/h100/mamba.yaml,
+    recipes/gb200/nemotron*.yaml), whose arguments the snapshot's parser reads as
+    ``pretrain_gpt.py``'s: their patterns read; Flextron's case runs its own script
+    (``pretrain_hybrid_flex.py``) and is refused on its flags, the nightly Nemotron 3 on
+    its flex (HybridEP) dispatcher alone."""
+    paths = [
+        *GOLDEN_CASES.glob("hybrid/*/model_config.yaml"),
+        *GOLDEN_CASES.glob("nemotron/*/model_config.yaml"),
+    ]
+    refused: dict[str, InputError] = {}
+    for path in sorted(paths):
+        try:
+            read_megatron_args(path)
+        except InputError as err:
+            refused[path.parent.name] = err
+    assert len(paths) == 6
+    assert sorted(refused) == [
+        "hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G",
+        "nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200",
+    ]
+    flextron = refused["hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G"]
+    assert "is Flextron's" in flextron.reason and "is not an argument" not in flextron.reason
+    nightly = refused["nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200"]
+    assert nightly.value == "--moe-token-dispatcher-type flex"
 
 
 # --- the fields a run's layout and vocabulary add ---------------------------------------

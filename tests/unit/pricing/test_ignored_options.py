@@ -54,6 +54,13 @@ CHANGES: dict[str, Case] = {
     ),
 }
 OVERRIDES: dict[tuple[str, str], Case] = {
+    # Megatron-LM's fused SwiGLU on an ungated dense model: tight reads compile nowhere
+    ("tight", "compiled"): (
+        M17,
+        {"head": "hidden", "runtime": "megatron-lm"},
+        {"compiled": True},
+        None,
+    ),
     # gated attention under flash: no policy prices flash-attn's copies there
     ("tight", "attention_backend"): (M4, {"head": "hidden"}, {"attention_backend": "flash"}, None),
     # a dense model: global charges every rank the packed count, tight the busiest's

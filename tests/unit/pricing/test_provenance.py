@@ -145,3 +145,77 @@ def test_the_text_names_the_harness_only_for_a_measured_model(
     assert "margin: margin_factor is the published formula's x1.1" in measured
     assert main(["estimate", "--model", "gemma-2-9b", "--tp", "2", "--lengths", "4096"]) == 0
     assert "the harness's step" not in capsys.readouterr().out
+
+
+ROUTINGS = ("concentrated", "balanced", "capacity:1.5", "rows:3000")
+ASSUMED = {
+    "concentrated": "concentrated routing",
+    "balanced": "balanced routing",
+    "capacity:1.5": "capacity:1.5 routing",
+    "rows:3000": "rows:3000 routing",
+}
+"""What ``assumptions["experts"]`` says of each routing priced, written out."""
+
+
+@pytest.mark.parametrize("policy", ["reference", "global", "tight"])
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("ep", [1, 4])
+def test_the_assumed_routing_is_the_one_priced(policy: str, routing: str, ep: int) -> None:
+    """Where the routing is named as not priced (the reference charges every expert row
+    concentrated; at EP 1 every routed copy lands on the rank's experts), the assumption
+    states the concentrated routing that was priced; elsewhere the routing asked. The
+    issue's case: TP 2 EP 4 balanced under ``reference`` once assumed "balanced routing"
+    while naming the routing as ignored."""
+    est = price(describe_step("qwen3-30b-a3b", [4096], tp=2, ep=ep, moe_routing=routing), policy)
+    ignored = "moe_routing" in est.to_dict()["ignored_options"]
+    unpriced = policy != "tight" or ep == 1
+    assert ignored == (routing != "concentrated" and unpriced)
+    stated = "concentrated" if unpriced else routing
+    assert est.assumptions["experts"].endswith("; " + ASSUMED[stated])
+
+
+def test_the_reference_at_tp2_ep4_balanced_assumes_what_it_charges() -> None:
+    est = price(describe_step("qwen3-30b-a3b", [4096], tp=2, ep=4, moe_routing="balanced"))
+    assert est.policy == "reference"
+    assert est.ignored_options[0].startswith("moe_routing: the reference charges every")
+    assert est.assumptions["experts"] == (
+        "experts split over EP 4 only (ETP 1: each expert whole on its rank); concentrated routing"
+    )
+
+
+@pytest.mark.parametrize("policy", ["reference", "global", "tight"])
+@pytest.mark.parametrize("planner", [None, "balanced", "chunked"])
+@pytest.mark.parametrize("model", ["qwen3-1.7b", "qwen3-30b-a3b"])
+def test_the_assumed_cp_layout_is_the_one_priced(
+    policy: str, planner: str | None, model: str
+) -> None:
+    """``global`` charges every CP rank the packed count whatever the layout; the
+    reference does on every step but dense CP with gradients and partial recompute (the
+    MoE model here); tight prices the busiest rank's layout. The assumption names a
+    planner's layout only where one was priced."""
+    moe = {"ep": 4} if model != "qwen3-1.7b" else {}
+    step = describe_step(model, [6144, 2048], tp=2, cp=2, planner=planner, **moe)
+    est = price(step, policy)
+    priced = policy == "tight" or (policy == "reference" and model == "qwen3-1.7b")
+    line = est.assumptions["cp_layout"]
+    if priced:
+        assert line.startswith(f"{est.planner}: ")
+    else:
+        assert line.startswith("every CP rank charged the packed tokens: no CP layout priced")
+    if planner is not None and not priced:
+        assert "planner" in est.to_dict()["ignored_options"]
+
+
+@pytest.mark.parametrize(
+    ("routing", "said"),
+    [
+        ("balanced", "MoE routing: balanced, an expectation: "),
+        ("concentrated", "MoE routing: concentrated, a bound (worst: a router without "),
+        ("capacity:1", "MoE routing: capacity:1, a bound (capacity: stated): "),
+    ],
+)
+def test_the_routing_line_reads_as_english(routing: str, said: str) -> None:
+    step = describe_step("qwen3-30b-a3b", [4096], tp=2, ep=4, moe_routing=routing)
+    est = price(step, "tight")
+    (line,) = [ln for ln in render_estimate(est, step.plan).splitlines() if "MoE routing" in ln]
+    assert line.startswith(said)
