@@ -414,3 +414,23 @@ def test_every_problem_of_a_run_is_named_at_once() -> None:
     assert "DeepSeek sparse attention" in err.reason
     assert "the Mamba-2 mixer's unfused path" in err.reason
     assert "is Flextron's" in err.reason and "not a training cpmem prices" in err.reason
+
+
+def test_gated_deltanet_layers_take_the_linear_shapes() -> None:
+    """'G' is a Gated DeltaNet mixer of the --linear-* shapes (transformer_config.py:
+    370-382 defaults: conv 4, key heads 16 of 128, value heads 32 of 128)."""
+    g = megatron_geometry(parse_megatron_args({**HYBRID_MR, "--hybrid-layer-pattern": "G*-"}))
+    assert g.mixers == ("gdn", "attention", "none") and g.mlps == ("none", "none", "dense")
+    assert (g.gdn_key_heads, g.gdn_key_dim, g.gdn_value_heads, g.gdn_value_dim) == (
+        16,
+        128,
+        32,
+        128,
+    )
+    assert g.gdn_conv_kernel == 4
+    g = megatron_geometry(
+        parse_megatron_args(
+            {**HYBRID_MR, "--hybrid-layer-pattern": "G-", "--linear-num-value-heads": 16}
+        )
+    )
+    assert g.gdn_value_heads == 16
