@@ -114,6 +114,8 @@ def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
     max_positions = getattr(g, "max_position_embeddings", None)  # recorded by newer presets
     if max_positions is not None:
         cfg["max_position_embeddings"] = max_positions
+    if g.mtp_depths:  # Qwen3.5's one MTP module of mtp_num_hidden_layers layers
+        cfg["mtp_num_hidden_layers"] = len(g.mtp_mixers)
     return cfg
 
 
@@ -128,12 +130,75 @@ def _qwen_experts(g: ModelGeometry) -> dict[str, Any]:
     }
 
 
-FAMILY_EXPORTS = ("qwen3_moe", "gpt_oss", "gemma2", "gemma3_text", "deepseek_v3", "kimi_k2")
+FAMILY_EXPORTS = (
+    "qwen3_moe",
+    "gpt_oss",
+    "gemma2",
+    "gemma3_text",
+    "deepseek_v3",
+    "kimi_k2",
+    "nemotron_h",
+)
+
+NEMOTRON_SYMBOLS = {
+    ("mamba", "none"): "M",
+    ("attention", "none"): "*",
+    ("none", "dense"): "-",
+    ("none", "moe"): "E",
+}
+"""Nemotron-H's pattern symbol of each layer (``cpmem.model.hf_nemotron``)."""
+
+
+def _nemotron_config(g: ModelGeometry) -> dict[str, Any]:
+    """A ``nemotron_h`` geometry's config in its family's field names."""
+    cfg: dict[str, Any] = {
+        "_name_or_path": g.aliases[0] if g.aliases else g.name,
+        "model_type": "nemotron_h",
+        "hidden_size": g.hidden,
+        "hybrid_override_pattern": "".join(
+            NEMOTRON_SYMBOLS[p] for p in zip(g.mixers, g.mlps, strict=True)
+        ),
+        "num_attention_heads": g.q_heads,
+        "num_key_value_heads": g.kv_groups,
+        "head_dim": g.head_dim,
+        "vocab_size": g.vocab,
+        "tie_word_embeddings": g.tied_embeddings,
+        "attention_bias": g.attention_bias,
+        "mlp_hidden_act": "relu2",
+    }
+    if g.ffn:
+        cfg["intermediate_size"] = g.ffn
+    if g.max_position_embeddings is not None:
+        cfg["max_position_embeddings"] = g.max_position_embeddings
+    if "mamba" in g.all_mixers:
+        cfg.update(
+            mamba_num_heads=g.mamba_heads,
+            mamba_head_dim=g.mamba_head_dim,
+            ssm_state_size=g.mamba_state_dim,
+            n_groups=g.mamba_groups,
+            conv_kernel=g.mamba_conv_kernel,
+            chunk_size=g.mamba_chunk,
+        )
+    if g.is_moe or "moe" in g.mtp_mlps:
+        cfg.update(
+            n_routed_experts=g.num_experts,
+            num_experts_per_tok=g.moe_top_k,
+            moe_intermediate_size=g.expert_ffn,
+            moe_shared_expert_intermediate_size=g.shared_expert_ffn,
+        )
+    if g.mtp_depths:
+        cfg["num_nextn_predict_layers"] = g.mtp_depths
+        cfg["mtp_hybrid_override_pattern"] = "".join(
+            NEMOTRON_SYMBOLS[p] for p in zip(g.mtp_mixers, g.mtp_mlps, strict=True)
+        )
+    return cfg
 
 
 def _family_config(g: ModelGeometry) -> dict[str, Any]:
     """The config of a geometry of a family read by name (``g.family``), in that family's
     field names: what ``load_config`` reads back to the same geometry."""
+    if g.family == "nemotron_h":
+        return _nemotron_config(g)
     mla = g.family in ("deepseek_v3", "kimi_k2")
     gemma = g.family in ("gemma2", "gemma3_text")
     cfg: dict[str, Any] = {
@@ -185,6 +250,8 @@ def _family_config(g: ModelGeometry) -> dict[str, Any]:
                 n_shared_experts=g.shared_expert_ffn // g.expert_ffn,
                 first_k_dense_replace=g.mlps.index("moe"),
             )
+        if g.mtp_depths:
+            cfg["num_nextn_predict_layers"] = g.mtp_depths
     return cfg
 
 

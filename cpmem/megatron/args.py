@@ -40,8 +40,10 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.megatron.fields import FIELD_NAMES, PRICED, ArgValue, MegatronArgs
+from cpmem.megatron.hybrid_pattern import MTP_SEPARATOR, HybridPattern, parse_hybrid_pattern
 from cpmem.megatron.ignored import IGNORED, IGNORED_REASONS
-from cpmem.megatron.refused import HARMLESS_VALUES, REFUSED
+from cpmem.megatron.layer_freq import parse_layer_freq
+from cpmem.megatron.refused import FOREIGN, HARMLESS_VALUES, REFUSED
 from cpmem.megatron.rules import Problem, refusal, rule_problems
 from cpmem.megatron.snapshot import arguments as snapshot_arguments
 from cpmem.megatron.snapshot import is_default, snapshot
@@ -100,7 +102,7 @@ def _text(value: object) -> str:
     return text
 
 
-def _convert(flag: str, kind: str, value: object) -> ArgValue | None:
+def _convert(flag: str, kind: str, value: object) -> ArgValue | tuple[int, ...] | None:
     """A flag's value as the field's type; ``value`` None means the flag stood alone."""
     if kind in ("bool", "not", "selective"):
         if value is None or value is True:
@@ -120,16 +122,12 @@ def _convert(flag: str, kind: str, value: object) -> ArgValue | None:
         return "selective" if present else None
     if value is None:
         raise InputError("megatron_args", flag, "needs a value")
+    if kind == "raw":  # a pattern: its brackets and spaces are its own
+        return str(value).strip()
+    if kind == "freq":  # moe_freq_type: an integer or a list expression, as written
+        raw = value if isinstance(value, str) else _text(value)
+        return parse_layer_freq(str(raw))
     text = _text(value)
-    if kind == "freq":
-        # moe_freq_type (arguments.py:327-350): an integer, or a per-layer pattern
-        if not text.lstrip("-").isdigit():
-            raise InputError(
-                "megatron_args",
-                _shown(flag, value),
-                "a per-layer MoE pattern: dense layers between the MoE layers are not priced",
-            )
-        kind = "int"
     try:
         if kind == "int":
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -190,6 +188,8 @@ def _tokens_to_mapping(text: str) -> dict[str, object]:
 
 
 def _unknown_reason(flag: str) -> str:
+    if flag in FOREIGN:
+        return FOREIGN[flag]
     commit = snapshot().commit[:8]
     family = ""
     if flag.startswith("--retro"):
@@ -263,11 +263,14 @@ def parse_megatron_args(
         if problem is not None:
             problems.append(problem)
             unread = unread or flag in PRICED
+    hybrid = _hybrid_values(values, problems)
     if values.pop("__recompute_activations", False):
         # ``--recompute-activations`` makes the granularity selective whatever else is
         # given (arguments.py:607-608)
         values["recompute_granularity"] = "selective"
     missing = [name for name in REQUIRED if name not in values]
+    if hybrid:  # the pattern gives the layers, or its problems say why it cannot
+        missing = [name for name in missing if name != "num_layers"]
     problems += [
         ("--" + name.replace("_", "-"), "is required (Megatron-LM has no default for it)")
         for name in missing
@@ -278,7 +281,7 @@ def parse_megatron_args(
         # --num-query-groups' default under --group-query-attention (transformer_config.
         # py:175; argument_utils.py core_transformer_config_from_args passes it)
         values["num_query_groups"] = 1
-    if not missing:
+    if not missing and "num_layers" in values:
         env_map = {str(k): str(v) for k, v in (env or {}).items()}
         args = MegatronArgs(
             **values,
@@ -292,6 +295,38 @@ def parse_megatron_args(
         if not problems:
             return args
     raise refusal(problems)
+
+
+def _hybrid_values(values: dict[str, Any], problems: list[Problem]) -> bool:
+    """What ``validate_args`` derives from a hybrid pattern (arguments.py:743-923), into
+    ``values``: the deprecated ``--hybrid-override-pattern`` forwarded to
+    ``--hybrid-layer-pattern``; a legacy ``--mtp-hybrid-override-pattern`` repeated as the
+    pattern's ``/`` depths under ``--mtp-num-layers``; the layer count (the pattern's
+    always overrides ``--num-layers``), the MTP depths (the pattern's override
+    ``--mtp-num-layers``) and latent attention (a ``+`` turns it on). Whether a pattern
+    was given; its problems go to ``problems``."""
+    override = values.get("hybrid_override_pattern")
+    if override is not None and values.get("hybrid_layer_pattern") is None:
+        values["hybrid_layer_pattern"] = values.pop("hybrid_override_pattern")
+    text = values.get("hybrid_layer_pattern")
+    legacy, depths = values.get("mtp_hybrid_override_pattern"), values.get("mtp_num_layers")
+    if legacy is not None and depths and (text is None or MTP_SEPARATOR not in text):
+        text = (text or "") + MTP_SEPARATOR + MTP_SEPARATOR.join([legacy] * depths)
+        values["hybrid_layer_pattern"] = text
+        values["mtp_hybrid_override_pattern"] = None
+    if text is None:
+        return False
+    parsed = parse_hybrid_pattern(text)
+    if not isinstance(parsed, HybridPattern):
+        problems.append((f"--hybrid-layer-pattern {text}", "; ".join(parsed)))
+        values.pop("num_layers", None)
+        return True
+    values["num_layers"] = len(parsed.main)
+    if parsed.depths:
+        values["mtp_num_layers"] = parsed.depths
+    if "+" in text:
+        values["multi_latent_attention"] = True
+    return True
 
 
 def read_megatron_args(source: str | Path) -> MegatronArgs:

@@ -9,7 +9,8 @@ Nothing here prices: the run is priced by the policies, as a step from ``--model
   ``int(8h/3 / 64) x 64`` with SwiGLU, ``arguments.py:1320-1329``; ``kv_channels`` h/heads;
   LayerNorm, linear biases, learned absolute positions, dropout 0.1, tied embeddings,
   ``cpmem.megatron.args``), the vocabulary padded to ``--make-vocab-size-divisible-by`` x
-  TP (``arguments.py:2441``);
+  TP (``arguments.py:2441``); the layer stack, its MTP depths and the shapes of its
+  kinds (Mamba-2, latent attention, Gated DeltaNet) by ``cpmem.megatron.stack``;
 - the layout: DP = world / (TP x PP x CP); sequence parallelism only at TP > 1
   (``arguments.py``); experts split over EP and ETP (``--expert-tensor-parallel-size``,
   TP by default, ``arguments.py:587-588``). A layout keyword given beside the arguments
@@ -36,8 +37,9 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, read_megatron_args
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.rules import check_megatron_args
+from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
 from cpmem.megatron.vocab import resolved_vocab_size
-from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry
+from cpmem.model.geometry import ModelGeometry
 from cpmem.step.backend_choice import BackendChoice, choose_backend, container_named
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.device import Device, resolve_device
@@ -71,33 +73,61 @@ def megatron_ffn(args: MegatronArgs) -> int:
     return int(4 * h * 2 / 3 / 64) * 64 if args.swiglu else 4 * h
 
 
-def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeometry:
-    """The model Megatron-LM builds from ``args`` (a GPT, dense or every layer MoE)."""
+def attention_shape(args: MegatronArgs) -> tuple[int, int, int, int]:
+    """The attention's query heads, KV groups, query/key head dim and value head dim:
+    latent attention's ``qk_head_dim + qk_pos_emb_head_dim`` and ``v_head_dim`` over every
+    head, else ``--kv-channels`` (h / heads) over the query groups."""
     heads = args.num_attention_heads
+    if latent(args):
+        return heads, heads, args.qk_head_dim + args.qk_pos_emb_head_dim, args.v_head_dim
     groups = heads
     if args.group_query_attention and args.num_query_groups:
         groups = args.num_query_groups
-    moe = args.num_experts is not None
+    head_dim = args.kv_channels or args.hidden_size // heads
+    return heads, groups, head_dim, head_dim
+
+
+FUSED_SQUARED_RELU_NOTE = (
+    "use_fused_weighted_squared_relu: the experts' squared ReLU fused with the routing "
+    "weights (weighted_squared_relu, moe/experts.py:986-993) keeps its input and the "
+    "probabilities; priced as the unfused experts' set, one F_e-wide tensor per routed row "
+    "more (an upper bound)"
+)
+
+
+def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeometry:
+    """The model Megatron-LM builds from ``args``: a GPT (dense, MoE, or both by
+    ``--moe-layer-freq``) or a hybrid stack, with any MTP depths (``cpmem.megatron.
+    stack``)."""
+    heads, groups, head_dim, _ = attention_shape(args)
+    stack = megatron_stack(args)
+    all_mlps = set(stack.mlps) | set(stack.mtp_mlps)
+    moe = "moe" in all_mlps
     positions = {"rope": "rope", "learned_absolute": "learned", "none": "none"}
     position = positions[args.position_embedding_type]
     ffn = megatron_ffn(args)
-    mlp: MlpKind = "moe" if moe else "dense"
-    mixer: MixerKind = "attention"
+    fused_relu = args.use_fused_weighted_squared_relu and args.squared_relu and moe
     return ModelGeometry(
         name=name,
         hidden=args.hidden_size,
-        mixers=(mixer,) * args.num_layers,
-        mlps=(mlp,) * args.num_layers,
+        mixers=stack.mixers,
+        mlps=stack.mlps,
+        mtp_mixers=stack.mtp_mixers,
+        mtp_mlps=stack.mtp_mlps,
+        mtp_depths=stack.mtp_depths,
+        mtp_shared=stack.mtp_shared,
         q_heads=heads,
         kv_groups=groups,
-        head_dim=args.kv_channels or args.hidden_size // heads,
+        head_dim=head_dim,
         vocab=resolved_vocab_size(args),
-        ffn=0 if moe else ffn,
-        num_experts=args.num_experts or 0,
+        ffn=ffn if "dense" in all_mlps else 0,
+        num_experts=(args.num_experts or 0) if moe else 0,
         moe_top_k=args.moe_router_topk if moe else 0,
         expert_ffn=(args.moe_ffn_hidden_size or ffn) if moe else 0,
-        shared_expert_ffn=args.moe_shared_expert_intermediate_size or 0,
+        shared_expert_ffn=(args.moe_shared_expert_intermediate_size or 0) if moe else 0,
         shared_expert_gate=False,
+        router_scoring="sigmoid" if args.moe_router_score_function == "sigmoid" else "topk_softmax",
+        **kind_shapes(args, stack),
         fused_swiglu=True,
         gated_mlp=args.swiglu,
         tied_embeddings=not args.untie_embeddings_and_output_weights,
@@ -115,6 +145,7 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         vocab_multiple=args.make_vocab_size_divisible_by if args.pad_vocab_size else 1,
         family="megatron-gpt",
         max_position_embeddings=args.max_position_embeddings,
+        unpriced_parts=(FUSED_SQUARED_RELU_NOTE,) if fused_relu else (),
     )
 
 
@@ -188,11 +219,7 @@ def megatron_backend(
             "has no compute capability on record; Transformer Engine's choice under "
             "--attention-backend auto needs one (use a preset or name the backend)",
         )
-    heads = args.num_attention_heads
-    groups = (
-        args.num_query_groups if args.group_query_attention and args.num_query_groups else heads
-    )
-    head_dim = args.kv_channels or args.hidden_size // heads
+    heads, groups, head_dim, value_dim = attention_shape(args)
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     return choose_backend(
         "auto",
@@ -200,7 +227,7 @@ def megatron_backend(
         heads=heads,
         groups=groups,
         head_dim=head_dim,
-        value_dim=head_dim,
+        value_dim=value_dim,
         sequence=args.seq_length,
         tp=args.tensor_model_parallel_size,
         cp=args.context_parallel_size,

@@ -71,7 +71,10 @@ class MegatronArgs:
     # mixture of experts (transformer_config.py and model_parallel_config.py at the
     # snapshot; the factory turns each field into its flag)
     num_experts: int | None = None  # arguments.py:3518 (None: a dense GPT)
-    moe_layer_freq: int = 1  # arguments.py:3520 (every layer an MoE layer)
+    # arguments.py:3520, moe_freq_type (arguments.py:327-350): an integer N (every Nth
+    # layer an MoE layer, from the first), or a Python list expression of 0/1 per layer,
+    # read by ``layer_freq.parse_layer_freq``
+    moe_layer_freq: int | tuple[int, ...] = 1
     moe_ffn_hidden_size: int | None = None  # None: --ffn-hidden-size (arguments.py:1650-1651)
     moe_router_topk: int = 2  # transformer_config.py:760
     moe_router_load_balancing_type: str = "aux_loss"  # arguments.py:3532-3534
@@ -85,6 +88,45 @@ class MegatronArgs:
     moe_pad_expert_input_to_capacity: bool = False  # transformer_config.py:921
     overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
     expert_model_parallel_size: int = 1  # model_parallel_config.py:127
+    moe_router_score_function: str = "softmax"  # transformer_config.py:808
+    moe_router_enable_expert_bias: bool = False  # transformer_config.py:816
+    moe_router_num_groups: int | None = None  # transformer_config.py:780
+    moe_router_group_topk: int | None = None  # transformer_config.py:796
+    use_fused_weighted_squared_relu: bool = False  # transformer_config.py:516
+    # a hybrid (Mamba-2) stack: the pattern (arguments.py:3652; the deprecated
+    # --hybrid-override-pattern, arguments.py:3660, is copied into it, arguments.py:
+    # 743-755), read by ``hybrid_pattern.parse_hybrid_pattern``; the layer spec module
+    # (--spec, arguments.py:3645, nargs='*': its words joined by a space)
+    hybrid_layer_pattern: str | None = None
+    hybrid_override_pattern: str | None = None
+    # the deprecated MTP pattern, turned into the pattern's '/' depths where
+    # --mtp-num-layers is given (arguments.py:757-785)
+    mtp_hybrid_override_pattern: str | None = None
+    spec: str | None = None
+    # Mamba-2 (transformer_config.py:1259-1268): None heads is hidden x 2 // head_dim
+    # (MambaMixer's expand=2, ssm/mamba_mixer.py:181, 218, 245-251)
+    mamba_state_dim: int = 128
+    mamba_head_dim: int = 64
+    mamba_num_groups: int = 8
+    mamba_num_heads: int | None = None
+    # multi-latent attention (transformer_config.py:288; the ranks' and dims' argparse
+    # defaults, arguments.py:3548-3557, override MLATransformerConfig's own: None is a
+    # plain query projection)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    # Gated DeltaNet layers of a hybrid pattern (transformer_config.py:370-382)
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    # multi-token prediction (transformer_config.py:68, 82): depths, one set of weights
+    mtp_num_layers: int | None = None
+    mtp_use_repeated_layer: bool = False
     expert_tensor_parallel_size: int | None = None  # None: TP (arguments.py:587-588)
     # the pipeline's layer split (layout.py: virtual_pipeline_size, stage_layer_counts)
     num_virtual_stages_per_pipeline_rank: int | None = None  # arguments.py:3116 (None: 1)
@@ -108,8 +150,8 @@ def _flag(dest: str) -> str:
 
 # flag -> (field, kind); kind "bool" is a store_true flag, "not" a store_false flag
 # (``--no-X`` / ``--disable-X`` turning the field off), "selective" --recompute-
-# activations, "freq" --moe-layer-freq (an integer; a per-layer pattern is refused), else
-# the value's type.
+# activations, "freq" --moe-layer-freq (an integer or a per-layer list expression), "raw"
+# a value kept as written (a hybrid pattern), else the value's type.
 PRICED: dict[str, tuple[str, str]] = {
     **{
         _flag(n): (n, k)
@@ -174,6 +216,32 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_pad_expert_input_to_capacity", "bool"),
             ("overlap_moe_expert_parallel_comm", "bool"),
             ("expert_model_parallel_size", "int"),
+            ("moe_router_score_function", "str"),
+            ("moe_router_enable_expert_bias", "bool"),
+            ("moe_router_num_groups", "int"),
+            ("moe_router_group_topk", "int"),
+            ("use_fused_weighted_squared_relu", "bool"),
+            ("hybrid_layer_pattern", "raw"),
+            ("hybrid_override_pattern", "raw"),
+            ("mtp_hybrid_override_pattern", "raw"),
+            ("spec", "str"),
+            ("mamba_state_dim", "int"),
+            ("mamba_head_dim", "int"),
+            ("mamba_num_groups", "int"),
+            ("mamba_num_heads", "int"),
+            ("multi_latent_attention", "bool"),
+            ("q_lora_rank", "int"),
+            ("kv_lora_rank", "int"),
+            ("qk_head_dim", "int"),
+            ("qk_pos_emb_head_dim", "int"),
+            ("v_head_dim", "int"),
+            ("linear_conv_kernel_dim", "int"),
+            ("linear_key_head_dim", "int"),
+            ("linear_value_head_dim", "int"),
+            ("linear_num_key_heads", "int"),
+            ("linear_num_value_heads", "int"),
+            ("mtp_num_layers", "int"),
+            ("mtp_use_repeated_layer", "bool"),
             ("expert_tensor_parallel_size", "int"),
             ("num_virtual_stages_per_pipeline_rank", "int"),
             ("decoder_first_pipeline_num_layers", "int"),

@@ -180,9 +180,10 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--disable-tp-comm-split-rs --tp-comm-bootstrap-backend --tp-comm-overlap-cfg",
     ),
     (
-        "read only by multi-latent attention or YaRN rotary embeddings (both refused: "
-        "--multi-latent-attention, --position-embedding-type yarn)",
-        "--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim "
+        "the rope type of latent attention (YaRN, its default in MLATransformerConfig, or "
+        "rope: the same cos/sin tables; other attention asserts rope, argument_utils.py) and "
+        "YaRN's scaling constants (values, not shapes); an inference cache of the latents; "
+        "a fused down projection of the same weights",
         "--rotary-scaling-factor --mscale --mscale-all-dim --cache-mla-latents "
         "--mla-down-proj-fusion --yarn-original-max-position-embeddings --yarn-beta-fast "
         "--yarn-beta-slow --yarn-correction-range-round-to-int "
@@ -195,16 +196,18 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--dsa-kernel-backend --dsa-indexer-rope-interleaved --no-dsa-indexer-rotate-activation "
         "--disable-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu "
         "--disable-dsa-indexer-scoring-relu --dsa-indexer-k-norm-epsilon "
-        "--dsa-indexer-k-norm-fp32 --linear-conv-kernel-dim --linear-key-head-dim "
-        "--linear-value-head-dim --linear-num-key-heads --linear-num-value-heads "
-        "--linear-attention-freq",
+        "--dsa-indexer-k-norm-fp32 --linear-attention-freq",
     ),
     (
-        "read only by hybrid (Mamba) models' layers (--hybrid-layer-pattern, refused)",
-        "--mamba-state-dim --mamba-head-dim --mamba-num-groups --mamba-num-heads "
-        "--gdp-num-householder --disable-mamba-mem-eff-path --gdp-cutedsl-kernel "
-        "--gdp-num-chunk-states-to-recompute --mamba-training-ssm-states-dtype "
+        "read only by the Gated Delta Product stack (--spec gated_delta_product_stack_spec, "
+        "refused) or by inference's Mamba state caches",
+        "--gdp-num-householder --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute "
         "--mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype",
+    ),
+    (
+        "set from --hybrid-layer-pattern anyway (argument_utils.py:345-346); it changes only "
+        "the output layers' initial scale (transformer_config.py:2596-2610)",
+        "--is-hybrid-model",
     ),
     (
         "read only by the optimizers other than Adam (--optimizer, refused but for adam) or "
@@ -265,13 +268,25 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--mhc-init-gating-factor --mhc-recompute-layer-num",
     ),
     (
-        "read only by the multi-token prediction layers (--mtp-num-layers, refused)",
-        "--mtp-loss-scaling-factor --mtp-use-repeated-layer --mtp-detach-heads --mtp-hsm "
-        "--mtp-hybrid-override-pattern",
+        "the MTP losses' weight in the total loss: a scalar",
+        "--mtp-loss-scaling-factor",
     ),
     (
-        "read only by MoE upcycling or the router's expert bias (--moe-use-upcycling, "
-        "--moe-router-enable-expert-bias, refused)",
+        "the router's top-k probabilities scaled by a constant (moe_utils.py "
+        "topk_routing_with_score_function: probs * scaling_factor, a product that keeps no "
+        "input for backward)",
+        "--moe-router-topk-scaling-factor",
+    ),
+    (
+        "read only where a refused feature runs: the routing map padded for FP8 or FP4 "
+        "(token_dispatcher.py:649-653) and the flex dispatcher's fused permutation "
+        "(token_dispatcher.py:1415-1425); no experimental_fn or experimental_cls is applied "
+        "in megatron/ at the snapshot",
+        "--enable-experimental",
+    ),
+    (
+        "read only by MoE upcycling (--moe-use-upcycling, refused), or the rate the "
+        "router's expert bias is updated at (a scalar)",
         "--moe-upcycling-granularity --moe-router-bias-update-rate",
     ),
     (

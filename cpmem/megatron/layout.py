@@ -11,11 +11,31 @@ virtual stage) its layers; ``get_transformer_layer_offset``
 rank ``p`` after every stage of the chunks before it, so the model's layers run through
 the virtual stages in the order ``v * PP + p``; ``TransformerConfig.__post_init__``
 (``transformer_config.py:2229-2415``) checks an uneven split.
+
+A hybrid pattern cut by ``|`` is the split itself: segment ``v x PP + p`` is virtual stage
+``v`` of pipeline rank ``p``, and there are segments / PP chunks per rank
+(``arguments.py:841-862``, ``hybrid_layer_allocation.select_pipeline_segment``); without
+``|`` the layers split as a GPT's do (evenly, or with ``--decoder-first/last-pipeline-
+num-layers``).
 """
 
 from __future__ import annotations
 
 from cpmem.megatron.fields import MegatronArgs
+from cpmem.megatron.hybrid_pattern import HybridPattern, parse_hybrid_pattern
+
+
+def hybrid_segments(args: MegatronArgs) -> tuple[int, ...] | None:
+    """The layer counts of a hybrid pattern's ``|`` segments, in virtual-stage order; None
+    without a pattern cut by ``|`` (or with one that does not read: its problems are
+    named by the rules)."""
+    text = args.hybrid_layer_pattern or args.hybrid_override_pattern
+    if text is None:
+        return None
+    parsed = parse_hybrid_pattern(text)
+    if not isinstance(parsed, HybridPattern) or not parsed.piped:
+        return None
+    return parsed.segments
 
 
 def _uneven(args: MegatronArgs) -> bool:
@@ -42,7 +62,12 @@ def virtual_pipeline_size(args: MegatronArgs) -> int | None:
 
     ``--num-virtual-stages-per-pipeline-rank N`` is N; ``--num-layers-per-virtual-
     pipeline-stage K`` is (layers per pipeline stage) / K, the layers counting the
-    embedding and loss where accounted for; 1 becomes None."""
+    embedding and loss where accounted for; 1 becomes None. A hybrid pattern cut by ``|``
+    into more segments than pipeline stages has segments / PP (arguments.py:841-862)."""
+    segments = hybrid_segments(args)
+    if segments is not None:
+        vpp = len(segments) // args.pipeline_model_parallel_size
+        return vpp if vpp > 1 else None
     if args.num_virtual_stages_per_pipeline_rank is not None:
         vpp = args.num_virtual_stages_per_pipeline_rank
     elif args.num_layers_per_virtual_pipeline_stage is not None:
@@ -80,7 +105,11 @@ def stage_layer_counts(args: MegatronArgs) -> tuple[int, ...] | None:
     188); the first chunk of rank 0 builds one layer fewer under ``--account-for-
     embedding-in-pipeline-split``, the last chunk of the last rank one fewer under
     ``--account-for-loss-in-pipeline-split`` (transformer_block.py:191-200). The split
-    is assumed valid (``layout_problems`` is empty)."""
+    is assumed valid (``layout_problems`` is empty). A hybrid pattern cut by ``|``: its
+    segments' layer counts."""
+    segments = hybrid_segments(args)
+    if segments is not None:
+        return segments
     if not (
         _uneven(args)
         or args.account_for_embedding_in_pipeline_split
@@ -103,7 +132,14 @@ def stage_layer_counts(args: MegatronArgs) -> tuple[int, ...] | None:
 
 
 def layout_problems(args: MegatronArgs) -> list[tuple[str, str]]:
-    """Megatron-LM's checks of the split, as (flags, its reason) pairs."""
+    """Megatron-LM's checks of the split, as (flags, its reason) pairs. A layout string
+    (``--pipeline-model-parallel-layout``, itself refused) places the layers its own way:
+    the even split's checks do not apply to it (arguments.py:941-951)."""
+    segments = hybrid_segments(args)
+    if segments is not None:
+        return _segment_problems(args, segments)
+    if "--pipeline-model-parallel-layout" in args.flag_values:
+        return []
     out: list[tuple[str, str]] = []
     pp = args.pipeline_model_parallel_size
     per_virtual = args.num_layers_per_virtual_pipeline_stage
@@ -249,4 +285,35 @@ def _uneven_problems(args: MegatronArgs, vpp: int | None) -> list[tuple[str, str
                 " layers (transformer_config.py:2357-2368)",
             )
         )
+    return out
+
+
+def _segment_problems(args: MegatronArgs, segments: tuple[int, ...]) -> list[tuple[str, str]]:
+    """A pattern cut by ``|``: the segments must be a multiple of the pipeline stages
+    (arguments.py:849-854), and the interleaved schedule's stage count holds
+    (arguments.py:1000-1009); the flags that would cut the layers otherwise are the
+    pattern rules' (``cpmem.megatron.stack_rules``)."""
+    out: list[tuple[str, str]] = []
+    pp = args.pipeline_model_parallel_size
+    if len(segments) % pp:
+        out.append(
+            (
+                f"--hybrid-layer-pattern with {len(segments)} segments",
+                "The number of hybrid pipeline segments described by --hybrid-layer-pattern "
+                f"must be evenly divisible by --pipeline-model-parallel-size ({pp}) "
+                "(arguments.py:849-854)",
+            )
+        )
+        return out
+    if len(segments) > pp:
+        overlap = args.flag_values.get("--no-overlap-p2p-communication") is not True
+        if (overlap and pp < 2) or (not overlap and pp < 3):
+            out.append(
+                (
+                    f"--pipeline-model-parallel-size {pp} with {len(segments)} pattern segments",
+                    "the interleaved schedule needs more than "
+                    f"{'one pipeline stage' if overlap else 'two pipeline stages'} "
+                    "(arguments.py:1000-1009)",
+                )
+            )
     return out

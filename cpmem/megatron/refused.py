@@ -136,18 +136,14 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--config-logger-dir",
     ),
     (
-        UNPRICED + "experimental code paths (the dispatchers' fused permutation, "
-        "token_dispatcher.py:651, 1415-1425)",
-        "--enable-experimental",
-    ),
-    (
         UNPRICED + "the pipeline's layers placed by a layout string (stages of any length, "
         "embedding and loss stages)",
         "--pipeline-model-parallel-layout",
     ),
     (
-        UNPRICED + "multi-token prediction layers (their own layers, embeddings and losses)",
-        "--mtp-num-layers --mtp-standalone",
+        UNPRICED + "the MTP layers in a pipeline stage of their own, their heads detached "
+        "from the decoder's graph, or hidden states mixed over the data-parallel ranks",
+        "--mtp-standalone --mtp-detach-heads --mtp-hsm",
     ),
     (
         UNPRICED + "the output layer's inputs and gradients kept for every deferred "
@@ -160,7 +156,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "
         "--ep-overlap-early-attn-memory-release --high-priority-a2a-comm-stream",
     ),
-    (UNPRICED + "multi-latent attention", "--multi-latent-attention"),
     (
         UNPRICED + "an experimental attention variant (gated delta net, DSA: states and "
         "indexers of their own)",
@@ -193,8 +188,7 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     (
         UNPRICED + "an activation other than cpmem's (quick GeGLU, a GLU offset or clamp, "
         "Transformer Engine's activation, the fused weighted squared ReLU)",
-        "--quick-geglu --glu-linear-offset --activation-func-clamp-value "
-        "--use-te-activation-func --use-fused-weighted-squared-relu",
+        "--quick-geglu --glu-linear-offset --activation-func-clamp-value --use-te-activation-func",
     ),
     (
         UNPRICED + "an unfused bias + SwiGLU or bias + dropout + add (the unfused ops' "
@@ -221,7 +215,7 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         UNPRICED + "per-layer heterogeneous configs, or a layer spec of the user's",
-        "--heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec",
+        "--heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json",
     ),
     (
         UNPRICED + "the embedding's scattered output not cloned under sequence parallelism "
@@ -232,16 +226,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         UNPRICED + "logits and the loss in another dtype (fp16 cross entropy, the output "
         "layer's logit dtype)",
         "--fp16-lm-cross-entropy --output-logit-dtype",
-    ),
-    (UNPRICED + "the router's score function", "--moe-router-score-function"),
-    (
-        UNPRICED + "the router's expert bias and its token counts",
-        "--moe-router-enable-expert-bias",
-    ),
-    (UNPRICED + "group-limited routing", "--moe-router-num-groups --moe-router-group-topk"),
-    (
-        UNPRICED + "the router's scaling of the top-k probabilities",
-        "--moe-router-topk-scaling-factor",
     ),
     (UNPRICED + "the router's z-loss", "--moe-z-loss-coeff"),
     (UNPRICED + "the router's input jitter", "--moe-input-jitter-eps"),
@@ -340,8 +324,9 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--batch-size --warmup --model-parallel-size --checkpoint-activations",
     ),
     (
-        _family("hybrid (Mamba) models"),
-        "--hybrid-layer-pattern --hybrid-override-pattern --is-hybrid-model",
+        UNPRICED + "the Mamba-2 mixer's unfused path (use_mamba_mem_eff_path off) or its "
+        "inter-chunk SSM states kept in another dtype than the activations'",
+        "--disable-mamba-mem-eff-path --mamba-training-ssm-states-dtype",
     ),
     (
         _family("BERT (examples/bert/pretrain_bert.py) or T5 (examples/t5/pretrain_t5.py)"),
@@ -371,10 +356,37 @@ HARMLESS_VALUES: dict[str, tuple[str, ...]] = {
     # rerun_state_machine.py:272-320: disabled skips the state machine's saved state and
     # reruns; validate_results is the default
     "--rerun-mode": ("disabled", "validate_results"),
-    # the default softmax score function (transformer_config.py)
-    "--moe-router-score-function": ("softmax",),
 }
 """Values of a refused flag that leave the run as the default's."""
 
 REFUSED: Mapping[str, str] = groups_by_flag(REFUSED_GROUPS)
 """Flag -> why the run is refused (how it changes memory, or whose argument it is)."""
+
+FLEXTRON_FLAGS = (
+    "--distillation --distill-coeff --distill-only --flextron --binary-mask --slice "
+    "--enable-router --add-skipping --no-attn-skip --lr-mult-router --flex-strict "
+    "--is-flex-eval --freeze-router --freeze-model --flex-hetero-ffn --flex-hetero-mamba "
+    "--flex-hetero-moe-expert --router-std --normalize-router-logits --soft-mask "
+    "--budget-probs --prefill-chunk-size --mem-infer-seq-len --mem-batch-size "
+    "--original-model-sample-prob --force-router-skip --force-mlp --force-mamba --force-emb "
+    "--skip-num-attn-layer-constraint --skip-total-layer-constraint --disable-budget "
+    "--curr-iteration --hard-sample-th --router-beta --loss-alpha --tau-init --tau-decay "
+    "--router-inter-dim --linear-scaler-start --linear-scaler-end --override-selected-budget "
+    "--router-gbs --budget-list --mamba-per-list --mlp-per-list --emb-per-list "
+    "--moe-expert-per-list --mamba-int-list --mlp-int-list --emb-int-list "
+    "--moe-expert-int-list --budget-type --memory-profile --memory-profile-path --bpe-params "
+    "--bpe-kv-cache --bpe-ssm-cache --bpe-max-buffer --param-budget-target "
+    "--layer-ranking-list --log-budgets --basemodel-type --flextron-config-file"
+)
+"""The arguments Flextron adds (``megatron/elastification/arguments.py`` at the snapshot,
+the parser of ``megatron/elastification/pretrain_hybrid_flex.py``)."""
+
+FOREIGN: Mapping[str, str] = dict.fromkeys(
+    FLEXTRON_FLAGS.split(),
+    "is Flextron's (megatron/elastification/pretrain_hybrid_flex.py, its own training "
+    "script): a router that picks a budget's sub-network of every layer each step (the "
+    "mask, its router and the budgets' slices of the weights) is not a training cpmem "
+    "prices",
+)
+"""Flags of another Megatron-LM training script than ``pretrain_gpt.py``'s and
+``pretrain_hybrid.py``'s parser, with why their run is refused."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from cpmem.errors import InputError
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
+from cpmem.megatron.stack_rules import stack_problems
 from cpmem.megatron.vocab import resolved_vocab_size
 
 Problem = tuple[str, str]
@@ -400,14 +401,6 @@ def _experts(args: MegatronArgs) -> list[Problem]:
         out.append(
             (f"--moe-router-topk {args.moe_router_topk}", f"is above --num-experts {experts}")
         )
-    if args.moe_layer_freq != 1:
-        out.append(
-            (
-                f"--moe-layer-freq {args.moe_layer_freq}",
-                "dense layers between the MoE layers are not priced (only every layer an MoE "
-                "layer)",
-            )
-        )
     if args.moe_token_dispatcher_type not in MOE_DISPATCHERS:
         out.append(
             (
@@ -482,7 +475,10 @@ def _ep_overlap(args: MegatronArgs) -> list[Problem]:
     flag = "--overlap-moe-expert-parallel-comm"
     needs: list[tuple[bool, str]] = [
         (
-            args.pipeline_model_parallel_size == 1 or virtual_pipeline_size(args) is not None,
+            args.pipeline_model_parallel_size == 1
+            or virtual_pipeline_size(args) is not None
+            # a layout string gives the virtual stages (the flag itself is refused)
+            or "--pipeline-model-parallel-layout" in args.flag_values,
             "virtual pipeline stages when --pipeline-model-parallel-size > 1",
         ),
         (args.expert_model_parallel_size > 1, "expert model parallelism"),
@@ -538,6 +534,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += layout_problems(args)
     out += _distributed(args)
     out += _experts(args)
+    out += stack_problems(args)
     family = _family(args)
     out += family or _vocabulary(args)
     return out

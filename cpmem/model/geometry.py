@@ -420,6 +420,18 @@ class ModelGeometry:
         """V = gdn_value_heads x gdn_value_dim."""
         return self.gdn_value_heads * self.gdn_value_dim
 
+    @property
+    def mtp_layers(self) -> int:
+        """The MTP layers a model holds weights for: one depth's layers, once where every
+        depth shares them (``mtp_shared``), else once per depth."""
+        return len(self.mtp_mixers) * (1 if self.mtp_shared else self.mtp_depths)
+
+    def without_mtp(self) -> ModelGeometry:
+        """The same model without its MTP layers (a runtime that does not build them)."""
+        if not self.mtp_depths:
+            return self
+        return replace(self, mtp_mixers=(), mtp_mlps=(), mtp_depths=0, mtp_shared=False)
+
     def with_fused_swiglu(self, fused: bool) -> ModelGeometry:
         """The same model under a runtime that does (or does not) fuse the SwiGLU activation."""
         return replace(self, fused_swiglu=fused)

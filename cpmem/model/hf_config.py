@@ -34,6 +34,9 @@ from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, RouterScorin
 from cpmem.model.hf_families import FAMILIES as ARCHITECTURES
 from cpmem.model.hf_families import WRAPPERS
 from cpmem.model.hf_fields import FAMILIES, check_fields
+from cpmem.model.hf_nemotron import nemotron_h_geometry
+from cpmem.model.hf_reader import Fields as _Fields
+from cpmem.model.hf_reader import flag as _flag
 from cpmem.model.vision import unpriced_vision
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
@@ -133,6 +136,8 @@ def _read(
     label: str,
     fused_swiglu: bool | None,
 ) -> ModelGeometry:
+    if family == "nemotron_h":
+        return nemotron_h_geometry(raw, text, label, fused_swiglu)
     arch = ARCHITECTURES[family]
     reader = _Fields(text)
     layers = reader.int("num_hidden_layers")
@@ -215,45 +220,37 @@ def _read(
             if text.get("max_position_embeddings", raw.get("max_position_embeddings")) is not None
             else None
         ),
+        **_mtp(reader, family, layers, mlps),
     )
 
 
-class _Fields:
-    """Typed field access that names the field on every failure."""
+def _mtp(reader: _Fields, family: str, layers: int, mlps: tuple[MlpKind, ...]) -> dict[str, Any]:
+    """The multi-token-prediction layers a checkpoint holds (transformers' models do not
+    build them; a runtime that does prices them, ``Runtime.builds_mtp``):
 
-    def __init__(self, text: dict[str, Any]) -> None:
-        self.text = text
-
-    def int(
-        self,
-        key: str,
-        default: int | None = None,
-        root: dict[str, Any] | None = None,
-        nullable: bool = False,
-    ) -> int:
-        """The field as a non-negative int; ``default`` where it is absent (or, when
-        ``nullable``, null)."""
-        present = key in self.text
-        value = self.text.get(key)
-        if value is None and root is not None:
-            present, value = key in root, root.get(key)
-        if value is None:
-            if default is not None and (not present or nullable):
-                return default
-            raise ConfigError(key, None, "missing from config")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(key, value, "must be a non-negative integer")
-        return value
-
-
-def _flag(fields: dict[str, Any], key: str, default: bool) -> bool:
-    """A true/false field; ``default`` where it is absent or null."""
-    value = fields.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "must be true or false")
-    return value
+    - DeepSeek-V3 / Kimi-K2's ``num_nextn_predict_layers``: that many depths of one
+      decoder layer each, the layer after the last (index ``num_hidden_layers``: an MoE
+      layer by the family's rule where the model has routed experts), each with its
+      ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm`` (the checkpoint's layer
+      61 of DeepSeek-V3);
+    - Qwen3-Next / Qwen3.5's ``mtp_num_hidden_layers``: one MTP module of that many
+      full-attention decoder layers (``mtp.layers.*``, with ``mtp.fc``, its two pre-fc
+      norms and ``mtp.norm``), of the model's feed-forward kind (MoE where it has routed
+      experts)."""
+    attention: MixerKind = "attention"
+    if family in MLA_FAMILIES:
+        depths = reader.int("num_nextn_predict_layers", default=0)
+        if not depths:
+            return {}
+        after = _mlps(reader, layers + 1, family)[-1]  # the layer after the last
+        return {"mtp_mixers": (attention,), "mtp_mlps": (after,), "mtp_depths": depths}
+    if family in HYBRID_FAMILIES:
+        count = reader.int("mtp_num_hidden_layers", default=0)
+        if not count:
+            return {}
+        kind: MlpKind = "moe" if "moe" in mlps else "dense"
+        return {"mtp_mixers": (attention,) * count, "mtp_mlps": (kind,) * count, "mtp_depths": 1}
+    return {}
 
 
 def _layer_types(reader: _Fields, layers: int) -> list[str] | None:

@@ -48,6 +48,8 @@ SOURCE_COMMITS = {
     "modeling_gemma3.py": "0018aa647bb13801f061e2d1027c326f531b59fb",
     "configuration_gemma3.py": "008f5c8c29be84d4721dc6d1e0fcd72300580be4",
     "modeling_gpt_oss.py": "00d4b3d2142cb4ced2f51b90614b5d26bc045015",
+    "configuration_nemotron_h.py": "13923c63d59f73faebae79b2ee3fafc7e3a35201",
+    "modular_nemotron_h.py": "008d9e9577b0eb0149aa6bb0c44da582b10e0b6e",
 }
 """The huggingface/transformers commits the facts below were read at."""
 
@@ -157,6 +159,16 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
         "kimi_k2": Family(
             "Kimi-K2's modeling_deepseek.py (remote code: DeepseekV3Attention)",
             qk_norm=False,
+            shared_expert_gate=False,
+        ),
+        "nemotron_h": Family(
+            "modeling_nemotron_h.py NemotronHAttention (Jamba's: no q/k norm, no rope), "
+            "NemotronHMLP (up/down, relu2), NemotronHMoE (no shared-expert gate), "
+            "NemotronHMamba2Mixer; configuration_nemotron_h.py NemotronHConfig (head_dim=128, "
+            "tie_word_embeddings=False): read by cpmem.model.hf_nemotron",
+            qk_norm=False,
+            head_dim=128,
+            activation="relu2",
             shared_expert_gate=False,
         ),
     }

@@ -75,6 +75,28 @@ _MLA_MOE = frozenset(
     }
 )
 
+_NEMOTRON_H = frozenset(
+    {
+        "hybrid_override_pattern",
+        "layers_block_type",
+        "attention_head_dim",
+        "mamba_num_heads",
+        "mamba_head_dim",
+        "ssm_state_size",
+        "n_groups",
+        "conv_kernel",
+        "chunk_size",
+        "mlp_hidden_act",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        "num_nextn_predict_layers",
+        "mtp_layers_block_type",
+        "mtp_hybrid_override_pattern",
+    }
+)
+
 _BIAS = frozenset({"attention_bias"})
 READ: dict[str, frozenset[str]] = {
     "qwen3": COMMON | _BIAS | _SLIDING,
@@ -82,11 +104,11 @@ READ: dict[str, frozenset[str]] = {
     "llama": COMMON | _BIAS | {"mlp_bias"},
     "mistral": (COMMON - {"layer_types"}) | {"sliding_window"},
     "qwen3_moe": COMMON | _BIAS | _SLIDING | _QWEN_MOE | {"norm_topk_prob"},
-    "qwen3_5": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
-    "qwen3_5_text": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
-    "qwen3_5_moe": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
-    "qwen3_5_moe_text": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
-    "qwen3_next": COMMON | _BIAS | _HYBRID | _QWEN_MOE,
+    "qwen3_5": COMMON | _BIAS | _HYBRID | _QWEN_MOE | {"mtp_num_hidden_layers"},
+    "qwen3_5_text": COMMON | _BIAS | _HYBRID | _QWEN_MOE | {"mtp_num_hidden_layers"},
+    "qwen3_5_moe": COMMON | _BIAS | _HYBRID | _QWEN_MOE | {"mtp_num_hidden_layers"},
+    "qwen3_5_moe_text": COMMON | _BIAS | _HYBRID | _QWEN_MOE | {"mtp_num_hidden_layers"},
+    "qwen3_next": COMMON | _BIAS | _HYBRID | _QWEN_MOE | {"mtp_num_hidden_layers"},
     "gpt_oss": COMMON
     | _BIAS
     | {"num_local_experts", "num_experts_per_tok", "sliding_window", "swiglu_limit"},
@@ -98,8 +120,9 @@ READ: dict[str, frozenset[str]] = {
     | _BIAS
     | {"sliding_window", "sliding_window_pattern", "hidden_activation"}
     | {"final_logit_softcapping", "attn_logit_softcapping"},
-    "deepseek_v3": COMMON | _BIAS | _MLA_MOE,
-    "kimi_k2": COMMON | _BIAS | _MLA_MOE,
+    "deepseek_v3": COMMON | _BIAS | _MLA_MOE | {"num_nextn_predict_layers"},
+    "kimi_k2": COMMON | _BIAS | _MLA_MOE | {"num_nextn_predict_layers"},
+    "nemotron_h": (COMMON - {"hidden_act"}) | _BIAS | _NEMOTRON_H,
 }
 """Per ``model_type``: the fields its reader reads. ``attention_bias`` is not read for
 Qwen2 and Mistral, whose attention classes fix their biases (``cpmem.model.hf_families``):
@@ -137,8 +160,37 @@ FAMILY_HARMLESS_AT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
                 "(vLLM's mamba_ssm_cache_dtype); a training step keeps no cache; the "
                 "published value is float32",
             ),
+            "mtp_use_dedicated_embeddings": (
+                (False,),
+                "an MTP module with an embedding of its own is not priced (the published "
+                "value is false: it reads the model's)",
+            ),
         }
         for family in _HYBRIDS
+    },
+    "nemotron_h": {
+        "mamba_ssm_cache_dtype": (
+            ("float32",),
+            "the dtype an inference server keeps the Mamba state cache in; a training step "
+            "keeps no cache; the published value is float32",
+        ),
+        "mamba_hidden_act": (("silu",), "the Mamba-2 mixer's activation priced is silu"),
+        "use_conv_bias": ((True,), "the Mamba-2 causal convolution priced carries its bias"),
+        "use_bias": ((False,), "the Mamba-2 projections' biases are not priced"),
+        "mamba_proj_bias": ((False,), "the Mamba-2 projections' biases are not priced"),
+        "mlp_bias": ((False,), "the MLPs' biases are not priced (the experts never have one)"),
+        "residual_in_fp32": ((False,), "a residual stream kept in fp32 is not priced"),
+        "hidden_dropout": ((0, 0.0), "hidden-state dropout keeps a mask cpmem does not price"),
+        "sliding_window": ((None,), _NO_WINDOW),
+        "moe_latent_size": (
+            (None,),
+            "latent MoE projections (fc1_latent_proj, fc2_latent_proj and experts of the "
+            "latent width: Nemotron 3 Super) are not priced",
+        ),
+        "n_shared_experts": (
+            (1,),
+            "NemotronHMoE builds one shared expert of moe_shared_expert_intermediate_size",
+        ),
     },
 }
 """Per ``model_type``: fields its model does not read, accepted only at the values that
@@ -235,10 +287,24 @@ IGNORED: dict[str, str] = {
         "a generation or loading switch: a training step runs the same layers",
     ),
     **dict.fromkeys(
-        ("mtp_num_hidden_layers", "num_nextn_predict_layers", "mtp_use_dedicated_embeddings"),
-        "multi-token-prediction layers: Hugging Face's model does not build them "
-        "(Qwen3_5PreTrainedModel ignores the checkpoint's mtp.* weights)",
+        ("expand", "use_mamba_kernels", "rescale_prenorm_residual", "num_logits_to_keep"),
+        "Nemotron-H's Mamba width is mamba_num_heads x mamba_head_dim (NemotronHMamba2Mixer "
+        "does not read expand for it); a kernel switch, an initialisation rule, a "
+        "generation setting",
     ),
+    **dict.fromkeys(
+        (
+            "time_step_min",
+            "time_step_max",
+            "time_step_floor",
+            "time_step_limit",
+            "norm_eps",
+            "layer_norm_epsilon",
+        ),
+        "a numeric constant: the Mamba-2 step's initialisation and limits, a norm's epsilon",
+    ),
+    "moe_shared_expert_overlap": "whether Megatron-LM runs the shared expert beside the "
+    "token dispatch (a stream choice); Hugging Face's model does not read it",
     "partial_rotary_factor": "narrower rope tables: cpmem prices head_dim-wide ones (an upper bound)",
     "attention_dropout": "0 is the only value accepted (HARMLESS_AT)",
     "experts_per_token": "gpt-oss's copy of num_experts_per_tok, which is read",

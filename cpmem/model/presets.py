@@ -7,12 +7,35 @@ Source of the measured four's figures: the geometry table of the measured source
 parameter totals are held to the published model cards there too). ``Qwen/Qwen3.8-27B`` is the name the measurements
 recorded for the Qwen3.5-27B geometry. ``max_position_embeddings`` is each model's
 published ``config.json`` value (Qwen3-1.7B 40,960; the Qwen3.5 hybrids 262,144).
+
+Each holds the multi-token-prediction layers its published checkpoint holds (Qwen3.5's
+``mtp_num_hidden_layers: 1``, DeepSeek-V3's ``num_nextn_predict_layers: 1``); a runtime
+that does not build them, as ART's trainer does not (``Runtime.builds_mtp``), prices the
+model without them, as its measured cells were run.
 """
 
 from __future__ import annotations
 
 from cpmem.errors import UnknownModelError
-from cpmem.model.geometry import ModelGeometry, hybrid_layout, sliding_layout
+from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, hybrid_layout, sliding_layout
+
+
+def _hybrid_pattern(pattern: str) -> tuple[tuple[MixerKind, ...], tuple[MlpKind, ...]]:
+    """A Nemotron-H ``hybrid_override_pattern``'s layers: ``M`` Mamba-2, ``*`` attention,
+    ``-`` an MLP, ``E`` an MoE block, one sub-layer each (``cpmem.model.hf_nemotron``)."""
+    kinds: dict[str, tuple[MixerKind, MlpKind]] = {
+        "M": ("mamba", "none"),
+        "*": ("attention", "none"),
+        "-": ("none", "dense"),
+        "E": ("none", "moe"),
+    }
+    layers = [kinds[c] for c in pattern]
+    return tuple(k[0] for k in layers), tuple(k[1] for k in layers)
+
+
+NEMOTRON_3_NANO = _hybrid_pattern("MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME")
+"""NVIDIA-Nemotron-3-Nano-30B-A3B's published ``hybrid_override_pattern``: 23 Mamba-2,
+23 MoE and 6 attention layers."""
 
 PRESETS: dict[str, ModelGeometry] = {
     g.name: g
@@ -36,6 +59,9 @@ PRESETS: dict[str, ModelGeometry] = {
             fused_swiglu=True,
             vocab=248320,
             max_position_embeddings=262144,
+            mtp_mixers=("attention",),
+            mtp_mlps=("dense",),
+            mtp_depths=1,
         ),
         ModelGeometry(
             name="qwen3.5-4b",
@@ -57,6 +83,9 @@ PRESETS: dict[str, ModelGeometry] = {
             vocab=248320,
             tied_embeddings=True,
             max_position_embeddings=262144,
+            mtp_mixers=("attention",),
+            mtp_mlps=("dense",),
+            mtp_depths=1,
         ),
         ModelGeometry(
             name="qwen3.5-35b-a3b",
@@ -80,6 +109,9 @@ PRESETS: dict[str, ModelGeometry] = {
             fused_swiglu=True,
             vocab=248320,
             max_position_embeddings=262144,
+            mtp_mixers=("attention",),
+            mtp_mlps=("moe",),
+            mtp_depths=1,
         ),
         ModelGeometry(
             name="qwen3-1.7b",
@@ -202,6 +234,9 @@ PRESETS: dict[str, ModelGeometry] = {
             fused_swiglu=False,
             vocab=129280,
             max_position_embeddings=163840,
+            mtp_mixers=("attention",),
+            mtp_mlps=("moe",),
+            mtp_depths=1,
         ),
         ModelGeometry(
             name="kimi-k2",
@@ -255,6 +290,35 @@ PRESETS: dict[str, ModelGeometry] = {
             fused_swiglu=False,
             vocab=163840,
             max_position_embeddings=8192,
+        ),
+        ModelGeometry(
+            name="nemotron-3-nano-30b-a3b",
+            aliases=("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",),
+            family="nemotron_h",
+            hidden=2688,
+            mixers=NEMOTRON_3_NANO[0],
+            mlps=NEMOTRON_3_NANO[1],
+            q_heads=32,
+            kv_groups=2,
+            head_dim=128,
+            qk_norm=False,
+            positions="none",
+            gated_mlp=False,
+            mamba_heads=64,
+            mamba_head_dim=64,
+            mamba_state_dim=128,
+            mamba_groups=8,
+            mamba_conv_kernel=4,
+            mamba_chunk=128,
+            num_experts=128,
+            moe_top_k=6,
+            expert_ffn=1856,
+            shared_expert_ffn=3712,
+            shared_expert_gate=False,
+            router_scoring="sigmoid",
+            fused_swiglu=False,
+            vocab=131072,
+            max_position_embeddings=262144,
         ),
     )
 }

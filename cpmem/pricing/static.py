@@ -5,9 +5,10 @@ module prices what sits under them on the device, from the geometry, the layout 
 how the adapters are trained (``StepSettings.optimizer``) and the parameters' dtype
 (``StepSettings.dtype_bytes``: bf16, the measured runtime's, by default), each term named:
 
-- ``base_weights``: the frozen base in the step's dtype (``cpmem.pricing.weights``);
+- ``base_weights``: the frozen base in the step's dtype (``cpmem.pricing.weights``), the
+  last stage's MTP depths included;
 - ``adapter_params``: the LoRA ``A`` and ``B`` of every adapted projection, in the same
-  dtype;
+  dtype (the MTP depths' layers' too, on the last stage);
 - ``adapter_grads``: their gradients, megatron's ``main_grad`` buffers (fp32 unless
   ``Optimizer.grad_bytes`` is 2), allocated when the model is wrapped for data
   parallelism (before the first forward);
@@ -27,7 +28,8 @@ how the adapters are trained (``StepSettings.optimizer``) and the parameters' dt
 - ``master_gradients``: where ``main_grad`` is 2-byte (fp16), the fp32 copy the optimizer
   makes of it (``master_gradient_bytes``).
 
-Under ``training="full"`` (Megatron-LM's runs) every parameter is trained:
+Under ``training="full"`` (Megatron-LM's runs) every parameter is trained, the last
+stage's MTP depths and their embedding copy included (``weights.stage_tensors``):
 
 - ``weights``: the stage's bf16 (fp16, fp32) parameters, in megatron-core's padded buffer
   under the distributed optimizer (``cpmem.pricing.param_buffers``), as they are otherwise;
@@ -56,7 +58,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.param_buffers import buffer_shard
-from cpmem.pricing.weights import rank_weights, stage_tensors
+from cpmem.pricing.weights import mtp_depths_built, rank_weights, stage_tensors
 from cpmem.pricing.workspaces import workspace_components
 from cpmem.step.ranks import coordinates
 from cpmem.step.step import Step, StepSettings
@@ -241,6 +243,19 @@ def _stage_layers(settings: StepSettings, stage: int) -> list[int]:
     return [i for c in range(pipe.vpp) for i in pipe.chunk_layers(n, stage, c)]
 
 
+def mtp_adapter_parameters(
+    geometry: ModelGeometry, adapter: Adapter, layout: ParallelLayout
+) -> int:
+    """Trainable parameters of the adapters on the MTP depths' layers (on the last stage;
+    one set where the depths share their weights), each kind's by its spec."""
+    one = sum(
+        mixer_spec(m).adapter_parameters(geometry, adapter, layout)
+        + mlp_spec(f).adapter_parameters(geometry, adapter, layout)
+        for m, f in zip(geometry.mtp_mixers, geometry.mtp_mlps, strict=True)
+    )
+    return mtp_depths_built(geometry) * one
+
+
 def _adapters(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticComponent, int]:
     """A frozen base with trained adapters, both in the step's dtype (``dtype_bytes``)."""
     g, layout, opt = settings.geometry, settings.layout, settings.optimizer
@@ -248,6 +263,8 @@ def _adapters(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticC
     p = settings.dtype_bytes
     layers = _stage_layers(settings, stage)
     trainable = adapter_parameters(g, settings.adapter, layout, layers)
+    if stage == pipe.pp - 1:
+        trainable += mtp_adapter_parameters(g, settings.adapter, layout)
     trains = opt.kind != "none"
     states = trainable * master_bytes(p, opt)
     states += trainable * MOMENT_BYTES[opt.kind] if stepped else 0

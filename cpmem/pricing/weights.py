@@ -13,7 +13,16 @@ dtype (``param_bytes``: bf16, the measured runtime's, by default):
   the out projection) are sharded over TP; so is the dense SwiGLU MLP (``3 H F``);
 - routed experts are sharded over EP (``E/ep`` experts of ``3 H F_e`` on a rank), the
   shared expert over TP; the router (``H x E``), the shared expert's gate and every norm
-  are replicated.
+  are replicated;
+- multi-token prediction (``ModelGeometry.mtp_depths``) on the last pipeline stage, per
+  depth built (one where the depths share their weights): its layers, the embedding's
+  and the hidden state's norms, ``eh_proj`` (``2H -> H``, column-parallel, no bias) and a
+  final norm (megatron-core's ``MultiTokenPredictionLayer``: ``enorm``, ``hnorm``,
+  ``eh_proj``, ``mtp_model_layer``, ``final_layernorm``; Hugging Face's DeepSeek-V3
+  checkpoint layer 61 and Qwen3.5's ``mtp.*``: ``enorm``/``pre_fc_norm_embedding``,
+  ``hnorm``/``pre_fc_norm_hidden``, ``eh_proj``/``fc``, the layers, ``shared_head.norm``/
+  ``norm``). The MTP stage holds the word embedding too (``gpt_model.py:173``,
+  ``language_module.py:352-354``): a copy where it is not the first stage.
 
 Checked against the published totals (Qwen3-1.7B: 1.7B parameters, 1.4B without the
 embedding; Qwen3.5-35B-A3B: 35B) and against the measured runtime's allocated bytes
@@ -30,7 +39,7 @@ from functools import lru_cache
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
-from cpmem.pricing.layer_parameters import LayerParameters, norm_parameters
+from cpmem.pricing.layer_parameters import LayerParameters, norm_parameters, norm_tensors
 
 WEIGHT_BYTES = 2
 """bf16, the dtype of every measured cell's frozen base (``rank_weights``' default)."""
@@ -53,6 +62,26 @@ def mlp_parameters(geometry: ModelGeometry, kind: str) -> LayerParameters:
     return mlp_spec(kind).parameters(geometry)
 
 
+def mtp_depth_parameters(geometry: ModelGeometry) -> LayerParameters:
+    """One MTP depth's parameters: its layers (their kinds' specs), ``eh_proj`` sharded
+    over TP, ``enorm``, ``hnorm`` and the final norm replicated."""
+    h = geometry.hidden
+    sharded = 2 * h * h  # eh_proj
+    experts = 0
+    replicated = 3 * norm_parameters(geometry, h)  # enorm, hnorm, final_layernorm
+    for mixer, mlp in zip(geometry.mtp_mixers, geometry.mtp_mlps, strict=True):
+        for part in (mixer_parameters(geometry, mixer), mlp_parameters(geometry, mlp)):
+            sharded += part.sharded
+            experts += part.experts
+            replicated += part.replicated
+    return LayerParameters(sharded, experts, replicated)
+
+
+def mtp_depths_built(geometry: ModelGeometry) -> int:
+    """The MTP depths that hold weights: one where every depth shares them."""
+    return min(geometry.mtp_depths, 1) if geometry.mtp_shared else geometry.mtp_depths
+
+
 @dataclass(frozen=True)
 class Weights:
     """The bytes of one rank's frozen weights by part."""
@@ -61,10 +90,11 @@ class Weights:
     output_layer: int
     layers: int
     final_norm: int
+    mtp: int = 0
 
     @property
     def total(self) -> int:
-        return self.embedding + self.output_layer + self.layers + self.final_norm
+        return self.embedding + self.output_layer + self.layers + self.final_norm + self.mtp
 
 
 def rank_weights(
@@ -79,19 +109,23 @@ def rank_weights(
     """One rank's frozen base weights, ``param_bytes`` each (the step's dtype: 2 for bf16
     and fp16, 4 for fp32). ``layers``: the layers this rank holds (all by default);
     ``first`` / ``last``: whether it is the first / last pipeline stage, which holds the
-    embedding / the output layer and the final norm (tied embeddings: megatron keeps a
-    copy of the embedding on the last stage for the output layer)."""
+    embedding / the output layer, the final norm and any MTP depths (tied embeddings, or
+    MTP: megatron keeps a copy of the embedding on the last stage)."""
     tp, b = layout.tp, param_bytes
     held = tuple(range(geometry.layers) if layers is None else layers)
     params = _layer_parameters(geometry, tp, layout.ep, layout.etp, held)
     matrix = padded_vocab(geometry, tp) // tp * geometry.hidden * b
     positions = geometry.learned_position_rows * geometry.hidden * b
     tied = geometry.tied_embeddings
+    mtp = mtp_depths_built(geometry) if last else 0
+    mtp_params = mtp * mtp_depth_parameters(geometry).on_rank(tp, layout.ep, layout.etp)
     return Weights(
-        embedding=(matrix if first or (last and tied) else 0) + (positions if first else 0),
+        embedding=(matrix if first or (last and (tied or mtp)) else 0)
+        + (positions if first else 0),
         output_layer=matrix if last and not tied else 0,
         layers=int(params) * b,
         final_norm=norm_parameters(geometry, geometry.hidden) * b if last else 0,
+        mtp=int(mtp_params) * b,
     )
 
 
@@ -126,8 +160,13 @@ def layer_tensors(geometry: ModelGeometry, layer: int, tp: int) -> list[int]:
     both kinds' weights, then their norms, then their biases, then their per-head norms,
     the order megatron's distributed-optimizer buffer pads tensor by tensor. Their sum is
     ``mixer_parameters`` + ``mlp_parameters`` on the rank (a test holds it)."""
-    mixer = mixer_spec(geometry.mixers[layer]).trained_tensors(geometry, tp)
-    mlp = mlp_spec(geometry.mlps[layer]).trained_tensors(geometry, tp)
+    return kind_tensors(geometry, geometry.mixers[layer], geometry.mlps[layer], tp)
+
+
+def kind_tensors(geometry: ModelGeometry, mixer_kind: str, mlp_kind: str, tp: int) -> list[int]:
+    """``layer_tensors`` of a layer of the kinds ``mixer_kind`` and ``mlp_kind``."""
+    mixer = mixer_spec(mixer_kind).trained_tensors(geometry, tp)
+    mlp = mlp_spec(mlp_kind).trained_tensors(geometry, tp)
     return [
         *mixer.weights,
         *mlp.weights,
@@ -146,6 +185,21 @@ def expert_tensors(geometry: ModelGeometry, layer: int, ep: int, etp: int) -> li
     return mlp_spec(geometry.mlps[layer]).expert_tensors(geometry, ep, etp)
 
 
+def mtp_tensors(geometry: ModelGeometry, tp: int) -> list[int]:
+    """One MTP depth's dense tensors on one TP rank, in megatron-core's order: ``enorm``,
+    ``hnorm``, ``eh_proj`` (``2H x H / TP``), its layers', the final norm."""
+    g, h = geometry, geometry.hidden
+    out = norm_tensors(g, h) + norm_tensors(g, h) + [2 * h * h // tp]
+    for mixer, mlp in zip(g.mtp_mixers, g.mtp_mlps, strict=True):
+        out += kind_tensors(g, mixer, mlp, tp)
+    return out + norm_tensors(g, h)
+
+
+def mtp_expert_tensors(geometry: ModelGeometry, ep: int, etp: int) -> list[int]:
+    """One MTP depth's routed experts on one rank (its MoE layers')."""
+    return [n for m in geometry.mtp_mlps for n in mlp_spec(m).expert_tensors(geometry, ep, etp)]
+
+
 def stage_tensors(
     geometry: ModelGeometry,
     layout: ParallelLayout,
@@ -155,9 +209,10 @@ def stage_tensors(
     last: bool,
 ) -> StageTensors:
     """The stage's parameters tensor by tensor: its layers', the embedding (and a learned
-    position table) on the first stage, the final norm and the output layer on the last
-    (with tied embeddings on a last stage that is not the first, megatron's copy of the
-    embedding: ``language_module.py``'s ``shared_embedding_or_output_weight``)."""
+    position table) on the first stage, the final norm, any MTP depths and the output
+    layer on the last (with tied embeddings or MTP on a last stage that is not the first,
+    megatron's copy of the embedding, in a bucket of its own: ``language_module.py``'s
+    ``shared_embedding_or_output_weight``, ``setup_embeddings_and_output_layer``)."""
     g, h, tp = geometry, geometry.hidden, layout.tp
     dense: list[int] = []
     experts: list[int] = []
@@ -172,19 +227,27 @@ def stage_tensors(
     tied: list[int] = []
     if last:
         dense += [h, h] if g.norm == "layernorm" else [h]
+        depths = mtp_depths_built(g)
+        for _ in range(depths):
+            dense += mtp_tensors(g, tp)
+            experts += mtp_expert_tensors(g, layout.ep, layout.etp)
         if not g.tied_embeddings:
             dense.append(vocab_shard)
-        elif not first:
+        if (g.tied_embeddings or depths) and not first:
             tied.append(vocab_shard)
     return StageTensors(tuple(dense), tuple(tied), tuple(experts))
 
 
-def total_parameters(geometry: ModelGeometry) -> int:
-    """Every parameter of the model once (no vocabulary padding): the figure model cards
-    publish."""
+def total_parameters(geometry: ModelGeometry, *, mtp: bool = True) -> int:
+    """Every parameter of the model once (no vocabulary padding, no copy of a shared
+    embedding), its MTP depths' included unless ``mtp`` is False: the figure model cards
+    publish is the model without them (DeepSeek-V3's "671B", its checkpoint's 685B with
+    the 14B MTP module; Qwen3.5-35B-A3B's "35B")."""
     params = sum(
         mixer_parameters(geometry, m).on_rank(1, 1) + mlp_parameters(geometry, f).on_rank(1, 1)
         for m, f in zip(geometry.mixers, geometry.mlps, strict=True)
     )
+    if mtp:
+        params += mtp_depths_built(geometry) * mtp_depth_parameters(geometry).on_rank(1, 1)
     embeddings = geometry.vocab * geometry.hidden * (1 if geometry.tied_embeddings else 2)
-    return int(params) + embeddings + geometry.hidden
+    return int(params) + embeddings + norm_parameters(geometry, geometry.hidden)

@@ -197,6 +197,8 @@ def describe_settings(
     if fused_swiglu is None:  # the runtime's (Megatron-LM's --bias-swiglu-fusion) or the model's
         fused_swiglu = process.fuses_swiglu
     geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
+    if not process.builds_mtp:  # the runtime builds no MTP layers: priced without them
+        geometry = geometry.without_mtp()
     layout = ParallelLayout(
         tp=tp,
         cp=cp,

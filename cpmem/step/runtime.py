@@ -99,6 +99,15 @@ class Runtime:
     default_planner: str | None = None
     """The CP planner where none is named: None, the model's own (``plan.planners``);
     Megatron-LM's ``balanced`` split (``get_batch_on_this_cp_rank``)."""
+    builds_mtp: bool = False
+    """Whether the process builds the model's multi-token-prediction layers
+    (``ModelGeometry.mtp_depths``; ``describe_settings`` prices a model without them
+    where it does not): Megatron-LM does where its arguments give MTP depths
+    (``--mtp-num-layers``, a hybrid pattern's ``/``), and prices a published config's as
+    a run of it would build them; ART's trainer does not, as Hugging Face's model
+    classes do not (transformers' DeepSeek-V3, Qwen3.5 and NemotronH models leave the
+    checkpoint's MTP weights unloaded), and its measured cells' static baselines are
+    priced without them."""
     fuses_swiglu: bool | None = None
     """The SwiGLU's fusion where the caller names none: None, the model's; Megatron-LM's
     ``--bias-swiglu-fusion`` default (True)."""
@@ -180,6 +189,7 @@ class Runtime:
             default_cp_comm="p2p",
             default_backend="auto",
             default_planner="balanced",
+            builds_mtp=True,
             fuses_swiglu=True,
             experts_follow_tp=True,
             fitted_margin=False,

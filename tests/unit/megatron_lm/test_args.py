@@ -319,13 +319,13 @@ def test_harmless_flags_are_ignored(flag: str, value: object) -> None:
 
 
 def test_a_refused_flag_at_its_snapshot_default_is_read_as_absent() -> None:
-    # --moe-router-score-function: Literal['softmax', 'sigmoid'] = 'softmax' (its row)
-    assert snapshot_arguments()["--moe-router-score-function"].default == "softmax"
-    args = parse_megatron_args({**REQUIRED, "--moe-router-score-function": "softmax"})
-    assert args.ignored == ("--moe-router-score-function",)
+    # --softmax-type: Literal['vanilla', 'off-by-one', 'learnable'] = 'vanilla' (its row)
+    assert snapshot_arguments()["--softmax-type"].default == "vanilla"
+    args = parse_megatron_args({**REQUIRED, "--softmax-type": "vanilla"})
+    assert args.ignored == ("--softmax-type",)
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--moe-router-score-function": "sigmoid"})
-    assert err.value.value == "--moe-router-score-function sigmoid"
+        parse_megatron_args({**REQUIRED, "--softmax-type": "learnable"})
+    assert err.value.value == "--softmax-type learnable"
 
 
 def test_a_refused_flag_at_a_harmless_value_is_read_as_absent() -> None:
@@ -493,24 +493,31 @@ def test_every_gpt_and_moe_case_is_read_or_refused_by_classified_flags_and_rules
     assert not [name for name, why in refused.items() if "is not an argument" in why]
 
 
-def test_the_hybrid_cases_are_refused_and_only_flextron_names_flags_the_parser_lacks() -> None:
+def test_the_hybrid_cases_read_but_flextron_s_and_the_flex_dispatcher_s() -> None:
     """The hybrid and Nemotron 3 cases run ``pretrain_hybrid.py`` (recipes/h100/mamba.yaml,
-    recipes/gb200/nemotron*.yaml) and, Flextron's, ``pretrain_hybrid_flex.py``, whose
-    arguments the parser reads as ``pretrain_gpt.py``'s: each is refused (the hybrid layer
-    pattern first), and the Flextron case's own flags are not ``pretrain_gpt.py``'s."""
+    recipes/gb200/nemotron*.yaml), whose arguments the snapshot's parser reads as
+    ``pretrain_gpt.py``'s: their patterns read; Flextron's case runs its own script
+    (``pretrain_hybrid_flex.py``) and is refused on its flags, the nightly Nemotron 3 on
+    its flex (HybridEP) dispatcher alone."""
     paths = [
         *GOLDEN_CASES.glob("hybrid/*/model_config.yaml"),
         *GOLDEN_CASES.glob("nemotron/*/model_config.yaml"),
     ]
-    unknown = []
+    refused: dict[str, InputError] = {}
     for path in sorted(paths):
-        with pytest.raises(InputError) as err:
+        try:
             read_megatron_args(path)
-        assert "hybrid (Mamba) models" in err.value.reason, path
-        if "is not an argument" in err.value.reason:
-            unknown.append(path.parent.name)
+        except InputError as err:
+            refused[path.parent.name] = err
     assert len(paths) == 6
-    assert unknown == ["hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G"]
+    assert sorted(refused) == [
+        "hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G",
+        "nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200",
+    ]
+    flextron = refused["hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G"]
+    assert "is Flextron's" in flextron.reason and "is not an argument" not in flextron.reason
+    nightly = refused["nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200"]
+    assert nightly.value == "--moe-token-dispatcher-type flex"
 
 
 # --- the fields a run's layout and vocabulary add ---------------------------------------
@@ -639,10 +646,15 @@ def test_a_t5_case_is_refused_as_t5(tmp_path: Path) -> None:
     assert "T5" in err.value.reason
 
 
-def test_a_hybrid_model_is_refused_by_name() -> None:
+def test_a_hybrid_pattern_with_sparse_attention_is_refused_naming_the_symbol() -> None:
+    """'D' (DeepSeek sparse attention) is a layer megatron-core builds and cpmem does not
+    price; an unknown symbol is megatron-core's ValueError (hybrid_layer_allocation.py
+    _validate_pattern); both named at once with the flag's value."""
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--hybrid-layer-pattern": "M-M-"})
-    assert "hybrid (Mamba) models" in err.value.reason
+        parse_megatron_args({**REQUIRED, "--hybrid-layer-pattern": "MD-X"})
+    assert err.value.value == "--hybrid-layer-pattern MD-X"
+    assert "'D' in the main pattern is DeepSeek sparse attention" in err.value.reason
+    assert "'X' is not a valid layer symbol" in err.value.reason
 
 
 def test_a_moe_gpt_is_read() -> None:

@@ -48,6 +48,21 @@ MLA = {
 }
 
 
+NEMOTRON_H = {
+    "hidden_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "hybrid_override_pattern": "M-M*E",
+    "intermediate_size": 2048,
+    "mamba_num_heads": 32,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 512,
+    "moe_shared_expert_intermediate_size": 1024,
+    "vocab_size": 32000,
+}
+
+
 def _config(family: str) -> dict[str, Any]:
     if family in ("qwen3_5", "qwen3_5_text", "qwen3_next"):
         return {**HYBRID, "model_type": family}
@@ -59,6 +74,8 @@ def _config(family: str) -> dict[str, Any]:
         return {**DENSE, "num_local_experts": 8, "num_experts_per_tok": 2, "model_type": family}
     if family in ("deepseek_v3", "kimi_k2"):
         return {**MLA, "model_type": family}
+    if family == "nemotron_h":
+        return {**NEMOTRON_H, "model_type": family}
     return {**DENSE, "model_type": family}
 
 
@@ -97,6 +114,10 @@ PUBLISHED = {
     # no per-head q/k norm; attention_bias=False
     "deepseek_v3": (False, False, False, False, False, False),
     "kimi_k2": (False, False, False, False, False, False),
+    # NemotronHAttention (Jamba's): q/k/v/o Linear(bias=config.attention_bias), no q/k
+    # norm; NemotronHMLP: bias=config.mlp_bias (NemotronHConfig: False, and the experts
+    # have none); NemotronHConfig tie_word_embeddings=False
+    "nemotron_h": (False, False, False, False, False, False),
 }
 
 

@@ -60,6 +60,7 @@ def _qwen35_27b_config(nested: bool) -> dict:
         "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4,
         "vocab_size": 248320,
+        "mtp_num_hidden_layers": 1,
     }
     if nested:
         return {"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": False}

@@ -149,6 +149,7 @@ def test_the_qwen3_5_27b_wrapper_reads_to_its_preset() -> None:
         "head_dim": 256,
         "linear_num_value_heads": 48,
         "max_position_embeddings": 262144,
+        "mtp_num_hidden_layers": 1,
     }
     cfg = {"model_type": "qwen3_5", "text_config": text, "vision_config": {"out_hidden_size": 5120}}
     g = load_config(cfg, name="qwen3.5-27b")
