@@ -3,7 +3,9 @@
 One module for the parser and its commands: every command builds its step from the same
 arguments (``_step_arguments``), so they stay together; the Megatron-LM door
 (``cli_megatron``), the help texts (``cli_help``) and the rendering
-(``reports.cli_render``) live apart."""
+(``reports.cli_render``) live apart. What one command needs and ``estimate`` does not
+(admission, the capacity search and its plot, the profile store) is imported by that
+command: the CLI's start-up is most of an estimate's time (benchmarks/bench_cli.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from cpmem import cli_megatron
-from cpmem.admission.admission import admit_step, usable_budget
-from cpmem.admission.capacity import DEFAULT_PACK, capacity
 from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
@@ -25,11 +25,6 @@ from cpmem.plan.planners import EXECUTABLE, PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names
-from cpmem.reports.capacity_plot import (
-    check_plot_path,
-    require_matplotlib,
-    write_capacity_plot,
-)
 from cpmem.reports.cli_render import (
     model_rows,
     render_capacity,
@@ -39,7 +34,6 @@ from cpmem.reports.cli_render import (
     step_kinds_line,
 )
 from cpmem.reports.tables import table
-from cpmem.step.profiles import ProfileStore
 from cpmem.step.recompute import MODES
 from cpmem.step.runtime import ATTENTION_BACKENDS, RUNTIMES, TRAININGS
 from cpmem.units import GIB, fmt_gib
@@ -369,6 +363,8 @@ def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | 
                 "give all of --free-bytes, --reusable-reserved-bytes, --device-total-bytes",
             )
         arguments["device_total_bytes"] = None  # the runtime's figures, not a device's
+        from cpmem.admission.admission import usable_budget
+
         return usable_budget(*runtime, args.device_total_bytes)
     if args.device is None and args.device_total_bytes is None:
         raise InputError(
@@ -383,6 +379,8 @@ def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> int | 
 def cmd_admit(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
         return cli_megatron.admit(args, _defaults("admit"))
+    from cpmem.admission.admission import admit_step
+
     arguments = _step_arguments(args)
     budget = _admit_budget(args, arguments)
     step = describe_step(**arguments)
@@ -445,7 +443,7 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
     """``capacity``'s flags: the layouts and pack it searches, and the step settings
     ``estimate`` takes (the same flags and defaults), less the request and the layout."""
     p.add_argument("--layouts", help=HELP["--layouts"])
-    p.add_argument("--pack", type=int, default=DEFAULT_PACK, help=HELP["--pack"])
+    p.add_argument("--pack", type=int, default=None, help=HELP["--pack"])
     p.add_argument(
         "--figure",
         choices=("forward", "forward_backward"),
@@ -460,6 +458,9 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
         return cli_megatron.capacity_command(args, _defaults("capacity"))
+    from cpmem.admission.capacity import DEFAULT_PACK, capacity
+    from cpmem.reports.capacity_plot import check_plot_path, require_matplotlib, write_capacity_plot
+
     plot = None
     if args.plot is not None:  # checked before the search runs
         require_matplotlib()
@@ -467,7 +468,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     found = capacity(
         args.model,
         layouts=args.layouts,
-        pack=args.pack,
+        pack=DEFAULT_PACK if args.pack is None else args.pack,
         policy=args.policy,
         figure=args.figure,
         **_settings_arguments(args),
@@ -498,6 +499,8 @@ def cmd_profile_record(args: argparse.Namespace) -> int:
     path = arguments.pop("profiles")
     peak = _whole_bytes("peak_bytes", args.peak_bytes)
     assert peak is not None
+    from cpmem.step.profiles import ProfileStore
+
     signature, tokens = record_profile(path, peak, **arguments)
     floor = ProfileStore.load(path).floor(signature, tokens)
     out = {"profiles": path, "key": signature.key, "peak_bytes": peak, "tokens": tokens}

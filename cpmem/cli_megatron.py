@@ -7,6 +7,9 @@ parser defaults: every flag the user gave (its value differs from the default) i
 over the arguments' settings as ``describe_step``'s keyword (``--lora-rank 16`` prices a
 LoRA run on that model; ``--recompute full`` another recompute; ``--policy reference``
 ART's published formula, which names the runtime as an option it does not price).
+``cpmem.cli`` builds its parser with ``add_megatron_args`` for every command, so the
+Megatron-LM readers and the admission search are imported by the commands that use them,
+not with this module.
 """
 
 from __future__ import annotations
@@ -15,13 +18,9 @@ import argparse
 import json
 from typing import Any
 
-from cpmem.admission.admission import admit_step
-from cpmem.admission.capacity import capacity
 from cpmem.api import MEGATRON_POLICY, describe_megatron
 from cpmem.cli_help import HELP
 from cpmem.errors import InputError, require_bytes
-from cpmem.megatron.args import read_megatron_args
-from cpmem.megatron.describe import megatron_run
 from cpmem.pricing.registry import backend_spread, price
 from cpmem.reports.cli_render import render_capacity, render_megatron_estimate
 from cpmem.step.step import Step
@@ -107,6 +106,8 @@ def estimate(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     policy = _policy(args, defaults)
     est = price(step, policy)
     spread = backend_spread(step, policy)
+    from cpmem.megatron.args import read_megatron_args
+
     ignored = read_megatron_args(args.megatron_args).ignored
     if args.json:
         out = est.to_dict()
@@ -137,6 +138,8 @@ def admit(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
         # a given budget is what the runtime leaves the step's activations beyond its static
         # memory (as for every step): the device only chose the attention backend
         step = step.with_settings(device=None)
+    from cpmem.admission.admission import admit_step
+
     decision = admit_step(step, budget, policy=policy, figure="forward_backward")
     if args.json:
         print(json.dumps(decision.to_dict(), indent=2))
@@ -158,6 +161,10 @@ def capacity_command(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     run's other arguments unchanged (``cpmem.admission.capacity`` at its TP x CP)."""
     if args.world_size is None:
         raise InputError("world_size", None, "give --world-size N with --megatron-args")
+    from cpmem.admission.capacity import capacity
+    from cpmem.megatron.args import read_megatron_args
+    from cpmem.megatron.describe import megatron_run
+
     read = read_megatron_args(args.megatron_args)
     run = megatron_run(
         read,

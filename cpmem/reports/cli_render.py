@@ -5,10 +5,8 @@ whole device under an admission decision, a capacity table (``cpmem estimate``, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cpmem.admission.admission import Decision
-from cpmem.admission.capacity import Capacity, Fit
 from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
 from cpmem.pricing.estimate import Estimate
@@ -19,6 +17,10 @@ from cpmem.reports.tables import table
 from cpmem.step.routing import LABELS, routing_kind
 from cpmem.step.step import Step
 from cpmem.units import MIB, fmt_gib
+
+if TYPE_CHECKING:  # the estimate's rendering runs without the admission modules
+    from cpmem.admission.admission import Decision
+    from cpmem.admission.capacity import Capacity, Fit
 
 
 def render_estimate(est: Estimate, plan: Plan) -> str:
