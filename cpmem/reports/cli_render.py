@@ -14,7 +14,7 @@ from cpmem.pricing.provenance import REFERENCE_POLICIES
 from cpmem.pricing.reference import SAFETY
 from cpmem.pricing.tight.calibrated import RUNTIME_MARGINS
 from cpmem.reports.tables import table
-from cpmem.step.routing import LABELS, routing_kind
+from cpmem.step.routing import routing_kind
 from cpmem.step.step import Step
 from cpmem.units import MIB, fmt_gib
 
@@ -102,7 +102,7 @@ def routing_line(est: Estimate) -> str | None:
     figures = est.routing_figures
     if not figures:
         return None
-    own = LABELS[routing_kind(est.facts.moe_routing)]
+    own = routing_kind(est.facts.moe_routing)
     others = []
     for name, b in figures.items():
         if name == own:
@@ -114,7 +114,7 @@ def routing_line(est: Estimate) -> str | None:
         f"{fmt_gib(figures[own])} GiB; under " + ", ".join(others)
     )
     saved = figures[own] - figures.get("capacity", figures[own])
-    if own == "worst" and saved > 0:
+    if own == "concentrated" and saved > 0:
         line += (
             f"; stating the capacity (--moe-routing capacity:{est.capacity_factor:g}) "
             f"would save {fmt_gib(saved)} GiB"
