@@ -155,8 +155,9 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Speed figures of planning, pricing, width selection and the capacity table (not a
-    pass/fail test)."""
+    """Speed figures of the CLI's first command (the whole process, against its 0.2 s),
+    planning, pricing, width selection and the capacity table (not a pass/fail test)."""
+    _run(session, "python", "benchmarks/bench_cli.py")
     _run(session, "python", "benchmarks/bench_planning.py", *session.posargs)
     _run(session, "python", "benchmarks/bench_capacity.py")
     _run(session, "python", "benchmarks/bench_megatron.py")
