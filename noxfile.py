@@ -65,9 +65,16 @@ def _shared(session: nox.Session) -> Path:
     return bindir
 
 
+BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
+"""Every session writes its modules' bytecode (``__pycache__/``, ignored by git) even where
+the caller's environment says not to: the sessions start some hundred Python processes
+(xdist workers, the CLI, the driver, gloo ranks, the grid's workers), and each one
+compiled every module of cpmem, the tests and the oracles from source again."""
+
+
 def _run(session: nox.Session, tool: str, *args: str) -> None:
     """Run ``tool`` (a console script or ``python``) from the shared environment."""
-    session.run(str(_shared(session) / tool), *args, external=True)
+    session.run(str(_shared(session) / tool), *args, external=True, env=BYTECODE)
 
 
 @nox.session(venv_backend="none")
