@@ -51,6 +51,7 @@ each rank's count is finally padded up to a multiple of TP.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -204,8 +205,9 @@ def simulate(
             while len(rank_tokens) % tp:
                 rank_tokens.append(Token(-1, -1, 0))
     counts = tuple(len(h) for h in held)
-    real = tuple(sum(1 for t in h if not t.is_pad) for h in held)
-    padding = sum(1 for h in held for t in h if t.is_pad)
+    pads = tuple(sum(1 for t in h if t.is_pad) for h in held)
+    real = tuple(n - p for n, p in zip(counts, pads, strict=True))
+    padding = sum(pads)
     gdn = counts
     if gdn_counts is not None:
         gdn = tuple(-(-n // tp) * tp if sp_active else n for n in gdn_counts)
@@ -240,7 +242,7 @@ def _attention_work(tokens: Sequence[Token], held: list[list[Token]], cp: int) -
                 position += 1
             cuts.append(min(position, len(tokens)))
     for i, t in enumerate(tokens):
-        rank = sum(1 for c in cuts if c <= i)
+        rank = bisect.bisect_right(cuts, i)  # the cuts at or before i (they only grow)
         held[rank].append(t)
 
 
@@ -331,8 +333,9 @@ def _chunked(
             for i in range(start, stop):
                 t = tokens[i]
                 keys += t.keys
-                whole.update(ancestors(t.segment))
                 reach[t.segment] = i
+            for seg in reach:  # every segment with a token in the range
+                whole.update(ancestors(seg))
             needed = bytearray(n)
             for seg in whole:
                 info = segments[seg]
