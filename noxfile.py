@@ -65,9 +65,16 @@ def _shared(session: nox.Session) -> Path:
     return bindir
 
 
+BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
+"""Every session writes its modules' bytecode (``__pycache__/``, ignored by git) even where
+the caller's environment says not to: the sessions start some hundred Python processes
+(xdist workers, the CLI, the driver, gloo ranks, the grid's workers), and each one
+compiled every module of cpmem, the tests and the oracles from source again."""
+
+
 def _run(session: nox.Session, tool: str, *args: str) -> None:
     """Run ``tool`` (a console script or ``python``) from the shared environment."""
-    session.run(str(_shared(session) / tool), *args, external=True)
+    session.run(str(_shared(session) / tool), *args, external=True, env=BYTECODE)
 
 
 @nox.session(venv_backend="none")
@@ -110,47 +117,35 @@ def property(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def golden(session: nox.Session) -> None:
     """Golden-layer integrity tests, the estimator gate on the reference and tight policies,
-    and the tight policy's report."""
+    and every report kept in golden/reports/, all as tests under xdist: the gate passes on
+    each recorded policy (tests/golden/test_gate.py, and `cpmem gate --policy reference`
+    as the walkthrough runs it, tests/golden/test_examples.py) and each kept report is what
+    its command prints now, what it reports met (`--check`: tight_policy.md in
+    test_fitting.py, peers.md in test_peers.py, megatron.md in test_megatron_tier.py,
+    static_memory.md in test_static_check.py). Print a report with its command
+    (`python -m cpmem.reports.tight_report`, `cpmem gate --policy tight`, ...)."""
     _run(session, "python", "-m", "pytest", "tests/golden", "-n", "auto", *session.posargs)
-    _run(session, "cpmem", "gate", "--policy", "reference")
-    _run(session, "cpmem", "gate", "--policy", "tight")
-    # the tight policy's report: targets, cross-validation and per-cell tables; printed,
-    # and failing when the copy kept in golden/reports/ is stale (regenerate with
-    # --write, never here)
-    _run(
-        session,
-        "python",
-        "-m",
-        "cpmem.reports.tight_report",
-        "--check",
-        "golden/reports/tight_policy.md",
-    )
-    # the peers' report (published formulas gated as external estimators, both tiers)
-    _run(session, "python", "-m", "cpmem.gate.peers", "--check", "golden/reports/peers.md")
-    # the Megatron-LM recordings' tier, every recording against its priced figures
-    _run(
-        session,
-        "python",
-        "-m",
-        "cpmem.gate.megatron_report",
-        "--check",
-        "golden/reports/megatron.md",
-    )
-    # static memory and the device budget against every recorded baseline and budget
-    _run(
-        session,
-        "python",
-        "-m",
-        "cpmem.gate.static_check",
-        "--check",
-        "golden/reports/static_memory.md",
-    )
 
 
 @nox.session(venv_backend="none")
 def oracle(session: nox.Session) -> None:
-    """Saved-tensor oracle and rank simulator (torch + megatron-core on CPU)."""
-    _run(session, "python", "-m", "pytest", "tests/oracle", "-s", *session.posargs)
+    """Saved-tensor oracle and rank simulator (torch + megatron-core on CPU), on every CPU:
+    a module's tests stay on one worker (``--dist loadscope``: the grid generator's runs
+    share their module's reference run), and the tables the tests print are shown with
+    their test (``-rP``)."""
+    _run(
+        session,
+        "python",
+        "-m",
+        "pytest",
+        "tests/oracle",
+        "-n",
+        "auto",
+        "--dist",
+        "loadscope",
+        "-rP",
+        *session.posargs,
+    )
 
 
 @nox.session(venv_backend="none")
@@ -167,8 +162,9 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Speed figures of planning, pricing, width selection and the capacity table (not a
-    pass/fail test)."""
+    """Speed figures of the CLI's first command (the whole process, against its 0.2 s),
+    planning, pricing, width selection and the capacity table (not a pass/fail test)."""
+    _run(session, "python", "benchmarks/bench_cli.py")
     _run(session, "python", "benchmarks/bench_planning.py", *session.posargs)
     _run(session, "python", "benchmarks/bench_capacity.py")
     _run(session, "python", "benchmarks/bench_megatron.py")

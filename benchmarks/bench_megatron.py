@@ -5,7 +5,7 @@ under 1 ms, its arguments already read: the arguments described as a step
 (``describe_megatron``, Transformer Engine's backend choice included), priced by
 ``tight`` and its backend spread priced beside it, for the longest case of the tier
 (an interleaved pipeline under ``--attention-backend auto``). ``cpmem estimate`` on a
-model stays under 0.2 s (benchmarks/bench_planning.py). Reading a ``model_config.yaml``
+model stays under 0.2 s, the whole process (benchmarks/bench_cli.py). Reading a ``model_config.yaml``
 and the whole tier are printed beside it (the tier adds its time to ``cpmem gate``).
 """
 

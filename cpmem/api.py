@@ -12,11 +12,9 @@ priced as any step is.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from cpmem.errors import InputError, require_bytes
-from cpmem.megatron.args import MegatronArgs
-from cpmem.megatron.describe import describe_megatron as _describe_megatron
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model
 from cpmem.plan.plan import explicit_plan
@@ -26,6 +24,9 @@ from cpmem.step.describe import StepArguments, describe_settings, describe_step
 from cpmem.step.device import Device
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.step import Step
+
+if TYPE_CHECKING:
+    from cpmem.megatron.args import MegatronArgs
 
 
 def estimate(
@@ -108,7 +109,10 @@ def describe_megatron(
     together peak; ``last``: the rank Megatron-LM logs; or a global rank). ``overrides``
     are ``describe_step``'s keywords over the arguments' (``lora_rank``: a LoRA run on
     that model). ``attention_backend`` None: the arguments', ``auto`` as Transformer
-    Engine picks it in ``container``."""
+    Engine picks it in ``container``. The Megatron-LM readers are imported here: a
+    command that prices a preset or a config.json starts without them."""
+    from cpmem.megatron.describe import describe_megatron as _describe_megatron
+
     return _describe_megatron(
         megatron_args,
         world_size=world_size,

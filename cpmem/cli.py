@@ -3,7 +3,9 @@
 One module for the parser and its commands: every command builds its step from the same
 arguments (``_step_arguments``), so they stay together; the Megatron-LM door
 (``cli_megatron``), the help texts (``cli_help``) and the rendering
-(``reports.cli_render``) live apart."""
+(``reports.cli_render``) live apart. What one command needs and ``estimate`` does not
+(admission, the capacity search and its plot, the profile store) is imported by that
+command: the CLI's start-up is most of an estimate's time (benchmarks/bench_cli.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from cpmem import cli_megatron
-from cpmem.admission.admission import admit_step, usable_budget
-from cpmem.admission.budget import gib_budget
-from cpmem.admission.capacity import DEFAULT_PACK, capacity
 from cpmem.api import describe_step, price_step, record_profile
 from cpmem.cli_help import HELP, policy_help
 from cpmem.errors import CpmemError, InputError
@@ -27,12 +26,6 @@ from cpmem.plan.planners import PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names
-from cpmem.reports.admit_render import render_admit
-from cpmem.reports.capacity_plot import (
-    check_plot_path,
-    require_matplotlib,
-    write_capacity_plot,
-)
 from cpmem.reports.cli_render import (
     model_rows,
     render_capacity,
@@ -384,8 +377,12 @@ def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> dict[s
                 "memory; give them or --budget-gib / --device, not both",
             )
         arguments["device_total_bytes"] = None  # the runtime's figures, not a device's
+        from cpmem.admission.admission import usable_budget
+
         return {"budget_bytes": usable_budget(*runtime, args.device_total_bytes)}
     if args.budget_gib is not None:
+        from cpmem.admission.budget import gib_budget
+
         return {"usable_bytes": gib_budget("budget-gib", args.budget_gib)}
     if args.device is None and args.device_total_bytes is None:
         raise InputError(
@@ -400,6 +397,8 @@ def _admit_budget(args: argparse.Namespace, arguments: dict[str, Any]) -> dict[s
 def cmd_admit(args: argparse.Namespace) -> int:
     if args.megatron_args is not None:
         return cli_megatron.admit(args, _defaults("admit"))
+    from cpmem.admission.admission import admit_step
+
     arguments = _step_arguments(args)
     budget = _admit_budget(args, arguments)
     step = describe_step(**arguments)
@@ -409,6 +408,8 @@ def cmd_admit(args: argparse.Namespace) -> int:
         print(json.dumps({**decision.to_dict(), "warnings": list(step.warnings)}, indent=2))
     else:
         _warn_ignored(decision.estimate)
+        from cpmem.reports.admit_render import render_admit
+
         print("\n".join(render_admit(decision)))
     return 0 if decision.action != "refuse" else 3
 
@@ -417,7 +418,7 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
     """``capacity``'s flags: the layouts and pack it searches, and the step settings
     ``estimate`` takes (the same flags and defaults), less the request and the layout."""
     p.add_argument("--layouts", help=HELP["--layouts"])
-    p.add_argument("--pack", type=int, default=DEFAULT_PACK, help=HELP["--pack"])
+    p.add_argument("--pack", type=int, default=None, help=HELP["--pack"])
     p.add_argument(
         "--figure",
         choices=("forward", "forward_backward"),
@@ -439,6 +440,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             "capacity searches layouts of other TP x CP, each its own DP of a world: give "
             "--dp (the data-parallel ranks) with --model or --config",
         )
+    from cpmem.admission.capacity import DEFAULT_PACK, capacity
+    from cpmem.reports.capacity_plot import check_plot_path, require_matplotlib, write_capacity_plot
+
     plot = None
     if args.plot is not None:  # checked before the search runs
         require_matplotlib()
@@ -446,7 +450,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     found = capacity(
         args.model,
         layouts=args.layouts,
-        pack=args.pack,
+        pack=DEFAULT_PACK if args.pack is None else args.pack,
         policy=args.policy,
         figure=args.figure,
         **_settings_arguments(args),
@@ -478,6 +482,7 @@ def cmd_profile_record(args: argparse.Namespace) -> int:
     path = arguments.pop("profiles")
     peak = _whole_bytes("peak_bytes", args.peak_bytes)
     assert peak is not None
+
     signature, tokens = record_profile(path, peak, **arguments)
     floor = ProfileStore.load(path).floor(signature, tokens)
     out = {"profiles": path, "key": signature.key, "peak_bytes": peak, "tokens": tokens}

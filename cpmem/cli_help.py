@@ -68,9 +68,9 @@ HELP: dict[str, str] = {
     "--allow-long": "price sequences longer than the model's max_position_embeddings (warns)",
     "--compiled": "the layers run under torch.compile (changes what attention and MLP keep; "
     "priced by --policy tight only, listed as ignored by the others)",
-    "--moe-routing": "the rows each rank's experts receive: concentrated or worst (the "
-    "default: every token's top-k copies on this rank's experts as far as top-k allows, the "
-    "bound a router without capacity reaches), balanced (the expectation; admission still "
+    "--moe-routing": "the rows each rank's experts receive: concentrated (the default, also "
+    "accepted as worst: every token's top-k copies on this rank's experts as far as top-k "
+    "allows, the bound a router without capacity reaches), balanced (the expectation; admission still "
     "decides on the worst), capacity:F or capacity:F:pad (Megatron-LM's "
     "--moe-expert-capacity-factor F, with --moe-pad-expert-input-to-capacity: a hard bound) "
     "or rows:N (an exact per-rank row count, a dispatcher's fixed capacity); priced by "

@@ -7,6 +7,9 @@ parser defaults: every flag the user gave (its value differs from the default) i
 over the arguments' settings as ``describe_step``'s keyword (``--lora-rank 16`` prices a
 LoRA run on that model; ``--recompute full`` another recompute; ``--policy reference``
 ART's published formula, which names the runtime as an option it does not price).
+``cpmem.cli`` builds its parser with ``add_megatron_args`` for every command, so the
+Megatron-LM readers and the admission search are imported by the commands that use them,
+not with this module.
 """
 
 from __future__ import annotations
@@ -17,16 +20,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cpmem.admission.admission import admit_step
-from cpmem.admission.budget import gib_budget
-from cpmem.admission.capacity import capacity
 from cpmem.api import MEGATRON_POLICY, describe_megatron
 from cpmem.cli_help import HELP
 from cpmem.errors import InputError
-from cpmem.megatron.args import read_megatron_args
-from cpmem.megatron.describe import megatron_run_with
 from cpmem.pricing.registry import backend_spread, price
-from cpmem.reports.admit_render import budget_line
 from cpmem.reports.cli_render import render_capacity, render_megatron_estimate
 from cpmem.step.step import Step
 from cpmem.units import fmt_gib
@@ -124,6 +121,8 @@ def estimate(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     policy = _policy(args, defaults)
     est = price(step, policy)
     spread = backend_spread(step, policy)
+    from cpmem.megatron.args import read_megatron_args
+
     ignored = read_megatron_args(args.megatron_args).ignored
     if args.json:
         out = est.to_dict()
@@ -155,6 +154,9 @@ def admit(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     ``--budget-gib`` (the device's usable bytes), ``--device``, or the smaller of the two
     (``cpmem.admission.budget``); the H100 assumed where no device is given only chooses
     the step's kernels, so a budget alone decides."""
+    from cpmem.admission.admission import admit_step
+    from cpmem.admission.budget import gib_budget
+
     step = _step(args, defaults)
     usable = None if args.budget_gib is None else gib_budget("budget-gib", args.budget_gib)
     decision = admit_step(
@@ -177,6 +179,8 @@ def admit(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     )
     if decision.suggestion:
         print(f"  suggestion: {decision.suggestion}")
+    from cpmem.reports.admit_render import budget_line
+
     print("  " + budget_line(decision))
     return code
 
@@ -185,6 +189,9 @@ def capacity_command(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     """The longest sequence of ``--micro-batch-size`` sequences that fits the device, the
     run's other arguments unchanged (``cpmem.admission.capacity`` at its TP x CP, the
     layout flags given beside the arguments written into them as for ``estimate``)."""
+    from cpmem.admission.capacity import capacity
+    from cpmem.megatron.describe import megatron_run_with
+
     step = _step(args, defaults)  # the run's own step: its checks and warnings
     overrides = _overrides(args, defaults)
     run, rest = megatron_run_with(args.megatron_args, overrides, **_run_keywords(args))

@@ -51,6 +51,8 @@ each rank's count is finally padded up to a multiple of TP.
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -121,10 +123,23 @@ def check_tree(tree: Tree) -> None:
         check_tree(child)
 
 
-def materialize(trees: Sequence[Tree]) -> tuple[list[Token], list[SegmentInfo]]:
-    """The packed request as explicit tokens, plus the segment table."""
+def materialize(trees: Sequence[Tree]) -> tuple[tuple[Token, ...], tuple[SegmentInfo, ...]]:
+    """The packed request as explicit tokens, plus the segment table. Both are immutable
+    and built once per request however many planners simulate it in turn (the last few
+    requests are kept: building a long row token by token is most of a simulation)."""
     if not trees:
         raise ValueError("a request needs at least one tree")
+    return _materialize(tuple(_frozen(tree) for tree in trees))
+
+
+def _frozen(tree: Tree) -> Tree:
+    """``tree`` as nested tuples (a request given as lists is the same request)."""
+    tokens, children = tree
+    return (tokens, tuple(_frozen(child) for child in children))
+
+
+@functools.lru_cache(maxsize=4)
+def _materialize(trees: tuple[Tree, ...]) -> tuple[tuple[Token, ...], tuple[SegmentInfo, ...]]:
     tokens: list[Token] = []
     segments: list[SegmentInfo] = []
 
@@ -146,7 +161,7 @@ def materialize(trees: Sequence[Tree]) -> tuple[list[Token], list[SegmentInfo]]:
     for i, tree in enumerate(trees):
         check_tree(tree)
         visit(i, tree, 0)
-    return tokens, segments
+    return tuple(tokens), tuple(segments)
 
 
 def simulate(
@@ -190,15 +205,16 @@ def simulate(
             while len(rank_tokens) % tp:
                 rank_tokens.append(Token(-1, -1, 0))
     counts = tuple(len(h) for h in held)
-    real = tuple(sum(1 for t in h if not t.is_pad) for h in held)
-    padding = sum(1 for h in held for t in h if t.is_pad)
+    pads = tuple(sum(1 for t in h if t.is_pad) for h in held)
+    real = tuple(n - p for n, p in zip(counts, pads, strict=True))
+    padding = sum(pads)
     gdn = counts
     if gdn_counts is not None:
         gdn = tuple(-(-n // tp) * tp if sp_active else n for n in gdn_counts)
     return Ownership(planner, counts, gdn, real, padding, real_total)
 
 
-def _zigzag(tokens: list[Token], held: list[list[Token]], cp: int, pad_unit: int) -> None:
+def _zigzag(tokens: Sequence[Token], held: list[list[Token]], cp: int, pad_unit: int) -> None:
     multiple = 2 * cp * pad_unit
     rows: dict[int, list[Token]] = {}
     for t in tokens:
@@ -213,7 +229,7 @@ def _zigzag(tokens: list[Token], held: list[list[Token]], cp: int, pad_unit: int
             held[c if c < cp else 2 * cp - 1 - c].append(t)
 
 
-def _attention_work(tokens: list[Token], held: list[list[Token]], cp: int) -> None:
+def _attention_work(tokens: Sequence[Token], held: list[list[Token]], cp: int) -> None:
     total = sum(t.keys for t in tokens)
     cuts: list[int] = []
     done = 0
@@ -226,12 +242,12 @@ def _attention_work(tokens: list[Token], held: list[list[Token]], cp: int) -> No
                 position += 1
             cuts.append(min(position, len(tokens)))
     for i, t in enumerate(tokens):
-        rank = sum(1 for c in cuts if c <= i)
+        rank = bisect.bisect_right(cuts, i)  # the cuts at or before i (they only grow)
         held[rank].append(t)
 
 
 def _gdn_segments(
-    tokens: list[Token], segments: list[SegmentInfo], held: list[list[Token]], cp: int
+    tokens: Sequence[Token], segments: Sequence[SegmentInfo], held: list[list[Token]], cp: int
 ) -> None:
     real = len(tokens)
     piece_cap = -(-real // cp)  # ceil(target)
@@ -243,7 +259,7 @@ def _gdn_segments(
         loads = [len(h) for h in held]
         return loads.index(min(loads))
 
-    def subtree_tokens(seg: SegmentInfo) -> list[Token]:
+    def subtree_tokens(seg: SegmentInfo) -> Sequence[Token]:
         return tokens[seg.first_token : seg.first_token + seg.subtree_tokens]
 
     def place(seg: SegmentInfo) -> None:
@@ -271,8 +287,8 @@ def _gdn_segments(
 
 
 def _chunked(
-    tokens: list[Token],
-    segments: list[SegmentInfo],
+    tokens: Sequence[Token],
+    segments: Sequence[SegmentInfo],
     held: list[list[Token]],
     cp: int,
     costs: Costs,
@@ -317,8 +333,9 @@ def _chunked(
             for i in range(start, stop):
                 t = tokens[i]
                 keys += t.keys
-                whole.update(ancestors(t.segment))
                 reach[t.segment] = i
+            for seg in reach:  # every segment with a token in the range
+                whole.update(ancestors(seg))
             needed = bytearray(n)
             for seg in whole:
                 info = segments[seg]

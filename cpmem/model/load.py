@@ -8,7 +8,6 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
-from cpmem.model.hf_config import load_config
 from cpmem.model.presets import get_preset
 
 
@@ -21,6 +20,8 @@ def load_model(
     """A preset (name or recorded Hugging Face id), a config.json, or a geometry;
     ``fused_swiglu`` overrides the model's activation fusion where given."""
     if config is not None:
+        from cpmem.model.hf_config import load_config  # a preset's estimate does without it
+
         return load_config(config, fused_swiglu=fused_swiglu)
     if model is None:
         raise InputError("model", None, "name a preset or pass a config")

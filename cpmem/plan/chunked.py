@@ -63,8 +63,6 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.request import Request, Segment
 
@@ -167,7 +165,10 @@ class _Row:
         """``work`` of every chunk ``[edges[k], edges[k + 1])`` at once: the spans are
         contiguous and in position order, so each span adds its pairs to the run of
         chunks it overlaps (the same integer sums as ``work`` chunk by chunk; int64
-        holds them: a million-token row has about 5e11 pairs)."""
+        holds them: a million-token row has about 5e11 pairs). numpy is imported here, not
+        with the module: a plan that never chunks (every hybrid model's) does without it."""
+        import numpy as np
+
         edge = np.asarray(edges, dtype=np.int64)
         starts, ends = edge[:-1], edge[1:]
         out = np.zeros(len(starts), dtype=np.int64)

@@ -9,7 +9,7 @@ from cpmem.pricing.components import check_names, retained_bytes
 from cpmem.pricing.device_budget import DeviceBudget
 from cpmem.pricing.provenance import Facts, Source, assumptions, facts_of, provenance
 from cpmem.pricing.static import StaticMemory
-from cpmem.step.routing import LABELS, routing_kind
+from cpmem.step.routing import routing_kind
 from cpmem.step.step import Step
 from cpmem.step.trainer import Adapter, Head
 from cpmem.units import gib
@@ -118,7 +118,7 @@ class Estimate:
             return "expectation"
         if kind == "concentrated":
             return "bound (worst: a router without capacity can reach it)"
-        return f"bound ({LABELS[kind]}: stated)"
+        return f"bound ({kind}: stated)"
 
     def __post_init__(self) -> None:
         # plain names (``Component`` values) for JSON, CSV and comparisons alike

@@ -16,7 +16,7 @@ from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
 from cpmem.step.recompute import Mode, Module
-from cpmem.step.routing import LABELS, routing_kind
+from cpmem.step.routing import routing_kind
 from cpmem.step.runtime import DEV_CONTAINER
 from cpmem.step.step import Step, StepSettings, default_cp_comm
 
@@ -262,7 +262,7 @@ def price(inputs: Step, policy: str | None = None) -> Estimate:
         # the routing moves no token between ranks: the same plan, other rows per token
         routed = replace(inputs, settings=replace(inputs.settings, moe_routing=routing))
         other = est if same else _price_one(routed, policy)
-        figures[LABELS[routing_kind(routing)]] = other.figure_bytes
+        figures[routing_kind(routing)] = other.figure_bytes
     return replace(est, routing_figures=figures, capacity_factor=factor)
 
 

@@ -5,6 +5,6 @@ golden cell's estimates and peaks, with figures), the ``tight`` policy's report
 the long commands (``progress``).
 
 May import ``calibration`` and everything below it; never the gate, which calls it.
-``tables`` needs numpy only (the estimator's CLI prints with it); the rest need the
+``tables`` needs the standard library only (the estimator's CLI prints with it); the rest need the
 golden extra, which ``cpmem.cli`` checks before it loads any suite command.
 """

@@ -5,11 +5,8 @@ whole device under an admission decision, a capacity table (``cpmem estimate``, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cpmem.admission.admission import Decision
-from cpmem.admission.budget import BUDGET_DEVICE
-from cpmem.admission.capacity import Capacity, Fit
 from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
 from cpmem.pricing.estimate import Estimate
@@ -17,9 +14,13 @@ from cpmem.pricing.provenance import REFERENCE_POLICIES
 from cpmem.pricing.reference import SAFETY
 from cpmem.pricing.tight.calibrated import MARGIN
 from cpmem.reports.tables import table
-from cpmem.step.routing import LABELS, routing_kind
+from cpmem.step.routing import routing_kind
 from cpmem.step.step import Step
 from cpmem.units import MIB, counted, fmt_gib
+
+if TYPE_CHECKING:  # the estimate's rendering runs without the admission modules
+    from cpmem.admission.admission import Decision
+    from cpmem.admission.capacity import Capacity, Fit
 
 
 def render_estimate(est: Estimate, plan: Plan) -> str:
@@ -101,7 +102,7 @@ def routing_line(est: Estimate) -> str | None:
     figures = est.routing_figures
     if not figures:
         return None
-    own = LABELS[routing_kind(est.facts.moe_routing)]
+    own = routing_kind(est.facts.moe_routing)
     others = []
     for name, b in figures.items():
         if name == own:
@@ -115,7 +116,7 @@ def routing_line(est: Estimate) -> str | None:
         f"{fmt_gib(figures[own])} GiB; under " + ", ".join(others)
     )
     saved = figures[own] - figures.get("capacity", figures[own])
-    if own == "worst" and saved > 0:
+    if own == "concentrated" and saved > 0:
         line += (
             f"; stating the capacity (--moe-routing capacity:{est.capacity_factor:g}) "
             f"would save {fmt_gib(saved)} GiB"
@@ -163,6 +164,8 @@ def render_static(est: Estimate) -> list[str]:
 def render_whole_device(decision: Decision) -> list[str]:
     """The device's bytes on every rank, the busiest marked."""
     whole = decision.whole_device()
+    from cpmem.admission.budget import BUDGET_DEVICE
+
     given = whole["device"] == BUDGET_DEVICE  # a given budget: nothing taken off it
     keys = (
         ("static", "static_bytes"),
@@ -201,6 +204,8 @@ def step_kinds_line(decision: Decision) -> str | None:
     kinds = ", ".join(f"{k} {fmt_gib(b)} GiB" for k, b in decision.step_kinds)
     where = "of its activations"
     if decision.device_budget is not None:
+        from cpmem.admission.budget import BUDGET_DEVICE
+
         given = decision.device_budget.device.name == BUDGET_DEVICE
         where = "with its static memory" if given else "on the device"
     if len({b for _, b in decision.step_kinds}) == 1:

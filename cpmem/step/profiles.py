@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,6 +211,8 @@ class ProfileStore:
         target = Path(path)
         if not target.parent.is_dir():
             raise InputError("profiles", str(path), "its directory does not exist")
+        import tempfile  # only a store being saved needs it
+
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
         with os.fdopen(fd, "w") as fh:
             json.dump(self.to_json(), fh, indent=2, sort_keys=True)

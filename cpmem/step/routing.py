@@ -38,10 +38,10 @@ from cpmem.model.geometry import ModelGeometry
 WORST = "concentrated"
 ROUTING_KINDS = ("concentrated", "balanced", "capacity", "rows")
 ALIASES = {"worst": WORST}
+"""Other spellings a user may give: ``worst`` is ``concentrated`` (the default), the one
+name the estimate, its ``routing_figures``, the help and the docs use."""
 BOUNDS = ("concentrated", "capacity", "rows")
 """The routings that bound what a rank holds (``balanced`` is an expectation)."""
-LABELS = {"concentrated": "worst", "balanced": "balanced", "capacity": "capacity", "rows": "rows"}
-"""Each routing's name in ``routing_figures``."""
 
 
 def routing_kind(routing: str) -> str:

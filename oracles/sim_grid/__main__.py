@@ -12,7 +12,10 @@ as cpmem does (``describe_step(..., pp=, vpp=, microbatch_requests=)``, its
 ``microbatch_steps``) and simulates every stage of every distinct CP rank, keyed
 ``stage * cp + cp_rank``. Finished ranks are appended to ``ranks.jsonl`` as they complete, so an
 interrupted run resumes where it stopped, on either engine; ``rows.csv``, the provenance
-record and ``MANIFEST.sha256`` are rewritten from it (each file replaced whole).
+record and ``MANIFEST.sha256`` are rewritten from it (each file replaced whole). A run's
+record counts the ranks it finished from that file (the whole lines it appended), never
+from a count kept beside it: a Ctrl-C lands between any two steps of the driver, and one
+between a rank's line and such a count would leave a record that disagrees with the file.
 ``--redo`` (with ``--only``) first drops the selected configurations' finished ranks from
 ``ranks.jsonl``, so that they are simulated again (a simulator change that moves them);
 a stopped ``--redo`` run resumes without ``--redo``.
@@ -221,17 +224,38 @@ def rank_keys(job: dict[str, Any]) -> list[int]:
     return [s * job["cp"] + r for s in range(stages) for r in reps]
 
 
+def _finished_ranks(text: str) -> list[dict[str, Any]]:
+    """The whole rank records of ``ranks.jsonl``'s text, in order; a line cut short by an
+    interrupted run is no record (its rank is simulated again)."""
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 def _load_done(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    done: dict[tuple[str, int], dict[str, Any]] = {}
     path = out / RANKS
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except ValueError:  # a line cut short by an interrupted run: simulated again
-                continue
-            done[(r["config_id"], r["rank"])] = r
-    return done
+    records = _finished_ranks(path.read_text()) if path.exists() else []
+    return {(r["config_id"], r["rank"]): r for r in records}
+
+
+def ranks_written_since(path: Path, offset: int) -> int:
+    """How many whole rank records ``path`` holds past byte ``offset`` (where a run
+    started appending): what the run finished, read from the file it finished them into."""
+    if not path.exists():
+        return 0
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        return len(_finished_ranks(fh.read().decode()))
+
+
+def append_rank(fh: Any, res: dict[str, Any]) -> None:
+    """Append one finished rank to ``ranks.jsonl``: one whole line, flushed."""
+    fh.write(json.dumps(res) + "\n")
+    fh.flush()
 
 
 def drop_ranks(out: Path, config_ids: set[str]) -> int:
@@ -497,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     if ranks_path.exists() and not ranks_path.read_bytes().endswith(b"\n"):
         with ranks_path.open("a") as fh:  # close a line an interrupted run cut short
             fh.write("\n")
+    # what this run finishes is counted from the file, past where it starts appending
+    offset = ranks_path.stat().st_size if ranks_path.exists() else 0
     run["engine"] = args.engine or default_engine(args.address)
     started = time.monotonic()
     try:  # an engine that does not start writes nothing
@@ -512,24 +538,25 @@ def main(argv: list[str] | None = None) -> int:
             run["engine_start_seconds"] = round(time.monotonic() - started, 1)
             print(f"engine: {json.dumps(engine.record())}", file=sys.stderr)
             for res in engine.results(pending):
-                fh.write(json.dumps(res) + "\n")  # one whole line per finished rank
-                fh.flush()
-                finished += 1
+                append_rank(fh, res)
+                finished += 1  # the progress line's count; the record reads the file
                 _progress(finished, total, started, f"last {res['config_id']}")
                 if finished % args.every == 0:
                     assemble(out, all_jobs, [])
     except KeyboardInterrupt:  # finished ranks are kept; the run resumes from them
         interrupted = True
     except Exception as e:  # record the failed run and what it finished, then fail
-        run.update(_run_end(finished, started, interrupted))
+        run.update(_run_end(ranks_written_since(ranks_path, offset), started, interrupted))
         run["failed"] = f"{type(e).__name__}: {e}"[:500]
         assemble(out, all_jobs, [run])
         sys.stderr.write("\n")
         raise
-    run.update(_run_end(finished, started, interrupted))
+    run.update(_run_end(ranks_written_since(ranks_path, offset), started, interrupted))
     n = assemble(out, all_jobs, [run])
     sys.stderr.write("\n")
-    print(f"{finished} ranks in {run['wall_seconds']:.0f} s; {n} rows in {out / ROWS}")
+    print(
+        f"{run['ranks_simulated']} ranks in {run['wall_seconds']:.0f} s; {n} rows in {out / ROWS}"
+    )
     return 130 if interrupted else 0
 
 

@@ -2,7 +2,7 @@
 
 Why: a rank that decides alone can admit a forward its TP x CP peers refuse, and a
 rank whose planning fails can leave its peers blocked in the next collective. Each
-test starts one process per rank (this file, run as a script, is the worker), lets
+test forks one process per rank (``worker``, ``pipeline_worker``; ranks.py), lets
 every rank admit the same work from a *different* local budget, injects planning
 failures, and checks in the parent that every rank of a group agreed, that the
 agreed figures are MAX(required) / MIN(available), and that nothing hung.
@@ -14,7 +14,6 @@ Expected figures come from budgets chosen here and from single-process decisions
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch.distributed")
+
+from tests.distributed.ranks import Ranks, preload
 
 INIT_TIMEOUT_S = 30  # init_process_group / collective timeout: a hang fails in 30 s
 JOIN_TIMEOUT_S = 90  # the whole worker group, per test
@@ -324,43 +325,29 @@ def _free_port() -> int:
 def _run_group(
     world: int, tp: int, cp: int, megatron: bool = False, pp: int = 1
 ) -> list[dict[str, Any]]:
-    """Start ``world`` worker processes (the pipeline worker with ``pp > 1``); fail (never
-    hang) if any does not finish in time."""
+    """Fork ``world`` ranks (the pipeline worker with ``pp > 1``; tests/distributed/ranks.py);
+    fail (never hang) if any does not finish in time."""
     port = _free_port()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    spec = {"world": world, "port": port, "tp": tp, "cp": cp, "pp": pp, "megatron": megatron}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, json.dumps({**spec, "rank": r})],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in range(world)
-    ]
-    start = time.perf_counter()
+    preload(megatron)
+    if pp > 1:
+        args = [(r, world, port, tp, cp, pp, megatron) for r in range(world)]
+        ranks = Ranks(pipeline_worker, args)
+    else:
+        ranks = Ranks(worker, [(r, world, port, tp, cp, megatron) for r in range(world)])
     results: list[dict[str, Any]] = []
     failures: list[str] = []
     try:
-        for r, p in enumerate(procs):
-            left = max(1.0, JOIN_TIMEOUT_S - (time.perf_counter() - start))
-            try:
-                stdout, stderr = p.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
+        for r in range(world):
+            kind, value = ranks.outcome(r, JOIN_TIMEOUT_S)
+            if kind == "result":
+                results.append(value)
+            elif kind == "hung":
                 failures.append(f"rank {r} hung (> {JOIN_TIMEOUT_S} s)")
-                continue
-            lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-            if p.returncode != 0 or not lines:
-                failures.append(f"rank {r} exited {p.returncode}:\n{stderr[-3000:]}")
-                continue
-            results.append(json.loads(lines[-1][len("RESULT ") :]))
+            else:
+                failures.append(f"rank {r} {kind}: {value}")
     finally:
-        for p in procs:  # only the processes this test started
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    wall = time.perf_counter() - start
+        ranks.stop()
+    wall = time.perf_counter() - ranks.start
     print(f"\n[world={world} tp={tp} cp={cp} pp={pp} megatron={megatron}] wall {wall:.2f} s")
     for res in sorted(results, key=lambda x: x["rank"]) if pp == 1 else ():
         print(
@@ -493,18 +480,3 @@ def test_import_does_not_need_torch() -> None:
     """torch is imported lazily: importing the module must not pull it in."""
     code = "import sys, cpmem.admission.torch_comm; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
-
-
-if __name__ == "__main__":
-    _spec = json.loads(sys.argv[1])
-    _args = (_spec["rank"], _spec["world"], _spec["port"], _spec["tp"], _spec["cp"])
-    if _spec["pp"] > 1:
-        _res = pipeline_worker(*_args, _spec["pp"], _spec["megatron"])
-    else:
-        _res = worker(*_args, _spec["megatron"])
-    print("RESULT " + json.dumps(_res), flush=True)
-    # Skip interpreter teardown: torch 2.13's gloo threads intermittently abort in C++
-    # destructors at exit ("terminate called without an active exception") after all
-    # the work is done; the result is already printed and the group already synced.
-    sys.stderr.flush()
-    os._exit(0)

@@ -3,8 +3,8 @@
 Why: a rank that exits (or hangs) before or inside the admission collectives must not
 leave its TP x CP peers blocked for the process group's timeout (or forever): they
 raise a one-line ``CollectiveTimeoutError`` naming the collective, the group and the
-timeout given to ``admit``. Each test starts one process per rank (this file, run as a
-script, is the worker; the layout follows test_collective_admission.py): one victim
+timeout given to ``admit``. Each test forks one process per rank (``worker``; ranks.py,
+as test_collective_admission.py does): one victim
 rank exits with ``os._exit`` right before admission, exits at its first MAX
 all-reduce, or sleeps instead of admitting; the parent checks every survivor's error
 and time to error, and that nothing hung. The process group's own timeout
@@ -17,10 +17,8 @@ decisions (LocalCommunicator), never from the collective path under test.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -28,6 +26,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch.distributed")
+
+from tests.distributed.ranks import Ranks, preload
 
 WORLD = 4
 VICTIM = 2  # a middle rank: its ring neighbours and the ranks beyond them both wait on it
@@ -200,52 +200,32 @@ def _run_group(scenario: str) -> tuple[list[dict[str, Any]], dict[int, int | Non
     from tests.distributed.test_collective_admission import _free_port
 
     port = _free_port()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, json.dumps({"rank": r, "port": port, "scenario": scenario})],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in range(WORLD)
-    ]
+    preload()
+    ranks = Ranks(worker, [(r, WORLD, port, scenario) for r in range(WORLD)])
     victim = VICTIM if scenario != "alive" else None
-    start = time.perf_counter()
     results: list[dict[str, Any]] = []
     codes: dict[int, int | None] = {}
     failures: list[str] = []
     try:
-        for r, p in enumerate(procs):
+        for r in range(WORLD):
             if r == victim:
                 continue
-            left = max(1.0, JOIN_TIMEOUT_S - (time.perf_counter() - start))
-            try:
-                stdout, stderr = p.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
+            kind, value = ranks.outcome(r, JOIN_TIMEOUT_S)
+            codes[r] = ranks.exit_code(r, JOIN_TIMEOUT_S)
+            if kind == "result":
+                results.append(value)
+            elif kind == "hung":
                 failures.append(f"rank {r} hung (> {JOIN_TIMEOUT_S} s)")
-                continue
-            codes[r] = p.returncode
-            lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-            if p.returncode != 0 or not lines:
-                failures.append(f"rank {r} exited {p.returncode}:\n{stderr[-3000:]}")
-                continue
-            results.append(json.loads(lines[-1][len("RESULT ") :]))
+            else:
+                failures.append(f"rank {r} {kind}: {value}")
         if victim is not None:
-            vp = procs[victim]
-            if scenario != "stuck":  # it exits on its own, at once
-                try:
-                    vp.wait(timeout=max(1.0, JOIN_TIMEOUT_S - (time.perf_counter() - start)))
-                except subprocess.TimeoutExpired:
-                    failures.append(f"victim rank {victim} did not exit")
-            codes[victim] = vp.poll()
+            exits = scenario != "stuck"  # it exits on its own, at once
+            if exits and ranks.exit_code(victim, JOIN_TIMEOUT_S) is None:
+                failures.append(f"victim rank {victim} did not exit")
+            codes[victim] = ranks.procs[victim].exitcode
     finally:
-        for p in procs:  # only the processes this test started
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    wall = time.perf_counter() - start
+        ranks.stop()
+    wall = time.perf_counter() - ranks.start
     print(f"\n[{scenario}] world={WORLD} timeout={TIMEOUT_S:g} s wall {wall:.2f} s")
     for res in sorted(results, key=lambda x: x["rank"]):
         shown = res.get("admit") or res.get("timed") or {}
@@ -356,13 +336,3 @@ def test_without_a_timeout_the_error_names_the_groups_own() -> None:
     assert "all_reduce(MIN) on group of 2 ranks [4, 5] (this is rank 5)" in message
     assert "within the process group's timeout" in message
     assert message.endswith("(torch: Operation timed out!)")
-
-
-if __name__ == "__main__":
-    _spec = json.loads(sys.argv[1])
-    _res = worker(_spec["rank"], WORLD, _spec["port"], _spec["scenario"])
-    print("RESULT " + json.dumps(_res), flush=True)
-    # Skip interpreter teardown: a group with a dead peer (or torch 2.13's gloo threads)
-    # can abort or block in C++ destructors at exit; the result is already printed.
-    sys.stderr.flush()
-    os._exit(0)

@@ -719,3 +719,27 @@ def test_cli_import_verify_manifest(golden_copy: Path, capsys: pytest.CaptureFix
     assert "cells.csv: sha256" in err and "'1478316033'" in err and "'1478316032'" in err
     assert golden_cli.main(["manifest", "--golden", str(golden_copy)]) == 0
     assert verify_manifest(golden_copy) == []
+
+
+def test_normalised_sources_follow_the_files_bytes(tmp_path: Path) -> None:
+    """``normalize_sources`` gives a directory read before its rows again (by the bytes'
+    hash): a changed byte is read anew, and a caller's edit of the rows it got reaches no
+    later caller."""
+    from cpmem.golden.sources import normalize_sources
+
+    sources = tmp_path / "sources"
+    shutil.copytree(GOLDEN_DIR / "sources", sources)
+    first = normalize_sources(sources)
+    first[0]["model"] = "edited by a caller"
+    again = normalize_sources(sources)
+    assert (
+        again == normalize_sources(GOLDEN_DIR / "sources")
+        and again[0]["model"] != first[0]["model"]
+    )
+    path = sources / "art_recompute_memory.csv"
+    text = path.read_text(encoding="utf-8")
+    assert text.count("Qwen/Qwen3.8-27B") > 1
+    path.write_text(text.replace("Qwen/Qwen3.8-27B", "Qwen/Qwen3.9-27B", 1), encoding="utf-8")
+    changed = normalize_sources(sources)
+    moved = [(a["cell_id"], a["model"]) for a, b in zip(again, changed, strict=True) if a != b]
+    assert [model for _, model in moved] == ["Qwen/Qwen3.8-27B"]

@@ -302,3 +302,16 @@ def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
         patch.setattr(step_module, "rows_per_token", rounded_up)
         broken = run_tier(GOLDEN, "moe")
     assert len(broken.failing("headroom")) > 10
+
+
+def test_the_kept_report_is_up_to_date() -> None:
+    """golden/reports/megatron.md is what ``python -m cpmem.gate.megatron_report`` prints
+    now, and what it reports is met (``--check`` exits 0)."""
+    from pathlib import Path
+
+    from cpmem.gate import megatron_report
+
+    kept = Path(__file__).resolve().parents[2] / megatron_report.REPORT_PATH
+    said: list[str] = []
+    assert megatron_report.main(["--check", str(kept)], emit=said.append) == 0
+    assert said[-1] == f"{kept} is up to date"

@@ -13,6 +13,7 @@ are the intercept at a token count whose tensors fill whole 512-byte blocks.
 
 from __future__ import annotations
 
+import gc
 import warnings
 from typing import Any
 
@@ -45,8 +46,13 @@ def _cross_entropy(tokens: int, vocab: int) -> dict[str, Any]:
 
     logits = torch.randn(tokens, 1, vocab, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, vocab, (tokens, 1), dtype=torch.long)
+    # the loss's own storages: cyclic garbage (from earlier in the process, or made
+    # here) is collected before the live bytes are read, not left to the collector's
+    # schedule, which depends on what the process ran before (under xdist, any module)
+    gc.collect()
     with LiveBytesTracker() as tracker:
         losses = vocab_parallel_cross_entropy(logits, labels)
+        gc.collect()
         kept = tracker.live
         tracker.set_phase("backward")
         losses.sum().backward()

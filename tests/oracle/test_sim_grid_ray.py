@@ -190,3 +190,44 @@ def test_a_failed_run_keeps_its_ranks_and_records_the_failure(
     run = _runs(tmp_path)[-1]
     assert run["failed"] == "RuntimeError: a rank failed" and run["ranks_simulated"] == 1
     assert _manifest_holds(tmp_path)
+
+
+class _FinishesEvery(Engine):
+    """Finishes every job at once (made-up results)."""
+
+    name = "fake"
+
+    def results(self, jobs: Any) -> Iterator[dict[str, Any]]:
+        for job in jobs:
+            yield {"config_id": job["config_id"], "rank": job["rank"], "forward_peak_bytes": 1,
+                   "forward_backward_peak_bytes": 2, "retained_bytes": 3, "seconds": 0.0}  # fmt: skip
+
+
+def test_a_ctrl_c_right_after_a_ranks_line_is_recorded_with_that_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving ``_interrupt`` can hit, made certain: the run's first rank line
+    reaches ranks.jsonl, the test (watching the file) sends SIGINT, and Python raises
+    KeyboardInterrupt in the driver at its next step, before anything after the write
+    has run. Here the signal is raised right after the rank is appended (``raise_signal``
+    runs the handler before it returns). The record must say what the file holds: one
+    rank simulated, interrupted; a count kept in memory beside the file said 0."""
+    append = sim_grid.append_rank
+
+    def append_then_ctrl_c(fh: Any, res: dict[str, Any]) -> None:
+        append(fh, res)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(sim_grid, "append_rank", append_then_ctrl_c)
+    monkeypatch.setattr(sim_grid, "open_engine", lambda *a: _FinishesEvery())
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's Ctrl-C
+    try:
+        rc = sim_grid.main(["--engine", "local", "--only", ONLY, "--out", str(tmp_path)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert rc == 130
+    assert len(_ranks(tmp_path)) == 1
+    run = _runs(tmp_path)[-1]
+    assert run["interrupted"] and "failed" not in run
+    assert run["ranks_simulated"] == 1
+    assert _manifest_holds(tmp_path)

@@ -1,43 +1,67 @@
 """The package layout of docs/architecture.md, held by test: arrows only point down.
 
-Reads every module of ``cpmem/`` with ``ast`` (imports inside functions count too)
-and checks (1) each stage imports only the stages below it, (2) no import circle
-anywhere, between modules or between packages.
+The rule is the doc's table ("Packages"), read here, not restated: each row names a
+package (its first cell), the modules it owns (backticked in the second) and the packages
+it imports (the third: a comma list, ``nothing of cpmem`` or ``everything``). Reads every
+module of ``cpmem/`` with ``ast`` (imports inside functions and under ``TYPE_CHECKING``
+count too) and checks (1) each package imports exactly the packages its row lists (the
+top row, ``everything``, any), (2) a row lists only packages of the rows above it, so
+arrows point down only, (3) every module is named in its package's row, (4) no import
+circle anywhere, between modules or between packages.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-CPMEM = Path(__file__).resolve().parents[2] / "cpmem"
+REPO = Path(__file__).resolve().parents[2]
+CPMEM = REPO / "cpmem"
+DOC = REPO / "docs" / "architecture.md"
+EVERYTHING = "everything"
 
-# stage -> the stages it may import ("base" = errors, units, the package root)
-_CORE = {"base", "model", "plan", "step", "pricing", "megatron"}
-_SAMPLES = _CORE | {"golden"}
-_CALIBRATION = _SAMPLES | {"samples"}
-_REPORTS = _CALIBRATION | {"admission", "api", "calibration"}
-_GATE = _REPORTS | {"reports"}
-_DIFF = _GATE | {"gate"}
-MAY_IMPORT: dict[str, set[str]] = {
-    "base": set(),
-    "model": {"base"},
-    "plan": {"base", "model"},
-    "step": {"base", "model", "plan"},
-    "pricing": {"base", "model", "plan", "step"},
-    "megatron": {"base", "model", "plan", "step"},  # it reads arguments, never prices
-    "admission": _CORE,
-    "api": _CORE,
-    "golden": {"base"},
-    "samples": _SAMPLES,
-    "calibration": _CALIBRATION,
-    "reports": _REPORTS,
-    "gate": _GATE,
-    "diff": _DIFF,
-    "cli_help": {"base", "pricing", "step"},
-    "cli_megatron": _REPORTS | {"reports", "cli_help"},
-    "cli": _DIFF | {"diff", "cli_help", "cli_megatron"},
-}
+
+def _stage_of_cell(cell: str) -> str:
+    """The stage a row's first cell names: ``cpmem/model/`` -> model, ``cpmem/api.py``
+    -> api; the row of ``errors.py`` and ``units.py`` is ``base`` (with the package root)."""
+    first = re.findall(r"`([^`]+)`", cell)[0]
+    name = first.removeprefix("cpmem/").rstrip("/").removesuffix(".py")
+    return "base" if name in ("errors", "units") else name
+
+
+def _table_rows() -> list[tuple[str, str, str]]:
+    """The "Packages" table: (stage, owns, may import) per row, in the doc's order."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## Packages", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] in ("package", "---"):
+            continue
+        rows.append((_stage_of_cell(cells[0]), cells[1], cells[2]))
+    return rows
+
+
+ROWS = _table_rows()
+ORDER = [stage for stage, _, _ in ROWS]
+
+
+def _listed(cell: str) -> set[str] | None:
+    """A row's "may import" cell as stages; None: ``everything``."""
+    if cell == EVERYTHING:
+        return None
+    if cell == "nothing of cpmem":
+        return set()
+    names = {name.strip() for name in cell.split(",")}
+    unknown = names - set(ORDER)
+    assert not unknown, f"docs/architecture.md: {cell!r} names no package row: {unknown}"
+    return names
+
+
+MAY_IMPORT: dict[str, set[str] | None] = {stage: _listed(cell) for stage, _, cell in ROWS}
+"""stage -> the stages its row lists ("base" = errors, units, the package root); None:
+every stage (the command line at the top)."""
 
 
 def _module_name(path: Path) -> str:
@@ -72,19 +96,60 @@ def _imports(path: Path) -> set[str]:
 GRAPH = {_module_name(p): _imports(p) for p in sorted(CPMEM.rglob("*.py"))}
 
 
-def test_every_module_is_in_a_known_stage() -> None:
-    assert {_stage(m) for m in GRAPH} <= set(MAY_IMPORT)
+def _imported_stages() -> dict[str, dict[str, str]]:
+    """stage -> {a stage it imports: one import that shows it ("mod -> dep")}."""
+    found: dict[str, dict[str, str]] = {}
+    for mod, deps in sorted(GRAPH.items()):
+        for dep in sorted(deps):
+            if _stage(dep) != _stage(mod):
+                found.setdefault(_stage(mod), {}).setdefault(_stage(dep), f"{mod} -> {dep}")
+    return found
+
+
+def test_the_doc_table_has_a_row_per_stage() -> None:
+    assert len(ORDER) == len(set(ORDER)), "a package has two rows"
+    assert {_stage(m) for m in GRAPH} == set(ORDER)
     assert len(GRAPH) > 40  # the walk found the package
 
 
-def test_stages_import_only_the_stages_below_them() -> None:
+def test_each_package_imports_exactly_what_its_row_lists() -> None:
+    imported = _imported_stages()
+    unlisted = [
+        f"{how} ({dep} is not in {stage}'s row)"
+        for stage, deps in imported.items()
+        for dep, how in deps.items()
+        if MAY_IMPORT[stage] is not None and dep not in MAY_IMPORT[stage]
+    ]
+    unused = [
+        f"{stage}'s row lists {dep}, which none of its modules imports"
+        for stage, listed in MAY_IMPORT.items()
+        for dep in sorted(listed or ())
+        if dep not in imported.get(stage, {})
+    ]
+    assert unlisted + unused == []
+
+
+def test_rows_list_only_packages_above_them() -> None:
     wrong = [
-        f"{mod} -> {dep}"
-        for mod, deps in GRAPH.items()
-        for dep in deps
-        if _stage(dep) != _stage(mod) and _stage(dep) not in MAY_IMPORT[_stage(mod)]
+        f"{stage} lists {dep}, a row below it"
+        for i, (stage, listed) in enumerate(MAY_IMPORT.items())
+        for dep in sorted(listed or ())
+        if dep not in ORDER[:i]
     ]
     assert wrong == []
+    assert list(MAY_IMPORT.values()).count(None) == 1 and MAY_IMPORT[ORDER[-1]] is None
+
+
+def test_every_module_is_named_in_its_packages_row() -> None:
+    named = {stage: set(re.findall(r"`([A-Za-z_]+)/?`", owns)) for stage, owns, _ in ROWS}
+    missing = [
+        mod
+        for mod in GRAPH
+        if mod.count(".") >= 2  # a package's module (the one-file rows name themselves)
+        and not (CPMEM.parent / mod.replace(".", "/") / "__init__.py").exists()  # a package
+        and mod.rsplit(".", 1)[1] not in named[_stage(mod)]
+    ]
+    assert missing == []
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -11,6 +11,7 @@ runs forward and backward on the CPU at tiny size. No memory figure is produced 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import subprocess
@@ -52,7 +53,13 @@ HYBRID = {
     "linear_value_head_dim": 16,
     "linear_conv_kernel_dim": 4,
 }
-MEGATRON = have_megatron_cross_entropy()
+
+
+@functools.cache
+def megatron() -> bool:
+    """Whether megatron-core's cross entropy imports: asked by the tests that need it, not
+    at collection (importing megatron-core takes seconds, in every xdist worker)."""
+    return have_megatron_cross_entropy()
 
 
 def _config(tmp_path: Path, raw: dict[str, Any], name: str) -> str:
@@ -85,7 +92,7 @@ def test_trainer_flags_parse() -> None:
     )
     assert spec.head_ce == "" and not spec.is_harness and not spec.harness_adapters
     logits = _spec("--head", "logits")
-    assert logits.head_ce == ("megatron" if MEGATRON else "torch")
+    assert logits.head_ce == ("megatron" if megatron() else "torch")
     assert _spec("--head", "logits", "--head-ce", "torch").head_ce == "torch"
     dropout_only = _spec("--lora-dropout", "0.1")
     assert dropout_only.head == "hidden" and not dropout_only.is_harness
@@ -373,7 +380,7 @@ CELLS = {
 def test_cpu_trainer_cell_runs_every_step(name: str, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     model, args = CELLS[name]
-    if model == "dense" and not MEGATRON:
+    if model == "dense" and not megatron():
         pytest.skip("megatron-core is not installed")
     cfg = _config(tmp_path, HYBRID if model == "hybrid" else DENSE, model)
     summary = _run(tmp_path, name, ["--config", cfg, "--lengths", "100", *args])
@@ -390,7 +397,7 @@ def test_cpu_heads_run_and_compute_the_same_loss(tmp_path: Path) -> None:
     cfg = _config(tmp_path, HYBRID, "hybrid")
     base = ["--config", cfg, "--lengths", "100"]
     heads = [["--head", "logits", "--head-ce", "torch"], ["--head", "chunked:32"]]
-    if MEGATRON:
+    if megatron():
         heads.append(["--head", "logits", "--head-ce", "megatron"])
     losses = []
     for i, head in enumerate(heads):

@@ -93,12 +93,12 @@ def test_the_estimate_names_its_routing_and_prices_the_others_beside_it() -> Non
     worst = estimate("qwen3-30b-a3b", [4096], **common).to_dict()
     assert worst["moe_routing"] == "concentrated" and worst["routing_bound"].startswith("bound")
     figures = worst["routing_figures"]
-    assert figures["worst"] == worst["estimate_bytes"]
-    assert figures["balanced"] < figures["worst"] and worst["capacity_factor"] == 1.0
+    assert figures["concentrated"] == worst["estimate_bytes"]
+    assert figures["balanced"] < figures["concentrated"] and worst["capacity_factor"] == 1.0
     stated = estimate("qwen3-30b-a3b", [4096], moe_routing="capacity:1.25", **common).to_dict()
     assert stated["routing_figures"]["capacity"] == stated["estimate_bytes"]
     assert stated["capacity_factor"] == 1.25
-    assert figures["balanced"] < stated["estimate_bytes"] < figures["worst"]
+    assert figures["balanced"] < stated["estimate_bytes"] < figures["concentrated"]
     balanced = estimate("qwen3-30b-a3b", [4096], moe_routing="balanced", **common).to_dict()
     assert balanced["routing_bound"] == "expectation"
     # a policy that prices no routing gives no figures under others
