@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,10 +18,9 @@ from typing import Any
 
 from cpmem import cli_megatron
 from cpmem.api import describe_step, price_step, record_profile
-from cpmem.cli_help import HELP, policy_help
+from cpmem.cli_help import HELP, add_setting_args, given_settings, policy_help
 from cpmem.errors import CpmemError, InputError
 from cpmem.plan.layout import data_parallel
-from cpmem.plan.planners import PLANNER_CHOICES
 from cpmem.plan.request import Request
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.registry import policy_names
@@ -33,49 +31,18 @@ from cpmem.reports.cli_render import (
     render_models,
 )
 from cpmem.step.profiles import ProfileStore
-from cpmem.step.recompute import MODES
-from cpmem.step.runtime import ATTENTION_BACKENDS, RUNTIMES, TRAININGS
+from cpmem.step.settings import DEFAULTS, parse_int_list, whole_bytes
 from cpmem.units import fmt_gib
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def parse_int_list(field: str, text: str) -> list[int]:
-    """``4096,4096`` (or ``4096+4096``) as integers; an empty item is an error, not
-    silently dropped (``4096,,`` and ``,4096`` are not ``[4096]``)."""
-    items = text.replace("+", ",").split(",")
-    values = []
-    for i, item in enumerate(items):
-        if not item.strip():
-            raise InputError(field, text, f"item {i + 1} of {len(items)} is empty")
-        try:
-            values.append(int(item))
-        except ValueError:
-            raise InputError(field, text, f"item {i + 1} ({item!r}) is not an integer") from None
-    return values
-
-
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help=HELP["--model"])
-    src.add_argument("--config", help=HELP["--config"])
+    src.add_argument("--config", dest="config", help=HELP["--config"])
     src.add_argument("--megatron-args", help=HELP["--megatron-args"])
-    fused = p.add_mutually_exclusive_group()
-    fused.add_argument(
-        "--fused-activation",
-        dest="fused",
-        action="store_const",
-        const=True,
-        default=None,
-        help=HELP["--fused-activation"],
-    )
-    fused.add_argument(
-        "--unfused-activation",
-        dest="fused",
-        action="store_const",
-        const=False,
-        help=HELP["--unfused-activation"],
-    )
+    add_setting_args(p, ("activation",))
 
 
 def _defaults(command: str) -> dict[str, Any]:
@@ -84,126 +51,18 @@ def _defaults(command: str) -> dict[str, Any]:
 
 
 def _add_settings_args(p: argparse.ArgumentParser, device_help: str = "--device") -> None:
-    """The step settings every pricing command takes (``describe_settings``'s keywords
-    but the layout's TP and CP): ``estimate`` and ``admit`` through ``_add_request_args``,
-    ``capacity`` through ``_add_capacity_args``; ``_settings_arguments`` maps them."""
-    p.add_argument("--ep", type=int, help=HELP["--ep"])
-    sp = p.add_mutually_exclusive_group()
-    sp.add_argument(
-        "--sp", dest="sp", action="store_const", const=True, default=None, help=HELP["--sp"]
-    )
-    sp.add_argument("--no-sp", dest="sp", action="store_const", const=False, help=HELP["--no-sp"])
-    p.add_argument("--recompute", choices=MODES, default=None, help=HELP["--recompute"])
-    p.add_argument("--modules", default=None, help=HELP["--modules"])
+    """The step settings every pricing command takes, from their declaration
+    (``cpmem.step.settings``: the groups but the model's source and the request's own),
+    and the policy; ``estimate`` and ``admit`` through ``_add_request_args``, ``capacity``
+    through ``_add_capacity_args``; ``given_settings`` reads the ones given."""
     p.add_argument("--policy", default=None, help=policy_help())
-    p.add_argument("--planner", choices=PLANNER_CHOICES, default=None, help=HELP["--planner"])
-    p.add_argument("--compiled", action="store_true", help=HELP["--compiled"])
-    p.add_argument(
-        "--moe-routing",
-        default="concentrated",
-        metavar="ROUTING",
-        help=HELP["--moe-routing"],
-    )
-    p.add_argument("--profiles", help=HELP["--profiles"])
-    p.add_argument("--step", choices=("first", "steady"), default="steady", help=HELP["--step"])
-    p.add_argument("--head", default="logits", help=HELP["--head"])
-    p.add_argument("--lora-rank", type=int, default=1, help=HELP["--lora-rank"])
-    p.add_argument("--lora-dropout", type=float, default=0.0, help=HELP["--lora-dropout"])
-    p.add_argument("--lora-targets", default="all", help=HELP["--lora-targets"])
-    p.add_argument(
-        "--cp-comm",
-        choices=("all_gather", "p2p", "a2a", "a2a+p2p"),
-        default=None,
-        help=HELP["--cp-comm"],
-    )
-    proc = p.add_argument_group("the process and what it trains")
-    proc.add_argument("--runtime", choices=RUNTIMES, default="art", help=HELP["--runtime"])
-    proc.add_argument("--training", choices=TRAININGS, default="lora", help=HELP["--training"])
-    proc.add_argument(
-        "--attention-backend",
-        choices=("auto", *ATTENTION_BACKENDS),
-        default=None,
-        help=HELP["--attention-backend"],
-    )
-    proc.add_argument("--container", default="dev", help=HELP["--container"])
-    proc.add_argument("--etp", type=int, default=None, help=HELP["--etp"])
-    proc.add_argument(
-        "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help=HELP["--dtype"]
-    )
-    proc.add_argument("--rank", default=None, help=HELP["--rank"])
-    whole = p.add_argument_group("the whole device (static memory and the device's budget)")
-    whole.add_argument("--dp", type=int, help=HELP["--dp"])
-    whole.add_argument(
-        "--optimizer", choices=("adam", "sgd", "none"), default="adam", help=HELP["--optimizer"]
-    )
-    whole.add_argument(
-        "--distributed-optimizer", action="store_true", help=HELP["--distributed-optimizer"]
-    )
-    whole.add_argument("--device", help=HELP[device_help])
-    whole.add_argument("--device-total-bytes", type=float, help=HELP["--device-total-bytes"])
-    pipe = p.add_argument_group("pipeline parallelism (every stage's schedule priced)")
-    pipe.add_argument("--pp", type=int, help=HELP["--pp"])
-    pipe.add_argument("--vpp", type=int, help=HELP["--vpp"])
-    pipe.add_argument("--microbatches", type=int, default=None, help=HELP["--microbatches"])
-    pipe.add_argument("--stage-layers", help=HELP["--stage-layers"])
-    pipe.add_argument("--first-stage-layers", type=int, help=HELP["--first-stage-layers"])
-    pipe.add_argument("--last-stage-layers", type=int, help=HELP["--last-stage-layers"])
-
-
-def _size(given: int | None) -> int:
-    """A parallel size flag: 1 where not given. The flags default to None, so that
-    beside ``--megatron-args`` a size given as 1 is told from one not given."""
-    return 1 if given is None else given
-
-
-def _settings_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """``describe_settings``'s keywords from ``_add_settings_args``'s flags."""
-    return {
-        "config": args.config,
-        "fused_swiglu": args.fused,
-        "sp": args.sp,
-        "ep": _size(args.ep),
-        "recompute": args.recompute,
-        "modules": args.modules,
-        "planner": args.planner,
-        "compiled": args.compiled,
-        "moe_routing": args.moe_routing,
-        "profiles": args.profiles,
-        "step": args.step,
-        "head": args.head,
-        "lora_rank": args.lora_rank,
-        "lora_dropout": args.lora_dropout,
-        "lora_targets": args.lora_targets,
-        "cp_comm": args.cp_comm,
-        "dp": 1 if args.dp is None else args.dp,
-        "optimizer": args.optimizer,
-        "distributed_optimizer": args.distributed_optimizer,
-        "device": args.device,
-        "device_total_bytes": _whole_bytes("device_total_bytes", args.device_total_bytes),
-        "pp": _size(args.pp),
-        "vpp": _size(args.vpp),
-        "stage_layers": None
-        if args.stage_layers is None
-        else parse_int_list("stage_layers", args.stage_layers),
-        "first_stage_layers": args.first_stage_layers,
-        "last_stage_layers": args.last_stage_layers,
-        "runtime": args.runtime,
-        "training": args.training,
-        "attention_backend": args.attention_backend,
-        "container": args.container,
-        "etp": args.etp,
-        "dtype": args.dtype,
-        "rank": args.rank or "busiest",
-        **({} if args.microbatches is None else {"microbatches": args.microbatches}),
-    }
+    add_setting_args(p, ("step", "process", "whole", "pipeline"), {"--device": HELP[device_help]})
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", help=HELP["--lengths"])
     p.add_argument("--shared-prefix", type=int, default=0, help=HELP["--shared-prefix"])
-    p.add_argument("--tp", type=int, help=HELP["--tp"])
-    p.add_argument("--cp", type=int, help=HELP["--cp"])
-    p.add_argument("--allow-long", action="store_true", help=HELP["--allow-long"])
+    add_setting_args(p, ("request",))
     _add_settings_args(p)
     mbs = p.add_mutually_exclusive_group()
     mbs.add_argument("--microbatch-lengths", help=HELP["--microbatch-lengths"])
@@ -224,9 +83,10 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
     rank_tokens = (
         None if args.rank_tokens is None else parse_int_list("rank_tokens", args.rank_tokens)
     )
+    given = given_settings(args)
     arguments = {
         "model": args.model,
-        **_settings_arguments(args),
+        **given,
         "lengths": lengths,
         "shared_prefix": args.shared_prefix,
         "logical_tokens": args.logical_tokens,
@@ -234,16 +94,12 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "rank_tokens": rank_tokens,
         "busiest_tokens": args.busiest_tokens,
         "segments": args.segments,
-        "tp": _size(args.tp),
-        "cp": _size(args.cp),
-        "allow_long": args.allow_long,
         **_microbatch_arguments(args),
     }
     world = getattr(args, "world_size", None)  # profile record has no --world-size
     if world is not None:
-        arguments["dp"] = data_parallel(
-            world, _size(args.tp), _size(args.cp), _size(args.pp), args.dp
-        )
+        tp, cp, pp = (given.get(k, DEFAULTS[k]) for k in ("tp", "cp", "pp"))
+        arguments["dp"] = data_parallel(world, tp, cp, pp, given.get("dp"))
     return arguments
 
 
@@ -260,8 +116,6 @@ def _microbatch_arguments(args: argparse.Namespace) -> dict[str, Any]:
     elif args.microbatch_file is not None:
         given = _microbatch_file(args.microbatch_file)
     out: dict[str, Any] = {}
-    if args.microbatches is not None:
-        out["microbatches"] = args.microbatches
     if given is not None:
         if args.lengths is not None:
             raise InputError(
@@ -290,15 +144,6 @@ def _microbatch_file(path: str) -> list[Any]:
             raise InputError(f"microbatch_file[{i}].shared_prefix", prefix, "must be an integer")
         out.append(Request.shared(lengths, prefix))
     return out
-
-
-def _whole_bytes(field: str, value: float | None) -> int | None:
-    """A byte count given as a number (``1.5e11`` included): a whole, finite one."""
-    if value is None:
-        return None
-    if not math.isfinite(value) or value != int(value):
-        raise InputError(field, value, "must be a whole number of bytes")
-    return int(value)
 
 
 _warn = cli_megatron.warn
@@ -341,7 +186,7 @@ def _harness_figure(args: argparse.Namespace, est: Estimate) -> str | None:
         return None
     arguments = _step_arguments(args)
     harness = {"head": "hidden", "step": "first", "lora_rank": 1, "lora_dropout": 0.0}
-    if all(arguments.get(k) == v for k, v in harness.items()):
+    if all({**DEFAULTS, **arguments}.get(k) == v for k, v in harness.items()):
         return None
     arguments.update(harness, lora_targets="all")
     try:
@@ -453,7 +298,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         pack=DEFAULT_PACK if args.pack is None else args.pack,
         policy=args.policy,
         figure=args.figure,
-        **_settings_arguments(args),
+        **given_settings(args),
     )
     written = None if plot is None else write_capacity_plot(found, plot)
     if args.json:
@@ -480,7 +325,7 @@ def cmd_profile_record(args: argparse.Namespace) -> int:
         raise InputError("profiles", None, "name the store to record into (--profiles FILE)")
     arguments = _step_arguments(args)
     path = arguments.pop("profiles")
-    peak = _whole_bytes("peak_bytes", args.peak_bytes)
+    peak = whole_bytes("peak_bytes", args.peak_bytes)
     assert peak is not None
 
     signature, tokens = record_profile(path, peak, **arguments)

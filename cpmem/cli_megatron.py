@@ -2,9 +2,9 @@
 own arguments into the one step description (``cpmem.api.describe_megatron``), then
 priced, admitted or searched as every step is.
 
-``cpmem.cli`` hands a command here when ``--megatron-args`` is given, with the command's
-parser defaults: every flag the user gave (its value differs from the default) is passed
-over the arguments' settings as ``describe_step``'s keyword (``--lora-rank 16`` prices a
+``cpmem.cli`` hands a command here when ``--megatron-args`` is given: every setting flag
+the user gave (``given_settings``, a default typed explicitly included) is passed over the
+arguments' settings as ``describe_step``'s keyword (``--lora-rank 16`` prices a
 LoRA run on that model; ``--recompute full`` another recompute; ``--policy reference``
 ART's published formula, which names the runtime as an option it does not price).
 ``cpmem.cli`` builds its parser with ``add_megatron_args`` for every command, so the
@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpmem.api import MEGATRON_POLICY, describe_megatron
-from cpmem.cli_help import HELP
+from cpmem.cli_help import HELP, given_settings
 from cpmem.errors import InputError
 from cpmem.pricing.registry import backend_spread, price
 from cpmem.reports.cli_render import render_capacity, render_megatron_estimate
+from cpmem.step.settings import DEFAULTS, SETTINGS
 from cpmem.step.step import Step
 from cpmem.units import fmt_gib
 
@@ -35,54 +36,51 @@ def add_megatron_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--world-size", type=int, help=HELP["--world-size"])
 
 
-OWN_FLAGS = frozenset(
-    {
-        "megatron_args",
-        "world_size",
-        "rank",
-        "attention_backend",
-        "device",
-        "json",
-        "budget_gib",
-        "container",
-        "policy",
-        "handler",
-        "command",
-        "figure",
-    }
-)
-"""The flags a ``--megatron-args`` command reads itself; every other flag given is an
-override of the run's step."""
-
-FLAG_KEYWORDS = {"fused": "fused_swiglu"}
-"""Flags whose ``describe_step`` keyword has another name."""
+DOOR_SETTINGS = frozenset({"rank", "device", "attention_backend", "container"})
+"""The settings a ``--megatron-args`` command reads itself (``_run_keywords``): how the run
+is answered and which kernels it picks; every other setting given is an override of the
+run's step, exactly the ones given (``given_settings``: a value typed equal to cpmem's
+default is an override too)."""
 
 NOT_OVERRIDES = frozenset({"layouts", "pack", "plot", "free_bytes", "reusable_reserved_bytes"})
 """Flags of the commands that describe no step setting (capacity's search, a runtime's
 budget figures): refused with ``--megatron-args`` by name."""
 
+REQUEST_FLAGS = (
+    "lengths",
+    "microbatch_lengths",
+    "microbatch_file",
+    "shared_prefix",
+    "logical_tokens",
+    "packed_tokens",
+    "rank_tokens",
+    "busiest_tokens",
+    "segments",
+)
+"""A request's flags and an explicit plan's: a Megatron-LM run's request is its
+arguments' own."""
+
 
 def _overrides(args: argparse.Namespace, defaults: dict[str, Any]) -> dict[str, Any]:
-    """``describe_step``'s keywords for the flags the user gave over the run's."""
-    given = {
-        k: v
-        for k, v in vars(args).items()
-        if k not in OWN_FLAGS and k in defaults and v != defaults[k]
+    """``describe_step``'s keywords for the settings the user gave over the run's; the
+    commands' other flags given (``defaults``: their values when not given) are refused
+    where they describe no step setting or a request."""
+    others = {
+        k for k, v in vars(args).items() if k in defaults and k not in SETTINGS and v != defaults[k]
     }
-    refused = sorted(k for k in given if k in NOT_OVERRIDES)
+    refused = sorted(k for k in others if k in NOT_OVERRIDES)
     if refused:
         flags = ", ".join("--" + k.replace("_", "-") for k in refused)
         raise InputError("megatron_args", args.megatron_args, f"does not take {flags}")
-    out = {FLAG_KEYWORDS.get(k, k): v for k, v in given.items()}
-    for name in ("lengths", "microbatch_lengths", "microbatch_file"):
-        if name in out:
+    for name in REQUEST_FLAGS:
+        if name in others:
             raise InputError(
                 name,
-                out[name],
+                getattr(args, name),
                 "a Megatron-LM run's request is --micro-batch-size sequences of --seq-length "
                 "tokens each micro-batch (its arguments)",
             )
-    return out
+    return {k: v for k, v in given_settings(args).items() if k not in DOOR_SETTINGS}
 
 
 def _run_keywords(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,7 +93,7 @@ def _run_keywords(args: argparse.Namespace) -> dict[str, Any]:
         "rank": args.rank or "busiest",
         "device": args.device or "h100",
         "attention_backend": args.attention_backend,
-        "container": args.container,
+        "container": args.container or DEFAULTS["container"],
     }
 
 

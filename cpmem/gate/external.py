@@ -49,6 +49,7 @@ from cpmem.plan.request import Request
 from cpmem.reports.tables import pct
 from cpmem.samples.cells import cell_step, is_measured
 from cpmem.samples.rows import SimRow, row_step, simulated_dir
+from cpmem.step.settings import SETTINGS
 from cpmem.step.step import Step, StepSettings
 
 __all__ = [
@@ -339,7 +340,7 @@ def step_description(
             )
     elif lengths is None:
         raise InputError("lengths", None, "a step with an explicit plan needs its request's")
-    s, g, layout = step.settings, step.geometry, step.plan.layout
+    s, g = step.settings, step.geometry
     pipe = s.pipeline
     given = list(lengths) if lengths is not None else []
     first = _plan_keys(step, given, shared_prefix)
@@ -348,51 +349,24 @@ def step_description(
     else:  # the step's request repeated
         later = [dict(first) for _ in range(pipe.microbatches - 1)]
     microbatch_plans = [dict(first), *later]
+    # every setting its declaration exports, under its keyword (cpmem.step.settings)
+    declared = {name: d.export(step) for name, d in SETTINGS.items() if d.export is not None}
     return {
         "cell_id": cell_id,
         "model": model,
         "config": hf_config(g),
-        "fused_swiglu": g.fused_swiglu,
         "dtype": dtype,
         "dtype_bytes": s.dtype_bytes,
-        "tp": layout.tp,
-        "cp": layout.cp,
-        "sp": layout.sp,
-        "ep": layout.ep,
-        "dp": layout.dp,
-        "recompute": str(step.recompute.mode),
-        "modules": [str(m) for m in step.recompute.modules],
-        "compiled": step.compiled,
-        "moe_routing": step.moe_routing,
+        **declared,
         "cold": step.cold,
-        "allow_long": s.allow_long,
-        "planner": step.plan.planner,
-        "head": step.head.label,
         "head_kind": step.head.kind,
         "head_chunk": step.head.chunk,
         "output_bytes": step.outputs,
-        "lora_rank": step.adapter.rank,
-        "lora_dropout": float(step.adapter.dropout),
-        "lora_targets": list(step.adapter.targets),
-        "cp_comm": step.cp_comm,
-        "optimizer": s.optimizer.kind,
-        "distributed_optimizer": s.optimizer.distributed,
-        "grad_bytes": s.optimizer.grad_bytes,
-        "training": s.training,
-        "runtime": s.runtime.name,
         "runtime_settings": _runtime_settings(s),
-        "rank": s.rank,
         "holds_embedding": s.holds_embedding,
-        "etp": layout.etp,
         "full_recompute_method": step.recompute.full_method,
         "full_recompute_layers": step.recompute.full_layers,
-        "microbatch_group": pipe.group,
-        "device": None if s.device is None else s.device.name,
-        "device_total_bytes": None if s.device is None else s.device.total_bytes,
         "device_compute_capability": _capability(s),
-        "pp": pipe.pp,
-        "vpp": pipe.vpp,
-        "microbatches": pipe.microbatches,
         "stage_layers": [len(r) for r in pipe.virtual_layers(g.layers)],
         **first,
         "rank_tokens_recorded": recorded,

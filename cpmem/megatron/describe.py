@@ -40,7 +40,7 @@ from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
 from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.model.geometry import ModelGeometry
-from cpmem.step.backend_choice import BackendChoice, choose_backend, container_named
+from cpmem.step.backend_choice import BackendChoice, container_named
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.device import Device, resolve_device
 from cpmem.step.recompute import FullMethod, Mode, Module, Recompute
@@ -204,14 +204,18 @@ def explicit_backend(args: MegatronArgs, asked: str | None) -> AttentionBackend 
     return chosen
 
 
-def megatron_backend(
+def megatron_process(
     args: MegatronArgs, device: Device, asked: str | None, container: str
-) -> BackendChoice:
-    """The backend priced: the one the caller or the arguments name, else (``auto``) the
-    one Transformer Engine picks for the run under ``container``."""
+) -> Runtime:
+    """The process the run runs in: with the backend the caller or the arguments name, or,
+    under ``auto``, left for the step to resolve as every door's is
+    (``StepSettings.with_backend_for``: Transformer Engine's pick for the step's model,
+    layout, dtype, device and longest sequence in ``container``); ``auto`` needs the
+    device's compute capability (an unknown one is refused here, not read as the measured
+    runtime's H200)."""
     named = explicit_backend(args, asked)
     if named is not None:
-        return BackendChoice(named, named, ())
+        return megatron_runtime(args, BackendChoice(named, named, ()), container)
     if device.compute_capability is None:
         raise InputError(
             "device",
@@ -219,25 +223,8 @@ def megatron_backend(
             "has no compute capability on record; Transformer Engine's choice under "
             "--attention-backend auto needs one (use a preset or name the backend)",
         )
-    heads, groups, head_dim, value_dim = attention_shape(args)
-    dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    return choose_backend(
-        "auto",
-        compute_capability=device.compute_capability,
-        heads=heads,
-        groups=groups,
-        head_dim=head_dim,
-        value_dim=value_dim,
-        sequence=args.seq_length,
-        tp=args.tensor_model_parallel_size,
-        cp=args.context_parallel_size,
-        cp_comm=args.cp_comm_type,
-        dtype=dtype,
-        attention_dropout=args.attention_dropout,
-        deterministic=args.deterministic_mode,
-        env=args.env,
-        container=container,
-    )
+    auto = BackendChoice(Runtime.megatron_lm().attention_backend, "auto", ())
+    return megatron_runtime(args, auto, container).pending_auto(container)
 
 
 FUNCTIONAL_TEST_CONFIG = "model_config.yaml"
@@ -354,7 +341,7 @@ def megatron_run(
     geometry = megatron_geometry(args, run_name(name))
     resolved = resolve_device(device)
     assert resolved is not None
-    choice = megatron_backend(args, resolved, attention_backend, container)
+    process = megatron_process(args, resolved, attention_backend, container)
     vpp = virtual_pipeline_size(args) or 1
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
@@ -376,7 +363,7 @@ def megatron_run(
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
         "cp_comm": args.cp_comm_type,
         "step": "steady",
-        "runtime": megatron_runtime(args, choice, container),
+        "runtime": process,
         "training": "full",
         "optimizer": "adam",
         "distributed_optimizer": args.use_distributed_optimizer,

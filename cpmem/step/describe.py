@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack, cast
 
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
@@ -20,10 +20,10 @@ from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import container_named
-from cpmem.step.device import Device, resolve_device
+from cpmem.step.device import resolve_device
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
-from cpmem.step.ranks import RankChoice, parse_rank
+from cpmem.step.ranks import parse_rank
 from cpmem.step.recompute import Mode, Recompute
 from cpmem.step.routing import check_routing
 from cpmem.step.runtime import (
@@ -32,10 +32,11 @@ from cpmem.step.runtime import (
     Runtime,
     check_training,
 )
+from cpmem.step.settings import DEFAULTS, SETTINGS
+from cpmem.step.settings import SettingsArguments as SettingsArguments
 from cpmem.step.step import (
     FP32_BYTES,
     STEP_KINDS,
-    MoeRouting,
     Step,
     StepKind,
     StepSettings,
@@ -50,51 +51,6 @@ from cpmem.step.trainer import (
     parse_targets,
 )
 from cpmem.units import counted
-
-
-class SettingsArguments(TypedDict, total=False):
-    """``describe_settings``'s keywords, for callers that pass them through."""
-
-    config: str | Path | dict[str, Any] | None
-    fused_swiglu: bool | None
-    tp: int
-    cp: int
-    sp: bool | None
-    ep: int
-    recompute: str | Recompute | None
-    modules: str | Sequence[str] | None
-    planner: str | None
-    compiled: bool
-    moe_routing: MoeRouting
-    step: StepKind
-    profiles: ProfileStore | str | Path | None
-    output_bytes: int | None
-    allow_long: bool
-    head: str | Head
-    lora_rank: int
-    lora_dropout: float
-    lora_targets: str | Sequence[str]
-    cp_comm: str | None
-    dp: int
-    optimizer: str
-    distributed_optimizer: bool
-    device: str | Device | None
-    device_total_bytes: int | None
-    pp: int
-    vpp: int
-    microbatches: int
-    stage_layers: Sequence[int] | None
-    first_stage_layers: int | None
-    last_stage_layers: int | None
-    runtime: str | Runtime
-    training: str
-    rank: RankChoice | str
-    etp: int | None
-    dtype: str
-    grad_bytes: int | None
-    attention_backend: str | None
-    container: str
-    microbatch_group: int | None
 
 
 class StepArguments(SettingsArguments, total=False):
@@ -113,48 +69,7 @@ class StepArguments(SettingsArguments, total=False):
 
 
 def describe_settings(
-    model: str | ModelGeometry | None = None,
-    *,
-    config: str | Path | dict[str, Any] | None = None,
-    fused_swiglu: bool | None = None,
-    tp: int = 1,
-    cp: int = 1,
-    sp: bool | None = None,
-    ep: int = 1,
-    recompute: str | Recompute | None = None,
-    modules: str | Sequence[str] | None = None,
-    planner: str | None = None,
-    compiled: bool = False,
-    moe_routing: MoeRouting = "concentrated",
-    step: StepKind = "steady",
-    profiles: ProfileStore | str | Path | None = None,
-    output_bytes: int | None = None,
-    allow_long: bool = False,
-    head: str | Head = "logits",
-    lora_rank: int = 1,
-    lora_dropout: float = 0.0,
-    lora_targets: str | Sequence[str] = "all",
-    cp_comm: str | None = None,
-    dp: int = 1,
-    optimizer: str = "adam",
-    distributed_optimizer: bool = False,
-    device: str | Device | None = None,
-    device_total_bytes: int | None = None,
-    pp: int = 1,
-    vpp: int = 1,
-    microbatches: int = 1,
-    stage_layers: Sequence[int] | None = None,
-    first_stage_layers: int | None = None,
-    last_stage_layers: int | None = None,
-    runtime: str | Runtime = "art",
-    training: str = "lora",
-    rank: RankChoice | str = "busiest",
-    etp: int | None = None,
-    dtype: str = "bf16",
-    grad_bytes: int | None = None,
-    attention_backend: str | None = None,
-    container: str = "dev",
-    microbatch_group: int | None = None,
+    model: str | ModelGeometry | None = None, **given: Unpack[SettingsArguments]
 ) -> StepSettings:
     """How a step runs: the model (a preset name or Hugging Face id, a ``config``, or a
     geometry), the layout (SP defaults to on when TP > 1, as Megatron runs it), the
@@ -192,24 +107,34 @@ def describe_settings(
     on either runtime, since Transformer Engine runs flash and fused on bf16/fp16 only). An
     unknown ``container`` is refused whether or not anything reads it; one nothing reads is
     named in ``ignored_options``."""
+    unknown = sorted(set(given) - set(SETTINGS))
+    if unknown:
+        raise InputError("settings", unknown, f"are not settings; one of {sorted(SETTINGS)}")
+    a = cast(SettingsArguments, {**DEFAULTS, **given})
+    runtime = a["runtime"]
     process = runtime if isinstance(runtime, Runtime) else Runtime.named(runtime)
+    fused_swiglu = a["fused_swiglu"]
     fused_swiglu_asked = fused_swiglu is not None
     if fused_swiglu is None:  # the runtime's (Megatron-LM's --bias-swiglu-fusion) or the model's
         fused_swiglu = process.fuses_swiglu
-    geometry = load_model(model, config=config, fused_swiglu=fused_swiglu)
+    geometry = load_model(model, config=a["config"], fused_swiglu=fused_swiglu)
     if not process.builds_mtp:  # the runtime builds no MTP layers: priced without them
         geometry = geometry.without_mtp()
+    tp, sp, etp = a["tp"], a["sp"], a["etp"]
     layout = ParallelLayout(
         tp=tp,
-        cp=cp,
+        cp=a["cp"],
         sp=(tp > 1) if sp is None else sp,
-        ep=ep,
-        dp=dp,
+        ep=a["ep"],
+        dp=a["dp"],
         etp=_default_etp(geometry, process, tp) if etp is None else etp,
     )
+    profiles = a["profiles"]
     store = ProfileStore.load(profiles) if isinstance(profiles, str | Path) else profiles
-    rc = _recompute(recompute, modules, process)
+    rc = _recompute(a["recompute"], a["modules"], process)
+    dtype = a["dtype"]
     dtype_bytes = check_dtype(dtype)
+    container, attention_backend = a["container"], a["attention_backend"]
     container_named(container)  # an unknown container is refused wherever it is given
     if attention_backend is None and not isinstance(runtime, Runtime):
         # the runtime's default: ART's measured fused backend; Megatron-LM's own auto; under
@@ -224,44 +149,49 @@ def describe_settings(
         process = process.with_backend(
             check_backend(attention_backend), attention_backend, process.backend_spread
         )
+    cp_comm = a["cp_comm"]
     if cp_comm is None:
         cp_comm = default_cp_comm(geometry, process.default_cp_comm)
+    grad_bytes = a["grad_bytes"]
     if grad_bytes is None:
         grad_bytes = 2 if dtype == "fp16" else 4
+    pp, vpp = a["pp"], a["vpp"]
     return StepSettings(
         geometry=geometry,
         layout=layout,
         recompute=rc,
-        compiled=compiled,
-        moe_routing=check_routing(moe_routing),
-        cold=check_step_kind(step) == "first",
+        compiled=a["compiled"],
+        moe_routing=check_routing(a["moe_routing"]),
+        cold=check_step_kind(a["step"]) == "first",
         profiles=store,
-        planner=planner,
-        output_bytes=output_bytes,
-        allow_long=allow_long,
-        head=Head.parse(head),
-        adapter=Adapter(lora_rank, lora_dropout, parse_targets(lora_targets)),
+        planner=a["planner"],
+        output_bytes=a["output_bytes"],
+        allow_long=a["allow_long"],
+        head=Head.parse(a["head"]),
+        adapter=Adapter(a["lora_rank"], a["lora_dropout"], parse_targets(a["lora_targets"])),
         cp_comm=check_cp_comm(cp_comm),
         dtype_bytes=dtype_bytes,
-        optimizer=Optimizer(check_optimizer(optimizer), distributed_optimizer, grad_bytes),
-        device=resolve_device(device, device_total_bytes),
+        optimizer=Optimizer(
+            check_optimizer(a["optimizer"]), a["distributed_optimizer"], grad_bytes
+        ),
+        device=resolve_device(a["device"], a["device_total_bytes"]),
         pipeline=Pipeline(
             pp,
             vpp,
-            microbatches,
+            a["microbatches"],
             stage_layer_counts(
                 geometry.layers,
                 pp,
                 vpp,
-                first=first_stage_layers,
-                last=last_stage_layers,
-                explicit=stage_layers,
+                first=a["first_stage_layers"],
+                last=a["last_stage_layers"],
+                explicit=a["stage_layers"],
             ),
-            microbatch_group,
+            a["microbatch_group"],
         ),
         runtime=process,
-        training=check_training(training),
-        rank=parse_rank(rank),
+        training=check_training(a["training"]),
+        rank=parse_rank(a["rank"]),
         fused_swiglu_asked=fused_swiglu_asked,
     )
 

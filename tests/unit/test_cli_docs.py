@@ -17,6 +17,7 @@ from pathlib import Path
 from cpmem.cli import build_parser
 from cpmem.cli_help import HELP
 from cpmem.step.routing import WORST, check_routing
+from cpmem.step.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_DOC = ROOT / "docs" / "cli.md"
@@ -75,7 +76,8 @@ def test_a_flag_is_written_only_as_itself() -> None:
 def test_the_default_routing_has_one_name() -> None:
     estimate = dict(_commands(build_parser()))["estimate"]
     (routing,) = [a for a in estimate._actions if "--moe-routing" in a.option_strings]
-    assert routing.default == WORST == "concentrated"
+    assert routing.default is None  # absent unless given; the declaration's default applies
+    assert SETTINGS["moe_routing"].default == WORST == "concentrated"
     assert check_routing("worst") == WORST  # the other spelling stays accepted
     assert HELP["--moe-routing"].startswith(
         "the rows each rank's experts receive: concentrated (the default"

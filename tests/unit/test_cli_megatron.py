@@ -128,3 +128,14 @@ def test_capacity_searches_a_rope_model_past_its_positions() -> None:
     assert code == 0
     found = json.loads(out)["layouts"][0]["pack"]
     assert found["length"] > 1024 and found["beyond_positions"]
+
+
+def test_a_setting_typed_at_cpmems_default_is_an_override() -> None:
+    """The flags given are read from the settings' declaration, not by comparing with the
+    parser's defaults: ``--lora-rank 1`` (cpmem's default rank) trains rank-1 adapters on
+    the run's model, where the run's own arguments train every parameter."""
+    code, out, _ = run(["estimate", *BASE, "--json"])
+    assert code == 0 and json.loads(out)["training"] == "full"
+    code, out, _ = run(["estimate", *BASE, "--lora-rank", "1", "--json"])
+    got = json.loads(out)
+    assert code == 0 and got["training"] == "lora" and got["adapter"]["rank"] == 1

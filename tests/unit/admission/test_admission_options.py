@@ -261,13 +261,19 @@ def test_the_table_names_every_keyword() -> None:
 
 def test_the_typed_dicts_are_the_functions_keywords() -> None:
     """The TypedDicts the guard reads are describe_settings' and describe_step's own
-    keywords (a keyword added to a function but not to its TypedDict would escape it)."""
+    keywords (a keyword added to a function but not to its TypedDict would escape it):
+    describe_settings takes exactly the declaration's (``**Unpack[SettingsArguments]``),
+    refusing any other by name."""
 
     def keyword_only(fn: Any) -> set[str]:
         params = inspect.signature(fn).parameters.values()
         return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
-    assert keyword_only(describe_settings) == keywords(SettingsArguments)
+    params = inspect.signature(describe_settings).parameters
+    assert keyword_only(describe_settings) == set()
+    assert "Unpack[SettingsArguments]" in str(params["given"].annotation)
+    with pytest.raises(InputError, match="settings"):
+        describe_settings("qwen3-1.7b", bogus=1)  # type: ignore[call-arg]
     step_only = keywords(StepArguments) - keywords(SettingsArguments)
     assert keyword_only(describe_step) == step_only
 

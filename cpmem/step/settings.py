@@ -1,0 +1,586 @@
+"""The step's settings, declared once: each keyword of ``describe_settings`` with its type,
+its default, its command-line flag and help, and what the external estimators' description
+reports of it.
+
+``SettingsArguments`` is the typed declaration: every key is a keyword of
+``cpmem.step.describe.describe_settings`` (which fills what is not given from ``DEFAULTS``),
+of ``describe_step``, the API and admission, and its ``Annotated`` ``Setting`` says the rest.
+From it come:
+
+- the command line's flags, their help and their groups (``cpmem.cli`` builds them, every
+  setting flag defaulting to *absent*, so ``given_settings`` knows which flags were typed,
+  a default typed explicitly included; the Megatron-LM door takes exactly those as its
+  overrides);
+- the API's parameters (``Unpack[SettingsArguments]``) and their defaults (``DEFAULTS``);
+- the external estimators' description (``Setting.export``: the resolved value a step
+  holds under the keyword's name, ``cpmem.gate.external.step_description``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, get_type_hints
+
+from cpmem.errors import InputError
+from cpmem.step.device import Device
+from cpmem.step.profiles import ProfileStore
+from cpmem.step.ranks import RankChoice
+from cpmem.step.recompute import MODES, Recompute
+from cpmem.step.runtime import ATTENTION_BACKENDS, RUNTIMES, TRAININGS, Runtime
+from cpmem.step.trainer import CP_COMMS, Head
+
+if TYPE_CHECKING:
+    from cpmem.step.step import Step
+
+Group = Literal["source", "activation", "request", "step", "process", "whole", "pipeline", "api"]
+GROUP_TITLES: dict[str, str | None] = {
+    "step": None,
+    "process": "the process and what it trains",
+    "whole": "the whole device (static memory and the device's budget)",
+    "pipeline": "pipeline parallelism (every stage's schedule priced)",
+}
+"""The command line's argument groups of the settings (None: the command's own); the
+``source`` and ``activation`` settings are built with the model's source flags, the
+``request`` ones only by the commands that price one request, ``api`` ones have no flag."""
+
+
+def parse_int_list(field: str, text: str) -> list[int]:
+    """``4096,4096`` (or ``4096+4096``) as integers; an empty item is an error, not
+    silently dropped (``4096,,`` and ``,4096`` are not ``[4096]``)."""
+    items = text.replace("+", ",").split(",")
+    values = []
+    for i, item in enumerate(items):
+        if not item.strip():
+            raise InputError(field, text, f"item {i + 1} of {len(items)} is empty")
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise InputError(field, text, f"item {i + 1} ({item!r}) is not an integer") from None
+    return values
+
+
+def whole_bytes(field: str, value: float | None) -> int | None:
+    """A byte count given as a number (``1.5e11`` included): a whole, finite one."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or value != int(value):
+        raise InputError(field, value, "must be a whole number of bytes")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting's declaration beside its type.
+
+    ``default``: the value where it is not given; ``flag``: its command-line flag (None:
+    the API's only) and ``help``; ``group``: where the command line shows it
+    (``GROUP_TITLES``); ``cli_type``: what argparse parses the text as; ``convert``: the
+    keyword's value from the parsed text (a list of integers, whole bytes); ``choices``;
+    ``switch``: a flag without a value, setting True (``negation``: the flag setting
+    False); ``metavar``; ``export``: the value a step holds for it, as the external
+    estimators' description reports it under the keyword (None: the description reports
+    it otherwise, ``exported_as`` says how)."""
+
+    default: Any
+    flag: str | None
+    help: str = ""
+    group: Group = "step"
+    cli_type: Callable[[str], Any] | None = None
+    convert: Callable[[str, Any], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False
+    negation: str | None = None
+    negation_help: str = ""
+    metavar: str | None = None
+    export: Callable[[Step], Any] | None = None
+    exported_as: str = ""
+
+
+def _int_list(field: str, text: str) -> list[int]:
+    return parse_int_list(field, text)
+
+
+class SettingsArguments(TypedDict, total=False):
+    """The step's settings: ``describe_settings``'s keywords, each with its declaration
+    (``Setting``)."""
+
+    config: Annotated[
+        str | Path | dict[str, Any] | None,
+        Setting(
+            None,
+            "--config",
+            "path to a Hugging Face config.json (e.g. examples/qwen3-1.7b/config.json)",
+            group="source",
+            exported_as="config: the model's own config.json, written from its geometry",
+        ),
+    ]
+    fused_swiglu: Annotated[
+        bool | None,
+        Setting(
+            None,
+            "--fused-activation",
+            "the runtime fuses the SwiGLU activation (default: by model family)",
+            group="activation",
+            switch=True,
+            negation="--unfused-activation",
+            negation_help="the runtime runs SwiGLU unfused",
+            export=lambda s: s.geometry.fused_swiglu,
+        ),
+    ]
+    tp: Annotated[
+        int,
+        Setting(
+            1,
+            "--tp",
+            "tensor parallel size (default 1)",
+            group="request",
+            cli_type=int,
+            export=lambda s: s.plan.layout.tp,
+        ),
+    ]
+    cp: Annotated[
+        int,
+        Setting(
+            1,
+            "--cp",
+            "context parallel size (default 1)",
+            group="request",
+            cli_type=int,
+            export=lambda s: s.plan.layout.cp,
+        ),
+    ]
+    allow_long: Annotated[
+        bool,
+        Setting(
+            False,
+            "--allow-long",
+            "price sequences longer than the model's max_position_embeddings (warns)",
+            group="request",
+            switch=True,
+            export=lambda s: s.settings.allow_long,
+        ),
+    ]
+    ep: Annotated[
+        int,
+        Setting(
+            1,
+            "--ep",
+            "expert parallel size, MoE models (default 1): must divide the routed experts "
+            "(megatron-core's num_experts % EP == 0)",
+            cli_type=int,
+            export=lambda s: s.plan.layout.ep,
+        ),
+    ]
+    sp: Annotated[
+        bool | None,
+        Setting(
+            None,
+            "--sp",
+            "sequence parallel on (the default when --tp > 1)",
+            switch=True,
+            negation="--no-sp",
+            negation_help="sequence parallel off",
+            export=lambda s: s.plan.layout.sp,
+        ),
+    ]
+    recompute: Annotated[
+        str | Recompute | None,
+        Setting(
+            None,
+            "--recompute",
+            "activation recompute: selective (checkpointed modules), none, full (every "
+            "layer), no-grad (a forward without backward); default: the runtime's "
+            "(selective for --runtime art, none for megatron-lm, Megatron-LM's own default)",
+            choices=MODES,
+            export=lambda s: str(s.recompute.mode),
+        ),
+    ]
+    modules: Annotated[
+        str | Sequence[str] | None,
+        Setting(
+            None,
+            "--modules",
+            "modules selective recompute checkpoints, '+'-joined: core_attn, mlp, moe "
+            "(default core_attn)",
+            export=lambda s: [str(m) for m in s.recompute.modules],
+        ),
+    ]
+    planner: Annotated[
+        str | None,
+        Setting(
+            None,
+            "--planner",
+            "who owns which tokens under CP (default: chunked, the measured runtime's "
+            "layout, for attention-only models; gdn-segments for hybrid). worst: the most "
+            "tokens any planner puts on one rank, when the runtime's layout is unknown",
+            export=lambda s: s.plan.planner,
+        ),
+    ]
+    compiled: Annotated[
+        bool,
+        Setting(
+            False,
+            "--compiled",
+            "the layers run under torch.compile (changes what attention and MLP keep; "
+            "priced by --policy tight only, listed as ignored by the others)",
+            switch=True,
+            export=lambda s: s.compiled,
+        ),
+    ]
+    moe_routing: Annotated[
+        str,
+        Setting(
+            "concentrated",
+            "--moe-routing",
+            "the rows each rank's experts receive: concentrated (the default, also accepted "
+            "as worst: every token's top-k copies on this rank's experts as far as top-k "
+            "allows, the bound a router without capacity reaches), balanced (the "
+            "expectation; admission still decides on the worst), capacity:F or "
+            "capacity:F:pad (Megatron-LM's --moe-expert-capacity-factor F, with "
+            "--moe-pad-expert-input-to-capacity: a hard bound) or rows:N (an exact per-rank "
+            "row count, a dispatcher's fixed capacity); priced by --policy tight, listed as "
+            "ignored by the reference policies",
+            metavar="ROUTING",
+            export=lambda s: s.moe_routing,
+        ),
+    ]
+    profiles: Annotated[
+        ProfileStore | str | Path | None,
+        Setting(
+            None,
+            "--profiles",
+            "JSON store of learned-profile floors (largest bytes per token observed for the "
+            "step, recorded with `cpmem profile record`; priced by --policy reference and "
+            "global, listed as ignored by tight)",
+            exported_as="not described: a store of the caller's measurements",
+        ),
+    ]
+    step: Annotated[
+        Literal["first", "steady"],
+        Setting(
+            "steady",
+            "--step",
+            "which step of the process: steady (default: any step after the first, the "
+            "optimizer's moments and the kernel workspaces allocated) or first (a freshly "
+            "started process: no moments yet, its kernel set-up paid in the activations; the "
+            "measured harness's step); admit --device and capacity decide on the larger of "
+            "the two",
+            choices=("first", "steady"),
+            exported_as="cold: whether the step is the first of its process",
+        ),
+    ]
+    head: Annotated[
+        str | Head,
+        Setting(
+            "logits",
+            "--head",
+            "what the forward ends with: logits (default: megatron's vocabulary-parallel "
+            "output layer and cross entropy, a trainer's step), hidden (the hidden states "
+            "returned, the measured harness), fused (megatron's fused vocabulary-parallel "
+            "cross entropy: the same fp32 upcast and saved softmax as logits, so a forward "
+            "prices as logits does; its backward holds the copy torch.compile makes, by the "
+            "container's PyTorch), chunked:N (log-probs N "
+            "tokens at a time, each chunk recomputed in backward), linear-ce (a fused linear "
+            "cross entropy that never materialises the logits)",
+            export=lambda s: s.head.label,
+        ),
+    ]
+    lora_rank: Annotated[
+        int,
+        Setting(
+            1,
+            "--lora-rank",
+            "LoRA adapter rank (default 1, the measured harness)",
+            cli_type=int,
+            export=lambda s: s.adapter.rank,
+        ),
+    ]
+    lora_dropout: Annotated[
+        float,
+        Setting(
+            0.0,
+            "--lora-dropout",
+            "dropout on the adapters' input, in [0, 1) (default 0)",
+            cli_type=float,
+            export=lambda s: float(s.adapter.dropout),
+        ),
+    ]
+    lora_targets: Annotated[
+        str | Sequence[str],
+        Setting(
+            "all",
+            "--lora-targets",
+            "projections with adapters: all (default), attention, mlp, or names joined by "
+            "commas: qkv, proj, fc1, fc2, gdn_in, gdn_out, experts, mamba_in, mamba_out",
+            export=lambda s: list(s.adapter.targets),
+        ),
+    ]
+    cp_comm: Annotated[
+        str | None,
+        Setting(
+            None,
+            "--cp-comm",
+            "attention's CP communication: all_gather (K/V gathered, the measured runtime; "
+            "ART's default), p2p (ring; Megatron-LM's default), a2a (Ulysses all-to-all over "
+            "heads), a2a+p2p (Megatron-LM's hierarchical CP, priced as its p2p ring)",
+            choices=CP_COMMS,
+            export=lambda s: s.cp_comm,
+        ),
+    ]
+    runtime: Annotated[
+        str | Runtime,
+        Setting(
+            "art",
+            "--runtime",
+            "the process: art (ART's LoRA trainer, the calibration harness golden/ measured; "
+            "default) or megatron-lm (Megatron-LM's pretrain_gpt.py: its data loader's mask, "
+            "its CP split, p2p CP comm, no fitted margin)",
+            group="process",
+            choices=RUNTIMES,
+            export=lambda s: s.settings.runtime.name,
+        ),
+    ]
+    training: Annotated[
+        str,
+        Setting(
+            "lora",
+            "--training",
+            "what is trained: lora (adapters on a frozen base; default) or full (every "
+            "parameter: bf16 weights, fp32 main gradients, Adam's master copy and moments)",
+            group="process",
+            choices=TRAININGS,
+            export=lambda s: s.settings.training,
+        ),
+    ]
+    attention_backend: Annotated[
+        str | None,
+        Setting(
+            None,
+            "--attention-backend",
+            "the core attention's kernel: fused (cuDNN), flash (flash-attn), unfused or local "
+            "(s x s probabilities kept), or auto: the one Transformer Engine's selection picks "
+            "for the run (never unfused under CP); default: the runtime's (ART: fused; "
+            "--megatron-args: its own --attention-backend)",
+            group="process",
+            choices=("auto", *ATTENTION_BACKENDS),
+            exported_as="runtime_settings: the backend resolved, with what was asked",
+        ),
+    ]
+    container: Annotated[
+        str,
+        Setting(
+            "dev",
+            "--container",
+            "the container the run's software is read from: Transformer Engine's attention "
+            "choice under --attention-backend auto, and the PyTorch that compiles the fused "
+            "cross entropy (--head fused): dev (NGC PyTorch 25.11, TE 2.11; default), "
+            "ngc-24.10 (PyTorch 2.5) or ngc-24.01 (Megatron-LM's lts image until 2025-11-06, "
+            "PyTorch 2.2, whose flash-attn TE does not use); another name is refused, and one "
+            "that neither reads is listed as ignored",
+            group="process",
+            exported_as="runtime_settings: the container",
+        ),
+    ]
+    etp: Annotated[
+        int | None,
+        Setting(
+            None,
+            "--etp",
+            "expert tensor parallel size, MoE models (default 1: each routed expert whole on "
+            "its EP rank, as the measured runtime runs them; --megatron-args and --runtime "
+            "megatron-lm: TP); must divide the experts' FFN width, and be 1 for experts with "
+            "biases (megatron-core's rules)",
+            group="process",
+            cli_type=int,
+            export=lambda s: s.plan.layout.etp,
+        ),
+    ]
+    dtype: Annotated[
+        str,
+        Setting(
+            "bf16",
+            "--dtype",
+            "the dtype of the parameters (frozen base, adapters, full training's weights) and "
+            "activations: bf16 (default), fp16 or fp32; fp32 parameters have no fp32 master "
+            "copy (megatron-core steps them in place), and Transformer Engine runs fp32 "
+            "attention unfused (flash and fused are refused; the default backend is then auto)",
+            group="process",
+            choices=("bf16", "fp16", "fp32"),
+            exported_as="dtype (the recorded activations' dtype) and dtype_bytes",
+        ),
+    ]
+    rank: Annotated[
+        RankChoice | str,
+        Setting(
+            "busiest",
+            "--rank",
+            "the rank answered: busiest (default: the stage and data-parallel rank where "
+            "static memory and activations together peak), last (the last global rank, which "
+            "Megatron-LM logs) or a global rank number in megatron's order (tp-cp-ep-dp-pp); "
+            "it picks the pipeline stage and the distributed optimizer's slice, the "
+            "activations are the busiest CP rank's (listed as ignored where no stage or slice "
+            "differs)",
+            group="process",
+            export=lambda s: s.settings.rank,
+        ),
+    ]
+    dp: Annotated[
+        int,
+        Setting(
+            1,
+            "--dp",
+            "data-parallel ranks (a distributed optimizer shards its states over them; "
+            "default 1, or --world-size / (TP x CP x PP))",
+            group="whole",
+            cli_type=int,
+            export=lambda s: s.plan.layout.dp,
+        ),
+    ]
+    optimizer: Annotated[
+        str,
+        Setting(
+            "adam",
+            "--optimizer",
+            "how the adapters are trained: adam (default), sgd, none (static memory)",
+            group="whole",
+            choices=("adam", "sgd", "none"),
+            export=lambda s: s.settings.optimizer.kind,
+        ),
+    ]
+    distributed_optimizer: Annotated[
+        bool,
+        Setting(
+            False,
+            "--distributed-optimizer",
+            "megatron's distributed optimizer: master copy and moments / dp",
+            group="whole",
+            switch=True,
+            export=lambda s: s.settings.optimizer.distributed,
+        ),
+    ]
+    device: Annotated[
+        str | Device | None,
+        Setting(
+            None,
+            "--device",
+            "a device preset (a100-80gb, h100, h200, b200, mi300x): admit against what it "
+            "leaves once the static memory is allocated; estimate reports that budget",
+            group="whole",
+            export=lambda s: None if s.settings.device is None else s.settings.device.name,
+        ),
+    ]
+    device_total_bytes: Annotated[
+        int | None,
+        Setting(
+            None,
+            "--device-total-bytes",
+            "the device's total memory in bytes, as the runtime reports it (a device without "
+            "a preset; with --free-bytes: the runtime's own budget rule)",
+            group="whole",
+            cli_type=float,
+            convert=whole_bytes,
+            export=lambda s: None if s.settings.device is None else s.settings.device.total_bytes,
+        ),
+    ]
+    pp: Annotated[
+        int,
+        Setting(
+            1,
+            "--pp",
+            "pipeline stages (megatron's 1F1B; the busiest stage's figure, every stage's in "
+            "stage_bytes)",
+            group="pipeline",
+            cli_type=int,
+            export=lambda s: s.settings.pipeline.pp,
+        ),
+    ]
+    vpp: Annotated[
+        int,
+        Setting(
+            1,
+            "--vpp",
+            "virtual stages per pipeline stage (megatron's interleaved 1F1B)",
+            group="pipeline",
+            cli_type=int,
+            export=lambda s: s.settings.pipeline.vpp,
+        ),
+    ]
+    microbatches: Annotated[
+        int,
+        Setting(
+            1,
+            "--microbatches",
+            "micro-batches per step, each the request given (default 1)",
+            group="pipeline",
+            cli_type=int,
+            export=lambda s: s.settings.pipeline.microbatches,
+        ),
+    ]
+    stage_layers: Annotated[
+        Sequence[int] | None,
+        Setting(
+            None,
+            "--stage-layers",
+            "layers per stage (pp counts) or per virtual stage (pp x vpp), comma-separated "
+            "(default: even)",
+            group="pipeline",
+            convert=_int_list,
+            exported_as="stage_layers: every virtual stage's layer count, as laid out",
+        ),
+    ]
+    first_stage_layers: Annotated[
+        int | None,
+        Setting(
+            None,
+            "--first-stage-layers",
+            "layers on the first stage (megatron's num_layers_in_first_pipeline_stage; the "
+            "other stages share the rest evenly)",
+            group="pipeline",
+            cli_type=int,
+            exported_as="stage_layers",
+        ),
+    ]
+    last_stage_layers: Annotated[
+        int | None,
+        Setting(
+            None,
+            "--last-stage-layers",
+            "layers on the last stage (num_layers_in_last_pipeline_stage)",
+            group="pipeline",
+            cli_type=int,
+            exported_as="stage_layers",
+        ),
+    ]
+    output_bytes: Annotated[
+        int | None,
+        Setting(None, None, group="api", exported_as="output_bytes: the step's outputs"),
+    ]
+    grad_bytes: Annotated[
+        int | None,
+        Setting(None, None, group="api", export=lambda s: s.settings.optimizer.grad_bytes),
+    ]
+    microbatch_group: Annotated[
+        int | None,
+        Setting(None, None, group="api", export=lambda s: s.settings.pipeline.group),
+    ]
+
+
+def _declarations() -> dict[str, Setting]:
+    hints = get_type_hints(SettingsArguments, include_extras=True)
+    out = {}
+    for name, hint in hints.items():
+        settings = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Setting)]
+        if len(settings) != 1:
+            raise TypeError(f"setting {name!r} needs exactly one Setting declaration")
+        out[name] = settings[0]
+    return out
+
+
+SETTINGS: Mapping[str, Setting] = _declarations()
+"""Every setting's declaration, in ``SettingsArguments`` order."""
+
+DEFAULTS: Mapping[str, Any] = {name: s.default for name, s in SETTINGS.items()}
+"""What ``describe_settings`` takes where a keyword is not given."""
