@@ -68,6 +68,15 @@ def _loss(kind: str) -> dict[str, float]:
     """Bytes per logit at the loss's forward and backward peaks, the bf16 logits (made
     before the profile starts, 2 B) counted in."""
     init_single_process_megatron()
+    # a fresh dynamo, compiling in this process: an earlier test of the same process may
+    # have compiled these helpers up to dynamo's recompile limit, and inductor's worker
+    # pool may fail under load, either leaving the helpers to run eager (the measured
+    # figure is then the unfused loss's); the warm-up must have compiled a graph
+    torch._dynamo.reset()
+    torch._inductor.config.compile_threads = 1
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     from megatron.core import parallel_state
     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
     from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
@@ -84,6 +93,8 @@ def _loss(kind: str) -> dict[str, float]:
 
     loss().sum().backward()  # compiles (fused); the measured call runs the compiled code
     logits.grad = None
+    if kind == "fused":
+        assert counters["stats"]["unique_graphs"] > 0, "the fused loss ran eager, uncompiled"
 
     def step() -> None:
         with torch.profiler.record_function("forward"):
