@@ -21,7 +21,7 @@ from cpmem.megatron.args import read_megatron_args
 from cpmem.megatron.describe import describe_megatron, megatron_geometry
 from cpmem.model.hf_config import load_config
 from cpmem.pricing.static import static_memory
-from cpmem.step.describe import describe_settings
+from cpmem.step.describe import describe_settings, describe_step
 
 FLAGS = Path(__file__).parent / "data" / "nemotron-3-nano-30b-a3b.flags"
 CONFIG = Path(__file__).resolve().parents[3] / "examples/nemotron-3-nano-30b-a3b/config.json"
@@ -96,3 +96,43 @@ def test_the_flags_and_the_config_hold_the_same_static_memory(tp: int, ep: int, 
     for part in ("weights", "gradient_buffer", "optimizer_states"):
         assert a.components[part] == b.components[part], part
     assert abs(a.total - b.total) <= 0.02 * b.total
+
+
+@pytest.mark.parametrize(("tp", "ep", "world"), [(1, 8, 8), (2, 8, 16)])
+def test_the_flags_and_the_config_price_the_same_peak(tp: int, ep: int, world: int) -> None:
+    """The same run through both doors, priced (tight, the Megatron-LM runtime's): the
+    flags with the config's dropouts (0.0; the flags leave Megatron-LM's 0.1), the
+    config with the flags' request (--micro-batch-size sequences of --seq-length), layout,
+    attention backend and MoE dispatcher settings; the peaks within 2%."""
+    from cpmem.pricing.registry import price
+
+    args = replace(
+        read_megatron_args(FLAGS),
+        tensor_model_parallel_size=tp,
+        sequence_parallel=tp > 1,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=1,
+        use_distributed_optimizer=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    flags = describe_megatron(args, world_size=world, device="h100", rank="last")
+    s = flags.settings
+    config = describe_step(
+        config=CONFIG,
+        lengths=[args.seq_length] * args.micro_batch_size,
+        runtime=s.runtime,
+        training="full",
+        tp=tp,
+        ep=ep,
+        etp=1,
+        dp=world // tp,
+        distributed_optimizer=True,
+        device="h100",
+        rank="last",
+        microbatches=s.pipeline.microbatches,
+        head=s.head,
+        grad_bytes=s.optimizer.grad_bytes,
+    )
+    a, b = price(flags, "tight").peak_bytes, price(config, "tight").peak_bytes
+    assert abs(a - b) <= 0.02 * b, (a, b)
