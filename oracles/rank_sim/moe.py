@@ -246,8 +246,14 @@ class MoE(nn.Module):
         self.fc2_bias = _frozen(el, h) if m.expert_bias else None
 
     def experts_linear(self, x: torch.Tensor, which: int) -> torch.Tensor:
-        """The local experts' fc1 (``which`` 1) or fc2 (2), with or without adapters."""
+        """The local experts' fc1 (``which`` 1) or fc2 (2), with or without adapters, or
+        trained (full training: training.py)."""
         weight = self.fc1_w if which == 1 else self.fc2_w
+        spec = self.ctx.adapters
+        if spec.full:
+            from oracles.rank_sim.training import TrainedGroupedLinear
+
+            return TrainedGroupedLinear.apply(x, weight, self.local_experts, spec.wgrad_fusion)
         if not self.adapted:
             return GroupedLinear.apply(x, weight)
         a, b = (self.fc1_a, self.fc1_b) if which == 1 else (self.fc2_a, self.fc2_b)
@@ -261,10 +267,12 @@ class MoE(nn.Module):
 
     def shared_expert(self, hn: torch.Tensor) -> torch.Tensor:
         from oracles.rank_sim import kernels as K
-        from oracles.rank_sim.layers import gather_sp
 
-        full = gather_sp(hn, self.ctx.layout)
-        out = self.sh_fc2(K.FusedSwiGLU.apply(self.sh_fc1(full)))
+        _held, up = self.sh_fc1.project(hn, keep_local=False)  # held until return
+        act = K.FusedSwiGLU.apply(up)
+        del up
+        out = self.sh_fc2(act)
+        del act
         if not self.ctx.model.shared_expert_gated:  # DeepSeek's shared experts
             return out
         gate = torch.sigmoid(F.linear(hn, self.sh_gate_w))
