@@ -127,6 +127,14 @@ def shared_width(geometry: ModelGeometry, tp: int, sp: bool, compiled: bool, lor
     return width + (geometry.hidden // s if geometry.shared_expert_gate else 0)
 
 
+def expert_shard(geometry: ModelGeometry, etp: int) -> int:
+    """The width of a routed expert's FFN on one rank: ``F_e / ETP``. megatron-core
+    0.16's experts (``experts.py``) build fc1 column-parallel and fc2 row-parallel over
+    the expert TP group, so each gathered row's fc1 output and activations are the
+    rank's slice; the rows themselves are the ETP group's (``cpmem.step.routing``)."""
+    return geometry.expert_ffn // max(etp, 1)
+
+
 def saved_width(
     geometry: ModelGeometry,
     tp: int,
@@ -134,6 +142,7 @@ def saved_width(
     rows: Fraction,
     compiled: bool,
     lora: bool = True,
+    etp: int = 1,
 ) -> int:
     """Elements per (global) token one MoE layer keeps:
 
@@ -149,11 +158,13 @@ def saved_width(
     The reference's ``moe_width`` keeps ``2H + c·F_e`` per row (a second H-wide copy the
     simulator's megatron code has not).
     Simulator, Qwen3.5-35B-A3B TP4 EP4 SP, eager: 45,001.2 elements per token and layer
-    concentrated, 14,257.2 balanced (this: 45,012 and 14,268)."""
+    concentrated, 14,257.2 balanced (this: 45,012 and 14,268). Under expert tensor
+    parallelism (``etp``) each row's ``F_e``-wide tensors are the rank's ``F_e/ETP``
+    slice (``expert_shard``)."""
     if not geometry.is_moe:
         return 0
     s = sp_divisor(tp, sp)
-    h, fe = geometry.hidden, geometry.expert_ffn
+    h, fe = geometry.hidden, expert_shard(geometry, etp)
     f = MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F if compiled else MOE_ROW_EAGER_F
     if geometry.activation_clamp is not None and not compiled:
         f += CLAMPED_GLU_ROW_F
@@ -245,7 +256,7 @@ def checkpoint_backward_width(geometry: ModelGeometry, w: TightWidths, step: Ste
     rows = step.expert_rows_per_token(w.tp)
     per_row = MOE_CHECKPOINT_BACKWARD_ROW_H * geometry.hidden
     if geometry.activation_clamp is not None and not step.compiled:
-        per_row += CLAMPED_GLU_BACKWARD_F * geometry.expert_ffn
+        per_row += CLAMPED_GLU_BACKWARD_F * expert_shard(geometry, step.plan.layout.etp)
     return math.ceil(rows * per_row)
 
 
@@ -265,7 +276,8 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     tp, sp = w.tp, layout.sp and w.tp > 1
     rows = step.expert_rows_per_token(tp)
     h = geometry.hidden
-    per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * geometry.expert_ffn
+    fe = expert_shard(geometry, layout.etp)
+    per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * fe
     s = sp_divisor(tp, sp)
     shared = LORA_SUM_COPIES * 2 * geometry.shared_expert_ffn // tp
     per_token = (2 * geometry.num_experts) // s
@@ -355,9 +367,9 @@ class MoeSpec(MlpSpec):
         self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool
     ) -> int:
         tp, sp, ep = layout.tp, layout.sp, layout.ep
-        rows = moe_rows_per_token(g, ep, "concentrated", tp=tp)
+        rows = moe_rows_per_token(g, ep, tp=tp)
         extra = adapters.extra_width(g, adapter, tp, "expert", sp=sp)
-        return moe_width(g, tp, sp, ep, "concentrated") + rows * extra
+        return moe_width(g, tp, sp, ep) + rows * extra
 
     def reference_dropped(self, widths: LayerWidths, recompute: Recompute, layers: int) -> int:
         # the router/dispatch input stays (common width); one layer recomputes
@@ -367,8 +379,9 @@ class MoeSpec(MlpSpec):
 
     def tight_widths(self, ctx: TightContext) -> dict[str, int]:
         g, step, tp, sp = ctx.geometry, ctx.step, ctx.tp, ctx.sp
-        rows = step.expert_rows_per_token(tp)
-        width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora) + ctx.sandwich
+        rows = step.expert_rows_per_token(tp, sp)
+        etp = step.plan.layout.etp
+        width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora, etp) + ctx.sandwich
         expert = adapters.extra_width(g, step.adapter, tp, "expert", sp=sp)
         width += math.ceil(rows * expert)
         if g.shared_expert_ffn:

@@ -103,10 +103,11 @@ ROWS = [
     Row("cp", M4, {}, 1, 2),
     # SP changes the layer inputs the full-recompute checkpoints keep (H/s per token)
     Row("sp", M17, {"tp": 2, "recompute": "full"}, True, False),
-    # expert parallelism over the TP ranks spreads a capacity's rows (concentrated ones
-    # land on one rank; an EP group wider than TP brings other ranks' tokens too); a
-    # capacity, not the balanced expectation: admission decides on a bound
-    Row("ep", MOE, {"moe_routing": "capacity:1", "tp": 4}, 1, 4, policy="tight", lengths=[4096]),
+    # expert parallelism over the TP ranks brings the other TP ranks' sequence shards to
+    # a rank's experts: the worst case (a bound, what admission decides on) rises from
+    # top-k / TP to top-k rows per token (a capacity of 1, each expert's even share from
+    # every source, holds the same rows at any EP)
+    Row("ep", MOE, {"tp": 4}, 1, 4, policy="tight", lengths=[4096]),
     Row("recompute", M4, {}, "selective", "full"),
     Row("modules", M4, {"recompute": "selective"}, "core_attn", "core_attn+mlp"),
     Row("planner", M4, {"cp": 2}, "gdn-segments", "balanced", lengths=[3000, 1000]),
