@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from cpmem.admission.admission import Decision, Figure, admit
+from cpmem.admission.admission import Decision, admit
+from cpmem.admission.pricer import Figure
 from cpmem.api import estimate
 from cpmem.errors import InputError
 from cpmem.plan.layout import ParallelLayout
@@ -229,8 +230,10 @@ DEVICE_ROWS = [
     DeviceRow("device_total_bytes", {}, 80_000_000_000, 90_000_000_000),
     # the gradient buffer's element: bf16 main gradients and their fp32 copy at the step
     DeviceRow("grad_bytes", {**H200, "lora_rank": 64}, 4, 2),
-    # routed experts split over ETP ranks hold a quarter of their weights each
-    DeviceRow("etp", {**H200, "tp": 4, "ep": 4}, 1, 4, model=MOE),
+    # routed experts split over ETP ranks hold a quarter of their weights each; priced
+    # with the published formula, whose activations ETP does not move (``tight``'s
+    # experts receive the ETP group's gathered rows: the activations move too)
+    DeviceRow("etp", {**H200, "tp": 4, "ep": 4, "policy": "reference"}, 1, 4, model=MOE),
     # the answered stage: the first holds the embedding, the last the output layer
     DeviceRow("rank", {**H200, "pp": 2, "microbatches": 2, "stage_layers": [8, 24]}, 0, "last"),
 ]
