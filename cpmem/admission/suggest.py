@@ -167,11 +167,16 @@ def capacity_advice(step: Step, available: int, pricer: Pricer) -> CapacityAdvic
 
     found: list[Capacity | None] = []
     for pad in (False, True):
-        n = _largest(lambda n, p=pad: required(n / FACTOR_RESOLUTION, p) <= available, _top(step))
+        n = _largest(partial(_fits, required, pad, available), _top(step))
         factor = None if n is None else n / FACTOR_RESOLUTION
         found.append(None if factor is None else Capacity(factor, pad, required(factor, pad)))
     expected = _expected(step, pricer)
     return CapacityAdvice(found[0], found[1], expected, available, pricer.whole_device)
+
+
+def _fits(required: Callable[[float, bool], int], pad: bool, available: int, n: int) -> bool:
+    """Whether a capacity of ``n / FACTOR_RESOLUTION`` (padded where ``pad``) fits."""
+    return required(n / FACTOR_RESOLUTION, pad) <= available
 
 
 def _routed(step: Step, routing: str) -> Step:

@@ -82,7 +82,9 @@ def test_a_dropping_capacity_reaches_the_worst_case_at_the_searched_top() -> Non
     assert worst == 8 * 8
     assert rows_per_token(g, 8, "capacity:8", tp=1, tokens=t) == worst
     assert rows_per_token(g, 8, "capacity:7.99", tp=1, tokens=t) < worst
-    assert rows_per_token(g, 8, "capacity:1", tp=1, tokens=t) == Fraction(8 * 16 * (t * 8 // 128), t)
+    assert rows_per_token(g, 8, "capacity:1", tp=1, tokens=t) == Fraction(
+        8 * 16 * (t * 8 // 128), t
+    )
 
 
 @pytest.mark.parametrize(
