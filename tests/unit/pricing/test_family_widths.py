@@ -148,13 +148,14 @@ def test_the_reference_keeps_its_whole_rows_where_the_runtime_routes_the_shard()
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_full_recompute_moe_backward_holds_the_row_gradients():
-    """``MOE_BACKWARD_ROW_H`` against the rank simulator, run now: Qwen3-30B-A3B's
+def test_full_recompute_moe_backward_holds_the_layers_input_gradients():
+    """``moe.full_backward_width`` against the rank simulator, run now: Qwen3-30B-A3B's
     published structure (golden/simulated/configs/qwen3-30b-a3b.json, 48 MoE layers, 8
-    rows a token), 8,192 tokens at TP1 EP1 under full recompute. ``tight``'s
-    forward+backward covers the simulator's peak with the cold set-up, within 5% (about
-    +4.3%): each H-multiple a row is 279 MB here (4.7% of the figure), so 5 would fall
-    short (-0.4%) and 7 would be +9%."""
+    rows a token), 8,192 tokens at TP1 EP1 under full recompute, where the peak is the
+    first MoE layer's recomputed dispatch beside the 47 input gradients the MoE layers
+    already through their backward keep (``ACCUMULATED_INPUT_GRADS``: 47 x 2,048
+    elements a token, 1.5 GB here). ``tight``'s forward+backward covers the simulator's
+    peak with the cold set-up, within 5% (about +3.8%)."""
     pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
     from oracles.rank_sim.geometry import load_config
