@@ -302,15 +302,7 @@ class MLP(nn.Module):
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         h = self.fc1.project(hn)[1]
-        if not ctx.model.mlp_gated:
-            act = _ungated(h, ctx.model.mlp_activation)
-        elif ctx.model.fused_swiglu or ctx.compiled:  # inductor fuses the unfused GLU too
-            act = K.FusedSwiGLU.apply(h)
-        else:
-            x0, x1 = torch.chunk(h, 2, dim=-1)
-            gelu = ctx.model.mlp_activation == "gelu_tanh"
-            act = (F.gelu(x0, approximate="tanh") if gelu else F.silu(x0)) * (x1 + 0.0)
-        y = self.fc2(act)
+        y = self.fc2(mlp_activation(ctx, h))
         return rmsnorm(y, self.post_w) if self.post_w is not None else y
 
     def norm_body(self, x: torch.Tensor) -> torch.Tensor:
@@ -357,6 +349,21 @@ class DecoderLayer(nn.Module):
         if self.ctx.recompute.full:
             return self.ctx.recompute.checkpoint(self.body, x)
         return self.body(x)
+
+
+def mlp_activation(ctx: Any, h: torch.Tensor) -> torch.Tensor:
+    """megatron-core 0.16 ``MLP.forward``'s activation on the fc1 output ``h``, shared by
+    the dense MLP and an MoE layer's shared expert (``SharedExpertMLP.forward`` calls
+    it): the fused ``bias_swiglu`` under ``bias_activation_fusion`` (or inductor's fusion
+    of the unfused GLU under ``--compiled``), else the unfused ``glu``,
+    ``act(x_glu) * (x_linear + glu_linear_offset)``; a plain MLP's activation."""
+    if not ctx.model.mlp_gated:
+        return _ungated(h, ctx.model.mlp_activation)
+    if ctx.model.fused_swiglu or ctx.compiled:  # inductor fuses the unfused GLU too
+        return K.FusedSwiGLU.apply(h)
+    x0, x1 = torch.chunk(h, 2, dim=-1)
+    gelu = ctx.model.mlp_activation == "gelu_tanh"
+    return (F.gelu(x0, approximate="tanh") if gelu else F.silu(x0)) * (x1 + 0.0)
 
 
 def _ungated(h: torch.Tensor, activation: str) -> torch.Tensor:

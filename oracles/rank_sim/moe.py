@@ -34,7 +34,9 @@ below names the megatron function it restates (megatron/core/transformer/moe/):
 - Combine: un-sort by expert (copy), the reverse all-to-all, ``unpermute`` (``scatter_add``
   into a zeroed tokens x hidden buffer; saves only the indices).
 - ``SharedExpertMLP``: a dense SwiGLU MLP sharded by TP (SP gather in front of the
-  column-parallel fc1, reduce-scatter after fc2; LoRA as the ``fc1`` / ``fc2`` targets say), and the Qwen3.5
+  column-parallel fc1, reduce-scatter after fc2; LoRA as the ``fc1`` / ``fc2`` targets say;
+  its activation the dense MLP's, ``MLP.forward``: fused, or megatron's unfused GLU where
+  the model's SwiGLU is not fused), and the Qwen3.5
   sigmoid gate ``output * sigmoid(linear(x, gate_weight))`` (the product saves the
   expert output and the gate score); added to the routed output.
 - Selective recompute ``moe``: megatron's reentrant ``tensor_parallel.checkpoint`` around
@@ -267,9 +269,14 @@ class MoE(nn.Module):
 
     def shared_expert(self, hn: torch.Tensor) -> torch.Tensor:
         from oracles.rank_sim import kernels as K
+        from oracles.rank_sim.layers import mlp_activation
 
         _held, up = self.sh_fc1.project(hn, keep_local=False)  # held until return
-        act = K.FusedSwiGLU.apply(up)
+        # SharedExpertMLP.forward is MLP.forward: a gated model's shared expert takes the
+        # dense MLP's activation path (fused or megatron's unfused GLU); the shared expert
+        # of a model whose dense MLP is not gated is restated as a fused SwiGLU
+        gated = self.ctx.model.mlp_gated
+        act = mlp_activation(self.ctx, up) if gated else K.FusedSwiGLU.apply(up)
         del up
         out = self.sh_fc2(act)
         del act

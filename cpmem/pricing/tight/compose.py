@@ -168,17 +168,19 @@ def kept_after(geometry: ModelGeometry, w: TightWidths, step: Step) -> list[int]
 
 def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token the backward of one layer holds under full recompute on top of
-    the layer inputs: the layer recomputed with gradients (its whole saved set, the
-    gathered K/V of an attention layer under CP) plus the feed-forward block's backward
-    buffers; then the mixer's own backward (a GDN kernel's once the MLP is done, the flash
-    backward beside an attention layer's recomputed mixer). The widest layer of the
-    model."""
+    the layer inputs: the layer recomputed with gradients (its whole saved set; of the
+    mixer what it still holds once its forward has run, ``recompute_kept``: an
+    attention layer's gathered K/V under CP, not its exchange in flight) plus the
+    feed-forward block's backward buffers; then the mixer's own backward (a GDN kernel's
+    once the MLP is done, the flash backward beside an attention layer's recomputed
+    mixer, its exchange in flight included). The widest layer of the model."""
     widest = 0
     for m, f, _ in geometry.layer_kinds:
         mixer_kind, ffn_kind = mixer_spec(m), mlp_spec(f)
         mixer = mixer_kind.recompute_width(geometry, w, step)
+        kept = mixer_kind.recompute_kept(geometry, w, step)
         ffn_backward = ffn_kind.full_backward_buffers(geometry, w, step)
-        widest = max(widest, mixer + w.of(f) + ffn_backward)
+        widest = max(widest, kept + w.of(f) + ffn_backward)
         widest = max(widest, mixer_kind.full_backward_peak(geometry, w, step, mixer))
     return widest
 
