@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Literal
 
 from cpmem.errors import InputError, require_nonnegative_int, require_positive_int
+from cpmem.model.quantization import Quantization
 
 MixerKind = Literal["attention", "gdn", "mamba", "none"]
 MlpKind = Literal["dense", "moe", "none"]
@@ -153,6 +154,11 @@ class ModelGeometry:
     # hold no layer: a first virtual stage of the embedding alone, or a last one of the
     # final norm, the output layer and the loss (``cpmem.step.pipeline.Pipeline``)
     pipeline_chunk: bool = False
+    # how the checkpoint stores its quantized linears (its ``quantization_config``,
+    # ``cpmem.model.quantization``); None: every weight in the checkpoint's float dtype.
+    # The step decides whether the frozen base is held as stored or dequantized
+    # (``StepSettings.quantized_weights``)
+    quantization: Quantization | None = None
 
     def __post_init__(self) -> None:
         for name in ("hidden", "q_heads", "kv_groups", "head_dim", "vocab"):

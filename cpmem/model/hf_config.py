@@ -37,6 +37,7 @@ from cpmem.model.hf_fields import FAMILIES, check_fields
 from cpmem.model.hf_nemotron import nemotron_h_geometry
 from cpmem.model.hf_reader import Fields as _Fields
 from cpmem.model.hf_reader import flag as _flag
+from cpmem.model.quantization import read_quantization
 from cpmem.model.vision import unpriced_vision
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
@@ -105,6 +106,9 @@ def load_config(
     if wrapper is not None:
         text = _completed(raw, text, wrapper)
     geometry = _read(raw, text, family, label, fused_swiglu)
+    quantization = raw.get("quantization_config", text.get("quantization_config"))
+    if quantization is not None:
+        geometry = replace(geometry, quantization=read_quantization(quantization))
     if wrapper is not None and "vision_config" in raw:
         note = unpriced_vision(WRAPPERS[wrapper].vision, raw["vision_config"], geometry.hidden)
         geometry = replace(geometry, unpriced_parts=(note,))

@@ -31,6 +31,7 @@ COMMON = frozenset(
         "hidden_act",
         "layer_types",
         "text_config",
+        "quantization_config",
     }
 )
 """Read for every family but Mistral, whose ``MistralModel`` ignores ``layer_types``
@@ -129,10 +130,18 @@ Qwen2 and Mistral, whose attention classes fix their biases (``cpmem.model.hf_fa
 a config that sets it is refused rather than priced as something the model is not."""
 
 OUTER_READ = frozenset(
-    {"model_type", "text_config", "tie_word_embeddings", "vocab_size", "max_position_embeddings"}
+    {
+        "model_type",
+        "text_config",
+        "tie_word_embeddings",
+        "vocab_size",
+        "max_position_embeddings",
+        "quantization_config",
+    }
 )
 """The fields of the wrapper around a nested ``text_config`` that are read: its model type,
-the text config, and the three a text config may leave to its wrapper."""
+the text config, the three a text config may leave to its wrapper, and the checkpoint's
+quantization (``cpmem.model.quantization``)."""
 
 _HYBRIDS = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 _NO_WINDOW = "the family's attention has no sliding window (every layer attends fully)"
@@ -326,7 +335,6 @@ REFUSED: dict[str, str] = {
     "vision_config": "a vision tower outside a multimodal wrapper cpmem reads "
     "(cpmem.model.hf_families.WRAPPERS): not priced",
     "audio_config": "an audio tower: not priced",
-    "quantization_config": "quantised weights: cpmem prices bf16 weights",
 }
 """Fields refused whatever their value, with the reason."""
 

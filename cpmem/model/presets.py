@@ -11,13 +11,38 @@ published ``config.json`` value (Qwen3-1.7B 40,960; the Qwen3.5 hybrids 262,144)
 Each holds the multi-token-prediction layers its published checkpoint holds (Qwen3.5's
 ``mtp_num_hidden_layers: 1``, DeepSeek-V3's ``num_nextn_predict_layers: 1``); a runtime
 that does not build them, as ART's trainer does not (``Runtime.builds_mtp``), prices the
-model without them, as its measured cells were run.
+model without them, as its measured cells were run. DeepSeek-V3, Kimi-K2 and gpt-oss hold
+the quantization their checkpoints are published in (``FP8_BLOCK_128``, ``GPT_OSS_MXFP4``).
 """
 
 from __future__ import annotations
 
 from cpmem.errors import UnknownModelError
 from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, hybrid_layout, sliding_layout
+from cpmem.model.quantization import read_quantization
+
+FP8_BLOCK_128 = read_quantization(
+    {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    }
+)
+"""The ``quantization_config`` of deepseek-ai/DeepSeek-V3 and moonshotai/Kimi-K2-Instruct."""
+
+GPT_OSS_MXFP4 = read_quantization(
+    {
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+        "quant_method": "mxfp4",
+    }
+)
+"""The ``quantization_config`` of openai/gpt-oss-20b (and -120b)."""
 
 
 def _hybrid_pattern(pattern: str) -> tuple[tuple[MixerKind, ...], tuple[MlpKind, ...]]:
@@ -169,6 +194,7 @@ PRESETS: dict[str, ModelGeometry] = {
             activation_clamp=7.0,
             vocab=201088,
             max_position_embeddings=131072,
+            quantization=GPT_OSS_MXFP4,
         ),
         ModelGeometry(
             name="gemma-3-12b",
@@ -237,6 +263,7 @@ PRESETS: dict[str, ModelGeometry] = {
             mtp_mixers=("attention",),
             mtp_mlps=("moe",),
             mtp_depths=1,
+            quantization=FP8_BLOCK_128,
         ),
         ModelGeometry(
             name="kimi-k2",
@@ -264,6 +291,7 @@ PRESETS: dict[str, ModelGeometry] = {
             fused_swiglu=False,
             vocab=163840,
             max_position_embeddings=131072,
+            quantization=FP8_BLOCK_128,
         ),
         ModelGeometry(
             name="moonlight-16b-a3b",

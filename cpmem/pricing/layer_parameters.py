@@ -9,6 +9,7 @@ experts over EP (and ETP within an expert), norms and routers replicated.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from cpmem.model.geometry import ModelGeometry
 
@@ -27,6 +28,23 @@ class LayerParameters:
 
 
 NO_PARAMETERS = LayerParameters(0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight matrix of a sub-layer as a Hugging Face checkpoint stores it: ``rows``
+    (outputs) x ``cols`` (inputs), ``count`` alike (the routed experts), the part of the
+    layer that holds it (``role``: ``cpmem.model.quantization.ROLES``), how megatron-core
+    places it (``sharded`` over TP, ``experts`` over EP with ETP within each, or
+    ``replicated``) and the dimension TP (ETP) divides: a column-parallel linear's rows,
+    a row-parallel one's columns."""
+
+    role: str
+    rows: int
+    cols: int
+    placement: Literal["sharded", "replicated", "experts"]
+    split: Literal["rows", "cols"] = "rows"
+    count: int = 1
 
 
 def norm_parameters(geometry: ModelGeometry, width: int) -> int:

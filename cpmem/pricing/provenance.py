@@ -29,8 +29,8 @@ builds its ``Estimate``):
   source, no tier checks it for this step.
 
 ``assumptions`` states, one line each, what an estimate takes for granted where it
-matters: the CP layout's planner, how experts are split (MoE only), where the step's
-kernel set-up is charged.
+matters: the CP layout's planner, how experts are split (MoE only), how a quantized
+checkpoint's weights are held, where the step's kernel set-up is charged.
 """
 
 from __future__ import annotations
@@ -137,6 +137,9 @@ class Facts:
     """A steady step the Megatron-LM recordings exercise (the module docstring)."""
     is_moe: bool = False
     moe_routing: str = "concentrated"
+    base_weights: str = ""
+    """How a quantized checkpoint's weights are held, in words (``base_weights_held``);
+    empty for a checkpoint of one float dtype."""
 
 
 @lru_cache(maxsize=256)
@@ -205,7 +208,25 @@ def facts_of(step: Step) -> Facts:
         megatron=megatron,
         is_moe=g.is_moe,
         moe_routing=step.moe_routing,
+        base_weights=base_weights_held(step),
     )
+
+
+def base_weights_held(step: Step) -> str:
+    """How the step holds a quantized checkpoint's weights: as stored (the format, the
+    roles converted) or dequantized to the step's dtype, the default; empty where the
+    checkpoint is not quantized."""
+    q = step.geometry.quantization
+    if q is None:
+        return ""
+    dtype = {2: "bf16", 4: "fp32"}.get(step.dtype_bytes, f"{step.dtype_bytes}-byte")
+    if step.settings.quantized_weights == "stored":
+        roles = ", ".join(r.replace("_", " ") for r in sorted(q.converted))
+        return f"the checkpoint's {roles} linears as stored, {q.label}; the rest in {dtype}"
+    held = f"dequantized to {dtype} from the checkpoint's {q.label}, as Megatron-Bridge imports it"
+    if step.settings.training == "full":
+        return f"{held}: full training trains the dequantized weights"
+    return f"{held} (--quantized-weights stored prices it as stored)"
 
 
 ArtTier = Literal["cells", "baselines", "baselines_first", "process", "none"]
@@ -345,7 +366,7 @@ def assumptions(
     unpriced: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """One line for each assumption that matters for the step: the CP layout (CP > 1),
-    how the experts are split (a MoE model), where the kernel set-up is charged. Each
+    how the experts are split (a MoE model), how a quantized checkpoint is held, where the kernel set-up is charged. Each
     states what was priced: where the policy does not price the planner or the MoE
     routing on the step (``unpriced``, the options named as such), the line says what it
     charges instead, never the option's value."""
@@ -367,6 +388,8 @@ def assumptions(
         else:
             split = "every expert on every rank (EP 1, ETP 1)"
         out["experts"] = f"{split}; {priced_routing(facts.moe_routing, unpriced)} routing"
+    if facts.base_weights:
+        out["base_weights"] = facts.base_weights
     if facts.first:
         out["setup"] = (
             "first step of its process: its kernel set-up charged in the activations "

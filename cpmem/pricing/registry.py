@@ -137,6 +137,8 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"modules: mlp: {g.name} has no dense MLP to checkpoint")
     if rc.checkpoints(Module.MOE) and not g.is_moe:
         out.append(f"modules: moe: {g.name} has no routed experts to checkpoint")
+    if settings.quantized_weights == "stored" and g.quantization is None:
+        out.append(f"quantized_weights: {g.name}'s checkpoint is not quantized")
     if layout.dp > 1 and not settings.optimizer.distributed:
         out.append("dp: only the distributed optimizer's shards read it")
     if settings.output_bytes is not None and not step.head.returns_hidden:

@@ -6,7 +6,8 @@ how the adapters are trained (``StepSettings.optimizer``) and the parameters' dt
 (``StepSettings.dtype_bytes``: bf16, the measured runtime's, by default), each term named:
 
 - ``base_weights``: the frozen base in the step's dtype (``cpmem.pricing.weights``), the
-  last stage's MTP depths included;
+  last stage's MTP depths included; a quantized checkpoint's converted linears as stored
+  under ``quantized_weights="stored"`` (``cpmem.pricing.quantized``);
 - ``adapter_params``: the LoRA ``A`` and ``B`` of every adapted projection, in the same
   dtype (the MTP depths' layers' too, on the last stage);
 - ``adapter_grads``: their gradients, megatron's ``main_grad`` buffers (fp32 unless
@@ -270,7 +271,13 @@ def _adapters(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticC
     states += trainable * MOMENT_BYTES[opt.kind] if stepped else 0
     out = {
         StaticComponent.BASE_WEIGHTS: rank_weights(
-            g, layout, layers, first=stage == 0, last=stage == pipe.pp - 1, param_bytes=p
+            g,
+            layout,
+            layers,
+            first=stage == 0,
+            last=stage == pipe.pp - 1,
+            param_bytes=p,
+            quantized=g.quantization if settings.quantized_weights == "stored" else None,
         ).total,
         StaticComponent.ADAPTER_PARAMS: trainable * p,
         StaticComponent.ADAPTER_GRADS: trainable * opt.grad_bytes if trains else 0,

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.model.quantization import Quantization
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.layer_parameters import LayerParameters, norm_parameters, norm_tensors
+from cpmem.pricing.quantized import layers_stored, mtp_stored
 
 WEIGHT_BYTES = 2
 """bf16, the dtype of every measured cell's frozen base (``rank_weights``' default)."""
@@ -105,27 +107,37 @@ def rank_weights(
     first: bool = True,
     last: bool = True,
     param_bytes: int = WEIGHT_BYTES,
+    quantized: Quantization | None = None,
 ) -> Weights:
     """One rank's frozen base weights, ``param_bytes`` each (the step's dtype: 2 for bf16
     and fp16, 4 for fp32). ``layers``: the layers this rank holds (all by default);
     ``first`` / ``last``: whether it is the first / last pipeline stage, which holds the
     embedding / the output layer, the final norm and any MTP depths (tied embeddings, or
-    MTP: megatron keeps a copy of the embedding on the last stage)."""
-    tp, b = layout.tp, param_bytes
+    MTP: megatron keeps a copy of the embedding on the last stage). ``quantized``: the
+    checkpoint's quantization, its converted linears held as stored
+    (``cpmem.pricing.quantized``), the rest in ``param_bytes``."""
+    tp, ep, etp, b = layout.tp, layout.ep, layout.etp, param_bytes
     held = tuple(range(geometry.layers) if layers is None else layers)
-    params = _layer_parameters(geometry, tp, layout.ep, layout.etp, held)
+    params = _layer_parameters(geometry, tp, ep, etp, held)
     matrix = padded_vocab(geometry, tp) // tp * geometry.hidden * b
     positions = geometry.learned_position_rows * geometry.hidden * b
     tied = geometry.tied_embeddings
     mtp = mtp_depths_built(geometry) if last else 0
-    mtp_params = mtp * mtp_depth_parameters(geometry).on_rank(tp, layout.ep, layout.etp)
+    mtp_params = mtp * mtp_depth_parameters(geometry).on_rank(tp, ep, etp)
+    layer_bytes, mtp_bytes = int(params) * b, int(mtp_params) * b
+    if quantized is not None:
+        stored = layers_stored(geometry, quantized, tp, ep, etp, held)
+        layer_bytes += stored.bytes - stored.elements * b
+        if mtp:
+            one = mtp_stored(geometry, quantized, tp, ep, etp)
+            mtp_bytes += mtp * (one.bytes - one.elements * b)
     return Weights(
         embedding=(matrix if first or (last and (tied or mtp)) else 0)
         + (positions if first else 0),
         output_layer=matrix if last and not tied else 0,
-        layers=int(params) * b,
+        layers=layer_bytes,
         final_norm=norm_parameters(geometry, geometry.hidden) * b if last else 0,
-        mtp=int(mtp_params) * b,
+        mtp=mtp_bytes,
     )
 
 

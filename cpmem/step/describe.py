@@ -30,6 +30,7 @@ from cpmem.step.runtime import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     Runtime,
+    check_quantized_weights,
     check_training,
 )
 from cpmem.step.settings import DEFAULTS, SETTINGS
@@ -191,6 +192,7 @@ def describe_settings(
         ),
         runtime=process,
         training=check_training(a["training"]),
+        quantized_weights=check_quantized_weights(a["quantized_weights"]),
         rank=parse_rank(a["rank"]),
         fused_swiglu_asked=fused_swiglu_asked,
     )

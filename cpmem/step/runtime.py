@@ -27,6 +27,9 @@ RuntimeName = Literal["art", "megatron-lm"]
 RUNTIMES: tuple[RuntimeName, ...] = get_args(RuntimeName)
 Training = Literal["lora", "full"]
 TRAININGS: tuple[Training, ...] = get_args(Training)
+QuantizedWeights = Literal["dequantized", "stored"]
+QUANTIZED_WEIGHTS: tuple[QuantizedWeights, ...] = get_args(QuantizedWeights)
+"""How a quantized checkpoint's frozen base is held (``StepSettings.quantized_weights``)."""
 AttentionBackend = Literal["flash", "fused", "unfused", "local"]
 ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = get_args(AttentionBackend)
 TransformerImpl = Literal["transformer_engine", "local"]
@@ -260,6 +263,12 @@ def check_training(training: str) -> Training:
     if training not in TRAININGS:
         raise InputError("training", training, f"must be one of {list(TRAININGS)}")
     return training
+
+
+def check_quantized_weights(value: str) -> QuantizedWeights:
+    if value not in QUANTIZED_WEIGHTS:
+        raise InputError("quantized_weights", value, f"must be one of {list(QUANTIZED_WEIGHTS)}")
+    return value  # type: ignore[return-value]
 
 
 def check_runtime(name: str) -> RuntimeName:

@@ -29,7 +29,7 @@ from cpmem.step.device import Device
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
-from cpmem.step.runtime import ATTENTION_BACKENDS, RUNTIMES, TRAININGS, Runtime
+from cpmem.step.runtime import ATTENTION_BACKENDS, QUANTIZED_WEIGHTS, RUNTIMES, TRAININGS, Runtime
 from cpmem.step.trainer import CP_COMMS, Head
 
 if TYPE_CHECKING:
@@ -410,6 +410,18 @@ class SettingsArguments(TypedDict, total=False):
             group="process",
             choices=("bf16", "fp16", "fp32"),
             exported_as="dtype (the recorded activations' dtype) and dtype_bytes",
+        ),
+    ]
+    quantized_weights: Annotated[
+        str,
+        Setting(
+            "dequantized",
+            "--quantized-weights",
+            "a quantized checkpoint's frozen base: dequantized (default: in --dtype, as "
+            "Megatron-Bridge imports it) or stored (its fp8 / mxfp4 values and scales; LoRA only)",
+            group="process",
+            choices=QUANTIZED_WEIGHTS,
+            export=lambda s: s.settings.quantized_weights,
         ),
     ]
     rank: Annotated[

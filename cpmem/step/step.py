@@ -29,7 +29,13 @@ from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.ranks import RankChoice, check_rank
 from cpmem.step.recompute import Recompute
 from cpmem.step.routing import check_routing, rows_per_token
-from cpmem.step.runtime import Runtime, Training, check_training
+from cpmem.step.runtime import (
+    QuantizedWeights,
+    Runtime,
+    Training,
+    check_quantized_weights,
+    check_training,
+)
 from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
 
 MoeRouting = str
@@ -120,6 +126,13 @@ class StepSettings:
     pipeline: Pipeline = Pipeline()
     runtime: Runtime = Runtime()
     training: Training = "lora"
+    quantized_weights: QuantizedWeights = "dequantized"
+    """How a quantized checkpoint's frozen base is held (``ModelGeometry.quantization``):
+    ``dequantized`` to the step's dtype, as Megatron-Bridge imports it (its
+    ``dequantize_fp8_blockwise`` and ``dequantize_mxfp4``) and the transformers gpt-oss
+    fine-tuning recipe loads it (``Mxfp4Config(dequantize=True)``), or ``stored`` as the
+    checkpoint holds it (``cpmem.pricing.quantized``). Full training trains the
+    dequantized weights only."""
     rank: RankChoice = "busiest"
     holds_embedding: bool = True
     """Whether the step's first layer is fed by the embedding on this rank (the first
@@ -132,6 +145,15 @@ class StepSettings:
     def __post_init__(self) -> None:
         refuse_all(self._layout_problems())
         check_training(self.training)
+        check_quantized_weights(self.quantized_weights)
+        stored = self.quantized_weights == "stored" and self.geometry.quantization is not None
+        if stored and self.training == "full":
+            raise InputError(
+                "quantized_weights",
+                "stored",
+                "full training updates every weight: megatron-core trains the checkpoint "
+                "dequantized (priced with --quantized-weights dequantized)",
+            )
         check_rank(self.rank, self.world_size)
         if self.training == "full" and self.adapter != Adapter():
             raise InputError(

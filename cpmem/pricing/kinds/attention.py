@@ -14,8 +14,14 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters, cp_comm
 from cpmem.pricing.components import Component
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width, keeps_gathered_kv
+from cpmem.pricing.kinds.linears import attention_linears
 from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
-from cpmem.pricing.layer_parameters import LayerParameters, norm_parameters, norm_tensors
+from cpmem.pricing.layer_parameters import (
+    LayerParameters,
+    Linear,
+    norm_parameters,
+    norm_tensors,
+)
 from cpmem.pricing.tight.calibrated import EAGER_NONE_GATED, UNGATED_RUNTIME_Q
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import attention_width, mla_core_width
@@ -503,6 +509,9 @@ class AttentionSpec(MixerSpec):
 
     def parameters(self, g: ModelGeometry) -> LayerParameters:
         return attention_parameters(g)
+
+    def linears(self, g: ModelGeometry) -> tuple[Linear, ...]:
+        return attention_linears(g)
 
     def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
         """The QKV projection (with the output gate's second Q) and the output

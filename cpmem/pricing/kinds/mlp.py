@@ -8,9 +8,11 @@ from __future__ import annotations
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
+from cpmem.pricing.kinds.linears import mlp_linears
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
     LayerParameters,
+    Linear,
     fc1_width,
     norm_parameters,
     norm_tensors,
@@ -98,6 +100,9 @@ class DenseSpec(MlpSpec):
         h, fc1 = g.hidden, fc1_width(g, g.ffn)
         bias = fc1 if g.mlp_bias else 0
         return LayerParameters((fc1 + g.ffn) * h + bias, 0, mlp_norms(g) + (h if g.mlp_bias else 0))
+
+    def linears(self, g: ModelGeometry) -> tuple[Linear, ...]:
+        return mlp_linears(g, g.ffn, "mlp")
 
     def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
         h, fc1 = g.hidden, fc1_width(g, g.ffn)

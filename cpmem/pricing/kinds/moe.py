@@ -13,9 +13,10 @@ from fractions import Fraction
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
+from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
-from cpmem.pricing.layer_parameters import LayerParameters, fc1_width, norm_tensors
+from cpmem.pricing.layer_parameters import LayerParameters, Linear, fc1_width, norm_tensors
 from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import (
@@ -367,6 +368,9 @@ class MoeSpec(MlpSpec):
         per_expert = (fc1 + g.expert_ffn) * h + (fc1 + h if g.mlp_bias else 0)
         router = h * g.num_experts + (g.num_experts if g.router_bias else 0)
         return LayerParameters(shared, g.num_experts * per_expert, mlp_norms(g) + router + gate)
+
+    def linears(self, g: ModelGeometry) -> tuple[Linear, ...]:
+        return moe_linears(g)
 
     def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
         """The router's ``[E, H]`` weight, the shared expert's gate and MLP, the pre-MLP

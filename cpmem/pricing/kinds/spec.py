@@ -30,7 +30,7 @@ from typing import ClassVar
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
-from cpmem.pricing.layer_parameters import NO_PARAMETERS, LayerParameters
+from cpmem.pricing.layer_parameters import NO_PARAMETERS, LayerParameters, Linear
 from cpmem.pricing.tight.widths import TightWidths
 from cpmem.pricing.widths import LayerWidths
 from cpmem.step.recompute import Recompute
@@ -96,6 +96,16 @@ class LayerKindSpec:
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
         """The trainable parameters of the sub-layer's adapters on one rank."""
         return 0
+
+    def linears(self, g: ModelGeometry) -> tuple[Linear, ...]:
+        """The sub-layer's weight matrices as a checkpoint stores them, which a quantized
+        checkpoint may hold quantized (``cpmem.pricing.quantized``)."""
+        raise InputError(
+            "quantized_weights",
+            "stored",
+            f"a quantized checkpoint's {self.name} layers are not priced as stored "
+            "(--quantized-weights dequantized prices them)",
+        )
 
     def reference_width(
         self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool
@@ -227,6 +237,9 @@ class NoMixer(MixerSpec):
     def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
         return NO_TENSORS
 
+    def linears(self, g: ModelGeometry) -> tuple[Linear, ...]:
+        return ()
+
     def reference_width(
         self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool
     ) -> int:
@@ -244,6 +257,9 @@ class NoMlp(MlpSpec):
 
     def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
         return NO_TENSORS
+
+    def linears(self, g: ModelGeometry) -> tuple[Linear, ...]:
+        return ()
 
     def reference_width(
         self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool

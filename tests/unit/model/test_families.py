@@ -131,7 +131,11 @@ def test_unknown_family_refused_even_with_layer_types():
             lambda c: c.update(model_type="paligemma", text_config=copy.deepcopy(c)),
             "model_type",
         ),
-        ("gpt-oss-20b", lambda c: c.__setitem__("quantization_config", {}), "quantization_config"),
+        (
+            "gpt-oss-20b",
+            lambda c: c.__setitem__("quantization_config", {}),
+            "quantization_config.quant_method",
+        ),
         ("qwen3-1.7b", lambda c: c.__setitem__("attention_dropout", 0.1), "attention_dropout"),
         ("qwen3-30b-a3b", lambda c: c.__setitem__("n_routed_experts", 64), "n_routed_experts"),
         ("gemma-2-9b", lambda c: c.__setitem__("hidden_activation", "relu"), "hidden_activation"),
@@ -140,7 +144,7 @@ def test_unknown_family_refused_even_with_layer_types():
         (
             "kimi-k2",
             lambda c: c.__setitem__("quantization_config", {"quant_method": "fp8"}),
-            "quantization_config",
+            "quantization_config.weight_block_size",  # per-tensor fp8: not priced
         ),
     ],
 )
