@@ -45,6 +45,7 @@ from cpmem.gate.checks import coverage_summary, forward_backward_row, golden_che
 from cpmem.golden.cells import MeasuredCell, load_cells
 from cpmem.golden.files import CELLS_FILE, default_golden_dir
 from cpmem.model.geometry import ModelGeometry
+from cpmem.model.quantization import quantization_config
 from cpmem.plan.request import Request
 from cpmem.reports.tables import pct
 from cpmem.samples.cells import cell_step, is_measured
@@ -73,14 +74,21 @@ NA_REASON = "checks a cpmem pricing policy; not applicable to an external estima
 
 
 def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
-    """A Hugging Face style ``config.json`` dict for ``geometry``.
+    """A Hugging Face style ``config.json`` dict for ``geometry``, with the checkpoint's
+    ``quantization_config`` where it is quantized.
 
     ``cpmem.model.hf_config.load_config`` reads it back to the same geometry (a test
     holds this), so it carries every field cpmem prices with.
     """
     g = geometry
-    if g.family in FAMILY_EXPORTS:
-        return _family_config(g)
+    cfg = _family_config(g) if g.family in FAMILY_EXPORTS else _qwen_config(g)
+    if g.quantization is not None:
+        cfg["quantization_config"] = quantization_config(g.quantization)
+    return cfg
+
+
+def _qwen_config(g: ModelGeometry) -> dict[str, Any]:
+    """The config of a geometry of the measured families, as a Qwen3 / Qwen3.5 config."""
     family = ("qwen3_5_moe" if g.is_moe else "qwen3_5") if g.is_hybrid or g.is_moe else "qwen3"
     cfg: dict[str, Any] = {
         "_name_or_path": g.aliases[0] if g.aliases else g.name,

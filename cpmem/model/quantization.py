@@ -48,6 +48,7 @@ PATTERN_PARTS: dict[str, str] = {
     "mlp.experts": "experts",
     "mlp.shared_experts": "shared_expert",
     "mlp.shared_expert": "shared_expert",
+    "mlp": "mlp",
 }
 """The last components of a ``modules_to_not_convert`` pattern and the part each names
 (``model.layers.*.self_attn`` keeps every layer's attention bf16)."""
@@ -161,3 +162,34 @@ def _kept_parts(patterns: Any) -> frozenset[str]:
             )
         parts.add(part)
     return frozenset(parts)
+
+
+ROLE_PATTERNS: dict[str, str] = {
+    "attention": "model.layers.*.self_attn",
+    "mlp": "model.layers.*.mlp",
+    "shared_expert": "model.layers.*.mlp.shared_experts",
+    "experts": "model.layers.*.mlp.experts",
+}
+"""The ``modules_to_not_convert`` pattern that keeps each role in the float dtype."""
+
+
+def quantization_config(q: Quantization) -> dict[str, Any]:
+    """``q`` as a ``quantization_config`` that ``read_quantization`` reads back to it (the
+    published form where ``q`` is a published checkpoint's)."""
+    if q.method == "mxfp4":
+        kept = ["model.layers.*.self_attn", "model.layers.*.mlp.router"]
+        kept += [] if q.converts("experts") else [ROLE_PATTERNS["experts"]]
+        return {
+            "modules_to_not_convert": [*kept, "model.embed_tokens", "lm_head"],
+            "quant_method": "mxfp4",
+        }
+    out: dict[str, Any] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": list(q.block),
+    }
+    kept_roles = [ROLE_PATTERNS[r] for r in ROLES if not q.converts(r)]
+    if kept_roles:
+        out["modules_to_not_convert"] = kept_roles
+    return out

@@ -461,6 +461,11 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         {"runtime", "runtime_settings"},
     ),
     (StepSettings, "rank"): (_same, _set(rank="last"), {"rank"}),
+    (StepSettings, "quantized_weights"): (
+        _same,
+        _set(quantized_weights="stored"),
+        {"quantized_weights"},
+    ),
     (StepSettings, "holds_embedding"): (
         _same,
         _set(holds_embedding=False),

@@ -65,6 +65,7 @@ CHANGES: dict[str, list[str]] = {
     "--cp-comm": ["--cp-comm", "a2a"],
     "--runtime": ["--runtime", "megatron-lm"],
     "--training": ["--training", "full"],
+    "--quantized-weights": ["--quantized-weights", "stored"],
     "--attention-backend": ["--attention-backend", "flash"],
     "--container": ["--container", "ngc-24.01"],
     "--etp": ["--etp", "2"],
