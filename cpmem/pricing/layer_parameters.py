@@ -30,6 +30,9 @@ class LayerParameters:
 NO_PARAMETERS = LayerParameters(0, 0, 0)
 
 
+Placement = Literal["sharded", "replicated", "experts"]
+
+
 @dataclass(frozen=True)
 class Linear:
     """One weight matrix of a sub-layer as a Hugging Face checkpoint stores it: ``rows``
@@ -42,7 +45,7 @@ class Linear:
     role: str
     rows: int
     cols: int
-    placement: Literal["sharded", "replicated", "experts"]
+    placement: Placement
     split: Literal["rows", "cols"] = "rows"
     count: int = 1
 

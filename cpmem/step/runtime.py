@@ -268,7 +268,7 @@ def check_training(training: str) -> Training:
 def check_quantized_weights(value: str) -> QuantizedWeights:
     if value not in QUANTIZED_WEIGHTS:
         raise InputError("quantized_weights", value, f"must be one of {list(QUANTIZED_WEIGHTS)}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def check_runtime(name: str) -> RuntimeName:

@@ -10,7 +10,7 @@ biases, norms, the router and gpt-oss's sinks are left out, which no format conv
 from __future__ import annotations
 
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing.layer_parameters import Linear
+from cpmem.pricing.layer_parameters import Linear, Placement
 
 
 def attention_linears(g: ModelGeometry) -> tuple[Linear, ...]:
@@ -41,7 +41,7 @@ def mlp_linears(g: ModelGeometry, ffn: int, role: str, count: int = 0) -> tuple[
     not gated) column-parallel, ``down_proj`` row-parallel; ``count`` routed experts of it
     (placed over EP, split over ETP) where ``count`` is given."""
     h = g.hidden
-    placement = "experts" if count else "sharded"
+    placement: Placement = "experts" if count else "sharded"
     n = count or 1
     up = Linear(role, ffn, h, placement, "rows", n)
     down = Linear(role, h, ffn, placement, "cols", n)
