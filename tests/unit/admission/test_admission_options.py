@@ -234,6 +234,8 @@ DEVICE_ROWS = [
     # with the published formula, whose activations ETP does not move (``tight``'s
     # experts receive the ETP group's gathered rows: the activations move too)
     DeviceRow("etp", {**H200, "tp": 4, "ep": 4, "policy": "reference"}, 1, 4, model=MOE),
+    # a quantized checkpoint's base as stored: gpt-oss-20b's mxfp4 experts, 39 GiB in bf16
+    DeviceRow("quantized_weights", H200, "dequantized", "stored", model="gpt-oss-20b"),
     # the answered stage: the first holds the embedding, the last the output layer
     DeviceRow("rank", {**H200, "pp": 2, "microbatches": 2, "stage_layers": [8, 24]}, 0, "last"),
 ]
