@@ -128,8 +128,9 @@ class StepSettings:
     training: Training = "lora"
     quantized_weights: QuantizedWeights = "dequantized"
     """How a quantized checkpoint's frozen base is held (``ModelGeometry.quantization``):
-    ``dequantized`` to the step's dtype, as Megatron-Bridge imports it (its
-    ``dequantize_fp8_blockwise`` and ``dequantize_mxfp4``) and the transformers gpt-oss
+    ``dequantized`` to the step's dtype, as ART's Megatron backend loads it
+    (``dequant_block_fp8_cuda``, ``dequant_mxfp4_cuda``: bf16), Megatron-Bridge imports it
+    (``dequantize_fp8_blockwise``, ``dequantize_mxfp4``) and the transformers gpt-oss
     fine-tuning recipe loads it (``Mxfp4Config(dequantize=True)``), or ``stored`` as the
     checkpoint holds it (``cpmem.pricing.quantized``). Full training trains the
     dequantized weights only."""
