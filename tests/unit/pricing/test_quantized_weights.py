@@ -189,3 +189,34 @@ def test_a_kind_without_its_linears_refuses_stored() -> None:
     nemotron = replace(PRESETS["nemotron-3-nano-30b-a3b"], quantization=q)
     with pytest.raises(InputError, match="mamba layers are not priced as stored"):
         rank_weights(nemotron, ParallelLayout(), quantized=q)
+
+
+def test_a_dense_fp8_checkpoint_as_stored() -> None:
+    """Qwen3-1.7B in block FP8 (the form of Qwen's ``-FP8`` releases, ``lm_head`` kept):
+    one layer's q_proj 2,048 x 2,048, k_proj and v_proj 1,024 x 2,048, o_proj 2,048 x
+    2,048, gate/up 6,144 x 2,048 and down 2,048 x 6,144, each with its 128 x 128 scales."""
+    cfg = json.loads((EXAMPLES / "qwen3-1.7b" / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "modules_to_not_convert": ["lm_head"],
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    }
+    g = load_config(cfg)
+    assert g.quantization is not None
+    shapes = [(2048, 2048), (1024, 2048), (1024, 2048), (2048, 2048)]
+    shapes += [(6144, 2048), (6144, 2048), (2048, 6144)]
+    elements = sum(r * c for r, c in shapes)
+    scales = sum((r // 128) * (c // 128) for r, c in shapes)
+    layer = layers_stored(g, g.quantization, 1, 1, 1, [0])
+    assert (layer.elements, layer.bytes) == (elements, elements + 4 * scales)
+    # at TP 2 each rank holds half of every matrix and half of its scales
+    half = layers_stored(g, g.quantization, 2, 1, 1, [0])
+    assert (half.elements, half.scales) == (elements // 2, 4 * scales // 2)
+
+
+def test_a_gated_deltanet_checkpoint_refuses_stored() -> None:
+    q4 = replace(PRESETS["qwen3.5-4b"], quantization=FP8)
+    with pytest.raises(InputError, match="gdn layers are not priced as stored"):
+        rank_weights(q4, ParallelLayout(), quantized=FP8)
