@@ -39,19 +39,20 @@ UNCONVERTED_PARTS = frozenset({"router", "embedding", "output"})
 """Parts no format here converts (they are no decoder linear): naming them in
 ``modules_to_not_convert`` changes nothing."""
 
-PATTERN_PARTS: dict[str, str] = {
-    "self_attn": "attention",
-    "mlp.router": "router",
-    "mlp.gate": "router",
-    "embed_tokens": "embedding",
-    "lm_head": "output",
-    "mlp.experts": "experts",
-    "mlp.shared_experts": "shared_expert",
-    "mlp.shared_expert": "shared_expert",
-    "mlp": "mlp",
+PATTERN_PARTS: dict[str, tuple[str, ...]] = {
+    "self_attn": ("attention",),
+    "mlp.router": ("router",),
+    "mlp.gate": ("router",),
+    "embed_tokens": ("embedding",),
+    "lm_head": ("output",),
+    "mlp.experts": ("experts",),
+    "mlp.shared_experts": ("shared_expert",),
+    "mlp.shared_expert": ("shared_expert",),
+    "mlp": ("mlp", "shared_expert", "experts"),
 }
-"""The last components of a ``modules_to_not_convert`` pattern and the part each names
-(``model.layers.*.self_attn`` keeps every layer's attention bf16)."""
+"""The last components of a ``modules_to_not_convert`` pattern and the parts each names
+(``model.layers.*.self_attn`` keeps every layer's attention bf16; ``mlp`` is a dense MLP's
+module and an MoE block's alike, so it keeps the experts too)."""
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,9 @@ def _kept_parts(patterns: Any) -> frozenset[str]:
     field = "quantization_config.modules_to_not_convert"
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise ConfigError(field, patterns, "must be a list of module names")
-    parts = set()
+    parts: set[str] = set()
     for pattern in patterns:
-        part = next(
+        named = next(
             (
                 p
                 for tail, p in PATTERN_PARTS.items()
@@ -154,13 +155,13 @@ def _kept_parts(patterns: Any) -> frozenset[str]:
             ),
             None,
         )
-        if part is None:
+        if named is None:
             raise ConfigError(
                 field,
                 pattern,
                 f"a module cpmem cannot place; read: every layer's {sorted(PATTERN_PARTS)}",
             )
-        parts.add(part)
+        parts.update(named)
     return frozenset(parts)
 
 
@@ -189,7 +190,10 @@ def quantization_config(q: Quantization) -> dict[str, Any]:
         "quant_method": "fp8",
         "weight_block_size": list(q.block),
     }
-    kept_roles = [ROLE_PATTERNS[r] for r in ROLES if not q.converts(r)]
+    kept = [r for r in ROLES if not q.converts(r)]
+    if "mlp" in kept:  # ``mlp`` keeps every feed-forward block, the experts with it
+        kept = [r for r in kept if r not in ("shared_expert", "experts")]
+    kept_roles = [ROLE_PATTERNS[r] for r in kept]
     if kept_roles:
         out["modules_to_not_convert"] = kept_roles
     return out

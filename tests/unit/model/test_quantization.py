@@ -19,7 +19,7 @@ import pytest
 from cpmem.errors import ConfigError
 from cpmem.model.hf_config import load_config
 from cpmem.model.presets import PRESETS
-from cpmem.model.quantization import read_quantization
+from cpmem.model.quantization import quantization_config, read_quantization
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 FP8 = {
@@ -80,3 +80,22 @@ def test_what_is_not_priced_is_refused_by_name(change: dict[str, Any], field: st
     with pytest.raises(ConfigError) as err:
         load_config(_config(change))
     assert err.value.field == field
+
+
+def test_mlp_names_a_dense_mlp_and_an_moe_block_alike() -> None:
+    """transformers names both ``model.layers.N.mlp``: keeping it keeps the experts too."""
+    q = read_quantization({**FP8, "modules_to_not_convert": ["model.layers.*.mlp"]})
+    assert q.converted == {"attention"}
+    q = read_quantization({**FP8, "modules_to_not_convert": ["model.layers.*.mlp.experts"]})
+    assert q.converted == {"attention", "mlp", "shared_expert"}
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [[], ["model.layers.*.self_attn"], ["model.layers.*.mlp"], ["model.layers.*.mlp.experts"]],
+)
+def test_the_written_config_reads_back(kept: list[str]) -> None:
+    q = read_quantization({**FP8, "modules_to_not_convert": kept})
+    assert read_quantization(quantization_config(q)) == q
+    oss = PRESETS["gpt-oss-20b"].quantization
+    assert oss is not None and read_quantization(quantization_config(oss)) == oss
