@@ -22,7 +22,7 @@ from cpmem.gate.external_simulated import (
 )
 from cpmem.gate.megatron_report import peers_section
 from cpmem.gate.megatron_tier import run_tier
-from cpmem.gate.run import run_gate
+from cpmem.gate.run import coverage_check
 from cpmem.gate.simulated import price_rows
 from cpmem.golden.files import default_golden_dir
 from cpmem.reports.kept import kept_report_cli
@@ -61,9 +61,9 @@ def _peer_points(
 def _policy_points(
     policy: str, rows: Sequence[DescribedRow], golden_dir: Path
 ) -> tuple[dict[str, Point], dict[str, Point]]:
-    """The policy's measured coverage rows (``run_gate``) and its simulated tier's
+    """The policy's measured coverage rows (the gate's ``coverage_check``) and its simulated tier's
     forward verdicts (``price_rows``, as ``run_simulated`` judges them)."""
-    cov = run_gate(policy, golden_dir)["checks"]["coverage"]
+    cov = coverage_check(policy, golden_dir)
     simulated = {
         p.row.config_id: Point(
             p.row.config_id,

@@ -64,6 +64,15 @@ from cpmem.samples.cells import cell_step, measured_samples
 from cpmem.samples.targets import targets_for
 
 
+def coverage_check(policy: str = "reference", golden_dir: Path | None = None) -> dict[str, Any]:
+    """The gate's coverage check alone (``run_gate``'s ``checks["coverage"]``): every
+    measured cell's rank-samples priced by ``policy``, without the other checks' work."""
+    golden_dir = golden_dir if golden_dir is not None else default_golden_dir()
+    cells = load_cells(golden_dir / CELLS_FILE)
+    steps = {c.cell_id: cell_step(c) for c in cells}
+    return coverage(cells, steps, Estimator.for_policy(policy))
+
+
 def run_gate(policy: str = "reference", golden_dir: Path | None = None) -> dict[str, Any]:
     """Every check for ``policy``; the full report as a JSON-ready dict."""
     golden_dir = golden_dir if golden_dir is not None else default_golden_dir()

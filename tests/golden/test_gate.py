@@ -30,7 +30,7 @@ from cpmem.gate.controls_file import (
 )
 from cpmem.gate.estimator import Estimator
 from cpmem.gate.power import MUTANTS
-from cpmem.gate.run import run_gate
+from cpmem.gate.run import coverage_check, run_gate
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import GOLDEN_DIR
 from cpmem.golden.manifest import verify_manifest
@@ -720,3 +720,8 @@ def test_a_target_selecting_no_cell_is_missed(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(TARGETS, "reference", (fb,))
     rep = run_gate("reference")
     assert rep["checks"]["targets"]["failing"] == ["fb: the policy does not price backward"]
+
+
+def test_the_coverage_check_alone_is_the_gates(report: dict[str, Any]) -> None:
+    """``coverage_check`` (what the peers report reads) is ``run_gate``'s coverage check."""
+    assert coverage_check("reference") == report["checks"]["coverage"]

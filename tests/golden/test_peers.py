@@ -22,7 +22,7 @@ from cpmem.gate.megatron_report import peer_figures
 from cpmem.gate.megatron_tier import STATIC_TOLERANCE, run_tier
 from cpmem.gate.peers import collect
 from cpmem.gate.peers import main as report_main
-from cpmem.gate.run import run_gate
+from cpmem.gate.run import coverage_check
 from cpmem.gate.simulated import run_simulated
 from cpmem.golden.cells import load_cells
 from cpmem.golden.files import GOLDEN_DIR
@@ -543,7 +543,7 @@ def test_the_report_shows_what_the_gates_compute(
         moe = _split(by_row, lambda r: families[r["config_id"]].startswith("moe"))
         assert _line(f"`{peer.name}`", [dense, moe]) in text
     for policy in report.POLICIES:
-        cov = run_gate(policy)["checks"]["coverage"]
+        cov = coverage_check(policy)
         long_ = _split(cov["rows"], lambda r: r["cell_id"] in long_ids)
         all_ = _split(cov["rows"], lambda r: True)
         assert all_[2] == cov["min_headroom"] and all_[3] == cov["median_headroom"]
