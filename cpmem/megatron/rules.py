@@ -5,8 +5,10 @@ Each rule names the flags involved and Megatron-LM's own reason, citing where th
 snapshot asserts it (``megatron/training/arguments.py`` ``validate_args``, the
 ``__post_init__`` of ``ModelParallelConfig`` and ``TransformerConfig``, the layers that
 assert at build time). ``parse_megatron_args`` calls it last, so every reader of a run's
-arguments gets the same answer; a rule on the world size (DP, the expert layout's
-ranks, the micro-batch count) stays with the run's description.
+arguments gets the same answer. Where the arguments carry their world (a launch script's
+torchrun, or the caller's ``--world-size``), whole model replicas are checked here too;
+the other rules on the world size (the expert layout's ranks, the micro-batch count)
+stay with the run's description.
 """
 
 from __future__ import annotations
@@ -522,6 +524,41 @@ def _vocabulary(args: MegatronArgs) -> list[Problem]:
     return []
 
 
+def _world(args: MegatronArgs) -> list[Problem]:
+    """The world the launch gives (or the caller), where it is known: Megatron-LM's
+    assertion that it holds whole model replicas (arguments.py:424-434; the GTP weight
+    shards, refused, are 1)."""
+    world = args.world_size
+    if world is None:
+        return []
+    tp, pp, cp = (
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.context_parallel_size,
+    )
+    out: list[Problem] = []
+    if world % (tp * pp * cp):
+        out.append(
+            (
+                f"world_size={world}",
+                f"world size ({world}) is not divisible by total_model_size (TP x PP x CP = "
+                f"{tp} x {pp} x {cp} = {tp * pp * cp}) (arguments.py:432-434)",
+            )
+        )
+    etp = args.expert_tensor_parallel_size or tp
+    ep = args.expert_model_parallel_size
+    if args.num_experts and world % (etp * ep * pp):
+        out.append(
+            (
+                f"world_size={world}",
+                f"world_size ({world}) is not divisible by expert_tensor_model_pipeline_parallel "
+                f"size (ETP x EP x PP = {etp} x {ep} x {pp} = {etp * ep * pp}) "
+                "(parallel_state.py:880-884)",
+            )
+        )
+    return out
+
+
 def rule_problems(args: MegatronArgs) -> list[Problem]:
     """Every rule ``args`` breaks, in a fixed order."""
     out = _positive(args)
@@ -532,6 +569,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += _attention(args)
     out += _recompute(args)
     out += layout_problems(args)
+    out += _world(args)
     out += _distributed(args)
     out += _experts(args)
     out += stack_problems(args)

@@ -96,7 +96,7 @@ def test_lengths_are_the_arguments_own() -> None:
 
 def test_world_size_is_required() -> None:
     code, _, err = run(["estimate", "--megatron-args", str(CASE)])
-    assert code == 2 and "world_size" in err
+    assert code == 2 and "--world-size" in err and "gives no world size" in err
 
 
 def test_admit_refuses_a_tiny_budget_with_exit_3_and_fits_a_device() -> None:
