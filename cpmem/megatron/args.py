@@ -326,7 +326,8 @@ def parse_megatron_args(
         # --num-query-groups' default under --group-query-attention (transformer_config.
         # py:175; argument_utils.py core_transformer_config_from_args passes it)
         values["num_query_groups"] = 1
-    if not missing and "num_layers" in values:
+    complete = all(name in values for name in REQUIRED)  # a left-to-caller one is not
+    if not missing and complete:
         env_map = {str(k): str(v) for k, v in (env or {}).items()}
         args = MegatronArgs(
             **values,
@@ -376,17 +377,25 @@ def _hybrid_values(values: dict[str, Any], problems: list[Problem]) -> bool:
     return True
 
 
+def is_pasted(source: str | Path) -> bool:
+    """Whether ``source`` is a command line or flags pasted in place of a file: a string
+    with a blank in it that names no file."""
+    if not isinstance(source, str) or not any(c.isspace() for c in source.strip()):
+        return False
+    try:
+        return not Path(source).is_file()
+    except OSError:  # longer than a file name can be
+        return True
+
+
 def _source_text(source: str | Path) -> tuple[str, Path]:
-    """The text of ``source``: a file's, or ``source`` itself where it is a command line
-    or flags pasted in place of a file (a string with a blank that names no file)."""
+    """The text of ``source``: a file's, or ``source`` itself where it is pasted."""
+    if is_pasted(source):
+        return str(source), Path("command line")
     path = Path(source)
     try:
         return path.read_text(encoding="utf-8"), path
     except OSError as exc:
-        text = str(source)
-        pasted = isinstance(source, str) and any(c.isspace() for c in text.strip())
-        if pasted and not path.exists():
-            return text, Path("command line")
         raise InputError("megatron_args", str(source), f"cannot be read: {exc.strerror}") from None
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import InputError
-from cpmem.megatron.args import MegatronArgs, read_megatron_args
+from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
@@ -234,9 +234,9 @@ folder (``tests/functional_tests/test_cases/<model>/<case>/model_config.yaml``).
 
 def run_name(source: str | Path) -> str:
     """The run's title: a functional test case's folder (its ``model_config.yaml`` is
-    named alike in every case), any other arguments file by its own name."""
-    pasted = isinstance(source, str) and any(c.isspace() for c in source.strip())
-    if pasted and not Path(source).exists():
+    named alike in every case), any other arguments file by its own name, a pasted
+    command line as such."""
+    if is_pasted(source):
         return "command line"
     path = Path(source)
     if path.name == FUNCTIONAL_TEST_CONFIG and path.parent.name:

@@ -559,6 +559,21 @@ def _world(args: MegatronArgs) -> list[Problem]:
     return out
 
 
+def _batch(args: MegatronArgs) -> list[Problem]:
+    """A batch-size schedule beside a global batch size: validate_args raises
+    ``ValueError('Cannot specify both --step-batch-size-schedule and --global-batch-size')``
+    (arguments.py:695-701; the schedule's flag itself is refused, refused.py)."""
+    if "--step-batch-size-schedule" in args.flag_values and args.global_batch_size is not None:
+        return [
+            (
+                "--step-batch-size-schedule with --global-batch-size",
+                "Megatron-LM rejects it: 'Cannot specify both --step-batch-size-schedule and "
+                "--global-batch-size' (arguments.py:695-701)",
+            )
+        ]
+    return []
+
+
 def rule_problems(args: MegatronArgs) -> list[Problem]:
     """Every rule ``args`` breaks, in a fixed order."""
     out = _positive(args)
@@ -570,6 +585,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += _recompute(args)
     out += layout_problems(args)
     out += _world(args)
+    out += _batch(args)
     out += _distributed(args)
     out += _experts(args)
     out += stack_problems(args)

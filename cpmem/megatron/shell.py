@@ -297,7 +297,7 @@ def _combine(op: str, unknown: Unknown, result: Status) -> Status:
 class _Runner:
     def __init__(self, state: ShellState, script_name: str, depth: int = 0) -> None:
         self.state = state
-        self.expander = Expander(self.lookup, script_name)
+        self.expander = Expander(self.lookup, script_name, self._set)
         self.script_name = script_name
         self.functions: dict[str, Node] = {}
         self.depth = depth
@@ -305,6 +305,9 @@ class _Runner:
 
     def lookup(self, name: str) -> tuple[Word, ...] | None:
         return self.state.values.get(name)
+
+    def _set(self, name: str, value: Word) -> None:
+        self.state.values[name] = (value,)
 
     def fork(self) -> _Runner:
         other = _Runner(self.state.copy(), self.script_name, self.depth)
@@ -500,6 +503,8 @@ class _Runner:
         if head in ("[", "[[", "test"):
             return self.test([w for t in toks[k + 1 :] for w in self.expander.expand(t.text)], head)
         if head in ("true", ":"):
+            for tok in toks[k + 1 :]:  # ``: ${X:=default}`` sets X
+                self.expander.expand(tok.text)
             return True
         if head == "false":
             return False

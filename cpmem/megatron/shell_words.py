@@ -227,9 +227,15 @@ def ordinal(name: str) -> str:
 class Expander:
     """Expands raw words against the script's variables (``lookup``)."""
 
-    def __init__(self, lookup: Lookup, script_name: str = "script.sh") -> None:
+    def __init__(
+        self,
+        lookup: Lookup,
+        script_name: str = "script.sh",
+        assign: Callable[[str, Word], None] | None = None,
+    ) -> None:
         self.lookup = lookup
         self.script_name = script_name
+        self.assign = assign  # ``${NAME:=x}`` sets NAME
 
     # -- one parameter ------------------------------------------------------------
     def _param(self, body: str, raw: str) -> tuple[list[Word], bool]:
@@ -261,7 +267,10 @@ class Expander:
                 return [Word(raw, (ordinal(name),))], False
             return ([] if empty else self.expand(operand, split=False)), False
         if op is not None and op[-1] in "-=" and empty:
-            return (self.expand(operand, split=False) if operand else [Word("")]), False
+            words = self.expand(operand, split=False) if operand else [Word("")]
+            if op.endswith("=") and self.assign is not None:
+                self.assign(name, words[0])
+            return words, False
         if value is None:
             return [Word(raw, (ordinal(name),))], False
         if op is not None and op.endswith("?") and empty:
@@ -277,14 +286,14 @@ class Expander:
         words = self.expand(expr, split=False)
         unset = tuple(u for w in words for u in w.unset)
         if unset:
-            return Word(raw, unset)
+            return Word(_shown(raw), unset)
         text = "".join(w.text for w in words)
         try:
             return Word(str(_Arith(text, self.lookup).value()))
         except _ArithUnset as exc:
-            return Word(raw, (ordinal(str(exc)),))
+            return Word(_shown(raw), (ordinal(str(exc)),))
         except _ArithError as exc:
-            return Word(raw, (f"{raw} ({exc})",))
+            return Word(_shown(raw), (f"{raw} ({exc})",))
 
     # -- a whole word -------------------------------------------------------------
     def expand(self, raw: str, split: bool = True) -> list[Word]:
@@ -337,7 +346,7 @@ class Expander:
             if nxt == "(":
                 end = _skip_balanced(raw, i + 2, "(", ")")
                 text = raw[i:end]
-                add(text, (f"{text} (a command's output)",))
+                add(_shown(text), (f"{text} (a command's output)",))
                 return end
             if nxt == "{":
                 end = _skip_balanced(raw, i + 2, "{", "}")
@@ -413,6 +422,11 @@ def joined(pieces: list[tuple[str, tuple[str, ...]]]) -> Word:
     if not unset:
         return Word(text)
     return Word(text, unset, tuple(pieces) if len(pieces) > 1 else ())
+
+
+def _shown(raw: str) -> str:
+    """An expansion kept as written in place of its unknown value, in one word."""
+    return re.sub(r"\s+", "", raw)
 
 
 def _named(name: str, word: Word) -> Word:
