@@ -97,8 +97,9 @@ def resolved_vocab_size(args: MegatronArgs) -> int:
         raise InputError(
             "megatron_args",
             shown,
-            f"its vocabulary is the size of its tokenizer files{named} (len(tokenizer)), "
-            "which cpmem reads only from a tokenizer.json or SentencePiece model on this "
-            f"machine: {ask}",
+            # the files are not on this machine (or not a kind cpmem reads): the wording
+            # the kept Megatron-LM report tabulates for the release cases
+            f"its vocabulary is the size of its tokenizer files (len(tokenizer)), which "
+            f"cpmem does not read: {ask}",
         )
     return size

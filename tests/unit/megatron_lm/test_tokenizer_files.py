@@ -89,5 +89,4 @@ def test_a_hub_name_is_not_looked_up_and_asks_for_vocab_size() -> None:
     with pytest.raises(InputError) as err:
         _read(**{"--tokenizer-type": "HuggingFaceTokenizer", "--tokenizer-model": "org/model"})
     assert err.value.value == "--tokenizer-type HuggingFaceTokenizer"
-    assert "(--tokenizer-model org/model)" in err.value.reason
     assert "give --vocab-size" in err.value.reason
