@@ -4,7 +4,9 @@
 A launch script (``cpmem.megatron.shell`` reads it, nothing is run) or a pasted command
 line is read for the one command that runs a ``pretrain_*.py`` (``torchrun ...``,
 ``python -m torch.distributed.run ...``, ``python pretrain_gpt.py ...``, behind any
-wrapper such as ``uv run`` or ``nsys profile``). The words after the script are its
+wrapper such as ``uv run`` or ``nsys profile``; a job script that hands the command to
+``sbatch``/``srun`` as a string is read from the variable holding it). The words after
+the script are its
 arguments (``Launch.flags``); the launcher's own before it are read, not refused:
 ``--nproc_per_node`` (``--nproc-per-node``) x ``--nnodes`` is the world size
 (torchrun's defaults: one process per node, one node, ``torch/distributed/run.py``);
@@ -35,6 +37,7 @@ TRAINING_SCRIPTS = ("pretrain_gpt.py", "pretrain_hybrid.py", "pretrain_mamba.py"
 ``args_defaults``, pretrain_hybrid.py:526-527, and ``pretrain_mamba.py`` runs
 ``pretrain_hybrid.py``, pretrain_mamba.py:11-19)."""
 
+SCRIPT_WORD = re.compile(r"pretrain_\w*\.py\b")
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 NPROC = ("--nproc_per_node", "--nproc-per-node")
 NNODES = ("--nnodes",)
@@ -152,6 +155,18 @@ def _world(launcher: tuple[Word, ...]) -> tuple[int | None, str]:
     return nproc * nnodes, ""
 
 
+def _held_command(values: dict[str, tuple[Word, ...]]) -> str:
+    """The one variable's text that holds a ``pretrain_*.py`` command line, where a script
+    starts its run through a scheduler (``srun ... bash -c "${TRAINING_CMD}"`` inside an
+    ``sbatch`` here-document, which is not read): bash runs that text as a script."""
+    held = [
+        ws[0].text
+        for ws in values.values()
+        if len(ws) == 1 and SCRIPT_WORD.search(ws[0].text) and "\n" in ws[0].text
+    ]
+    return held[-1] if len(held) == 1 else ""
+
+
 def read_launch(text: str, name: str = "script.sh") -> Launch:
     """The run ``text`` (a launch script or a command line) starts."""
     try:
@@ -160,6 +175,11 @@ def read_launch(text: str, name: str = "script.sh") -> Launch:
         return Launch({}, {}, {}, None, "", "", [(name, f"is not a script cpmem can read: {exc}")])
     problems: list[Problem] = list(state.problems)
     runs = [c for c in state.commands if _is_training(c)]
+    held = "" if runs else _held_command(state.values)
+    if held:  # the command a job script hands sbatch/srun (``bash -c "$CMD"``)
+        inner = read_script(held, name)
+        problems += inner.problems
+        runs = [c for c in inner.commands if _is_training(c)]
     if not runs:
         problems.append(
             (

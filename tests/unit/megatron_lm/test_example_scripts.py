@@ -114,6 +114,13 @@ def test_megatron_fsdp_llama3_8b_is_refused_for_fsdp_and_fp8_alone() -> None:
     )
 
 
-def test_the_deepseek_v3_sbatch_script_runs_its_training_inside_sbatch() -> None:
+def test_the_deepseek_v3_sbatch_script_is_read_from_the_command_it_hands_srun() -> None:
     err = _refused("megatron_fsdp__sbatch_mfsdp_deepseek_v3.sh")
-    assert "runs no pretrain_*.py" in err.reason
+    # TRAINING_CMD's python line, run by srun inside the sbatch here-document: no torchrun
+    # (the world is the job's nodes, "your_own_num_nodes"), Megatron FSDP, the flex
+    # dispatcher, a hub tokenizer; every one in the one refusal
+    assert err.value.startswith("--world-size, ")
+    assert "no torchrun launcher" in err.reason
+    for refused in ("--use-megatron-fsdp", "--moe-token-dispatcher-type flex"):
+        assert refused in err.value
+    assert "--tokenizer-type HuggingFaceTokenizer" in err.value

@@ -131,6 +131,17 @@ def test_vocab_size_beside_gpt2s_bpe_is_refused_not_dropped(tmp_path: Path) -> N
     assert "GPT2BPETokenizer reports the GPT-2 files' 50,257 tokens" in err.value.reason
 
 
+def test_a_command_handed_to_a_scheduler_is_read_from_its_variable(tmp_path: Path) -> None:
+    path = _script(
+        tmp_path,
+        f"ARGS=({MODEL})\n"
+        'CMD="\ncd /megatron;\npython /megatron/pretrain_gpt.py ${ARGS[@]}"\n'
+        'sbatch <<EOF\n#!/bin/bash\nsrun bash -c "${CMD}"\nEOF\n',
+    )
+    args = read_megatron_args(path, world_size=16)
+    assert (args.hidden_size, args.world_size) == (64, 16)
+
+
 def test_a_script_that_runs_no_training_is_refused(tmp_path: Path) -> None:
     path = _script(tmp_path, "X=1\npython tools/preprocess_data.py --input x\n")
     with pytest.raises(InputError) as err:
