@@ -76,7 +76,15 @@ def is_script(text: str) -> bool:
     return SHELL_SIGNS.search(text) is not None
 
 
+NOT_LAUNCHERS = frozenset(
+    {"echo", "printf", "cat", "ls", "test", "[", "[[", "mkdir", "cp", "mv", "rm", "grep", "sed"}
+)
+"""Commands that name a script without running it (a message, a file check)."""
+
+
 def _is_training(cmd: Command) -> bool:
+    if not cmd.words or cmd.words[0].text in NOT_LAUNCHERS:
+        return False
     return _script_index(cmd.words) is not None or any(w.text in LAUNCHERS for w in cmd.words)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cpmem.api import describe_megatron
 from cpmem.errors import InputError
 from cpmem.megatron.args import read_megatron_args
 from cpmem.megatron.launch import is_script
@@ -140,6 +141,29 @@ def test_a_command_handed_to_a_scheduler_is_read_from_its_variable(tmp_path: Pat
     )
     args = read_megatron_args(path, world_size=16)
     assert (args.hidden_size, args.world_size) == (64, 16)
+
+
+def test_a_message_naming_the_script_is_not_a_second_run(tmp_path: Path) -> None:
+    path = _script(
+        tmp_path,
+        f'echo "starting" pretrain_gpt.py\ntorchrun --nproc_per_node 2 pretrain_gpt.py {MODEL}\n',
+    )
+    assert read_megatron_args(path).world_size == 2
+
+
+def test_layout_given_beside_is_the_scripts_before_the_world_is_checked(tmp_path: Path) -> None:
+    """TP 2 x PP 4 on torchrun's 2 GPUs: Megatron-LM's replica rule refuses it; with
+    --pp 1 given beside, TP 2 x PP 1 holds the 2 GPUs as one replica (DP 1)."""
+    path = _script(
+        tmp_path,
+        f"torchrun --nproc_per_node 2 pretrain_gpt.py {MODEL} "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4\n",
+    )
+    with pytest.raises(InputError) as err:
+        describe_megatron(path)
+    assert "TP x PP x CP = 2 x 4 x 1 = 8" in err.value.reason
+    step = describe_megatron(path, pp=1)
+    assert (step.settings.pipeline.pp, step.settings.layout.dp) == (1, 1)
 
 
 def test_a_script_that_runs_no_training_is_refused(tmp_path: Path) -> None:
