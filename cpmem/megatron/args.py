@@ -2,8 +2,11 @@
 
 A run is described by the flags of ``pretrain_gpt.py``: a functional test's
 ``model_config.yaml`` (its ``MODEL_ARGS`` mapping, and the ``ENV_VARS`` it launches
-with) or a text file of flags (``--num-layers 12 --bf16 ...``, shell continuation lines
-and ``#`` comments allowed). ``read_megatron_args`` returns ``MegatronArgs``
+with), a text file of flags (``--num-layers 12 --bf16 ...``, shell continuation lines
+and ``#`` comments allowed), or the bash launch script that starts the run, or its
+command line pasted in place of a file (``launch.py``: the ``pretrain_*.py`` command's
+flags, what the script exports, torchrun's world; a value the script leaves to its
+caller is named where a priced flag needs it). ``read_megatron_args`` returns ``MegatronArgs``
 (``fields.py``): every argument cpmem prices, with Megatron-LM's default where the run
 does not give it, the arguments it read and changed nothing cpmem prices (``ignored``),
 every flag's value (``flag_values``) and the environment.
