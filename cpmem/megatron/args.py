@@ -382,13 +382,16 @@ def _hybrid_values(values: dict[str, Any], problems: list[Problem]) -> bool:
 
 def is_pasted(source: str | Path) -> bool:
     """Whether ``source`` is a command line or flags pasted in place of a file: a string
-    with a blank in it that names no file."""
+    with a blank in it that names no file and reads as a command (``is_script``) or as
+    flags (it starts with ``--``); any other string is a path."""
     if not isinstance(source, str) or not any(c.isspace() for c in source.strip()):
         return False
     try:
-        return not Path(source).is_file()
+        if Path(source).is_file():
+            return False
     except OSError:  # longer than a file name can be
-        return True
+        pass
+    return source.lstrip().startswith("--") or is_script(source)
 
 
 def _source_text(source: str | Path) -> tuple[str, Path]:

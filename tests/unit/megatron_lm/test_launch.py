@@ -70,6 +70,10 @@ def test_torchruns_flags_give_the_world(tmp_path: Path, launcher: str, world: in
 def test_a_pasted_command_line_is_read_in_place_of_a_file() -> None:
     args = read_megatron_args(f"torchrun --nproc_per_node 4 pretrain_gpt.py {MODEL}")
     assert args.world_size == 4 and args.hidden_size == 64
+    assert read_megatron_args(MODEL).hidden_size == 64  # flags pasted alone
+    with pytest.raises(InputError) as err:  # a missing file with a blank in its name
+        read_megatron_args("my runs/flags.txt")
+    assert "cannot be read" in err.value.reason
 
 
 @pytest.mark.parametrize(
