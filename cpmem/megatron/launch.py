@@ -185,9 +185,13 @@ def read_launch(text: str, name: str = "script.sh") -> Launch:
     runs = [c for c in state.commands if _is_training(c)]
     held = "" if runs else _held_command(state.values)
     if held:  # the command a job script hands sbatch/srun (``bash -c "$CMD"``)
-        inner = read_script(held, name)
-        problems += inner.problems
-        runs = [c for c in inner.commands if _is_training(c)]
+        try:
+            inner = read_script(held, name)
+        except SyntaxError as exc:
+            problems.append((name, f"holds a command cpmem cannot read: {exc}"))
+        else:
+            problems += inner.problems
+            runs = [c for c in inner.commands if _is_training(c)]
     if not runs:
         problems.append(
             (

@@ -570,7 +570,10 @@ def read_script(text: str, script_name: str = "script.sh") -> ShellState:
 
     Raises ``SyntaxError`` where the text is not a script cpmem can read."""
     parser = _Parser(lex(text))
-    nodes = parser.statements(frozenset())
+    try:
+        nodes = parser.statements(frozenset())
+    except IndexError:
+        raise SyntaxError("the script ends inside a statement") from None
     if (left := parser.peek()) is not None:
         raise SyntaxError(f"line {left.line}: '{left.text}' is not where bash allows it")
     state = ShellState()

@@ -94,7 +94,10 @@ def _skip_double(text: str, i: int) -> int:
             i = _skip_balanced(text, i + 2, open_, ")" if open_ == "(" else "}")
             continue
         if c == "`":
-            i = text.index("`", i + 1) + 1 if "`" in text[i + 1 :] else len(text)
+            end = text.find("`", i + 1)
+            if end < 0:
+                raise InputError("megatron_args", text[i : i + 60], "has an unclosed '`'")
+            i = end + 1
             continue
         i += 1
     raise InputError("megatron_args", text[:60], "has an unclosed '\"'")
@@ -117,7 +120,9 @@ def _read_word(text: str, i: int) -> int:
             i = _skip_double(text, i + 1)
         elif c == "`":
             end = text.find("`", i + 1)
-            i = len(text) if end < 0 else end + 1
+            if end < 0:
+                raise InputError("megatron_args", text[i : i + 60], "has an unclosed '`'")
+            i = end + 1
         elif c == "$" and text[i + 1 : i + 2] in ("(", "{"):
             open_ = text[i + 1]
             i = _skip_balanced(text, i + 2, open_, ")" if open_ == "(" else "}")
@@ -375,7 +380,7 @@ class Expander:
                 add(raw[i + 1 : i + 2])
                 i += 2
             elif c == "'":
-                end = raw.index("'", i + 1)
+                end = _closing(raw, "'", i)
                 add(raw[i + 1 : end])
                 i = end + 1
             elif c == '"' and (m := EMPTY_ALL.match(raw, i)) and not self.lookup(m.group(1) or "@"):
@@ -392,7 +397,7 @@ class Expander:
                     elif raw[i] == "$":
                         i = expansion(i, quoted=True)
                     elif raw[i] == "`":
-                        end = raw.index("`", i + 1)
+                        end = _closing(raw, "`", i)
                         add(raw[i : end + 1], (f"{raw[i : end + 1]} (a command's output)",))
                         i = end + 1
                     else:
@@ -402,7 +407,7 @@ class Expander:
             elif c == "$":
                 i = expansion(i, quoted=False)
             elif c == "`":
-                end = raw.index("`", i + 1)
+                end = _closing(raw, "`", i)
                 add(raw[i : end + 1], (f"{raw[i : end + 1]} (a command's output)",))
                 i = end + 1
             else:
@@ -422,6 +427,14 @@ def joined(pieces: list[tuple[str, tuple[str, ...]]]) -> Word:
     if not unset:
         return Word(text)
     return Word(text, unset, tuple(pieces) if len(pieces) > 1 else ())
+
+
+def _closing(raw: str, quote: str, i: int) -> int:
+    """The index of the ``quote`` closing the one at ``i``."""
+    end = raw.find(quote, i + 1)
+    if end < 0:
+        raise InputError("megatron_args", raw[i : i + 60], f"has an unclosed '{quote}'")
+    return end
 
 
 def _shown(raw: str) -> str:
