@@ -197,3 +197,17 @@ def test_another_training_script_is_refused_by_name(tmp_path: Path) -> None:
 )
 def test_a_flags_file_and_a_script_are_told_apart(text: str, script: bool) -> None:
     assert is_script(text) is script
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("X=`date\ntorchrun pretrain_gpt.py --num-layers 2\n", "has an unclosed '`'"),
+        ("X=a\ncase $X in\n  a) Y=1\n", "the script ends inside a statement"),
+        ("W=$(( 2 * `x ))\ntorchrun pretrain_gpt.py --num-layers $W\n", "unclosed"),
+    ],
+)
+def test_a_script_cut_short_is_refused_by_name(text: str, reason: str) -> None:
+    with pytest.raises(InputError) as err:
+        read_megatron_args(text)
+    assert reason in err.value.reason
