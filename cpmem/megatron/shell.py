@@ -369,8 +369,8 @@ class _Runner:
                     continue  # && after a failure, || after a success: not run
                 if isinstance(status, bool):
                     status = self.run(part)
-                elif not mutates(part):  # a test: three-valued and/or
-                    status = _combine(op, status, self.run(part))
+                elif not mutates(part):  # a test, or an echo/exit: its status, no effect
+                    status = _combine(op, status, self.fork().run(part))
                 else:
                     taken = self.fork()
                     taken.under = self.under + status

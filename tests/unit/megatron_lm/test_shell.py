@@ -139,6 +139,12 @@ def test_an_undecided_test_that_only_echoes_is_passed_over() -> None:
     assert [w.text for w in state.commands[-1].words] == ["echo", "done"]
 
 
+def test_an_undecided_usage_check_does_not_end_the_script() -> None:
+    state = read_script('[ -z "$1" ] && { echo "usage: $0 DATA"; exit 1; }\necho go\n')
+    assert not state.exited
+    assert [w.text for w in state.commands[-1].words] == ["echo", "go"]
+
+
 def test_an_undecided_test_that_sets_flags_names_what_it_reads() -> None:
     script = (
         "A=(--log-interval 1)\n"
