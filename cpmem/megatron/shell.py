@@ -11,8 +11,9 @@ decided: where no branch sets anything the statement is passed over (it only ech
 creates directories or exits), else every branch is read and what differs between them is
 named by the test's unknowns (``Word.unset``). ``while``/``until`` loops that do not run
 (a ``while [[ $# -gt 0 ]]`` over the script's own arguments: it is read with none) and
-loops that set nothing are passed over; one that sets variables, ``source``, ``eval`` and
-``read`` are problems, named. Every other command (``mkdir``, ``echo``, ``torchrun``...)
+loops that set nothing are passed over; one that sets variables, ``eval`` and ``read``
+are problems, named. A ``source``d file is not read: a variable the script then leaves
+unset is named with it (what the file may set). Every other command (``mkdir``, ``echo``, ``torchrun``...)
 is recorded with its expanded words for the caller (``cpmem.megatron.launch``) to pick
 the training command from. Nothing is executed.
 """
@@ -52,9 +53,8 @@ class Node:
 
 
 SETTERS = frozenset({"export", "declare", "typeset", "local", "readonly", "unset"})
+SOURCE = frozenset({"source", "."})
 PROBLEM_COMMANDS = {
-    "source": "reads variables from another file, which cpmem does not read",
-    ".": "reads variables from another file, which cpmem does not read",
     "eval": "runs text as commands, which cpmem does not read",
     "read": "reads a variable from its input, which cpmem does not know",
 }
@@ -225,7 +225,7 @@ def mutates(nodes: list[Node]) -> bool:
             for k, t in enumerate(node.words):
                 if t.kind == "array" or (k == 0 and ASSIGNMENT.fullmatch(t.text)):
                     return True
-                if k == 0 and (t.text in SETTERS or t.text in PROBLEM_COMMANDS):
+                if k == 0 and (t.text in SETTERS or t.text in PROBLEM_COMMANDS or t.text in SOURCE):
                     return True
                 if ".py" in t.text or "torchrun" in t.text or "torch.distributed" in t.text:
                     return True
@@ -246,6 +246,7 @@ class ShellState:
     commands: list[Command] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)
     exited: bool = False
+    sourced: list[str] = field(default_factory=list)  # files sourced, not read
 
     def copy(self) -> ShellState:
         return ShellState(
@@ -255,6 +256,7 @@ class ShellState:
             list(self.commands),
             list(self.problems),
             self.exited,
+            list(self.sourced),
         )
 
 
@@ -297,7 +299,7 @@ def _combine(op: str, unknown: Unknown, result: Status) -> Status:
 class _Runner:
     def __init__(self, state: ShellState, script_name: str, depth: int = 0) -> None:
         self.state = state
-        self.expander = Expander(self.lookup, script_name, self._set)
+        self.expander = Expander(self.lookup, script_name, self._set, state.sourced)
         self.script_name = script_name
         self.functions: dict[str, Node] = {}
         self.depth = depth
@@ -495,6 +497,10 @@ class _Runner:
                         head == "declare" and "-x" in [t.text for t in toks]
                     )
                     self.assign(tok, export=exported)
+            return True
+        if head in SOURCE:  # not read: what it sets stays unknown, named with the file
+            shown = " ".join(t.text for t in toks[k + 1 :]) or head
+            self.state.sourced.append(shown)
             return True
         if head in PROBLEM_COMMANDS:
             shown = " ".join(t.text for t in toks[k:])

@@ -222,10 +222,13 @@ Lookup = Callable[[str], "tuple[Word, ...] | None"]
 """A variable's value by name: its words (a scalar: one), None where unset."""
 
 
-def ordinal(name: str) -> str:
-    """How a variable the script leaves to its caller is named in a refusal."""
+def ordinal(name: str, sourced: tuple[str, ...] = ()) -> str:
+    """How a variable the script leaves to its caller is named in a refusal (with the
+    files it sources, which may set it and are not read)."""
     if name.isdigit():
         return f"${name} (the script's argument {name}, left to its caller)"
+    if sourced:
+        return f"${name} (not set in the script; left to its caller or to {', '.join(sourced)})"
     return f"${name} (not set in the script: left to its caller)"
 
 
@@ -237,10 +240,15 @@ class Expander:
         lookup: Lookup,
         script_name: str = "script.sh",
         assign: Callable[[str, Word], None] | None = None,
+        sourced: list[str] | None = None,
     ) -> None:
         self.lookup = lookup
         self.script_name = script_name
         self.assign = assign  # ``${NAME:=x}`` sets NAME
+        self.sourced = sourced if sourced is not None else []  # files sourced so far
+
+    def unset(self, name: str) -> str:
+        return ordinal(name, tuple(self.sourced))
 
     # -- one parameter ------------------------------------------------------------
     def _param(self, body: str, raw: str) -> tuple[list[Word], bool]:
@@ -269,7 +277,7 @@ class Expander:
         )
         if op is not None and op.endswith("+"):
             if value is None and name not in ("#",):
-                return [Word(raw, (ordinal(name),))], False
+                return [Word(raw, (self.unset(name),))], False
             return ([] if empty else self.expand(operand, split=False)), False
         if op is not None and op[-1] in "-=" and empty:
             words = self.expand(operand, split=False) if operand else [Word("")]
@@ -277,7 +285,7 @@ class Expander:
                 self.assign(name, words[0])
             return words, False
         if value is None:
-            return [Word(raw, (ordinal(name),))], False
+            return [Word(raw, (self.unset(name),))], False
         if op is not None and op.endswith("?") and empty:
             return [Word(raw, (f"{raw} (the script stops when it is unset)",))], False
         if every:  # an array's elements: named by their own variables
@@ -296,7 +304,7 @@ class Expander:
         try:
             return Word(str(_Arith(text, self.lookup).value()))
         except _ArithUnset as exc:
-            return Word(_shown(raw), (ordinal(str(exc)),))
+            return Word(_shown(raw), (self.unset(str(exc)),))
         except _ArithError as exc:
             return Word(_shown(raw), (f"{raw} ({exc})",))
 

@@ -169,10 +169,19 @@ def test_case_picks_the_matching_branch() -> None:
     assert _run(script)[-1] == ("echo", "4096")
 
 
+def test_a_sourced_file_is_named_with_what_it_may_set() -> None:
+    state = read_script("source /opt/venv/bin/activate\necho $HIDDEN $1\n")
+    assert not state.problems  # a venv's activation alone refuses nothing
+    words = state.commands[-1].words
+    assert words[1].unset == (
+        "$HIDDEN (not set in the script; left to its caller or to /opt/venv/bin/activate)",
+    )
+    assert words[2].unset == ("$1 (the script's argument 1, left to its caller)",)
+
+
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ("source ./env.sh", "reads variables from another file"),
         ("for i in 1 2; do X=$i; done", "a loop that sets variables"),
         ("eval X=1", "runs text as commands"),
     ],
