@@ -13,7 +13,8 @@ named by the test's unknowns (``Word.unset``). ``while``/``until`` loops that do
 (a ``while [[ $# -gt 0 ]]`` over the script's own arguments: it is read with none) and
 loops that set nothing are passed over; one that sets variables, ``eval`` and ``read``
 are problems, named. A ``source``d file is not read: a variable the script then leaves
-unset is named with it (what the file may set). Every other command (``mkdir``, ``echo``, ``torchrun``...)
+unset is named with it (what the file may set); one the script sets itself is read as
+the script sets it (a sourced file that overrides it is not seen). Every other command (``mkdir``, ``echo``, ``torchrun``...)
 is recorded with its expanded words for the caller (``cpmem.megatron.launch``) to pick
 the training command from. Nothing is executed.
 """
