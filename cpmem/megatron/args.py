@@ -451,6 +451,9 @@ def read_megatron_args(
     if vocab_size is not None:
         replaced["--vocab-size"] = str(vocab_size)
         problems += _unread_vocab(mapping, vocab_size)
+    if "--num-virtual-stages-per-pipeline-rank" in replaced:
+        # a virtual pipeline size given replaces the run's layers per virtual stage too
+        mapping.pop("--num-layers-per-virtual-pipeline-stage", None)
     for flag, value in replaced.items():
         mapping[flag] = value
         unknown.pop(flag, None)

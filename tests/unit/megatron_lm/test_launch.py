@@ -170,6 +170,22 @@ def test_layout_given_beside_is_the_scripts_before_the_world_is_checked(tmp_path
     assert (step.settings.pipeline.pp, step.settings.layout.dp) == (1, 1)
 
 
+def test_a_virtual_pipeline_size_beside_replaces_the_layers_per_virtual_stage(
+    tmp_path: Path,
+) -> None:
+    """8 layers on PP 2 with 2 layers per virtual stage is VP 2; --vpp 4 given beside
+    replaces it (1 layer per virtual stage), not a second, conflicting setting."""
+    path = _script(
+        tmp_path,
+        "torchrun --nproc_per_node 2 pretrain_gpt.py --num-layers 8 --hidden-size 64 "
+        "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+        "--micro-batch-size 1 --global-batch-size 8 --bf16 "
+        "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2\n",
+    )
+    assert describe_megatron(path).settings.pipeline.vpp == 2  # 8 / (2 x 2)
+    assert describe_megatron(path, vpp=4).settings.pipeline.vpp == 4
+
+
 def test_a_script_that_runs_no_training_is_refused(tmp_path: Path) -> None:
     path = _script(tmp_path, "X=1\npython tools/preprocess_data.py --input x\n")
     with pytest.raises(InputError) as err:
