@@ -95,7 +95,8 @@ runtime among the options it does not price)."""
 def describe_megatron(
     megatron_args: str | Path | MegatronArgs,
     *,
-    world_size: int,
+    world_size: int | None = None,
+    vocab_size: int | None = None,
     rank: str | int = "busiest",
     device: str | Device = "h100",
     attention_backend: str | None = None,
@@ -103,7 +104,9 @@ def describe_megatron(
     **overrides: Any,
 ) -> Step:
     """A Megatron-LM GPT run from its arguments (a functional test's ``model_config.yaml``,
-    a flags file, or ``MegatronArgs``) on ``world_size`` GPUs of ``device``, as the one step
+    a flags file, a launch script or command line, or ``MegatronArgs``) on ``world_size``
+    GPUs of ``device`` (None: the launch's torchrun world; ``vocab_size`` replaces the
+    arguments' ``--vocab-size``), as the one step
     description every caller prices (``cpmem.megatron.describe``), answered for ``rank``
     (``busiest``: the stage and data-parallel rank where static memory and activations
     together peak; ``last``: the rank Megatron-LM logs; or a global rank). ``overrides``
@@ -116,6 +119,7 @@ def describe_megatron(
     return _describe_megatron(
         megatron_args,
         world_size=world_size,
+        vocab_size=vocab_size,
         rank=rank,
         device=device,
         attention_backend=attention_backend,
@@ -127,7 +131,8 @@ def describe_megatron(
 def estimate_megatron(
     megatron_args: str | Path | MegatronArgs,
     *,
-    world_size: int,
+    world_size: int | None = None,
+    vocab_size: int | None = None,
     rank: str | int = "busiest",
     device: str | Device = "h100",
     attention_backend: str | None = None,
@@ -141,6 +146,7 @@ def estimate_megatron(
     step = describe_megatron(
         megatron_args,
         world_size=world_size,
+        vocab_size=vocab_size,
         rank=rank,
         device=device,
         attention_backend=attention_backend,

@@ -96,6 +96,13 @@ def _step_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "segments": args.segments,
         **_microbatch_arguments(args),
     }
+    if getattr(args, "vocab_size", None) is not None:
+        raise InputError(
+            "vocab_size",
+            args.vocab_size,
+            "is read with --megatron-args (a Megatron-LM run's tokenizer); --model and "
+            "--config give their own vocabulary",
+        )
     world = getattr(args, "world_size", None)  # profile record has no --world-size
     if world is not None:
         tp, cp, pp = (given.get(k, DEFAULTS[k]) for k in ("tp", "cp", "pp"))

@@ -31,9 +31,12 @@ HELP: dict[str, str] = {
     "(--lora-rank N: a LoRA run on that model); with --world-size and --device (default h100) "
     "(docs/megatron-runtime.md)",
     "--world-size": "the GPUs the run uses: DP = world / (TP x PP x CP), after any "
-    "--tp/--pp/--cp given; required with --megatron-args; with --model or --config in place "
-    "of --dp (a --dp that contradicts it is refused; capacity, which searches layouts, takes "
-    "--dp)",
+    "--tp/--pp/--cp given; with --megatron-args it replaces a launch script's torchrun world "
+    "(--nproc_per_node x --nnodes) and is required where there is none; with --model or "
+    "--config in place of --dp (a --dp that contradicts it is refused; capacity, which "
+    "searches layouts, takes --dp)",
+    "--vocab-size": "with --megatron-args: the tokenizer's vocabulary before padding, "
+    "replacing the arguments' --vocab-size (where cpmem cannot read the tokenizer's size)",
     "--lengths": "sequence lengths of the request, comma-separated, e.g. 4096,4096",
     "--shared-prefix": "tokens every sequence shares at its start, stored once (default 0; "
     "two or more sequences share one)",

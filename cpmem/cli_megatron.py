@@ -34,6 +34,7 @@ def add_megatron_args(p: argparse.ArgumentParser) -> None:
     """The flags of a Megatron-LM run priced from ``--megatron-args`` (``cpmem.megatron``)."""
     group = p.add_argument_group("a Megatron-LM run (with --megatron-args FILE)")
     group.add_argument("--world-size", type=int, help=HELP["--world-size"])
+    group.add_argument("--vocab-size", type=int, help=HELP["--vocab-size"])
 
 
 DOOR_SETTINGS = frozenset({"rank", "device", "attention_backend", "container"})
@@ -84,12 +85,12 @@ def _overrides(args: argparse.Namespace, defaults: dict[str, Any]) -> dict[str, 
 
 
 def _run_keywords(args: argparse.Namespace) -> dict[str, Any]:
-    """``megatron_run``'s keywords from the command line (an H100 where no device is
-    given: it chooses the step's kernels)."""
-    if args.world_size is None:
-        raise InputError("world_size", None, "give --world-size N with --megatron-args")
+    """``megatron_run_with``'s keywords from the command line (an H100 where no device is
+    given: it chooses the step's kernels; no ``--world-size``: the launch's torchrun
+    world, else the run is refused asking for it)."""
     return {
         "world_size": args.world_size,
+        "vocab_size": args.vocab_size,
         "rank": args.rank or "busiest",
         "device": args.device or "h100",
         "attention_backend": args.attention_backend,
@@ -120,8 +121,14 @@ def estimate(args: argparse.Namespace, defaults: dict[str, Any]) -> int:
     est = price(step, policy)
     spread = backend_spread(step, policy)
     from cpmem.megatron.args import read_megatron_args
+    from cpmem.megatron.describe import layout_flags
 
-    ignored = read_megatron_args(args.megatron_args).ignored
+    ignored = read_megatron_args(
+        args.megatron_args,
+        vocab_size=args.vocab_size,
+        world_size=args.world_size,
+        replace_flags=layout_flags(_overrides(args, defaults)),
+    ).ignored
     if args.json:
         out = est.to_dict()
         out.update(megatron_fields(step, spread, ignored))

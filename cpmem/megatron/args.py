@@ -2,8 +2,11 @@
 
 A run is described by the flags of ``pretrain_gpt.py``: a functional test's
 ``model_config.yaml`` (its ``MODEL_ARGS`` mapping, and the ``ENV_VARS`` it launches
-with) or a text file of flags (``--num-layers 12 --bf16 ...``, shell continuation lines
-and ``#`` comments allowed). ``read_megatron_args`` returns ``MegatronArgs``
+with), a text file of flags (``--num-layers 12 --bf16 ...``, shell continuation lines
+and ``#`` comments allowed), or the bash launch script that starts the run, or its
+command line pasted in place of a file (``launch.py``: the ``pretrain_*.py`` command's
+flags, what the script exports, torchrun's world; a value the script leaves to its
+caller is named where a priced flag needs it). ``read_megatron_args`` returns ``MegatronArgs``
 (``fields.py``): every argument cpmem prices, with Megatron-LM's default where the run
 does not give it, the arguments it read and changed nothing cpmem prices (``ignored``),
 every flag's value (``flag_values``) and the environment.
@@ -42,11 +45,13 @@ from cpmem.errors import InputError
 from cpmem.megatron.fields import FIELD_NAMES, PRICED, ArgValue, MegatronArgs
 from cpmem.megatron.hybrid_pattern import MTP_SEPARATOR, HybridPattern, parse_hybrid_pattern
 from cpmem.megatron.ignored import IGNORED, IGNORED_REASONS
+from cpmem.megatron.launch import is_script, read_launch
 from cpmem.megatron.layer_freq import parse_layer_freq
-from cpmem.megatron.refused import FOREIGN, HARMLESS_VALUES, REFUSED
+from cpmem.megatron.refused import FOREIGN, HARMLESS_VALUES, HARMLESS_WITH, REFUSED
 from cpmem.megatron.rules import Problem, refusal, rule_problems
 from cpmem.megatron.snapshot import arguments as snapshot_arguments
 from cpmem.megatron.snapshot import is_default, snapshot
+from cpmem.megatron.vocab import DEFAULT_TOKENIZER, GPT2_BPE_VOCAB
 
 __all__ = [
     "ENV_PRICED",
@@ -200,6 +205,23 @@ def _unknown_reason(flag: str) -> str:
     )
 
 
+def _left_to_caller(
+    flag: str, value: object, unset: tuple[str, ...], flag_values: dict[str, ArgValue]
+) -> Problem | None:
+    """A flag whose value a launch script leaves to its caller: refused naming what it
+    is built from where the flag is priced (or refused), else read as ignored."""
+    if flag in IGNORED:
+        flag_values[flag] = _value(flag, value)
+        return None
+    if flag in PRICED or flag in REFUSED:
+        return (
+            _shown(flag, value),
+            f"its value is left to the script's caller ({'; '.join(unset)}): set it in the "
+            "script, or give the flag's value",
+        )
+    return (_shown(flag, value), _unknown_reason(flag))
+
+
 def _read_flag(
     flag: str,
     value: object,
@@ -207,11 +229,19 @@ def _read_flag(
     flag_values: dict[str, ArgValue],
     ignored: list[str],
     given: list[str],
+    unset: tuple[str, ...] = (),
+    run: Mapping[str, object] | None = None,
 ) -> Problem | None:
     """Read one flag into ``values`` (priced fields) and ``flag_values``; a refusal is
-    returned, not raised."""
+    returned, not raised. ``unset``: what a launch script left to its caller in the
+    value (``_left_to_caller``)."""
     if not flag.startswith("--"):
         return (flag, "is not a --flag")
+    if unset:
+        problem = _left_to_caller(flag, value, unset, flag_values)
+        if problem is None:
+            ignored.append(flag)
+        return problem
     arg = snapshot_arguments().get(flag)
     if value is False and (flag in PRICED or (arg is not None and arg.switch)):
         return None  # ``--flag: false`` in YAML: the launcher leaves the flag out
@@ -234,7 +264,12 @@ def _read_flag(
         return None
     if flag in REFUSED:
         harmless = HARMLESS_VALUES.get(flag, ())
-        if is_default(flag, value) or (value is not None and _text(value) in harmless):
+        beside = HARMLESS_WITH.get(flag)
+        if (
+            is_default(flag, value)
+            or (value is not None and _text(value) in harmless)
+            or (beside is not None and beside(run or {}))
+        ):
             ignored.append(flag)
             flag_values[flag] = _value(flag, value)
             return None
@@ -244,22 +279,34 @@ def _read_flag(
 
 
 def parse_megatron_args(
-    model_args: Mapping[str, object], env: Mapping[str, object] | None = None
+    model_args: Mapping[str, object],
+    env: Mapping[str, object] | None = None,
+    *,
+    unknown: Mapping[str, tuple[str, ...]] | None = None,
+    problems: list[Problem] | None = None,
+    world_size: int | None = None,
 ) -> MegatronArgs:
     """``MODEL_ARGS`` (flag -> value; value None or true for a switch) as ``MegatronArgs``.
 
-    Refused with one ``InputError`` (field ``megatron_args``) naming every refused or
-    unknown flag, every missing required one and every rule of ``rules.py`` the run
-    breaks, each with its reason."""
+    ``unknown``: the flags whose value a launch script leaves to its caller, with what
+    each is built from; ``problems``: the launch's own, listed first; ``world_size``: the
+    launch's (or the caller's) world. Refused with one ``InputError`` (field
+    ``megatron_args``) naming every refused or unknown flag, every missing required one
+    and every rule of ``rules.py`` the run breaks, each with its reason."""
     values: dict[str, Any] = {}
     flag_values: dict[str, ArgValue] = {}
     ignored: list[str] = []
     given: list[str] = []
-    problems: list[Problem] = []
+    problems = list(problems or [])
+    unknown = unknown or {}
     unread = False  # a priced flag whose value did not convert: its field is missing
+    left: dict[str, tuple[str, ...]] = {}
     for raw_flag, value in model_args.items():
         flag = str(raw_flag).strip()
-        problem = _read_flag(flag, value, values, flag_values, ignored, given)
+        unset = unknown.get(flag, ())
+        if unset:
+            left[flag] = unset
+        problem = _read_flag(flag, value, values, flag_values, ignored, given, unset, model_args)
         if problem is not None:
             problems.append(problem)
             unread = unread or flag in PRICED
@@ -268,7 +315,8 @@ def parse_megatron_args(
         # ``--recompute-activations`` makes the granularity selective whatever else is
         # given (arguments.py:607-608)
         values["recompute_granularity"] = "selective"
-    missing = [name for name in REQUIRED if name not in values]
+    left_priced = {PRICED[f][0] for f in left if f in PRICED}
+    missing = [name for name in REQUIRED if name not in values and name not in left_priced]
     if hybrid:  # the pattern gives the layers, or its problems say why it cannot
         missing = [name for name in missing if name != "num_layers"]
     problems += [
@@ -281,7 +329,8 @@ def parse_megatron_args(
         # --num-query-groups' default under --group-query-attention (transformer_config.
         # py:175; argument_utils.py core_transformer_config_from_args passes it)
         values["num_query_groups"] = 1
-    if not missing and "num_layers" in values:
+    complete = all(name in values for name in REQUIRED)  # a left-to-caller one is not
+    if not missing and complete:
         env_map = {str(k): str(v) for k, v in (env or {}).items()}
         args = MegatronArgs(
             **values,
@@ -289,6 +338,8 @@ def parse_megatron_args(
             ignored=tuple(sorted(ignored)),
             given=tuple(given),
             flag_values=flag_values,
+            left_to_caller=left,
+            world_size=world_size,
         )
         if not unread:
             problems += rule_problems(args)
@@ -329,32 +380,123 @@ def _hybrid_values(values: dict[str, Any], problems: list[Problem]) -> bool:
     return True
 
 
-def read_megatron_args(source: str | Path) -> MegatronArgs:
-    """A functional test's ``model_config.yaml`` (``MODEL_ARGS`` and ``ENV_VARS``) or a
-    text file of ``pretrain_gpt.py`` flags, as ``MegatronArgs``."""
+def is_pasted(source: str | Path) -> bool:
+    """Whether ``source`` is a command line or flags pasted in place of a file: a string
+    with a blank in it that names no file and reads as a command (``is_script``) or as
+    flags (it starts with ``--``); any other string is a path."""
+    if not isinstance(source, str) or not any(c.isspace() for c in source.strip()):
+        return False
+    try:
+        if Path(source).is_file():
+            return False
+    except OSError:  # longer than a file name can be
+        pass
+    return source.lstrip().startswith("--") or is_script(source)
+
+
+def _source_text(source: str | Path) -> tuple[str, Path]:
+    """The text of ``source``: a file's, or ``source`` itself where it is pasted."""
+    if is_pasted(source):
+        return str(source), Path("command line")
     path = Path(source)
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8"), path
     except OSError as exc:
         raise InputError("megatron_args", str(source), f"cannot be read: {exc.strerror}") from None
-    if path.suffix in (".yaml", ".yml") or "MODEL_ARGS:" in text:
-        import yaml
 
-        try:
-            doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        except yaml.YAMLError as exc:
-            raise InputError("megatron_args", str(source), f"is not valid YAML: {exc}") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("MODEL_ARGS"), dict):
-            raise InputError("megatron_args", str(source), "has no MODEL_ARGS mapping")
-        mode = str(doc.get("MODE", "")).strip()
-        if mode in NOT_TRAINING_MODES:
-            raise InputError(
-                "megatron_args",
-                f"MODE: {mode}",
-                f"is {NOT_TRAINING_MODES[mode]}, not a pretrain_gpt.py training run",
+
+def read_megatron_args(
+    source: str | Path,
+    *,
+    vocab_size: int | None = None,
+    world_size: int | None = None,
+    require_world: bool = False,
+    replace_flags: Mapping[str, str] | None = None,
+) -> MegatronArgs:
+    """A functional test's ``model_config.yaml`` (``MODEL_ARGS`` and ``ENV_VARS``), a
+    text file of ``pretrain_gpt.py`` flags, a launch script or a command line
+    (``launch.py``: its ``pretrain_*.py`` arguments, exports and torchrun world), as
+    ``MegatronArgs``.
+
+    ``vocab_size`` replaces the arguments' ``--vocab-size``; ``world_size`` the launch's
+    world; ``replace_flags`` (flag -> value) the arguments' own (the layout given beside
+    them), before any rule is checked. ``require_world``: a run whose world neither the launch nor ``world_size``
+    gives is refused, that problem listed with every other."""
+    text, path = _source_text(source)
+    env: Mapping[str, object]
+    unknown: dict[str, tuple[str, ...]] = {}
+    problems: list[Problem] = []
+    world, reason = None, f"{path.name} gives no world size"
+    if path.suffix in (".yaml", ".yml") or "MODEL_ARGS:" in text:
+        mapping, env = _yaml_args(text, source)
+    elif is_script(text):
+        launch = read_launch(text, path.name)
+        mapping, env, unknown, problems = (
+            dict(launch.flags),
+            launch.env,
+            launch.unknown,
+            launch.problems,
+        )
+        world, reason = launch.world_size, launch.world_reason or reason
+        problems += [
+            (f"{name}", f"is exported with a value left to the script's caller ({'; '.join(u)})")
+            for name, u in launch.env_unknown.items()
+            if name in ENV_PRICED
+        ]
+        if not launch.script:  # no training command: its problems say why
+            raise refusal(problems)
+    else:
+        mapping, env = dict(_tokens_to_mapping(text)), {}
+    replaced = dict(replace_flags or {})
+    if vocab_size is not None:
+        replaced["--vocab-size"] = str(vocab_size)
+        problems += _unread_vocab(mapping, vocab_size)
+    if "--num-virtual-stages-per-pipeline-rank" in replaced:
+        # a virtual pipeline size given replaces the run's layers per virtual stage too
+        mapping.pop("--num-layers-per-virtual-pipeline-stage", None)
+    for flag, value in replaced.items():
+        mapping[flag] = value
+        unknown.pop(flag, None)
+    if world_size is not None:
+        world = world_size
+    elif require_world and world is None:
+        problems.append(("--world-size", f"is needed: {reason}; give --world-size N"))
+    return parse_megatron_args(mapping, env, unknown=unknown, problems=problems, world_size=world)
+
+
+def _unread_vocab(mapping: Mapping[str, object], vocab_size: int) -> list[Problem]:
+    """A vocabulary given beside a run whose tokenizer does not read it: GPT-2's BPE
+    reports its files' size whatever ``--vocab-size`` says (``vocab.py``)."""
+    kind = mapping.get("--tokenizer-type") or DEFAULT_TOKENIZER
+    if kind == DEFAULT_TOKENIZER and "--no-pad-vocab-size" not in mapping:
+        return [
+            (
+                f"--vocab-size {vocab_size}",
+                f"the run's {kind} reports the GPT-2 files' {GPT2_BPE_VOCAB:,} tokens; "
+                "Megatron-LM does not read --vocab-size for it",
             )
-        env = doc.get("ENV_VARS") or {}
-        if not isinstance(env, dict):
-            raise InputError("megatron_args", str(source), "ENV_VARS is not a mapping")
-        return parse_megatron_args(doc["MODEL_ARGS"], env)
-    return parse_megatron_args(_tokens_to_mapping(text))
+        ]
+    return []
+
+
+def _yaml_args(text: str, source: str | Path) -> tuple[dict[str, object], dict[str, object]]:
+    """A functional test's ``MODEL_ARGS`` and ``ENV_VARS``."""
+    import yaml
+
+    try:
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise InputError("megatron_args", str(source), f"is not valid YAML: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("MODEL_ARGS"), dict):
+        raise InputError("megatron_args", str(source), "has no MODEL_ARGS mapping")
+    mode = str(doc.get("MODE", "")).strip()
+    if mode in NOT_TRAINING_MODES:
+        raise InputError(
+            "megatron_args",
+            f"MODE: {mode}",
+            f"is {NOT_TRAINING_MODES[mode]}, not a pretrain_gpt.py training run",
+        )
+    env = doc.get("ENV_VARS") or {}
+    if not isinstance(env, dict):
+        raise InputError("megatron_args", str(source), "ENV_VARS is not a mapping")
+    return dict(doc["MODEL_ARGS"]), dict(env)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.errors import InputError
-from cpmem.megatron.args import MegatronArgs, read_megatron_args
+from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
@@ -234,7 +234,10 @@ folder (``tests/functional_tests/test_cases/<model>/<case>/model_config.yaml``).
 
 def run_name(source: str | Path) -> str:
     """The run's title: a functional test case's folder (its ``model_config.yaml`` is
-    named alike in every case), any other arguments file by its own name."""
+    named alike in every case), any other arguments file by its own name, a pasted
+    command line as such."""
+    if is_pasted(source):
+        return "command line"
     path = Path(source)
     if path.name == FUNCTIONAL_TEST_CONFIG and path.parent.name:
         return path.parent.name
@@ -400,25 +403,52 @@ def with_dtype(args: MegatronArgs, dtype: str) -> MegatronArgs:
     return replace(args, bf16=dtype == "bf16", fp16=dtype == "fp16")
 
 
+def layout_flags(overrides: dict[str, Any]) -> dict[str, str]:
+    """The layout keywords among ``overrides`` as the flags they replace (``LAYOUT_ARGS``),
+    for a reader that applies them before its rules."""
+    return {
+        "--" + LAYOUT_ARGS[k].replace("_", "-"): str(v)
+        for k, v in overrides.items()
+        if k in LAYOUT_ARGS and v is not None
+    }
+
+
 def megatron_run_with(
     megatron_args: str | Path | MegatronArgs,
     overrides: dict[str, Any],
+    *,
+    world_size: int | None = None,
+    vocab_size: int | None = None,
     **run: Any,
 ) -> tuple[MegatronRun, dict[str, Any]]:
-    """The run of ``megatron_args`` (a file or ``MegatronArgs``) with the layout keywords
-    among ``overrides`` written into its arguments (``with_layout``; ``dtype`` too,
-    ``with_dtype``) and ``dp`` checked
-    against its world (``check_dp``), and the remaining keywords; ``run`` are
-    ``megatron_run``'s."""
+    """The run of ``megatron_args`` (a file, a command line or ``MegatronArgs``) with the
+    layout keywords among ``overrides`` written into its arguments (``with_layout``; a
+    file's are replaced before its rules are checked; ``dtype`` too, ``with_dtype``) and
+    ``dp`` checked against its world (``check_dp``), and the remaining keywords.
+    ``world_size`` None: the launch's (a script's torchrun); ``vocab_size`` replaces the
+    arguments' ``--vocab-size``; ``run`` are ``megatron_run``'s."""
     if isinstance(megatron_args, MegatronArgs):
         args, name = megatron_args, "megatron-lm"
+        if vocab_size is not None:
+            args = replace(args, vocab_size=vocab_size)
     else:
-        args, name = read_megatron_args(megatron_args), str(megatron_args)
+        args = read_megatron_args(
+            megatron_args,
+            vocab_size=vocab_size,
+            world_size=world_size,
+            require_world=True,
+            replace_flags=layout_flags(overrides),
+        )
+        name = str(megatron_args)
+    world = world_size if world_size is not None else args.world_size
+    if world is None:
+        raise InputError("world_size", None, "give the run's world size (--world-size N)")
+    args = replace(args, world_size=world)
     args, rest = with_layout(args, overrides)
     if "dtype" in rest:  # the run in another dtype, as its arguments would state it
         args = with_dtype(args, rest["dtype"])
     dp = rest.pop("dp", None)
-    found = megatron_run(args, name=name, **run)
+    found = megatron_run(args, name=name, world_size=world, **run)
     check_dp(found, dp)
     return found, rest
 
@@ -426,7 +456,8 @@ def megatron_run_with(
 def describe_megatron(
     megatron_args: str | Path | MegatronArgs,
     *,
-    world_size: int,
+    world_size: int | None = None,
+    vocab_size: int | None = None,
     device: str | Device = "h100",
     rank: str | int = "busiest",
     attention_backend: str | None = None,
@@ -442,6 +473,7 @@ def describe_megatron(
         megatron_args,
         overrides,
         world_size=world_size,
+        vocab_size=vocab_size,
         device=device,
         rank=rank,
         attention_backend=attention_backend,

@@ -142,6 +142,13 @@ class MegatronArgs:
     flag_values: Mapping[str, ArgValue] = field(default_factory=dict, compare=False)
     """Every flag read, priced or ignored, with its value as the snapshot's type reads it
     (a switch: True); the combination rules read the ignored ones from here."""
+    left_to_caller: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+    """Flags read as ignored whose value a launch script leaves to its caller (flag ->
+    what the value is built from): a reader that needs one (the tokenizer's files,
+    ``vocab.py``) names them."""
+    world_size: int | None = field(default=None, compare=False)
+    """The world the launch gives (``--nproc_per_node`` x ``--nnodes``), or the one the
+    caller gave beside the arguments; None where neither says."""
 
 
 def _flag(dest: str) -> str:

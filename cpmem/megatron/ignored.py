@@ -15,6 +15,19 @@ from collections.abc import Mapping
 # (reason, flags) -- every flag string of the snapshot in exactly one group of one table
 IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
     (
+        "read only by ModelOpt's model builder (megatron/post_training/model_builder.py:298, "
+        "YaRN RoPE settings on its config), which pretrain_gpt.py uses only when a ModelOpt "
+        "checkpoint is loaded or a distillation teacher given (post_training/utils.py:13-30, "
+        "pretrain_gpt.py:529-533); a run priced here builds GPTModelBuilder, which never "
+        "reads it",
+        "--enable-gpt-oss",
+    ),
+    (
+        "read only by Megatron FSDP (mcore_fsdp_adapter.py:213, itself refused): the "
+        "parameters initialised on the meta device before they are sharded",
+        "--init-model-with-meta-device",
+    ),
+    (
         "logging, timing and monitoring: host-side, or 1-element tensors; the zero count's "
         "mask of one gradient shard at the optimizer step stays below the backward's peak, "
         "the parameters' norm reads the fp32 master copies in place (clip_grads.py, "

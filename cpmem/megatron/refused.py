@@ -10,7 +10,7 @@ A refused flag given at its snapshot default is read as absent (``args.py``), an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from cpmem.megatron.ignored import groups_by_flag
 
@@ -50,9 +50,9 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--main-grads-dtype --main-params-dtype --exp-avg-dtype --exp-avg-sq-dtype",
     ),
     (
-        UNPRICED + "gradients accumulated and reduced in fp32 or not by another rule than "
-        "--bf16's default (validate_args derives it from --bf16 and --grad-reduce-in-bf16, "
-        "arguments.py:1204-1216)",
+        UNPRICED + "gradients accumulated and reduced in fp32 where the model is not bf16 "
+        "(under --bf16 validate_args sets it itself from --grad-reduce-in-bf16, "
+        "arguments.py:1204-1216: there the flag changes nothing)",
         "--accumulate-allreduce-grads-in-fp32",
     ),
     (
@@ -85,7 +85,7 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     (
         UNPRICED + "Megatron FSDP or Torch FSDP2 (parameters, gradients and optimizer "
         "states sharded and gathered per module)",
-        "--use-megatron-fsdp --use-torch-fsdp2 --init-model-with-meta-device",
+        "--use-megatron-fsdp --use-torch-fsdp2",
     ),
     (
         UNPRICED + "weights sharded over more ranks than TP and gathered per layer (GTP "
@@ -178,7 +178,14 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         UNPRICED + "relative or multimodal position embeddings, RoPE skipped on some "
         "layers, or the legacy position flags that change the embedding type",
         "--relative-attention-num-buckets --relative-attention-max-distance --mrope-section "
-        "--no-rope-freq --use-rotary-position-embeddings --no-position-embedding",
+        "--no-rope-freq --use-rotary-position-embeddings",
+    ),
+    (
+        REJECTED + "--no-position-embedding without --position-embedding-type rope: "
+        "RuntimeError('--no-position-embedding is deprecated, use "
+        "--position-embedding-type') (arguments.py:1633-1634); beside rope it changes nothing "
+        "(add_position_embedding is read nowhere else)",
+        "--no-position-embedding",
     ),
     (
         UNPRICED + "a QKV bias without the other linear biases (parameters not priced)",
@@ -289,8 +296,7 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "quantized or exported model",
         "--export-te-mcore-model --export-kd-teacher-load --export-kd-cfg --export-quant-cfg "
         "--export-real-quant-cfg --export-kv-cache-quant --export-qk-l2-norm "
-        "--export-moe-apply-probs-on-input --qad-train-target --freeze-base-for-mtp "
-        "--enable-gpt-oss",
+        "--export-moe-apply-probs-on-input --qad-train-target --freeze-base-for-mtp",
     ),
     (
         UNPRICED + "logits saved from the step or loaded beside it (logits distillation)",
@@ -358,6 +364,26 @@ HARMLESS_VALUES: dict[str, tuple[str, ...]] = {
     "--rerun-mode": ("disabled", "validate_results"),
 }
 """Values of a refused flag that leave the run as the default's."""
+
+
+def _on(given: Mapping[str, object], flag: str) -> bool:
+    """Whether a switch is given on (``--flag: false`` in YAML leaves it out)."""
+    return flag in given and given[flag] is not False
+
+
+HARMLESS_WITH: dict[str, Callable[[Mapping[str, object]], bool]] = {
+    # arguments.py:1204-1216: under --bf16, validate_args sets
+    # accumulate_allreduce_grads_in_fp32 itself (False with --grad-reduce-in-bf16, else
+    # True with the default fp32 main gradients): the flag given or not, the same run
+    "--accumulate-allreduce-grads-in-fp32": lambda given: _on(given, "--bf16"),
+    # arguments.py:1633-1634 rejects it unless the embedding is rope; add_position_embedding
+    # is read nowhere else at the snapshot (git grep add_position_embedding)
+    "--no-position-embedding": lambda given: (
+        str(given.get("--position-embedding-type", "")) == "rope"
+    ),
+}
+"""Refused flags that change nothing beside the other arguments named (the whole run's
+flags as given): read as ignored there."""
 
 REFUSED: Mapping[str, str] = groups_by_flag(REFUSED_GROUPS)
 """Flag -> why the run is refused (how it changes memory, or whose argument it is)."""

@@ -5,8 +5,10 @@ Each rule names the flags involved and Megatron-LM's own reason, citing where th
 snapshot asserts it (``megatron/training/arguments.py`` ``validate_args``, the
 ``__post_init__`` of ``ModelParallelConfig`` and ``TransformerConfig``, the layers that
 assert at build time). ``parse_megatron_args`` calls it last, so every reader of a run's
-arguments gets the same answer; a rule on the world size (DP, the expert layout's
-ranks, the micro-batch count) stays with the run's description.
+arguments gets the same answer. Where the arguments carry their world (a launch script's
+torchrun, or the caller's ``--world-size``), whole model replicas are checked here too;
+the other rules on the world size (the expert layout's ranks, the micro-batch count)
+stay with the run's description.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.stack_rules import stack_problems
 from cpmem.megatron.vocab import resolved_vocab_size
+from cpmem.megatron.world_rules import world_problems
 
 Problem = tuple[str, str]
 """(the flags and values involved, the reason)."""
@@ -532,6 +535,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += _attention(args)
     out += _recompute(args)
     out += layout_problems(args)
+    out += world_problems(args)
     out += _distributed(args)
     out += _experts(args)
     out += stack_problems(args)

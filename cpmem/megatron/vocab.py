@@ -19,14 +19,20 @@ What each tokenizer reports (``build_tokenizer.py:26-140`` and the libraries und
 - ``TikTokenizer``: ``--vocab-size``, else ``DEFAULT_TIKTOKEN_MAX_VOCAB`` = 2**17
   (``tiktoken_tokenizer.py:24, 86, 127``);
 - every other tokenizer (HuggingFace, SentencePiece, BERT's WordPiece, multimodal,
-  SFT): its files' size (``len(tokenizer)``, ``huggingface_tokenizer.py:343-345``),
-  which cpmem cannot read; Megatron-LM does not read ``--vocab-size`` for them.
+  SFT): its files' size (``len(tokenizer)``, ``huggingface_tokenizer.py:343-345``);
+  Megatron-LM does not read ``--vocab-size`` for them. cpmem reads it from a
+  ``tokenizer.json`` or a SentencePiece model that ``--tokenizer-model`` names on this
+  machine (``tokenizer_files.py``); ``--vocab-size`` given states it. A hub name
+  (``meta-llama/...``) is not looked up: a published ``config.json``'s ``vocab_size`` is
+  the embedding's rows, which can exceed the tokenizer's length (Qwen's 151,936 rows
+  for fewer tokens), so it is not the size Megatron-LM pads.
 """
 
 from __future__ import annotations
 
 from cpmem.errors import InputError
 from cpmem.megatron.fields import MegatronArgs
+from cpmem.megatron.tokenizer_files import tokenizer_files_size
 
 GPT2_BPE_VOCAB = 50_257
 """GPT-2's BPE vocabulary (its ``vocab.json``: 50,000 merges, 256 bytes, the EOD)."""
@@ -69,12 +75,31 @@ def resolved_vocab_size(args: MegatronArgs) -> int:
         return args.vocab_size
     if kind == "TikTokenizer":
         return TIKTOKEN_DEFAULT_VOCAB if args.vocab_size is None else args.vocab_size
-    if args.vocab_size is None:
+    if args.vocab_size is not None:
+        return args.vocab_size
+    model = args.flag_values.get("--tokenizer-model")
+    shown = f"--tokenizer-type {kind}"
+    named = "" if model is None else f" (--tokenizer-model {model})"
+    ask = (
+        "give --vocab-size with that size (Megatron-LM itself does not read --vocab-size "
+        "for this tokenizer; it pads the files' size)"
+    )
+    left = args.left_to_caller.get("--tokenizer-model")
+    if left:
         raise InputError(
             "megatron_args",
-            f"--tokenizer-type {kind}",
-            "its vocabulary is the size of its tokenizer files (len(tokenizer)), which "
-            "cpmem does not read: give --vocab-size with that size (Megatron-LM itself "
-            "does not read --vocab-size for this tokenizer; it pads the files' size)",
+            shown,
+            f"its vocabulary is its tokenizer's size{named}, and the tokenizer is left to "
+            f"the script's caller ({'; '.join(left)}): {ask}",
         )
-    return args.vocab_size
+    size = None if not isinstance(model, str) else tokenizer_files_size(kind, model)
+    if size is None:
+        raise InputError(
+            "megatron_args",
+            shown,
+            # the files are not on this machine (or not a kind cpmem reads): the wording
+            # the kept Megatron-LM report tabulates for the release cases
+            f"its vocabulary is the size of its tokenizer files (len(tokenizer)), which "
+            f"cpmem does not read: {ask}",
+        )
+    return size

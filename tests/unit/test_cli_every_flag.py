@@ -90,6 +90,7 @@ CHANGES: dict[str, list[str]] = {
     "--busiest-tokens": ["--busiest-tokens", "5120"],
     "--segments": ["--segments", "2"],
     "--world-size": ["--world-size", "16"],
+    "--vocab-size": ["--vocab-size", "32000"],
 }
 SAME: dict[tuple[str, str], str] = {
     ("model", "--unfused-activation"): "Qwen3's SwiGLU runs unfused in ART's runtime already",

@@ -94,9 +94,16 @@ def test_lengths_are_the_arguments_own() -> None:
     assert code == 2 and "lengths" in err and "--seq-length" in err
 
 
+def test_vocab_size_is_refused_beside_a_model() -> None:
+    code, _, err = run(
+        ["estimate", "--model", "qwen3-1.7b", "--lengths", "1024", "--vocab-size", "9"]
+    )
+    assert code == 2 and "vocab_size=9" in err and "--megatron-args" in err
+
+
 def test_world_size_is_required() -> None:
     code, _, err = run(["estimate", "--megatron-args", str(CASE)])
-    assert code == 2 and "world_size" in err
+    assert code == 2 and "--world-size" in err and "gives no world size" in err
 
 
 def test_admit_refuses_a_tiny_budget_with_exit_3_and_fits_a_device() -> None:

@@ -1,0 +1,126 @@
+"""Megatron-LM's example training scripts, read as written (``data/examples/``: each
+copied unedited from NVIDIA/Megatron-LM at d98e8a64, its source path in its header).
+
+Each prices as written with at most ``--world-size`` / ``--vocab-size`` given, or is
+refused with every problem in one refusal: Megatron-LM's own reason where Megatron-LM
+would reject the run, else the feature cpmem does not price yet (FP8, Megatron FSDP).
+Expected figures are worked out by hand from the script text:
+
+- world: torchrun's ``--nproc_per_node x --nnodes``; DP = world / (TP x PP x CP);
+  micro-batches = global batch / (micro-batch x DP);
+- the vocabulary: ``NullTokenizer --vocab-size`` as given, a tokenizer whose files the
+  script leaves to its caller (``$2``) needs ``--vocab-size``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cpmem.api import describe_megatron
+from cpmem.errors import InputError
+from cpmem.megatron.args import read_megatron_args
+
+EXAMPLES = Path(__file__).parent / "data" / "examples"
+
+
+def _refused(name: str, **given: int) -> InputError:
+    with pytest.raises(InputError) as err:
+        describe_megatron(EXAMPLES / name, **given)
+    return err.value
+
+
+def test_gpt3_175b_is_megatrons_own_refusal() -> None:
+    err = _refused("gpt3__train_gpt3_175b_distributed.sh")
+    # 8 GPUs on 1 node for TP 8 x PP 16; a batch-size schedule beside --global-batch-size
+    assert "world_size=8" in err.value
+    assert "TP x PP x CP = 8 x 16 x 1 = 128" in err.reason
+    assert "'Cannot specify both --step-batch-size-schedule and --global-batch-size'" in (
+        err.reason
+    )
+    assert "$3" not in err.reason  # the vocabulary files left to the caller: GPT-2's BPE
+    err = _refused("gpt3__train_gpt3_175b_distributed.sh", world_size=128)
+    assert "world_size" not in err.value
+    assert "Cannot specify both" in err.reason
+
+
+def test_mixtral_8x7b_as_written_names_the_world_and_the_tokenizer() -> None:
+    err = _refused("mixtral__train_mixtral_8x7b_distributed.sh")
+    assert err.value == "world_size=8, --tokenizer-type Llama2Tokenizer"
+    assert "ETP x EP x PP = 1 x 8 x 4 = 32" in err.reason  # parallel_state's rule
+    assert "$TOKENIZER_MODEL = $2 (the script's argument 2, left to its caller)" in err.reason
+
+
+def test_mixtral_8x7b_prices_with_its_world_and_vocabulary() -> None:
+    step = describe_megatron(
+        EXAMPLES / "mixtral__train_mixtral_8x7b_distributed.sh", world_size=32, vocab_size=32_000
+    )
+    s = step.settings
+    assert (s.world_size, s.layout.tp, s.pipeline.pp, s.layout.dp) == (32, 1, 4, 8)  # 32/4
+    assert s.pipeline.microbatches == 32  # 256 / (1 x 8)
+    g = step.geometry
+    assert (g.hidden, g.vocab, g.num_experts, g.moe_top_k, g.kv_groups) == (4096, 32_000, 8, 2, 8)
+    args = read_megatron_args(
+        EXAMPLES / "mixtral__train_mixtral_8x7b_distributed.sh", world_size=32, vocab_size=32_000
+    )
+    assert "--no-position-embedding" in args.ignored  # beside rope: no change
+
+
+def test_mamba_800m_names_its_tokenizer_then_prices_with_a_vocabulary() -> None:
+    err = _refused("mamba__train.sh")
+    assert err.value == "--tokenizer-type GPTSentencePieceTokenizer"
+    assert "$TOKENIZER_PATH = $2" in err.reason and "give --vocab-size" in err.reason
+    step = describe_megatron(EXAMPLES / "mamba__train.sh", vocab_size=256_000)
+    s = step.settings
+    assert (s.world_size, s.layout.dp, s.pipeline.microbatches) == (8, 8, 1)  # 32 / (4 x 8)
+    # MODEL_SCALE="800M": the 48-symbol pattern, 20 Mamba-2 mixers (M), 4 attention (*)
+    g = step.geometry
+    assert len(g.mixers) == 48 and g.mixers.count("mamba") == 20
+    assert (g.hidden, g.q_heads, g.kv_groups, g.vocab) == (1024, 16, 8, 256_000)
+    assert step.plan.busiest_tokens == 4 * 4096  # micro-batch 4 of --seq-length 4096
+
+
+def test_llama3_8b_is_refused_for_fp8_alone() -> None:
+    err = _refused("llama__train_llama3_8b_h100_fp8.sh")
+    assert err.value == "--fp8-format hybrid, --fp8-param-gather"
+
+
+def test_llama3_8b_without_its_fp8_branch_prices_as_the_rest_is_written() -> None:
+    text = (EXAMPLES / "llama__train_llama3_8b_h100_fp8.sh").read_text(encoding="utf-8")
+    bf16 = text.replace('DTYPE="fp8"', 'DTYPE="bf16"')  # the script's own switch
+    step = describe_megatron(bf16)
+    s = step.settings
+    assert (s.world_size, s.layout.dp, s.pipeline.microbatches) == (8, 8, 16)  # 128/(1x8)
+    g = step.geometry
+    assert (g.hidden, g.vocab, g.kv_groups, g.head_dim, g.ffn) == (4096, 128_256, 8, 128, 14336)
+    assert len(g.mixers) == 32
+
+
+def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not_price() -> None:
+    err = _refused("gptoss__02_train.sh")
+    assert "--num-layers 12" in err.value  # PP_SIZE=${WORLD_SIZE}: 8 stages for 12 layers
+    assert "does not split evenly over 8 pipeline stages" in err.reason
+    for unpriced in ("--quick-geglu", "--softmax-type learnable", "--fp8-format hybrid"):
+        assert unpriced in err.value
+    for harmless in ("--enable-gpt-oss", "--accumulate-allreduce-grads-in-fp32"):
+        assert harmless not in err.value
+
+
+def test_megatron_fsdp_llama3_8b_is_refused_for_fsdp_and_fp8_alone() -> None:
+    err = _refused("megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
+    assert err.value == (
+        "--use-megatron-fsdp, --use-nccl-ub, --fp8-format hybrid, --fp8-param-gather"
+    )
+
+
+def test_the_deepseek_v3_sbatch_script_is_read_from_the_command_it_hands_srun() -> None:
+    err = _refused("megatron_fsdp__sbatch_mfsdp_deepseek_v3.sh")
+    # TRAINING_CMD's python line, run by srun inside the sbatch here-document: no torchrun
+    # (the world is the job's nodes, "your_own_num_nodes"), Megatron FSDP, the flex
+    # dispatcher, a hub tokenizer; every one in the one refusal
+    assert err.value.startswith("--world-size, ")
+    assert "no torchrun launcher" in err.reason
+    for refused in ("--use-megatron-fsdp", "--moe-token-dispatcher-type flex"):
+        assert refused in err.value
+    assert "--tokenizer-type HuggingFaceTokenizer" in err.value
