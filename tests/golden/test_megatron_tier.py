@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 import cpmem.gate.megatron_tier as tier_module
 import cpmem.pricing.head as head_module
 import cpmem.pricing.kinds.moe as moe_module
+import cpmem.pricing.muon as muon_module
 import cpmem.pricing.static as static_module
 import cpmem.pricing.weights as weights_module
 from cpmem.gate.megatron_tier import (
@@ -54,9 +56,11 @@ def tier() -> MegatronTier:
 
 @pytest.fixture(scope="module")
 def adam_free() -> MegatronTier:
-    """The tier of a model whose static bytes leave out Adam's two fp32 moments."""
+    """The tier of a model whose static bytes leave out Adam's two fp32 moments (under
+    Muon too, which leaves its vectors, embedding and output layer to Adam)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(static_module.MOMENT_BYTES, "adam", 0)
+        patch.setattr(muon_module, "ADAM_STATE_BYTES", 0)
         return run_tier(GOLDEN)
 
 
@@ -140,6 +144,18 @@ PRICED_BY_FEATURE = {
         "hybrid/hybrid_mr_mcore_te_tp2_pp1_cp1_dgx_a100_1N8G/dev_dgx_h100",
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
     },
+    # Muon (the ep8 cases, layer-wise distributed on --no-use-layer-wise-param-layout's
+    # legacy path where --use-distributed-optimizer is given): every recording
+    "muon": {
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon/dev_dgx_h100_2nd",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon_1node/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon/dev_dgx_h100_2nd",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon_1node/dev_dgx_gb200",
+    },
     "mla": {
         "gpt/gpt3_mcore_te_tp2_pp2_mla/dev_dgx_a100",
         "gpt/gpt3_mcore_te_tp2_pp2_mla/dev_dgx_gb200",
@@ -167,7 +183,6 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     unpriced = {
         "fp8": ("--fp8-format",),
         "fsdp": ("--use-megatron-fsdp",),
-        "muon": ("--optimizer muon",),
         "offloading": ("--fine-grained-activation-offloading",),
         "cudagraph": ("--cuda-graph-impl",),
         "release-15b": ("world_size=None: unknown",),
@@ -241,8 +256,12 @@ def test_a_model_without_the_fp32_logits_fails_covers() -> None:
 def test_a_model_without_adams_moments_fails_static(adam_free: MegatronTier) -> None:
     assert not adam_free.passed
     # 8 B of every 18 (or of 6 + 12/d) per parameter: every recording is missed by more
-    # than the 3% the check allows, and no declaration excuses it
-    assert all(not row.passed("static") for row in adam_free.rows)
+    # than the 3% the check allows, and no declaration excuses it; but a rank of Muon's
+    # layer-wise distributed optimizer, which steps whole tensors and whose share of Adam's
+    # is a few norm vectors where the embedding went to another rank
+    layer_wise = [r for r in adam_free.rows if r.step.settings.optimizer.label.startswith("muon (")]
+    assert len(layer_wise) == 4
+    assert all(not row.passed("static") for row in adam_free.rows if row not in layer_wise)
     missed = [row for row in adam_free.rows if not row.passed("static")]
     assert len(adam_free.failing("static")) == len(missed)
 
@@ -259,7 +278,7 @@ def test_a_model_without_the_expert_parameters_fails_static() -> None:
 
 def _without_experts(*args: object, **kwargs: object) -> weights_module.StageTensors:
     whole = weights_module.stage_tensors(*args, **kwargs)  # type: ignore[arg-type]
-    return weights_module.StageTensors(whole.dense, whole.tied_copy, ())
+    return replace(whole, experts=(), expert_matrices=())
 
 
 def test_a_model_without_the_routed_rows_fails_covers() -> None:
@@ -297,7 +316,15 @@ def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
 
     tier = run_tier(GOLDEN, "moe")
     assert tier.passed and all(r.routing_bound for r in tier.rows)
-    assert all(r.passed("covers") and r.passed("headroom") for r in tier.rows)
+    # every MoE row passes but the two second processes of the instances case, whose
+    # checkpoint load sets their peak (declared: "resumed process, optimizer instances")
+    declared = [r for r in tier.rows if not (r.passed("covers") and r.passed("headroom"))]
+    assert sorted(r.recording.recording_id.rsplit("/", 1)[1] for r in declared) == [
+        "dev_dgx_gb200_2nd",
+        "dev_dgx_h100_2nd",
+    ]
+    assert all("optimizer_instances" in r.recording.case for r in declared)
+    assert all(r.declared("headroom") for r in declared)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(step_module, "rows_per_token", rounded_up)
         broken = run_tier(GOLDEN, "moe")
