@@ -22,9 +22,9 @@ import cpmem.pricing.kinds.moe as moe_module
 import cpmem.pricing.muon as muon_module
 import cpmem.pricing.static as static_module
 import cpmem.pricing.weights as weights_module
+from cpmem.gate.megatron_misses import DECLARED_MISSES
 from cpmem.gate.megatron_tier import (
     CHECKS,
-    DECLARED_MISSES,
     MegatronTier,
     price_recording,
     run_tier,
