@@ -19,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from cpmem.gate.external import load_estimator
+from cpmem.gate.megatron_misses import DECLARED_MISSES, MIB, STATIC_TOLERANCE
 from cpmem.gate.megatron_tier import (
     CHECKS,
-    DECLARED_MISSES,
     HEADROOM_MEDIAN,
-    MIB,
     MOE_BALANCED_TOLERANCE,
-    STATIC_TOLERANCE,
     MegatronTier,
     TierRow,
     run_tier,

@@ -22,9 +22,10 @@ Nothing here prices: the run is priced by the policies, as a step from ``--model
   ``global / (micro x DP)`` micro-batches, the CP ranks' load-balanced share (Megatron-LM's
   planner, ``StepSettings.step``), the output layer and cross entropy as its head, a
   steady step (Megatron-LM logs the peak from the second step on);
-- the process (``Runtime.megatron_lm``) and full-parameter training with Adam, fp32 main
-  gradients under ``--bf16`` (``--grad-reduce-in-bf16``: bf16), the distributed optimizer
-  where asked.
+- the process (``Runtime.megatron_lm``) and full-parameter training with Adam or Muon
+  (``--optimizer``, ``cpmem.megatron.optimizer_rules``), fp32 main gradients under
+  ``--bf16`` (``--grad-reduce-in-bf16``: bf16), the distributed optimizer where asked
+  (Muon's layer-wise one), in ``--num-distributed-optimizer-instances`` copies.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
+from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
 from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
 from cpmem.megatron.vocab import resolved_vocab_size
@@ -368,8 +370,9 @@ def megatron_run(
         "step": "steady",
         "runtime": process,
         "training": "full",
-        "optimizer": "adam",
-        "distributed_optimizer": args.use_distributed_optimizer,
+        "optimizer": OPTIMIZER_KIND[args.optimizer],
+        "distributed_optimizer": args.use_distributed_optimizer or layer_wise(args),
+        "optimizer_instances": args.num_distributed_optimizer_instances,
         "dtype": dtype,
         "grad_bytes": grad_bytes,
         "device": resolved,

@@ -48,6 +48,10 @@ class MegatronArgs:
     num_layers_per_virtual_pipeline_stage: int | None = None
     microbatch_group_size_per_virtual_pipeline_stage: int | None = None  # None: PP
     use_distributed_optimizer: bool = False
+    optimizer: str = "adam"  # arguments.py:2913
+    # arguments.py:3160 (--no-use-layer-wise-param-layout: Muon's legacy layer-wise path)
+    use_layer_wise_param_layout: bool = True
+    num_distributed_optimizer_instances: int = 1  # arguments.py:3216
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     overlap_param_gather_with_optimizer_step: bool = False
@@ -191,6 +195,8 @@ PRICED: dict[str, tuple[str, str]] = {
             ("num_layers_per_virtual_pipeline_stage", "int"),
             ("microbatch_group_size_per_virtual_pipeline_stage", "int"),
             ("use_distributed_optimizer", "bool"),
+            ("optimizer", "str"),
+            ("num_distributed_optimizer_instances", "int"),
             ("overlap_grad_reduce", "bool"),
             ("overlap_param_gather", "bool"),
             ("overlap_param_gather_with_optimizer_step", "bool"),
@@ -264,6 +270,7 @@ PRICED: dict[str, tuple[str, str]] = {
     "--no-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-bias-linear": ("add_bias_linear", "not"),
+    "--no-use-layer-wise-param-layout": ("use_layer_wise_param_layout", "not"),
     "--no-gradient-accumulation-fusion": ("gradient_accumulation_fusion", "not"),
     "--no-create-attention-mask-in-dataloader": ("create_attention_mask_in_dataloader", "not"),
     "--no-masked-softmax-fusion": ("masked_softmax_fusion", "not"),

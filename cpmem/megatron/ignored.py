@@ -223,13 +223,19 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--is-hybrid-model",
     ),
     (
-        "read only by the optimizers other than Adam (--optimizer, refused but for adam) or "
-        "by the CPU-offloaded optimizer (--optimizer-cpu-offload, refused)",
-        "--sgd-momentum --muon-momentum --muon-no-split-qkv --muon-nesterov --muon-scale-mode "
+        "read only by the optimizers cpmem refuses (SGD, Lion: --optimizer) or by the "
+        "CPU-offloaded optimizer (--optimizer-cpu-offload, refused)",
+        "--sgd-momentum --lion-beta1 --lion-beta2 --optimizer-offload-fraction "
+        "--use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d "
+        "--no-pin-cpu-grads --no-pin-cpu-params",
+    ),
+    (
+        "Muon's orthogonalisation: its coefficients, steps, precision, QKV split, TP mode "
+        "and scale change the Newton-Schulz iteration run inside the optimizer step (one "
+        "matrix's transients, no activation live), not its momentum (cpmem.pricing.muon)",
+        "--muon-momentum --muon-no-split-qkv --muon-nesterov --muon-scale-mode "
         "--muon-fp32-matmul-prec --muon-coefficient-type --muon-num-ns-steps --muon-tp-mode "
-        "--muon-use-syrk --muon-extra-scale-factor --muon-scalar-optimizer --lion-beta1 "
-        "--lion-beta2 --optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload "
-        "--overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads --no-pin-cpu-params",
+        "--muon-use-syrk --muon-extra-scale-factor",
     ),
     (
         "read only by FP8 or FP4 training (--fp8-format, --fp4-format, refused)",

@@ -39,9 +39,9 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--kitchen-attention-backend",
     ),
     (
-        UNPRICED + "an optimizer other than Adam (SGD keeps one state, Muon and Lion their "
-        "own; optimizer/__init__.py)",
-        "--optimizer",
+        UNPRICED + "Muon's vectors, embedding and output layer stepped by Lion (one moment) "
+        "rather than Adam (optimizer/__init__.py, muon_scalar_optimizer)",
+        "--muon-scalar-optimizer",
     ),
     (
         UNPRICED + "the optimizer's states on the host, captured in a CUDA graph, or kept "
@@ -56,14 +56,8 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--accumulate-allreduce-grads-in-fp32",
     ),
     (
-        UNPRICED + "several distributed-optimizer instances (the states sharded within "
-        "each instance only)",
-        "--num-distributed-optimizer-instances",
-    ),
-    (
-        UNPRICED + "the layer-wise distributed optimizer's parameter layout, or a dump of "
-        "the parameter groups",
-        "--no-use-layer-wise-param-layout --dump-param-to-param-group-map",
+        UNPRICED + "a dump of the parameter groups",
+        "--dump-param-to-param-group-map",
     ),
     (
         UNPRICED + "the gradient buffer's buckets or padding (its size and the buckets in flight)",
@@ -146,8 +140,12 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--mtp-standalone --mtp-detach-heads --mtp-hsm",
     ),
     (
-        UNPRICED + "the output layer's inputs and gradients kept for every deferred "
-        "micro-batch until the step's end",
+        UNPRICED + "the output layer's input and its logits' gradient ([s, b, V/TP] in the "
+        "input's dtype) kept for the first --wgrad-deferral-limit micro-batches of the step "
+        "(every one at 0) until the pipeline's drain computes their weight gradients "
+        "(tensor_parallel/layers.py:1227-1232, 660-664; utils.py "
+        "drain_embedding_wgrad_compute), with the fused accumulation it requires (its "
+        "recordings peak about 420 MiB above gpt3_mcore_te_tp2_pp2's, run without both)",
         "--defer-embedding-wgrad-compute --wgrad-deferral-limit",
     ),
     (
@@ -357,8 +355,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
 )
 
 HARMLESS_VALUES: dict[str, tuple[str, ...]] = {
-    # the optimizer the recordings ran: Adam is the default (arguments.py:2913-2916)
-    "--optimizer": ("adam",),
     # rerun_state_machine.py:272-320: disabled skips the state machine's saved state and
     # reruns; validate_results is the default
     "--rerun-mode": ("disabled", "validate_results"),

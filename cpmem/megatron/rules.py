@@ -16,6 +16,7 @@ from __future__ import annotations
 from cpmem.errors import InputError
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
+from cpmem.megatron.optimizer_rules import optimizer_problems
 from cpmem.megatron.stack_rules import stack_problems
 from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.megatron.world_rules import world_problems
@@ -537,6 +538,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += layout_problems(args)
     out += world_problems(args)
     out += _distributed(args)
+    out += optimizer_problems(args)
     out += _experts(args)
     out += stack_problems(args)
     family = _family(args)

@@ -117,9 +117,19 @@ def runtime_cp_comm(step: Step) -> str:
     return default_cp_comm(step.geometry, step.settings.runtime.default_cp_comm)
 
 
+MUON_STEP_NOTE = (
+    "optimizer: muon's orthogonalisation is not priced: the optimizer step runs Newton-Schulz "
+    "on one matrix at a time (its momentum's Nesterov blend and fp32 products of its size; "
+    "under --muon-tp-mode duplicated the matrix gathered over TP) after the backward has "
+    "freed the activations; a run whose largest matrix's fp32 copies exceed its activations "
+    "peaks above the estimate"
+)
+
+
 def inapplicable_options(step: Step) -> list[str]:
     """Options set on ``step`` that no policy prices for it, each with the reason, and the
-    parts of the model's checkpoint no policy prices (``ModelGeometry.unpriced_parts``)."""
+    parts of the model's checkpoint no policy prices (``ModelGeometry.unpriced_parts``), and
+    the optimizer step's own transient under Muon (``MUON_STEP_NOTE``)."""
     g, layout, settings = step.geometry, step.plan.layout, step.settings
     out = []
     if step.moe_routing != "concentrated" and not g.is_moe:
@@ -146,6 +156,8 @@ def inapplicable_options(step: Step) -> list[str]:
     out.extend(_layout_unread(step))
     out.extend(_process_unread(step))
     out.extend(g.unpriced_parts)
+    if settings.optimizer.kind == "muon":
+        out.append(MUON_STEP_NOTE)
     return out
 
 
@@ -171,6 +183,11 @@ def _layout_unread(step: Step) -> list[str]:
             "optimizer: a first step holds no moments yet; sgd keeps adam's master copy and "
             "gradients"
         )
+    if opt.kind == "muon" and settings.cold and not opt.distributed:
+        out.append(
+            "optimizer: a first step holds no momentum yet; muon keeps adam's master copy "
+            "and gradients"
+        )
     if settings.rank != "busiest" and not _rank_read(settings):
         out.append(
             "rank: every rank of this run holds the same static memory (no pipeline stage, "
@@ -184,7 +201,7 @@ def _sharding_read(step: Step) -> bool:
     """Whether the distributed optimizer moves the step's static memory on any stage:
     its slices of the states, or its buffers' alignment padding (``param_buffers``)."""
     settings = step.settings
-    whole = replace(settings, optimizer=replace(settings.optimizer, distributed=False))
+    whole = replace(settings, optimizer=replace(settings.optimizer, distributed=False, instances=1))
     stages = range(settings.pipeline.pp)
     return any(
         static_memory(settings, stage=s, step=step) != static_memory(whole, stage=s, step=step)
@@ -203,7 +220,7 @@ def _rank_read(settings: StepSettings) -> bool:
     if settings.training != "full" or not opt.distributed:
         return False
     experts = settings.geometry.is_moe and expert_shards(settings) > 1
-    return optimizer_shards(layout) > 1 or experts
+    return optimizer_shards(layout, opt.instances) > 1 or experts
 
 
 def _process_unread(step: Step) -> list[str]:

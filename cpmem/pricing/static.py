@@ -58,8 +58,9 @@ from functools import lru_cache
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
+from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
-from cpmem.pricing.weights import mtp_depths_built, rank_weights, stage_tensors
+from cpmem.pricing.weights import StageTensors, mtp_depths_built, rank_weights, stage_tensors
 from cpmem.pricing.workspaces import workspace_components
 from cpmem.step.ranks import coordinates
 from cpmem.step.step import Step, StepSettings
@@ -67,9 +68,10 @@ from cpmem.step.trainer import Adapter, Optimizer
 
 MASTER_BYTES = 4
 """The fp32 master copy of a 2-byte (bf16, fp16) trainable parameter (``master_bytes``)."""
-MOMENT_BYTES = {"adam": 8, "sgd": 4, "none": 0}
+MOMENT_BYTES = {"adam": 8, "sgd": 4, "muon": MUON_STATE_BYTES, "none": 0}
 """The optimizer's fp32 moments per trainable parameter: Adam's two, SGD's momentum
-(Megatron-LM, docs "Distributed Optimizer": master + moments = 12 B for Adam)."""
+(Megatron-LM, docs "Distributed Optimizer": master + moments = 12 B for Adam), Muon's
+momentum of a matrix (the vectors Muon leaves to Adam: ``cpmem.pricing.muon``)."""
 
 
 class StaticComponent(StrEnum):
@@ -281,10 +283,12 @@ def _adapters(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticC
         ).total,
         StaticComponent.ADAPTER_PARAMS: trainable * p,
         StaticComponent.ADAPTER_GRADS: trainable * opt.grad_bytes if trains else 0,
-        StaticComponent.OPTIMIZER_STATES: _sharded(states, optimizer_shards(layout), opt),
+        StaticComponent.OPTIMIZER_STATES: _sharded(
+            states, optimizer_shards(layout, opt.instances), opt
+        ),
     }
     if master_gradient_bytes(opt):
-        shards = optimizer_shards(layout)
+        shards = optimizer_shards(layout, opt.instances)
         out[StaticComponent.MASTER_GRADIENTS] = _sharded(
             trainable * master_gradient_bytes(opt), shards, opt
         )
@@ -322,7 +326,9 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         first=stage == 0,
         last=stage == settings.pipeline.pp - 1,
     )
-    dense = optimizer_shards(layout)
+    if opt.kind == "muon":
+        return _muon_training(settings, tensors, stepped)
+    dense = optimizer_shards(layout, opt.instances)
     groups = [
         (tensors.dense, dense, False),
         (tensors.tied_copy, dense, False),
@@ -353,19 +359,65 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     return out
 
 
+def _muon_training(
+    settings: StepSettings, tensors: StageTensors, stepped: bool
+) -> dict[StaticComponent, int]:
+    """Every parameter trained under Muon (``cpmem.pricing.muon``): the whole weights and
+    gradient buffer (the layer-wise distributed optimizer all-reduces into an unpadded
+    buffer every rank keeps), and the master copy and states of what the rank steps: every
+    tensor, or under the layer-wise distributed optimizer its own whole tensors, the dense
+    ones of its DP x CP group's assignment and the routed experts' of its expert
+    data-parallel group's (for ``busiest``, the largest share of each)."""
+    layout, opt = settings.layout, settings.optimizer
+    p = settings.dtype_bytes
+    master = master_bytes(p, opt)
+    dense = (*tensors.dense, *tensors.tied_copy)
+    dense_matrices = (*tensors.dense_matrices, *(False for _ in tensors.tied_copy))
+    groups = [
+        (dense, dense_matrices, optimizer_shards(layout), False),
+        (tensors.experts, tensors.expert_matrices, expert_shards(settings), True),
+    ]
+    share = MuonShare(0, 0)
+    for group, matrices, ranks, experts in groups:
+        if not group:
+            continue
+        if not opt.distributed:
+            share += whole(group, matrices)
+        elif settings.rank == "busiest":
+            share += busiest_share(group, matrices, ranks, master)
+        else:
+            share += layer_wise_share(group, matrices, ranks, dp_slice(settings, ranks, experts))
+    elements = sum(dense) + sum(tensors.experts)
+    out = {
+        StaticComponent.WEIGHTS: p * elements,
+        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * elements,
+        StaticComponent.OPTIMIZER_STATES: master * share.elements
+        + (share.state_bytes if stepped else 0),
+    }
+    if master_gradient_bytes(opt):
+        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * share.elements
+    return out
+
+
 def expert_shards(settings: StepSettings) -> int:
     """The ranks the distributed optimizer shards a routed expert's state over: the
     expert data-parallel group, world / (ETP x EP x PP) (megatron's expert
-    ``RankGenerator`` folds CP into it; ``intra_expt_dp_group``)."""
+    ``RankGenerator`` folds CP into it; ``intra_expt_dp_group``), divided among the
+    optimizer's instances (parallel_state.py: ``intra_partial_expert_data_parallel_size``)."""
     layout = settings.layout
-    return max(1, settings.world_size // (layout.etp * layout.ep * settings.pipeline.pp))
+    edp = max(1, settings.world_size // (layout.etp * layout.ep * settings.pipeline.pp))
+    return max(1, edp // settings.optimizer.instances)
 
 
-def optimizer_shards(layout: ParallelLayout) -> int:
+def optimizer_shards(layout: ParallelLayout, instances: int = 1) -> int:
     """The ranks megatron's distributed optimizer shards a parameter's state over: its
-    data-parallel x context-parallel group (``intra_dp_cp_group``, one optimizer
-    instance), since CP ranks hold the same parameters as data-parallel ones."""
-    return layout.dp * layout.cp
+    data-parallel x context-parallel group, since CP ranks hold the same parameters as
+    data-parallel ones, divided among the optimizer's ``instances``
+    (``--num-distributed-optimizer-instances``: each instance's ``intra_dp_cp_group``
+    holds DP x CP / N consecutive ranks of the group, parallel_state.py; its gradients
+    are reduce-scattered within the instance and all-reduced across instances in place,
+    param_and_grad_buffer.py)."""
+    return layout.dp * layout.cp // instances
 
 
 def _sharded(states: int, shards: int, opt: Optimizer) -> int:

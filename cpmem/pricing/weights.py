@@ -164,6 +164,12 @@ class StageTensors:
     dense: tuple[int, ...]
     tied_copy: tuple[int, ...]
     experts: tuple[int, ...]
+    dense_matrices: tuple[bool, ...] = ()
+    """Whether each ``dense`` tensor is a matrix Muon steps (a 2-D weight that is neither
+    the embedding nor the output layer: ``_is_muon_excluded``, emerging_optimizers.py);
+    the tied copy never is (the output layer's weight)."""
+    expert_matrices: tuple[bool, ...] = ()
+    """Whether each ``experts`` tensor is a matrix (a weight, not a bias)."""
 
 
 def layer_tensors(geometry: ModelGeometry, layer: int, tp: int) -> list[int]:
@@ -191,6 +197,27 @@ def kind_tensors(geometry: ModelGeometry, mixer_kind: str, mlp_kind: str, tp: in
     ]
 
 
+def kind_matrix_flags(
+    geometry: ModelGeometry, mixer_kind: str, mlp_kind: str, tp: int
+) -> list[bool]:
+    """Whether each of ``kind_tensors`` is a matrix Muon steps, in the same order."""
+    mixer = mixer_spec(mixer_kind).trained_tensors(geometry, tp)
+    mlp = mlp_spec(mlp_kind).trained_tensors(geometry, tp)
+    m, f = mixer.matrix_flags(), mlp.matrix_flags()
+    roles = []
+    start_m = start_f = 0
+    for mixer_count, mlp_count in (
+        (len(mixer.weights), len(mlp.weights)),
+        (len(mixer.norms), len(mlp.norms)),
+        (len(mixer.biases), len(mlp.biases)),
+        (len(mixer.extra), len(mlp.extra)),
+    ):
+        roles += m[start_m : start_m + mixer_count] + f[start_f : start_f + mlp_count]
+        start_m += mixer_count
+        start_f += mlp_count
+    return roles
+
+
 def expert_tensors(geometry: ModelGeometry, layer: int, ep: int, etp: int) -> list[int]:
     """Element counts of layer ``layer``'s routed experts on one rank (its feed-forward
     kind's spec; empty for a block without routed experts)."""
@@ -205,6 +232,17 @@ def mtp_tensors(geometry: ModelGeometry, tp: int) -> list[int]:
     for mixer, mlp in zip(g.mtp_mixers, g.mtp_mlps, strict=True):
         out += kind_tensors(g, mixer, mlp, tp)
     return out + norm_tensors(g, h)
+
+
+def mtp_matrix_flags(geometry: ModelGeometry, tp: int) -> list[bool]:
+    """Whether each of ``mtp_tensors`` is a matrix Muon steps (``eh_proj`` and its layers'
+    weights; the norms are vectors)."""
+    g = geometry
+    norm = [False] * len(norm_tensors(g, g.hidden))
+    out = norm + norm + [True]
+    for mixer, mlp in zip(g.mtp_mixers, g.mtp_mlps, strict=True):
+        out += kind_matrix_flags(g, mixer, mlp, tp)
+    return out + norm
 
 
 def mtp_expert_tensors(geometry: ModelGeometry, ep: int, etp: int) -> list[int]:
@@ -225,29 +263,44 @@ def stage_tensors(
     layer on the last (with tied embeddings or MTP on a last stage that is not the first,
     megatron's copy of the embedding, in a bucket of its own: ``language_module.py``'s
     ``shared_embedding_or_output_weight``, ``setup_embeddings_and_output_layer``)."""
-    g, h, tp = geometry, geometry.hidden, layout.tp
+    g, h, tp, ep, etp = geometry, geometry.hidden, layout.tp, layout.ep, layout.etp
     dense: list[int] = []
+    matrices: list[bool] = []
     experts: list[int] = []
+    expert_matrices: list[bool] = []
     for i in layers:
         dense += layer_tensors(g, i, tp)
-        experts += expert_tensors(g, i, layout.ep, layout.etp)
+        matrices += kind_matrix_flags(g, g.mixers[i], g.mlps[i], tp)
+        experts += expert_tensors(g, i, ep, etp)
+        expert_matrices += mlp_spec(g.mlps[i]).expert_matrix_flags(g, ep, etp)
     vocab_shard = padded_vocab(g, tp) // tp * h
     if first:
         dense.append(vocab_shard)
+        matrices.append(False)  # the word embedding: is_embedding_or_output_parameter
         if g.learned_position_rows:
             dense.append(g.learned_position_rows * h)
+            matrices.append(True)  # the position table: a 2-D weight, not tagged
     tied: list[int] = []
     if last:
-        dense += [h, h] if g.norm == "layernorm" else [h]
+        final = [h, h] if g.norm == "layernorm" else [h]
+        dense += final
+        matrices += [False] * len(final)
         depths = mtp_depths_built(g)
         for _ in range(depths):
             dense += mtp_tensors(g, tp)
-            experts += mtp_expert_tensors(g, layout.ep, layout.etp)
+            matrices += mtp_matrix_flags(g, tp)
+            experts += mtp_expert_tensors(g, ep, etp)
+            expert_matrices += [
+                flag for m in g.mtp_mlps for flag in mlp_spec(m).expert_matrix_flags(g, ep, etp)
+            ]
         if not g.tied_embeddings:
             dense.append(vocab_shard)
+            matrices.append(False)  # the output layer: is_embedding_or_output_parameter
         if (g.tied_embeddings or depths) and not first:
             tied.append(vocab_shard)
-    return StageTensors(tuple(dense), tuple(tied), tuple(experts))
+    return StageTensors(
+        tuple(dense), tuple(tied), tuple(experts), tuple(matrices), tuple(expert_matrices)
+    )
 
 
 def total_parameters(geometry: ModelGeometry, *, mtp: bool = True) -> int:

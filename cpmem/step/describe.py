@@ -173,7 +173,10 @@ def describe_settings(
         cp_comm=check_cp_comm(cp_comm),
         dtype_bytes=dtype_bytes,
         optimizer=Optimizer(
-            check_optimizer(a["optimizer"]), a["distributed_optimizer"], grad_bytes
+            check_optimizer(a["optimizer"]),
+            a["distributed_optimizer"],
+            grad_bytes,
+            a["optimizer_instances"],
         ),
         device=resolve_device(a["device"], a["device_total_bytes"]),
         pipeline=Pipeline(

@@ -456,9 +456,11 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             "adam",
             "--optimizer",
-            "how the adapters are trained: adam (default), sgd, none (static memory)",
+            "how the trained parameters are stepped: adam (default), sgd, muon (one "
+            "momentum per matrix; vectors, embedding and output layer by Adam), none "
+            "(static memory)",
             group="whole",
-            choices=("adam", "sgd", "none"),
+            choices=("adam", "sgd", "muon", "none"),
             export=lambda s: s.settings.optimizer.kind,
         ),
     ]
@@ -471,6 +473,19 @@ class SettingsArguments(TypedDict, total=False):
             group="whole",
             switch=True,
             export=lambda s: s.settings.optimizer.distributed,
+        ),
+    ]
+    optimizer_instances: Annotated[
+        int,
+        Setting(
+            1,
+            "--optimizer-instances",
+            "copies of the distributed optimizer over the data-parallel ranks (Megatron-LM's "
+            "--num-distributed-optimizer-instances): each shards the master copy and moments "
+            "over DP x CP / N ranks (default 1)",
+            group="whole",
+            cli_type=int,
+            export=lambda s: s.settings.optimizer.instances,
         ),
     ]
     device: Annotated[

@@ -163,6 +163,15 @@ class StepSettings:
                 "adapters are trained under --training lora; --training full trains every "
                 "parameter",
             )
+        opt = self.optimizer
+        if opt.kind == "muon" and opt.distributed and self.training != "full":
+            raise InputError(
+                "distributed_optimizer",
+                True,
+                "Muon's layer-wise distributed optimizer gives each rank whole tensors, "
+                "priced for --training full; the adapters' assignment is not priced (give "
+                "muon without --distributed-optimizer)",
+            )
         if self.pipeline.active:
             self.pipeline.virtual_layers(self.geometry.layers)  # the layers cut as asked
         self._check_dtype_backend()
@@ -193,7 +202,35 @@ class StepSettings:
             self.geometry.check_tp(self.layout.tp)
         except InputError as exc:
             problems.append(exc)
-        return problems + expert_problems(self.geometry, self.layout)
+        return problems + expert_problems(self.geometry, self.layout) + self._instance_problems()
+
+    def _instance_problems(self) -> list[InputError]:
+        """The distributed optimizer's instances split its DP x CP group, and the routed
+        experts' expert data-parallel group, into equal parts (parallel_state.py asserts
+        both divide)."""
+        n = self.optimizer.instances
+        layout = self.layout
+        problems = []
+        if (layout.dp * layout.cp) % n:
+            problems.append(
+                InputError(
+                    "optimizer_instances",
+                    n,
+                    f"must divide DP x CP = {layout.dp} x {layout.cp} (parallel_state.py: the "
+                    "data-parallel size divisible by the instances)",
+                )
+            )
+        expert_dp = self.world_size // (layout.etp * layout.ep * self.pipeline.pp)
+        if self.geometry.is_moe and expert_dp % n:
+            problems.append(
+                InputError(
+                    "optimizer_instances",
+                    n,
+                    f"must divide the expert data-parallel size {expert_dp} (world / (ETP x EP "
+                    "x PP); parallel_state.py asserts it)",
+                )
+            )
+        return problems
 
     def _check_dtype_backend(self) -> None:
         """Transformer Engine runs flash and fused attention on bf16 and fp16 only

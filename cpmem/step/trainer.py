@@ -18,7 +18,7 @@ HeadKind = Literal["hidden", "logits", "fused", "chunked", "linear-ce"]
 HEAD_KINDS: tuple[HeadKind, ...] = get_args(HeadKind)
 CpComm = Literal["all_gather", "p2p", "a2a", "a2a+p2p"]
 CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
-OptimizerKind = Literal["adam", "sgd", "none"]
+OptimizerKind = Literal["adam", "sgd", "muon", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
 
 ADAPTER_TARGETS: tuple[str, ...] = (
@@ -154,16 +154,23 @@ def parse_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Optimizer:
-    """How the adapters are trained: ``adam`` (the default), ``sgd`` with momentum, or
-    ``none`` (no gradients or states: the measured harness before its first backward).
-    ``distributed``: megatron's distributed optimizer shards the fp32 master copy and the
-    states over the data-parallel ranks (``ParallelLayout.dp``). ``grad_bytes``: the
-    element of megatron's gradient buffer (``main_grad``): fp32 by default, 2 where the
-    run reduces gradients in bf16 (``--grad-reduce-in-bf16``) or trains in fp16."""
+    """How the trained parameters are stepped: ``adam`` (the default), ``sgd`` with
+    momentum, ``muon`` (Megatron-LM's ``TensorParallelMuon``: one momentum per matrix, its
+    update orthogonalised; the vectors, the embedding and the output layer stepped by
+    Adam, ``cpmem.pricing.muon``), or ``none`` (no gradients or states: the measured
+    harness before its first backward). ``distributed``: megatron's distributed optimizer
+    shards the fp32 master copy and the states over the data-parallel ranks
+    (``ParallelLayout.dp``); under ``muon`` it is the layer-wise distributed optimizer,
+    which gives each rank whole tensors. ``grad_bytes``: the element of megatron's
+    gradient buffer (``main_grad``): fp32 by default, 2 where the run reduces gradients in
+    bf16 (``--grad-reduce-in-bf16``) or trains in fp16. ``instances``: the distributed
+    optimizer's copies over the data-parallel ranks (``--num-distributed-optimizer-
+    instances``): each shards the states over its own DP x CP / ``instances`` ranks."""
 
     kind: OptimizerKind = "adam"
     distributed: bool = False
     grad_bytes: int = 4
+    instances: int = 1
 
     def __post_init__(self) -> None:
         check_optimizer(self.kind)
@@ -171,10 +178,33 @@ class Optimizer:
             raise InputError("distributed_optimizer", self.distributed, "must be true or false")
         if self.grad_bytes not in (2, 4):
             raise InputError("grad_bytes", self.grad_bytes, "must be 2 or 4")
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int):
+            raise InputError("optimizer_instances", self.instances, "must be a positive integer")
+        if self.instances < 1:
+            raise InputError("optimizer_instances", self.instances, "must be a positive integer")
+        if self.instances > 1 and not (self.distributed and self.kind != "none"):
+            raise InputError(
+                "optimizer_instances",
+                self.instances,
+                "divides the distributed optimizer's shards; give --distributed-optimizer "
+                "(without it every rank holds the whole state whatever the instances)",
+            )
+        if self.instances > 1 and self.kind == "muon":
+            raise InputError(
+                "optimizer_instances",
+                self.instances,
+                "Megatron-LM's layer-wise distributed optimizer (muon) has one instance "
+                "(LayerWiseDistributedOptimizer asserts it, layer_wise_optimizer.py)",
+            )
 
     @property
     def label(self) -> str:
-        return self.kind + (" (distributed)" if self.distributed and self.kind != "none" else "")
+        if not self.distributed or self.kind == "none":
+            return self.kind
+        if self.kind == "muon":
+            return "muon (layer-wise distributed)"
+        copies = f", {self.instances} instances" if self.instances > 1 else ""
+        return f"{self.kind} (distributed{copies})"
 
 
 def check_optimizer(kind: str) -> OptimizerKind:

@@ -409,6 +409,11 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         _nested("optimizer", distributed=True),
         {"distributed_optimizer"},
     ),
+    (Optimizer, "instances"): (
+        _nested("optimizer", distributed=True),
+        _nested("optimizer", distributed=True, instances=2),
+        {"optimizer_instances"},
+    ),
     (Device, "name"): (_same, _nested("device", name="another"), {"device"}),
     (Device, "total_bytes"): (
         _same,

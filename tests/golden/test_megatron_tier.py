@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -18,11 +19,12 @@ import pytest
 import cpmem.gate.megatron_tier as tier_module
 import cpmem.pricing.head as head_module
 import cpmem.pricing.kinds.moe as moe_module
+import cpmem.pricing.muon as muon_module
 import cpmem.pricing.static as static_module
 import cpmem.pricing.weights as weights_module
+from cpmem.gate.megatron_misses import DECLARED_MISSES
 from cpmem.gate.megatron_tier import (
     CHECKS,
-    DECLARED_MISSES,
     MegatronTier,
     price_recording,
     run_tier,
@@ -54,9 +56,11 @@ def tier() -> MegatronTier:
 
 @pytest.fixture(scope="module")
 def adam_free() -> MegatronTier:
-    """The tier of a model whose static bytes leave out Adam's two fp32 moments."""
+    """The tier of a model whose static bytes leave out Adam's two fp32 moments (under
+    Muon too, which leaves its vectors, embedding and output layer to Adam)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(static_module.MOMENT_BYTES, "adam", 0)
+        patch.setattr(muon_module, "ADAM_STATE_BYTES", 0)
         return run_tier(GOLDEN)
 
 
@@ -140,6 +144,18 @@ PRICED_BY_FEATURE = {
         "hybrid/hybrid_mr_mcore_te_tp2_pp1_cp1_dgx_a100_1N8G/dev_dgx_h100",
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
     },
+    # Muon (the ep8 cases, layer-wise distributed on --no-use-layer-wise-param-layout's
+    # legacy path where --use-distributed-optimizer is given): every recording
+    "muon": {
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon/dev_dgx_h100_2nd",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon_1node/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon/dev_dgx_h100_2nd",
+        "moe/gpt3_moe_mcore_te_ep8_resume_torch_dist_muon_1node/dev_dgx_gb200",
+    },
     "mla": {
         "gpt/gpt3_mcore_te_tp2_pp2_mla/dev_dgx_a100",
         "gpt/gpt3_mcore_te_tp2_pp2_mla/dev_dgx_gb200",
@@ -167,7 +183,6 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     unpriced = {
         "fp8": ("--fp8-format",),
         "fsdp": ("--use-megatron-fsdp",),
-        "muon": ("--optimizer muon",),
         "offloading": ("--fine-grained-activation-offloading",),
         "cudagraph": ("--cuda-graph-impl",),
         "release-15b": ("world_size=None: unknown",),
@@ -241,8 +256,12 @@ def test_a_model_without_the_fp32_logits_fails_covers() -> None:
 def test_a_model_without_adams_moments_fails_static(adam_free: MegatronTier) -> None:
     assert not adam_free.passed
     # 8 B of every 18 (or of 6 + 12/d) per parameter: every recording is missed by more
-    # than the 3% the check allows, and no declaration excuses it
-    assert all(not row.passed("static") for row in adam_free.rows)
+    # than the 3% the check allows, and no declaration excuses it; but a rank of Muon's
+    # layer-wise distributed optimizer, which steps whole tensors and whose share of Adam's
+    # is a few norm vectors where the embedding went to another rank
+    layer_wise = [r for r in adam_free.rows if r.step.settings.optimizer.label.startswith("muon (")]
+    assert len(layer_wise) == 4
+    assert all(not row.passed("static") for row in adam_free.rows if row not in layer_wise)
     missed = [row for row in adam_free.rows if not row.passed("static")]
     assert len(adam_free.failing("static")) == len(missed)
 
@@ -259,7 +278,7 @@ def test_a_model_without_the_expert_parameters_fails_static() -> None:
 
 def _without_experts(*args: object, **kwargs: object) -> weights_module.StageTensors:
     whole = weights_module.stage_tensors(*args, **kwargs)  # type: ignore[arg-type]
-    return weights_module.StageTensors(whole.dense, whole.tied_copy, ())
+    return replace(whole, experts=(), expert_matrices=())
 
 
 def test_a_model_without_the_routed_rows_fails_covers() -> None:
@@ -297,7 +316,25 @@ def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
 
     tier = run_tier(GOLDEN, "moe")
     assert tier.passed and all(r.routing_bound for r in tier.rows)
-    assert all(r.passed("covers") and r.passed("headroom") for r in tier.rows)
+    # every MoE row passes but the instances cases' two second processes, whose checkpoint
+    # load sets their peak, and their EP 1 single-node run, whose worst case is the
+    # expectation (each declared)
+    declared = {
+        r.recording.recording_id.split("/", 1)[1]: r
+        for r in tier.rows
+        if not (r.passed("covers") and r.passed("headroom"))
+    }
+    case = "gpt3_mcore_te_tp2_pp1_resume_torch_dist_te_8experts2parallel_multi_dist_optimizer_instances"
+    assert sorted(declared) == [
+        f"{case}/dev_dgx_gb200_2nd",
+        f"{case}/dev_dgx_h100_2nd",
+        f"{case}_1node/dev_dgx_gb200",
+    ]
+    labels = {k: (r.declared("covers"), r.declared("headroom")) for k, r in declared.items()}
+    assert all(r.passed("covers") or r.declared("covers") for r in declared.values())
+    assert all(r.passed("headroom") or r.declared("headroom") for r in declared.values())
+    assert labels[f"{case}_1node/dev_dgx_gb200"][0] is not None
+    assert labels[f"{case}_1node/dev_dgx_gb200"][0].label == "MoE at EP 1"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(step_module, "rows_per_token", rounded_up)
         broken = run_tier(GOLDEN, "moe")
@@ -305,7 +342,7 @@ def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
 
 
 def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
-    """Megatron-LM's ETP = TP default (TP2 ETP2 EP2, TP4 ETP2 EP2: 68 recordings): each
+    """Megatron-LM's ETP = TP default (TP2 ETP2 EP2 or EP1, TP4 ETP2 EP2: 74 recordings): each
     rank's experts receive the ETP group's gathered rows (``cpmem.step.routing``,
     ``EP x ETP / TP`` shards), each row's FFN tensors the rank's ``F_e / ETP`` slice
     (``moe.expert_shard``). Priced so, every balanced expectation is within 4% of its
@@ -317,11 +354,23 @@ def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
 
     tier = run_tier(GOLDEN, "moe")
     rows = [r for r in tier.rows if etp_rows(r)]
-    assert len(rows) == 68 and all(abs(r.headroom) <= 0.04 for r in rows)
+    # the 74 less the instances case's two second processes, whose checkpoint load sets
+    # their peak (declared: "resumed process, optimizer instances")
+    loaded = [r for r in rows if r.declared("headroom")]
+    assert len(loaded) == 2 and all(r.recording.second_recording for r in loaded)
+    rows = [r for r in rows if r not in loaded]
+    assert len(rows) == 72 and all(abs(r.headroom) <= 0.04 for r in rows)
+    # the mutants are read on the rows that pass as priced (none declared)
+    clean = {r.recording.recording_id for r in rows if r.passed("covers") and r.passed("headroom")}
+    assert len(clean) == 71
+
+    def clean_row(r: object) -> bool:
+        return r.recording.recording_id in clean  # type: ignore[attr-defined]
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(moe_module, "expert_shard", lambda g, etp: g.expert_ffn)
-        whole = [r for r in run_tier(GOLDEN, "moe").rows if etp_rows(r)]
-    assert any(not r.passed("headroom") for r in whole)
+        whole = [r for r in run_tier(GOLDEN, "moe").rows if clean_row(r)]
+    assert len(whole) == 71 and any(not r.passed("headroom") for r in whole)
     from cpmem.step import routing as routing_module
 
     with pytest.MonkeyPatch.context() as patch:
@@ -329,8 +378,8 @@ def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
         patch.setattr(
             routing_module, "expert_sources", lambda ep, etp, tp, sp: sources(ep, 1, tp, sp)
         )
-        local = [r for r in run_tier(GOLDEN, "moe").rows if etp_rows(r)]
-    assert any(not r.passed("covers") for r in local)
+        local = [r for r in run_tier(GOLDEN, "moe").rows if clean_row(r)]
+    assert len(local) == 71 and any(not r.passed("covers") for r in local)
 
 
 def test_the_kept_report_is_up_to_date() -> None:

@@ -18,8 +18,9 @@ import pytest
 from cpmem.cli import main as cli
 from cpmem.gate.external import describe, describe_row
 from cpmem.gate.external_simulated import described_rows, gate_external_simulated
+from cpmem.gate.megatron_misses import STATIC_TOLERANCE
 from cpmem.gate.megatron_report import peer_figures
-from cpmem.gate.megatron_tier import STATIC_TOLERANCE, run_tier
+from cpmem.gate.megatron_tier import run_tier
 from cpmem.gate.peers import collect
 from cpmem.gate.peers import main as report_main
 from cpmem.gate.run import coverage_check

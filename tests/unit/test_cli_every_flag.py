@@ -74,6 +74,7 @@ CHANGES: dict[str, list[str]] = {
     "--dp": ["--dp", "2"],
     "--optimizer": ["--optimizer", "sgd"],
     "--distributed-optimizer": ["--distributed-optimizer"],
+    "--optimizer-instances": ["--optimizer-instances", "2"],
     "--device": ["--device", "b200"],
     "--device-total-bytes": ["--device-total-bytes", "90000000000"],
     "--pp": ["--pp", "2"],

@@ -143,6 +143,7 @@ class GdnSpec(MixerSpec):
             weights=(in_proj, conv, v // tp * h),
             norms=tuple(norm_tensors(g, h)),
             extra=(heads // tp, heads // tp, g.gdn_value_dim),
+            not_matrices=(1,),  # the causal convolution's [C, 1, K] kernel
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:

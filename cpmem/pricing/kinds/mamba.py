@@ -173,6 +173,8 @@ class MambaSpec(MixerSpec):
             weights=(h * in_proj_width(g) // tp, channels * g.mamba_conv_kernel, d // tp * h),
             norms=tuple(norm_tensors(g, h)),
             extra=(channels, heads, heads, heads, d // tp),
+            # in_proj marked use_muon=False (mamba_mixer.py:309), the [C, 1, K] conv kernel
+            not_matrices=(0, 1),
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:

@@ -397,6 +397,11 @@ class MoeSpec(MlpSpec):
             one += [fc1 // etp, h]
         return one * (g.num_experts // ep)
 
+    def expert_matrix_flags(self, g: ModelGeometry, ep: int, etp: int) -> list[bool]:
+        """Each expert's fc1 and fc2 weights are matrices, their biases vectors."""
+        one = [True, True] + ([False, False] if g.mlp_bias else [])
+        return one * (g.num_experts // ep)
+
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
         """The shared expert's fc1 and fc2 as a dense MLP's; every local routed expert's
         two linears once each (``experts``)."""

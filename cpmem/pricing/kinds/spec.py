@@ -50,6 +50,16 @@ class TrainedTensors:
     norms: tuple[int, ...] = ()
     biases: tuple[int, ...] = ()
     extra: tuple[int, ...] = ()
+    not_matrices: tuple[int, ...] = ()
+    """Positions in ``weights`` that Muon does not step (``cpmem.pricing.muon``): a
+    convolution's 3-D kernel, or a projection megatron-core marks ``use_muon=False``. Every
+    other weight is a 2-D matrix; norms, biases and ``extra`` are vectors."""
+
+    def matrix_flags(self) -> list[bool]:
+        """Whether each tensor, in the layout's order (weights, norms, biases, extra), is a
+        matrix Muon steps."""
+        flags = [i not in self.not_matrices for i in range(len(self.weights))]
+        return flags + [False] * (len(self.norms) + len(self.biases) + len(self.extra))
 
 
 NO_TENSORS = TrainedTensors()
@@ -197,6 +207,11 @@ class MlpSpec(LayerKindSpec):
 
     def expert_tensors(self, g: ModelGeometry, ep: int, etp: int) -> list[int]:
         """The routed experts' trained tensors on one rank (their own buffer)."""
+        return []
+
+    def expert_matrix_flags(self, g: ModelGeometry, ep: int, etp: int) -> list[bool]:
+        """Whether each of ``expert_tensors`` is a matrix Muon steps (its weights), not a
+        vector (its biases)."""
         return []
 
     def reference_dropped(self, widths: LayerWidths, recompute: Recompute, layers: int) -> int:

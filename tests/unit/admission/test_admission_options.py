@@ -224,6 +224,13 @@ DEVICE_ROWS = [
     # a distributed optimizer shards the master copy and Adam's moments over DP
     DeviceRow("dp", {**H200, "distributed_optimizer": True, "lora_rank": 64}, 1, 8),
     DeviceRow("distributed_optimizer", {**H200, "dp": 8, "lora_rank": 64}, False, True),
+    # two instances: each shards the master copy and moments over 4 of the 8 DP ranks
+    DeviceRow(
+        "optimizer_instances",
+        {**H200, "dp": 8, "distributed_optimizer": True, "lora_rank": 64},
+        1,
+        2,
+    ),
     # without an optimizer no gradients or master copies exist
     DeviceRow("optimizer", {**H200, "lora_rank": 64}, "none", "adam"),
     DeviceRow("device", {}, "h100", "h200"),

@@ -231,7 +231,7 @@ def test_an_argument_not_given_takes_megatron_lms_default(
         ("--fp8-format", "hybrid"),
         ("--moe-expert-rank-capacity-factor", 1.5),
         ("--recompute-modules", "core_attn"),
-        ("--num-distributed-optimizer-instances", 2),
+        ("--muon-scalar-optimizer", "lion"),
     ],
 )
 def test_a_refused_flag_is_named_in_the_error(flag: str, value: object) -> None:
@@ -329,7 +329,6 @@ def test_a_refused_flag_at_its_snapshot_default_is_read_as_absent() -> None:
 
 
 def test_a_refused_flag_at_a_harmless_value_is_read_as_absent() -> None:
-    assert parse_megatron_args({**REQUIRED, "--optimizer": "adam"}).ignored == ("--optimizer",)
     assert parse_megatron_args({**REQUIRED, "--rerun-mode": "disabled"}).ignored == (
         "--rerun-mode",
     )

@@ -1,0 +1,207 @@
+"""Muon's static memory (``cpmem.pricing.muon``, ``static._muon_training``) and the
+distributed optimizer's instances (``static.optimizer_shards``).
+
+Expected values derived by hand from Megatron-LM at the recordings' snapshot (d98e8a64):
+
+- which tensors Muon steps: ``emerging_optimizers.py:140-147`` (``_is_muon_excluded``: not
+  ``use_muon=False``, not ``is_embedding_or_output_parameter``, exactly 2-D), the word
+  embedding tagged at ``language_module.py:230`` (the position table is not tagged);
+- Muon's state: one fp32 ``momentum_buffer`` (Emerging-Optimizers'
+  ``OrthogonalizedOptimizer.step``: ``torch.zeros_like(grad)`` of the fp32 master's
+  gradient); Adam's ``exp_avg`` and ``exp_avg_sq`` for the rest; each wrapped by
+  ``Float16OptimizerWithFloat16Params`` (an fp32 master copy per parameter);
+- the legacy layer-wise distributed optimizer (``--no-use-layer-wise-param-layout``):
+  DDP without the distributed optimizer's buffers (``dist_utils.py:326-332`` re-enables
+  them only for the precomputed layout), parameters sorted by element count and dealt
+  ping-pong over the DP x CP ranks, ``layer_wise_optimizer.py:713-754`` (its docstring's
+  example: 4 ranks, p0-p9 -> [[p0, p7, p8], [p1, p6, p9], [p2, p5], [p3, p4]]);
+- ``--num-distributed-optimizer-instances N``: the DP x CP group cut into N groups of
+  consecutive ranks (``parallel_state.py``), each instance's buffers sharded over its own
+  DP x CP / N ranks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from megatron_lm.tiny import priced, static_of, step_of, tiny
+
+from cpmem.errors import InputError
+from cpmem.megatron.args import MegatronArgs
+from cpmem.pricing.muon import layer_wise_share, ping_pong_rank
+from cpmem.pricing.registry import MUON_STEP_NOTE
+
+H = 512
+V = 50304
+LAYER = 12 * H * H + 13 * H
+TINY_PARAMS = 12 * LAYER + V * H + 1024 * H + 2 * H  # tests/unit/pricing/test_full_training_static
+# Muon's matrices: per layer QKV 3h^2, projection h^2, fc1 and fc2 4h^2 each; the
+# 1024 x h position table (2-D, untagged). Adam: biases, norms, the word embedding.
+MUON = 12 * 12 * H * H + 1024 * H
+ADAM = TINY_PARAMS - MUON
+
+
+def muon(**changes: object) -> MegatronArgs:
+    return tiny(optimizer="muon", **changes)
+
+
+def test_the_docstrings_ping_pong_example() -> None:
+    # layer_wise_optimizer.py:720-722: 10 sorted parameters over 4 ranks
+    ranks = [ping_pong_rank(i, 4) for i in range(10)]
+    assert ranks == [0, 1, 2, 3, 3, 2, 1, 0, 0, 1]
+    owned = {r: [i for i in range(10) if ranks[i] == r] for r in range(4)}
+    assert owned == {0: [0, 7, 8], 1: [1, 6, 9], 2: [2, 5], 3: [3, 4]}
+
+
+def test_a_share_takes_its_tensors_by_sorted_position() -> None:
+    # sizes 10..100 given out of order; sorted, rank 0 of 4 gets the 1st, 8th and 9th
+    sizes = [100, 10, 90, 20, 80, 30, 70, 40, 60, 50]
+    share = layer_wise_share(sizes, [True] * 10, 4, 0)
+    assert share.elements == 10 + 80 + 90
+    assert share.state_bytes == 4 * (10 + 80 + 90)
+
+
+def test_equal_sizes_stepped_by_both_are_priced_at_the_costlier() -> None:
+    # two tensors of 8 elements, one Muon's (4 B) and one Adam's (8 B), over 2 ranks:
+    # each rank gets one; which one depends on the parameter groups' order, so each is
+    # priced at Adam's 8 B (an upper bound by 4 B x 8)
+    for rank in (0, 1):
+        share = layer_wise_share([8, 8], [True, False], 2, rank)
+        assert (share.elements, share.state_bytes) == (8, 64)
+
+
+def test_muon_without_the_distributed_optimizer_keeps_a_momentum_per_matrix() -> None:
+    parts = static_of(muon(), world_size=8)
+    assert parts["weights"] == 2 * TINY_PARAMS
+    assert parts["gradient_buffer"] == 4 * TINY_PARAMS
+    # fp32 master of every parameter, Muon's momentum (4 B) or Adam's moments (8 B)
+    assert parts["optimizer_states"] == 4 * TINY_PARAMS + 4 * MUON + 8 * ADAM
+    assert "master_gradients" not in parts
+    adam = static_of(tiny(), world_size=8)
+    assert adam["optimizer_states"] - parts["optimizer_states"] == 4 * MUON
+
+
+def test_the_legacy_layer_wise_optimizer_gives_the_last_rank_its_dealt_tensors() -> None:
+    # the tiny's 148 tensors sorted: h x74 (biases of projection and fc2, the four norm
+    # tensors per layer, the final norm's two), 3h x12, 4h x12, h^2 x12, 1024h (= 2h^2),
+    # 3h^2 x12, 4h^2 x24, Vh. DP 8: the last rank (7) gets positions 7 and 8 of each 16:
+    # h: 7, 8, 23, 24, 39, 40, 55, 56, 71, 72 (10); 3h (74-85): none; 4h (86-97): 87,
+    # 88; h^2 (98-109): 103, 104; 1024h (110): no; 3h^2 (111-122): 119, 120; 4h^2
+    # (123-146): 135, 136; Vh (147): no
+    adam = 10 * H + 2 * 4 * H
+    matrices = 2 * H * H + 2 * 3 * H * H + 2 * 4 * H * H
+    args = muon(use_distributed_optimizer=True, use_layer_wise_param_layout=False)
+    parts = static_of(args, world_size=8)
+    assert parts["weights"] == 2 * TINY_PARAMS  # whole, unpadded
+    assert parts["gradient_buffer"] == 4 * TINY_PARAMS
+    assert parts["optimizer_states"] == 4 * (adam + matrices) + 8 * adam + 4 * matrices
+
+
+def test_dist_muon_is_muon_with_the_layer_wise_optimizer() -> None:
+    # arguments.py:1727-1733: the deprecated name
+    a = static_of(tiny(optimizer="dist_muon", use_layer_wise_param_layout=False))
+    b = static_of(muon(use_distributed_optimizer=True, use_layer_wise_param_layout=False))
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"use_distributed_optimizer": True}, "--no-use-layer-wise-param-layout prices"),
+        ({"fp16": True, "bf16": False}, "emerging optimizer with fp16 is not supported"),
+        (
+            {"use_distributed_optimizer": True, "num_distributed_optimizer_instances": 2},
+            "Partial DistOpt cannot be used without DistOpt",
+        ),
+    ],
+)
+def test_muon_runs_megatron_rejects_or_cpmem_does_not_price_are_refused(
+    changes: dict[str, object], says: str
+) -> None:
+    with pytest.raises(InputError) as err:
+        step_of(muon(**changes))
+    assert says in str(err.value)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "lion", "soap", "adaptive_muon"])
+def test_other_optimizers_are_refused_by_name(optimizer: str) -> None:
+    with pytest.raises(InputError) as err:
+        step_of(tiny(optimizer=optimizer))
+    assert f"--optimizer {optimizer}" in str(err.value)
+
+
+def test_every_muon_answer_says_its_orthogonalisation_is_not_priced() -> None:
+    assert MUON_STEP_NOTE not in priced(tiny()).notes + tuple(_inapplicable(tiny()))
+    assert MUON_STEP_NOTE in _inapplicable(muon())
+
+
+def _inapplicable(args: MegatronArgs) -> list[str]:
+    from cpmem.pricing.registry import inapplicable_options
+
+    return inapplicable_options(step_of(args))
+
+
+# --- several distributed-optimizer instances ---------------------------------------------
+
+
+def _last_rank_real_share(sizes: list[int], d: int) -> int:
+    """Real elements in the last of ``d`` slices of a one-bucket buffer laid out in
+    reverse order, each parameter starting on 64 elements, the bucket padded to
+    lcm(d, 128) (param_layout.py, distrib_optimizer.py; restated as in
+    test_full_training_static)."""
+    spans = []
+    start = 0
+    for n in reversed(sizes):
+        start = -(-start // 64) * 64
+        spans.append((start, start + n))
+        start += n
+    numel = -(-start // math.lcm(d, 128)) * math.lcm(d, 128)
+    lo = numel - numel // d
+    return sum(max(0, b - max(a, lo)) for a, b in spans if b > lo)
+
+
+def _tiny_sizes() -> list[int]:
+    layer = [3 * H * H, 3 * H, H * H, H, 4 * H * H, 4 * H, 4 * H * H, H, H, H, H, H]
+    return [V * H, 1024 * H] + layer * 12 + [H, H]
+
+
+@pytest.mark.parametrize(("world", "instances"), [(8, 2), (8, 4), (5, 5)])
+def test_each_instance_shards_over_its_own_ranks(world: int, instances: int) -> None:
+    args = tiny(
+        use_distributed_optimizer=True,
+        num_distributed_optimizer_instances=instances,
+        global_batch_size=None,
+    )
+    parts = static_of(args, world_size=world)
+    d = world // instances  # TP 1, PP 1, CP 1: DP x CP / N ranks per instance
+    align = math.lcm(d, 128)
+    padded = -(-TINY_PARAMS // align) * align
+    assert parts["weights"] == 2 * padded
+    assert parts["gradient_buffer"] == 4 * padded
+    assert parts["optimizer_states"] == 12 * _last_rank_real_share(_tiny_sizes(), d)
+
+
+def test_one_instance_per_rank_keeps_the_whole_state() -> None:
+    # N = DP: each instance is one rank, which holds the master copy and moments of all
+    args = tiny(use_distributed_optimizer=True, num_distributed_optimizer_instances=8)
+    assert static_of(args, world_size=8)["optimizer_states"] == 12 * TINY_PARAMS
+
+
+@pytest.mark.parametrize(
+    ("changes", "world", "says"),
+    [
+        ({"num_distributed_optimizer_instances": 2}, 8, "Partial DistOpt"),
+        (
+            {"use_distributed_optimizer": True, "num_distributed_optimizer_instances": 3},
+            8,
+            "must divide DP x CP",
+        ),
+    ],
+)
+def test_instances_megatron_rejects_are_refused(
+    changes: dict[str, object], world: int, says: str
+) -> None:
+    with pytest.raises(InputError) as err:
+        step_of(tiny(**changes), world_size=world)
+    assert says in str(err.value)
