@@ -212,13 +212,6 @@ def simulate_rank(
 
                 extra.mtp = MTPBlock(ctx, _config(model, layout), extra.embedding, depths, shared)
                 params += list(extra.mtp.parameters())
-            if not any(p.requires_grad for p in params):
-                raise SimInputError(
-                    "lora_targets", ",".join(adapters.targets),
-                    "no parameter of this model trains: the routed experts' grouped "
-                    "adapters are simulated frozen (their saved set is the trained one's), "
-                    "so an MoE model needs an adapter outside its routed experts",
-                )  # fmt: skip
             if adapters.full:
                 from oracles.rank_sim.training import prepare
 

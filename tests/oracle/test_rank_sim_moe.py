@@ -187,14 +187,3 @@ def test_moe_grid_configurations_are_expressible() -> None:
             c.routing in ("balanced", "concentrated") and f":ep{c.ep}:{c.routing}:" in c.config_id
         )
     assert {c.modules for c in moe} >= {"core_attn", "core_attn+moe"}
-
-
-def test_adapters_on_the_routed_experts_alone_are_refused() -> None:
-    """The routed experts' grouped adapters are simulated frozen (moe.py: their saved set
-    is what a trained one keeps), so a model whose only adapters are those has nothing to
-    train: refused naming ``lora_targets``, not a backward without a graph."""
-    no_shared = replace(SMALL, shared_expert_ffn=0)
-    rc = Recompute.parse("none", "")
-    with pytest.raises(SimInputError, match=r"^lora_targets='experts': no parameter"):
-        simulate_rank(no_shared, _layout(), rc, ep=EP, lora_targets="experts")
-    assert simulate_rank(no_shared, _layout(), rc, ep=EP, lora_targets="qkv,experts")
