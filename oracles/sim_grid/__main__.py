@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from oracles.rank_sim import SIM_VERSION
+from oracles.sim_grid.configs import everything
 from oracles.sim_grid.engines import ENGINES, default_engine, open_engine
-from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig, everything
+from oracles.sim_grid.grid import REPO, SIM_DIR, GridConfig
 from oracles.sim_grid.worker import STEP_DEFAULTS, is_pipeline, job_signature
 
 RANKS = "ranks.jsonl"

@@ -97,7 +97,7 @@ def test_committed_rows_hold_the_grids_plans() -> None:
     """Every committed row is a grid configuration and records the plan the generator
     gives it today (the tier prices that plan)."""
     from cpmem.samples.rows import load_rows, simulated_dir
-    from oracles.sim_grid.grid import by_id
+    from oracles.sim_grid.configs import by_id
 
     grid_by_id = by_id()
     for row in load_rows(simulated_dir()):
