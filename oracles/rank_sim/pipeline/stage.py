@@ -6,32 +6,8 @@ and the fake TP x CP world of ``runner.py``, then runs, inside one live-storage 
 the order of forwards and backwards that megatron-core 0.16's schedule gives this stage,
 each micro-batch's graph kept alive from its forward until its backward.
 
-**The order** is megatron's own code (``megatron/core/pipeline_parallel/schedules.py`` as
-installed, megatron-core 0.16):
-
-- the warm-up count: ``get_pp_rank_microbatches(num_microbatches, num_model_chunks,
-  microbatch_group_size_per_vp_stage, p2p_communicator=...)`` (schedules.py ~l. 738-795),
-  called with a stand-in communicator (``_Communicator``: ``.pp_group.size()``,
-  ``.pp_group.rank()``, ``.virtual_pipeline_model_parallel_size``). Its branches: ``pp - rank
-  - 1`` without interleaving (the count ``forward_backward_pipelining_without_interleaving``
-  computes itself, ~l. 2093-2096, capped at M), ``(pp - rank - 1) * 2 + (chunks - 1) *
-  group`` with it, 0 at pp = 1 (``forward_backward_no_pipelining``: forward then backward of
-  each micro-batch in turn); all capped at the total;
-- the forward order: micro-batches in order without interleaving; with it
-  ``get_schedule_table(num_microbatches, num_model_chunks, group)`` (~l. 798-825), read as
-  ``get_model_chunk_id(k, forward=True)`` / ``get_microbatch_id_in_model_chunk`` do
-  (~l. 1079-1091);
-- the backward order: the same table with the chunk reversed, ``num_model_chunks - 1 -
-  chunk`` (``get_model_chunk_id(k, forward=False)``, ~l. 1079-1084); the micro-batch is
-  the table's, because ``backward_step_helper_preprocess`` pops each chunk's oldest input
-  (``input_tensors[model_chunk_id].pop(0)``, ~l. 1267) and each chunk's forwards run in
-  micro-batch order;
-- warm-up forwards, then per steady-state step one forward then one backward
-  (``forward_backward_helper_wrapper``: forward first, ~l. 1346-1368; without
-  interleaving ~l. 2197-2265), then the cool-down backwards (~l. 1786 ff., ~l. 2267 ff.).
-  ``microbatch_group_size_per_vp_stage`` defaults to pp (model_parallel_config.py
-  ``__post_init__``); megatron's own checks on it (~l. 995-1015) are restated as input
-  errors naming ``microbatches``.
+The schedule's order is megatron's own code (``schedule.py``, which names the functions
+it calls); the figures are reported as ``result.py``'s types.
 
 **One forward of (micro-batch, chunk)** runs that chunk's layers only. Its input: on the
 first virtual stage the embedding output, a bf16 ``[local tokens, H]`` leaf tensor standing
@@ -81,7 +57,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -94,6 +70,8 @@ from oracles.rank_sim.geometry import SimInputError, SimModel
 from oracles.rank_sim.head import HeadSpec, padded_vocab
 from oracles.rank_sim.layers import RankContext, _config, build_layers, gather_sp
 from oracles.rank_sim.layout import RankLayout
+from oracles.rank_sim.pipeline.result import StageOp, StagePeak, StageResult
+from oracles.rank_sim.pipeline.schedule import check_pipeline, stage_layer_counts, stage_schedule
 from oracles.rank_sim.recompute import Recompute
 from oracles.rank_sim.runner import (
     _count,
@@ -108,138 +86,6 @@ from oracles.rank_sim.runner import (
 from oracles.rank_sim.tracker import LiveBytesTracker, PhasePeak, rounded
 
 BF16 = torch.bfloat16
-
-
-# ---------------------------------------------------------------------------- schedule
-
-
-class _Group:
-    def __init__(self, size: int, rank: int) -> None:
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-
-class _Communicator:
-    """What ``get_pp_rank_microbatches`` reads from megatron's ``P2PCommunicator``."""
-
-    def __init__(self, pp: int, stage: int, vpp: int | None) -> None:
-        self.pp_group = _Group(pp, stage)
-        self.virtual_pipeline_model_parallel_size = vpp
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One stage's op order: ``ops`` are ("forward" | "backward", micro-batch, chunk)."""
-
-    kind: str  # "no-pipelining" | "1f1b" | "interleaved"
-    microbatches: int
-    chunks: int
-    group: int  # microbatch_group_size_per_vp_stage (interleaved; pp otherwise)
-    warmup: int  # megatron's num_warmup_microbatches (virtual micro-batches)
-    total: int  # microbatches x chunks
-    ops: tuple[tuple[str, int, int], ...]
-
-
-def check_pipeline(
-    pp: int, stage: int, vpp: int | None, microbatches: int, group: int | None = None
-) -> tuple[int, int]:
-    """(chunks, group) after the checks; SimInputError naming the field."""
-    for name, value in (("pp", pp), ("stage", stage), ("microbatches", microbatches)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SimInputError(name, value, "must be an integer")
-    if pp < 1:
-        raise SimInputError("pp", pp, "must be >= 1")
-    if not 0 <= stage < pp:
-        raise SimInputError("stage", stage, f"outside 0..{pp - 1}")
-    if microbatches < 1:
-        raise SimInputError("microbatches", microbatches, "must be >= 1")
-    chunks = 1 if vpp is None else vpp
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise SimInputError("vpp", vpp, "must be an integer >= 1")
-    if chunks > 1 and pp < 2:
-        raise SimInputError("vpp", vpp, "interleaving needs pp >= 2 (megatron)")
-    g = pp if group is None else group
-    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-        raise SimInputError("microbatch_group_size", group, "must be an integer >= 1")
-    if chunks > 1:  # forward_backward_pipelining_with_interleaving's own checks
-        if not pp <= g <= microbatches:
-            raise SimInputError(
-                "microbatches",
-                microbatches,
-                f"interleaving needs pp={pp} <= microbatch_group_size={g} <= microbatches "
-                "(megatron's ValueError)",
-            )
-        final = microbatches % g
-        if 0 < final < pp:
-            raise SimInputError(
-                "microbatches",
-                microbatches,
-                f"microbatches % microbatch_group_size = {final}: must be 0 or >= pp={pp} "
-                "(megatron's RuntimeError)",
-            )
-    return chunks, g
-
-
-def stage_schedule(
-    microbatches: int, pp: int, stage: int, vpp: int | None = 1, group: int | None = None
-) -> Schedule:
-    """The order of forwards and backwards megatron-core 0.16 runs on pipeline rank
-    ``stage`` (module docstring: which functions it comes from)."""
-    from megatron.core.pipeline_parallel.schedules import (
-        get_pp_rank_microbatches,
-        get_schedule_table,
-    )
-
-    chunks, g = check_pipeline(pp, stage, vpp, microbatches, group)
-    interleaved = chunks > 1
-    comm = _Communicator(pp, stage, chunks if interleaved else None)
-    total, _all_warm, warmup, remaining = get_pp_rank_microbatches(
-        microbatches, chunks, g, p2p_communicator=comm
-    )
-    if interleaved:
-        table = [tuple(x) for x in get_schedule_table(microbatches, chunks, g)]
-        forwards = [(mb, c) for mb, c in table]
-        backwards = [(mb, chunks - 1 - c) for mb, c in table]
-    else:
-        forwards = backwards = [(mb, 0) for mb in range(microbatches)]
-    ops: list[tuple[str, int, int]] = [("forward", *forwards[k]) for k in range(warmup)]
-    for k in range(remaining):
-        ops.append(("forward", *forwards[warmup + k]))
-        ops.append(("backward", *backwards[k]))
-    ops += [("backward", *backwards[k]) for k in range(remaining, total)]
-    kind = "interleaved" if interleaved else ("1f1b" if pp > 1 else "no-pipelining")
-    return Schedule(kind, microbatches, chunks, g, warmup, total, tuple(ops))
-
-
-def stage_layer_counts(
-    model: SimModel, pp: int, vpp: int, stage_layers: Sequence[int] | None
-) -> tuple[int, ...]:
-    """Layers per virtual stage (index c * pp + s: chunk c of stage s, megatron's order)."""
-    n = pp * vpp
-    if stage_layers is None:
-        if model.layers % n:
-            raise SimInputError(
-                "stage_layers",
-                None,
-                f"{model.layers} layers do not divide by pp x vpp = {n}; give one count per "
-                "virtual stage",
-            )
-        return (model.layers // n,) * n
-    counts = tuple(stage_layers)
-    if len(counts) != n:
-        raise SimInputError("stage_layers", list(counts), f"needs pp x vpp = {n} counts")
-    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
-        raise SimInputError("stage_layers", list(counts), "every virtual stage needs >= 1 layer")
-    if sum(counts) != model.layers:
-        raise SimInputError(
-            "stage_layers", list(counts), f"sum to {sum(counts)}, not the {model.layers} layers"
-        )
-    return counts
 
 
 # ----------------------------------------------------------------------------- tracker
@@ -286,131 +132,6 @@ class _StageTracker(LiveBytesTracker):
     def set_phase(self, phase: str) -> None:
         super().set_phase(phase)
         self.peak_groups[phase] = self._groups()
-
-
-# ------------------------------------------------------------------------------ result
-
-
-@dataclass
-class StageOp:
-    """One op of the schedule and the live bytes around it."""
-
-    kind: str  # "forward" | "backward"
-    microbatch: int
-    chunk: int
-    virtual_stage: int
-    start_bytes: int  # live when it starts
-    peak_bytes: int  # the most live during it
-    end_bytes: int  # live when it ends (a forward-only run: before its tensors are dropped)
-    in_flight: tuple[tuple[int, int], ...]  # (micro-batch, chunk) graphs alive during it
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "microbatch": self.microbatch,
-            "chunk": self.chunk,
-            "virtual_stage": self.virtual_stage,
-            "start_bytes": self.start_bytes,
-            "peak_bytes": self.peak_bytes,
-            "end_bytes": self.end_bytes,
-            "in_flight": [list(x) for x in self.in_flight],
-        }
-
-
-@dataclass
-class StagePeak:
-    """A stage peak: its bytes, the op where it happened, what was in flight, the split."""
-
-    bytes: int
-    op: int  # index into StageResult.ops
-    kind: str
-    microbatch: int
-    chunk: int
-    in_flight: tuple[tuple[int, int], ...]  # (micro-batch, chunk) graphs alive, incl. the op's
-    components: dict[str, int] = field(default_factory=dict)  # by label
-    by_microbatch: dict[int, int] = field(default_factory=dict)  # by the allocating op's mb
-
-    @property
-    def in_flight_chunks(self) -> int:
-        return len(self.in_flight)
-
-    @property
-    def in_flight_microbatches(self) -> int:
-        return len({mb for mb, _ in self.in_flight})
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "bytes": self.bytes,
-            "op": self.op,
-            "kind": self.kind,
-            "microbatch": self.microbatch,
-            "chunk": self.chunk,
-            "in_flight": [list(x) for x in self.in_flight],
-            "in_flight_chunks": self.in_flight_chunks,
-            "in_flight_microbatches": self.in_flight_microbatches,
-            "components": self.components,
-            "by_microbatch": {str(k): v for k, v in self.by_microbatch.items()},
-        }
-
-
-@dataclass
-class StageResult:
-    """Incremental bytes above the stage's pre-forward baseline (no cold set-up, no
-    parameters); ``ops`` in schedule order."""
-
-    rank: int
-    tp_rank: int
-    pp: int
-    stage: int
-    vpp: int
-    microbatches: int
-    schedule: str  # "no-pipelining" | "1f1b" | "interleaved"
-    microbatch_group_size: int
-    warmup: int  # megatron's num_warmup_microbatches for this stage
-    stage_layers: tuple[int, ...]  # layers per virtual stage (all stages)
-    chunk_layers: tuple[tuple[int, int], ...]  # this stage's chunks: [first, stop) layers
-    forward_peak_bytes: int
-    forward_backward_peak_bytes: int
-    retained_bytes: int  # the most live at the end of any forward op
-    forward_peak: StagePeak
-    forward_backward_peak: StagePeak
-    ops: list[StageOp]
-    tokens: tuple[int, ...]  # the rank's tokens per micro-batch (max of attention, GDN)
-    parameter_bytes: int = 0  # the stage's parameters (not in the peaks)
-    deallocate_outputs: bool = True
-    seconds: float = 0.0
-    tracked_ops: int = 0
-    gdn_kernel: str = field(default_factory=lambda: K.GDN_KERNEL)
-    expert_rows: int = 0
-    step: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self, ops: bool = True) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "tp_rank": self.tp_rank,
-            "pp": self.pp,
-            "stage": self.stage,
-            "vpp": self.vpp,
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            "microbatch_group_size": self.microbatch_group_size,
-            "warmup": self.warmup,
-            "stage_layers": list(self.stage_layers),
-            "chunk_layers": [list(x) for x in self.chunk_layers],
-            "tokens": list(self.tokens),
-            "forward_peak_bytes": self.forward_peak_bytes,
-            "forward_backward_peak_bytes": self.forward_backward_peak_bytes,
-            "retained_bytes": self.retained_bytes,
-            "forward_peak": self.forward_peak.as_dict(),
-            "forward_backward_peak": self.forward_backward_peak.as_dict(),
-            "parameter_bytes": self.parameter_bytes,
-            "deallocate_outputs": self.deallocate_outputs,
-            **({"ops": [op.as_dict() for op in self.ops]} if ops else {}),
-            "gdn_kernel": self.gdn_kernel,
-            **({"expert_rows": self.expert_rows} if self.expert_rows else {}),
-            **({"step": self.step} if self.step else {}),
-            "seconds": round(self.seconds, 2),
-        }
 
 
 # ---------------------------------------------------------------------------- the run
