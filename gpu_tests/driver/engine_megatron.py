@@ -18,12 +18,12 @@ from .torchlib import load_torch
 
 
 def _oracle_module() -> Any:
-    """``oracles.saved_tensors``: the megatron CPU shim and layer settings live there."""
+    """``oracles.megatron_layer``: the megatron CPU shim and layer settings live there."""
     if str(REPO_ROOT) not in sys.path:  # e.g. imported from outside the checkout
         sys.path.insert(0, str(REPO_ROOT))
-    import oracles.saved_tensors
+    import oracles.megatron_layer
 
-    return oracles.saved_tensors
+    return oracles.megatron_layer
 
 
 def install_megatron_cpu_shim() -> None:

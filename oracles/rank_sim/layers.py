@@ -70,7 +70,7 @@ def _frozen(*shape: int, dtype: torch.dtype = BF16) -> nn.Parameter:
 def _config(model: SimModel, layout: RankLayout) -> Any:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from oracles.saved_tensors import megatron_layer_settings
+    from oracles.megatron_layer import megatron_layer_settings
 
     return TransformerConfig(
         num_layers=1,

@@ -79,7 +79,7 @@ def init_groups(tp: int, cp: int, cp_rank: int, tp_rank: int = 0) -> Any:
     from megatron.core import parallel_state
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from oracles.saved_tensors import install_megatron_cpu_shim
+    from oracles.megatron_layer import install_megatron_cpu_shim
 
     install_megatron_cpu_shim()
     if parallel_state.model_parallel_is_initialized():

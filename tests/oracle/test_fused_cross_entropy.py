@@ -29,7 +29,7 @@ from cpmem.pricing.head import (  # noqa: E402
     LOGIT_KEPT_BYTES,
 )
 from cpmem.step.torch_build import TorchBuild  # noqa: E402
-from oracles.saved_tensors import init_single_process_megatron  # noqa: E402
+from oracles.megatron_layer import init_single_process_megatron  # noqa: E402
 
 warnings.filterwarnings("ignore")
 TOKENS, VOCAB = 512, 4096

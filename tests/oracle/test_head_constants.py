@@ -29,9 +29,9 @@ from cpmem.pricing.head import (  # noqa: E402
     LOGIT_KEPT_BYTES,
     TOKEN_KEPT_BYTES,
 )
+from oracles.megatron_layer import init_single_process_megatron  # noqa: E402
 from oracles.rank_sim.head import ChunkedLogProbs  # noqa: E402
 from oracles.rank_sim.tracker import LiveBytesTracker  # noqa: E402
-from oracles.saved_tensors import init_single_process_megatron  # noqa: E402
 
 warnings.filterwarnings("ignore")
 TOKENS = 8192  # a multiple of 512: every per-token tensor fills whole blocks

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 # `oracles/` is a top-level folder beside `cpmem/`, not an installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from oracles import megatron_layer as mg  # noqa: E402
 from oracles import saved_tensors as st  # noqa: E402
 
 SMALL_SEQ = 128  # real-tensor checks: widths divided by 8, one 128-token sequence
@@ -233,7 +234,7 @@ def test_megatron_recompute_modes_order() -> None:
     """Local spec on CPU, as built: full < core_attn+mlp < mlp < core_attn <= none."""
     pytest.importorskip("megatron.core")
     geo = st.GEOMETRIES["qwen3-1.7b"]
-    w = {mode: st.measure_megatron(geo, mode, 512).width() for mode in st.MEGATRON_MODES}
+    w = {mode: mg.measure_megatron(geo, mode, 512).width() for mode in mg.MEGATRON_MODES}
     print(
         "\n[megatron local, qwen3-1.7b widths, seq 512] "
         + ", ".join(f"{k}={v:.0f}" for k, v in w.items())
@@ -247,7 +248,7 @@ def test_megatron_fake_agrees_with_real_small() -> None:
     """A small megatron layer saves the same bytes with real and fake tensors, every mode."""
     pytest.importorskip("megatron.core")
     geo = st.GEOMETRIES["qwen3-1.7b"].scaled(SCALE)
-    for mode in st.MEGATRON_MODES:
-        real = st.measure_megatron(geo, mode, SMALL_SEQ, fake=False)
-        fake = st.measure_megatron(geo, mode, SMALL_SEQ, fake=True)
+    for mode in mg.MEGATRON_MODES:
+        real = mg.measure_megatron(geo, mode, SMALL_SEQ, fake=False)
+        fake = mg.measure_megatron(geo, mode, SMALL_SEQ, fake=True)
         assert real.bytes() == fake.bytes() > 0, mode

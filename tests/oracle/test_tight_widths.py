@@ -49,6 +49,7 @@ from cpmem.pricing.tight.compose import (  # noqa: E402
 from cpmem.pricing.tight.widths import TightWidths  # noqa: E402
 from cpmem.step.describe import describe_step  # noqa: E402
 from cpmem.step.step import Step  # noqa: E402
+from oracles import megatron_layer as mg  # noqa: E402
 from oracles import saved_tensors as st  # noqa: E402
 
 SEQ = 64  # widths are per token; 64 tokens is one GDN chunk (the oracle's A is per chunk)
@@ -235,7 +236,7 @@ def _oracle(model: str, path: str) -> st.Measurement:
         return st.measure_reference(geo, "mlp", SEQ, variant="fused")
     if path == "megatron-glu+fused-norm":
         pytest.importorskip("megatron.core")
-        return st.measure_megatron(geo, "selective-core_attn", SEQ, fused_norm=True)
+        return mg.measure_megatron(geo, "selective-core_attn", SEQ, fused_norm=True)
     raise AssertionError(path)
 
 
@@ -469,7 +470,7 @@ def test_megatron_full_recompute_keeps_the_layer_input_and_the_shared_rope_table
     pytest.importorskip("megatron.core")
     model = "qwen3-1.7b"
     g = PRESETS[model]
-    m = st.measure_megatron(st.GEOMETRIES[model], "full", SEQ, fused_norm=True)
+    m = mg.measure_megatron(st.GEOMETRIES[model], "full", SEQ, fused_norm=True)
     by_width = sorted((r.nbytes // 2 // SEQ, str(r.dtype)) for r in m.records.values())
     assert by_width == [(2 * g.head_dim, "torch.float32"), (g.hidden, "torch.bfloat16")]
     w = tight_widths(g, _inputs(g, "full eager"))

@@ -11,13 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oracles.saved_tensors import (
-    GEOMETRIES,
-    Measurement,
-    OracleGeometry,
-    measure_megatron,
-    measure_reference,
-)
+from oracles.megatron_layer import measure_megatron
+from oracles.saved_tensors import GEOMETRIES, Measurement, OracleGeometry, measure_reference
 
 SEQ = 1024  # tokens per measured forward; only the non-flash local attention depends on it
 
