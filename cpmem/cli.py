@@ -31,7 +31,8 @@ from cpmem.reports.cli_render import (
     render_models,
 )
 from cpmem.step.profiles import ProfileStore
-from cpmem.step.settings import DEFAULTS, parse_int_list, whole_bytes
+from cpmem.step.settings import DEFAULTS
+from cpmem.step.values import parse_int_list, whole_bytes
 from cpmem.units import fmt_gib
 
 Handler = Callable[[argparse.Namespace], int]

@@ -18,19 +18,18 @@ From it come:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, get_type_hints
 
-from cpmem.errors import InputError
 from cpmem.step.device import Device
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, QUANTIZED_WEIGHTS, RUNTIMES, TRAININGS, Runtime
 from cpmem.step.trainer import CP_COMMS, Head
+from cpmem.step.values import parse_int_list, whole_bytes
 
 if TYPE_CHECKING:
     from cpmem.step.step import Step
@@ -45,30 +44,6 @@ GROUP_TITLES: dict[str, str | None] = {
 """The command line's argument groups of the settings (None: the command's own); the
 ``source`` and ``activation`` settings are built with the model's source flags, the
 ``request`` ones only by the commands that price one request, ``api`` ones have no flag."""
-
-
-def parse_int_list(field: str, text: str) -> list[int]:
-    """``4096,4096`` (or ``4096+4096``) as integers; an empty item is an error, not
-    silently dropped (``4096,,`` and ``,4096`` are not ``[4096]``)."""
-    items = text.replace("+", ",").split(",")
-    values = []
-    for i, item in enumerate(items):
-        if not item.strip():
-            raise InputError(field, text, f"item {i + 1} of {len(items)} is empty")
-        try:
-            values.append(int(item))
-        except ValueError:
-            raise InputError(field, text, f"item {i + 1} ({item!r}) is not an integer") from None
-    return values
-
-
-def whole_bytes(field: str, value: float | None) -> int | None:
-    """A byte count given as a number (``1.5e11`` included): a whole, finite one."""
-    if value is None:
-        return None
-    if not math.isfinite(value) or value != int(value):
-        raise InputError(field, value, "must be a whole number of bytes")
-    return int(value)
 
 
 @dataclass(frozen=True)
