@@ -166,3 +166,17 @@ def test_gemma3_text_config_nested_without_a_vision_tower_reads():
     wrapped = {"model_type": "gemma3", "text_config": text, "architectures": ["x"]}
     geometry = load_config(wrapped, name="gemma-3-12b")
     assert replace(geometry, aliases=()) == replace(PRESETS["gemma-3-12b"], aliases=())
+
+
+@pytest.mark.parametrize(
+    ("family", "reason"),
+    [("smollm3", "no_rope_layers"), ("llama4_text", "no_rope_layers"), ("granite", "logits")],
+)
+def test_a_surveyed_family_cpmem_does_not_price_is_refused_with_its_reason(family, reason):
+    """SmolLM3Config's and Llama4TextConfig's no_rope_layers, Granite's logits_scaling:
+    layers no kind of cpmem's expresses; the refusal names the family and why."""
+    cfg = {**_example("llama-3.1-8b-style"), "model_type": family}
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert err.value.field == "model_type" and family not in FAMILIES
+    assert "not priced" in str(err.value) and reason in str(err.value)
