@@ -57,14 +57,17 @@ from torch import nn
 
 BF16, F32 = torch.bfloat16, torch.float32
 FROZEN = ("score_bias",)  # buffers, not parameters, in megatron
+ADAPTERS = ("lora_a", "lora_b", "fc1_a", "fc1_b", "fc2_a", "fc2_b")
+"""The adapters' A and B: a linear's (adapters.py) and the routed experts' grouped ones
+(moe.py, one tensor per linear for every local expert)."""
 
 
 def trainable(name: str, full: bool) -> bool:
     """Whether parameter ``name`` trains: under full training all but ``FROZEN``; under
-    LoRA the adapters' A and B."""
+    LoRA the adapters' A and B (``ADAPTERS``)."""
     if full:
         return not name.endswith(FROZEN)
-    return name.endswith(("lora_a", "lora_b"))
+    return name.endswith(ADAPTERS)
 
 
 class _FusedWgrad:
