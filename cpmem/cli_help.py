@@ -99,14 +99,19 @@ def add_setting_args(
             if title not in titled:
                 titled[title] = p.add_argument_group(title)
             where = titled[title]
-        help_text = (help_for or {}).get(s.flag, s.help)
+        # argparse formats help with %: a literal % in a declaration's text is escaped
+        help_text = (help_for or {}).get(s.flag, s.help).replace("%", "%%")
         if s.negation is not None:
             pair = where.add_mutually_exclusive_group()
             pair.add_argument(
                 s.flag, dest=name, action="store_const", const=True, default=None, help=help_text
             )
             pair.add_argument(
-                s.negation, dest=name, action="store_const", const=False, help=s.negation_help
+                s.negation,
+                dest=name,
+                action="store_const",
+                const=False,
+                help=s.negation_help and s.negation_help.replace("%", "%%"),
             )
         elif s.switch:
             where.add_argument(

@@ -23,6 +23,8 @@ from cpmem.admission.comm import (
     bounded,
     collective_plan,
 )
+from cpmem.admission.pricer import Figure, Kinds, Pricer
+from cpmem.admission.suggest import CapacityAdvice, capacity_advice, suggest
 from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.planners import EXECUTABLE
@@ -30,107 +32,15 @@ from cpmem.plan.request import Request, Segment
 from cpmem.pricing.components import retained_bytes
 from cpmem.pricing.device_budget import DeviceBudget, runtime_budget
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.registry import price
 from cpmem.step.describe import StepArguments, describe_step
-from cpmem.step.recompute import Mode, Module, Recompute
-from cpmem.step.routing import WORST
 from cpmem.step.step import STEP_KINDS, Step, StepKind
 
 Action = Literal["fit", "split", "refuse"]
-Figure = Literal["forward", "forward_backward"]
-FIGURES: tuple[Figure, ...] = ("forward", "forward_backward")
 MAX_SPLIT = 64
 
 
 usable_budget = runtime_budget
 """free + reusable reserved - 3% of the device's total (``cpmem.pricing.device_budget``)."""
-
-
-Kinds = tuple[tuple[StepKind, int], ...]
-"""A step's required bytes as the first and as a steady step of its process."""
-
-
-BALANCED_NOTE = (
-    "admitted on the worst-case MoE routing: balanced is an expectation, not a bound "
-    "(a router without capacity can reach the worst); state one with --moe-routing "
-    "capacity:F or rows:N to admit on it"
-)
-
-
-def on_a_bound(step: Step) -> tuple[Step, str | None]:
-    """The step admission decides on: an MoE step under the balanced expectation is
-    priced at the worst case, the bound a router without capacity reaches (a stated
-    capacity or row count is a bound already), with the note saying so."""
-    if not step.geometry.is_moe or step.moe_routing != "balanced":
-        return step, None
-    return replace(step, settings=step.settings.replace(moe_routing=WORST)), BALANCED_NOTE
-
-
-@dataclass(frozen=True)
-class Pricer:
-    """How a decision prices a step: the policy and the figure it admits on.
-
-    Every step is priced as the first and as a steady step of its process and required
-    at the larger: a run must survive both, and which holds more depends on the step (the
-    first pays its kernel set-up in the activations, a steady one holds the optimizer's
-    moments and the kernel workspaces in its static memory). Against the runtime's figures
-    (what a running process has left once its static memory is allocated) the requirement
-    is the activation figure; with ``whole_device`` (the decision is against a device or
-    a given budget, ``cpmem.admission.budget``) it is the whole-device figure (static
-    memory plus activations, where a pipeline step holds most of both:
-    ``Estimate.whole_device_bytes``)."""
-
-    policy: str | None = None
-    """None: each step's runtime's policy (``Runtime.default_policy``)."""
-    figure: Figure = "forward"
-    whole_device: bool = False
-
-    def __post_init__(self) -> None:
-        if self.figure not in FIGURES:
-            raise InputError("figure", self.figure, f"must be one of {list(FIGURES)}")
-
-    def estimate(self, step: Step) -> Estimate:
-        """The step's estimate at whichever step kind requires more (``priced``)."""
-        return self.priced(step)[0]
-
-    def priced(self, step: Step) -> tuple[Estimate, Kinds]:
-        """The estimate of whichever step kind requires more (the first on a tie), and
-        the required bytes of each kind."""
-        kinds = self.kinds(step)
-        required = tuple((kind, self.required(est)) for kind, est in kinds.items())
-        kind = max(required, key=lambda pair: pair[1])[0]
-        return kinds[kind], required
-
-    def kinds(self, step: Step) -> dict[StepKind, Estimate]:
-        """The step priced as the first and as a steady step of its process, on a
-        routing bound (``on_a_bound``)."""
-        bounded, note = on_a_bound(step)
-        out = {}
-        for kind in STEP_KINDS:
-            est = price(
-                replace(bounded, settings=bounded.settings.replace(cold=kind == "first")),
-                self.policy,
-            )
-            out[kind] = replace(est, notes=(*est.notes, note)) if note else est
-        return out
-
-    def activations(self, est: Estimate) -> int:
-        """The activation figure: forward peak, or forward+backward where asked and priced."""
-        if self.figure == "forward_backward":
-            if est.forward_backward_bytes is None:
-                raise InputError(
-                    "figure", self.figure, f"policy {est.policy!r} does not price backward"
-                )
-            return est.forward_backward_bytes
-        return est.estimate_bytes
-
-    def required(self, est: Estimate) -> int:
-        """The admission figure: the activation figure against the runtime's figures,
-        the whole-device figure against a device or a given budget."""
-        if self.whole_device:
-            self.activations(est)  # refuses a figure the policy does not price
-            return est.whole_device_bytes(self.figure)
-        return self.activations(est)
 
 
 @dataclass(frozen=True)
@@ -157,6 +67,9 @@ class Decision:
     budget: Budget | None = None
     """What the decision was taken against and which budget decided
     (``cpmem.admission.budget``)."""
+    capacity_advice: CapacityAdvice | None = None
+    """Of a refused MoE step: the largest expert capacity factor under which it fits,
+    with the balanced expectation beside it (``cpmem.admission.suggest``)."""
 
     @property
     def fits(self) -> bool:
@@ -183,6 +96,11 @@ class Decision:
             **(self.budget.to_dict() if self.budget is not None else {}),
             **({"whole_device": self.whole_device()} if self.device_budget else {}),
             **({self.step_kinds_key: dict(self.step_kinds)} if self.step_kinds else {}),
+            **(
+                {"capacity_advice": self.capacity_advice.to_dict()}
+                if self.capacity_advice is not None
+                else {}
+            ),
         }
 
     @property
@@ -466,6 +384,7 @@ def _admit_request(
 
     # the group's agreed MAX, so every rank refuses with the same variant and bytes
     least = min(agreed, key=lambda c: c.required)
+    advice = capacity_advice(step, available, pricer)
     return Decision(
         "refuse",
         least.required,
@@ -474,9 +393,10 @@ def _admit_request(
         least.variant,
         least.estimate,
         tuple(considered),
-        suggestion=suggest(step, available, pricer),
+        suggestion=_with_advice(suggest(step, available, pricer), advice),
         planners=planners,
         step_kinds=least.kinds,
+        capacity_advice=advice,
     )
 
 
@@ -529,34 +449,6 @@ def _first_fit(agreed: list[Candidate], available: int) -> Candidate | None:
     return best if best.required <= available else None
 
 
-SUGGESTED_RECOMPUTE = (
-    Recompute(Mode.SELECTIVE, (Module.CORE_ATTN, Module.MLP)),
-    Recompute(Mode.FULL, ()),
-)
-
-
-def suggest(step: Step, available: int, pricer: Pricer) -> str:
-    """A concrete way out: the first of more CP, more recompute, shorter sequences that fits."""
-    layout = step.settings.layout
-    tries: list[tuple[str, Callable[[], Step]]] = [
-        (f"run with cp={cp}", partial(step.with_settings, layout=replace(layout, cp=cp)))
-        for cp in (layout.cp * 2, layout.cp * 4)
-    ]
-    for rc in SUGGESTED_RECOMPUTE:
-        tries.append((f"use recompute {rc.label}", partial(step.with_settings, recompute=rc)))
-    for label, build in tries:
-        try:
-            need = pricer.required(pricer.estimate(build()))
-        except InputError:
-            continue
-        if need <= available:
-            where = ", static memory included" if pricer.whole_device else ""
-            return f"{label} (predicted {need / 2**30:.3f} GiB{where})"
-    assert step.request is not None
-    longest = max(step.request.sequence_lengths)
-    return f"shorten the sequences (longest is {longest} tokens) or add devices"
-
-
 def _admit_fixed(
     step: Step,
     budget: Callable[[], int],
@@ -573,9 +465,10 @@ def _admit_fixed(
     est, kinds = collective_plan(comm, priced)
     required, available = agree_on_bytes(comm, pricer.required(est), budget())
     action: Action = "fit" if required <= available else "refuse"
-    suggestion = None
+    suggestion, advice = None, None
     if action == "refuse":
-        suggestion = "shorten the sequences, add CP ranks or recompute more"
+        advice = capacity_advice(step, available, pricer)
+        suggestion = _with_advice("shorten the sequences, add CP ranks or recompute more", advice)
     return Decision(
         action,
         required,
@@ -587,4 +480,10 @@ def _admit_fixed(
         suggestion,
         planners=(("explicit", "explicit"),),
         step_kinds=kinds,
+        capacity_advice=advice,
     )
+
+
+def _with_advice(suggestion: str, advice: CapacityAdvice | None) -> str:
+    """A refusal's suggestion, an MoE step's capacity advice first where it has one."""
+    return suggestion if advice is None else f"{advice.text()}; or {suggestion}"

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from cpmem.admission.admission import FIGURES, Figure, Pricer
+from cpmem.admission.pricer import FIGURES, Figure, Pricer
 from cpmem.errors import InputError, require_positive_int
 from cpmem.model.geometry import ModelGeometry
 from cpmem.model.load import load_model

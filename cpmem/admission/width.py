@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Unpack
 
-from cpmem.admission.admission import Figure, Pricer
 from cpmem.admission.comm import Communicator, LocalCommunicator, collective_plan
+from cpmem.admission.pricer import Figure, Pricer
 from cpmem.errors import InputError, require_bytes
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import round_up

@@ -24,11 +24,26 @@ Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}
 
 
+ROUTING_POLICY = "tight"
+"""The policy an MoE step is priced with where none is named and its runtime's own
+leaves the routing unpriced (``default_policy``)."""
+
+
 def default_policy(step: Step) -> str:
     """The policy ``price`` uses for ``step`` where none is named: its runtime's
     (``Runtime.default_policy``: ART's published LoRA formula for its trainer, ``tight``
-    for Megatron-LM's runs, which ``reference`` and ``global`` refuse)."""
-    return step.settings.runtime.default_policy
+    for Megatron-LM's runs, which ``reference`` and ``global`` refuse), except on an MoE
+    step where that policy prices no routing: ``ROUTING_POLICY``. ART's published formula
+    charges every token's top-k rows to the rank's experts whatever the routing, so
+    under it a stated routing (a capacity a runtime enforces, the balanced expectation)
+    would change nothing; ``tight`` prices the routing stated, and its MoE layer is the
+    one checked against the measured MoE cells, the rank simulator's MoE rows and
+    Megatron-LM's MoE recordings (README, "MoE routing"). ``--policy reference`` still
+    prices the published formula."""
+    own = step.settings.runtime.default_policy
+    if step.geometry.is_moe and "moe_routing" in unpriced_options(step, own):
+        return ROUTING_POLICY
+    return own
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,7 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"moe_routing: {g.name} has no routed experts")
     if layout.ep > 1 and not g.is_moe:
         out.append(f"ep: {g.name} has no routed experts to shard")
-    if step.moe_routing != "concentrated" and g.is_moe and layout.ep == 1:
+    if step.moe_routing == "balanced" and g.is_moe and layout.ep == 1:
         out.append("moe_routing: at EP 1 every routed copy lands on this rank's experts")
     if step.cp_comm != runtime_cp_comm(step) and layout.cp == 1:
         out.append("cp_comm: cp is 1, attention exchanges nothing")

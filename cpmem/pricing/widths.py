@@ -8,13 +8,10 @@ sequence parallelism is on (and TP > 1), else 1.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
-from cpmem.step.routing import rows_per_token
-from cpmem.step.step import MoeRouting
 
 
 @dataclass(frozen=True)
@@ -113,26 +110,28 @@ def mlp_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
     return common + swiglu_factor(geometry) * geometry.ffn // tp
 
 
-def moe_rows_per_token(geometry: ModelGeometry, ep: int, routing: MoeRouting, *, tp: int) -> int:
-    """Whole expert rows one rank holds per token of its own (its CP rank's count) under
-    ``routing`` (``cpmem.step.routing.rows_per_token``; the reference prices
-    ``concentrated``, a whole number of rows per token). The rank simulator's
-    ``expert_rows`` (oracles/rank_sim/moe.py): Qwen3-30B-A3B at TP2 CP2 EP4 routes two
-    CP ranks' tokens."""
-    return math.ceil(rows_per_token(geometry, ep, routing, tp=tp))
+def moe_rows_per_token(geometry: ModelGeometry, ep: int, *, tp: int) -> int:
+    """The reference's expert rows per token of the rank's own (its CP rank's count):
+    every token's top-k copies on the rank's experts (at most one per local expert,
+    ``min(top-k, E/EP)``), times the ``EP/TP`` groups of TP ranks an EP group wider than
+    TP spans (Qwen3-30B-A3B at TP2 CP2 EP4: two CP ranks' tokens, 16 rows). The
+    reference keeps this published whole-row count at every layout; the runtime routes
+    only the rank's sequence shard, ``EP x ETP / s x min(top-k, E/EP)`` rows per token
+    (``cpmem.step.routing``, which ``tight`` prices): fewer at EP < TP, where the
+    reference's count is a bound above the runtime's."""
+    worst = min(geometry.moe_top_k, geometry.num_experts // max(ep, 1))
+    return worst * max(1, ep // max(tp, 1))
 
 
-def moe_width(
-    geometry: ModelGeometry, tp: int, sp: bool, ep: int = 1, routing: MoeRouting = "concentrated"
-) -> int:
-    """An MoE layer: per dispatched row the dispatched and permuted hidden copies
-    (2H) plus the expert SwiGLU's saved set (c·F_e); the shared expert as a dense
-    MLP sharded by TP; the common norm/LoRA input.
+def moe_width(geometry: ModelGeometry, tp: int, sp: bool, ep: int = 1) -> int:
+    """The reference's MoE layer: per dispatched row (``moe_rows_per_token``) the
+    dispatched and permuted hidden copies (2H) plus the expert SwiGLU's saved set
+    (c·F_e); the shared expert as a dense MLP sharded by TP; the common norm/LoRA input.
     """
     if not geometry.is_moe:
         return 0
     c = swiglu_factor(geometry)
-    rows = moe_rows_per_token(geometry, ep, routing, tp=tp)
+    rows = moe_rows_per_token(geometry, ep, tp=tp)
     routed = rows * (2 * geometry.hidden + c * geometry.expert_ffn)
     shared = c * geometry.shared_expert_ffn // tp
     return common_width(geometry, tp, sp) + sandwich_width(geometry, tp, sp) + routed + shared

@@ -20,11 +20,20 @@ which (``Step.moe_routing``):
 - ``rows:N``: an exact per-rank row count, what a dispatcher with a fixed capacity
   allocates (ART's HybridEP capacity), or the rows of a replayed batch.
 
-Which tokens reach a rank's experts (``spanned``): with expert tensor parallel 1 an EP
-group no wider than TP routes the CP rank's own tokens (its TP ranks' sequence shards);
-a wider one spans ``EP/TP`` groups of TP ranks, other CP ranks or data-parallel ranks
-with tokens of their own, each priced at this rank's count (the busiest's, an upper
-bound). The rank simulator's ``expert_rows`` (oracles/rank_sim/moe.py) routes the same.
+Which tokens reach a rank's experts (``expert_sources``): the rank's experts receive the
+routed copies of every rank of its expert group, the EP ranks times the expert-TP (ETP)
+ranks, and each of those routes its own sequence shard (``T/s``: the CP rank's ``T``
+tokens over TP under sequence parallelism, ``s`` = TP, else ``s`` = 1), priced at this
+rank's count (the busiest's, an upper bound where the group spans other CP or
+data-parallel ranks). megatron-core 0.16 (``token_dispatcher.py``): the ``alltoall``
+dispatcher's all-to-all over the EP group then all-gathers over the ETP group
+(``dispatch_postprocess``), the ``allgather`` dispatcher gathers over ETP x EP
+(``tp_ep_group``) at once; both hand each rank the copies of ``ETP x EP`` shards. Per
+token of the rank's own count that is ``EP x ETP / s`` shards, so the worst case is
+``EP x ETP / s x min(top-k, E/EP)`` rows per token: at EP < TP with ETP 1 (ART's runtime)
+fewer than top-k, since the rank routes only its shard. The rank simulator's
+``expert_rows`` (oracles/rank_sim/moe.py, ETP 1: ``T/s x EP x min(top-k, E/EP)``)
+routes the same.
 """
 
 from __future__ import annotations
@@ -78,35 +87,46 @@ def is_bound(routing: str) -> bool:
     return routing_kind(routing) in BOUNDS
 
 
-def spanned_groups(ep: int, tp: int) -> int:
-    """The groups of TP ranks whose tokens reach one rank's experts (module docstring)."""
-    return max(1, ep // max(tp, 1))
+def expert_sources(ep: int, etp: int, tp: int, sp: bool) -> Fraction:
+    """The sequence shards whose routed copies reach one rank's experts, in multiples of
+    the rank's own token count: ``EP x ETP / s`` (module docstring)."""
+    s = tp if sp and tp > 1 else 1
+    return Fraction(max(ep, 1) * max(etp, 1), s)
 
 
 def rows_per_token(
-    geometry: ModelGeometry, ep: int, routing: str, *, tp: int, tokens: int | None = None
+    geometry: ModelGeometry,
+    ep: int,
+    routing: str,
+    *,
+    tp: int,
+    sp: bool = True,
+    etp: int = 1,
+    tokens: int | None = None,
 ) -> Fraction:
     """Expert rows one rank holds per token of its own (its CP rank's count, ``tokens``:
-    the count priced, needed by ``capacity`` and ``rows``), under ``routing``."""
+    the count priced, needed by ``capacity`` and ``rows``), under ``routing``, with
+    attention TP ``tp`` (sequence parallel ``sp``) and expert TP ``etp``."""
     k, experts = geometry.moe_top_k, geometry.num_experts
     ep = max(ep, 1)
-    spanned = spanned_groups(ep, tp)
-    worst = Fraction(min(k, experts // ep) * spanned)
+    sources = expert_sources(ep, etp, tp, sp)
+    worst = min(k, experts // ep) * sources
     kind, _, value = routing.partition(":")
     if kind == "concentrated":
         return worst
     if kind == "balanced":
-        return Fraction(k * spanned, ep)
+        return k * sources / ep
     if tokens is None or tokens <= 0:
         raise InputError("moe_routing", routing, "prices a count of rows: give the step's tokens")
     if kind == "rows":
         return Fraction(int(value), tokens)
-    # capacity: each of the EP sources routes an equal share of the group's tokens
-    # (spanned x tokens, each priced at this rank's count) and keeps ceil(its copies x
-    # F / E) per expert; every local expert receives that from each source
+    # capacity: each of the EP x ETP sources routes its shard, priced at this rank's
+    # count (tokens x sources / (EP x ETP) = T/s), and keeps ceil(its copies x F / E)
+    # per expert (``get_capacity``); every local expert receives that from each source
     number, _, pad = value.partition(":")
     factor = Fraction(number)
-    source_copies = Fraction(spanned * tokens * k, ep)
-    per_expert = ep * math.ceil(source_copies * factor / experts)
-    rows = Fraction((experts // ep) * per_expert, tokens)
+    senders = ep * max(etp, 1)
+    shard = tokens * sources / senders
+    per_source = math.ceil(shard * k * factor / experts)
+    rows = Fraction((experts // ep) * senders * per_source, tokens)
     return rows if pad else min(worst, rows)

@@ -356,10 +356,11 @@ class Step:
     def moe_routing(self) -> MoeRouting:
         return self.settings.moe_routing
 
-    def expert_rows_per_token(self, tp: int | None = None) -> Fraction:
+    def expert_rows_per_token(self, tp: int | None = None, sp: bool | None = None) -> Fraction:
         """Expert rows the rank holds per token of its own in one MoE layer under the
-        step's routing (``cpmem.step.routing.rows_per_token``), at the plan's TP (or at
-        ``tp``), counted at the rank's priced tokens (the busiest CP rank's)."""
+        step's routing (``cpmem.step.routing.rows_per_token``), at the plan's TP and SP
+        (or at ``tp`` / ``sp``) and its expert TP, counted at the rank's priced tokens
+        (the busiest CP rank's)."""
         layout, plan = self.plan.layout, self.plan
         tokens = plan.busiest_tokens if layout.cp > 1 else plan.packed_tokens
         return rows_per_token(
@@ -367,6 +368,8 @@ class Step:
             layout.ep,
             self.moe_routing,
             tp=layout.tp if tp is None else tp,
+            sp=layout.sp if sp is None else sp,
+            etp=layout.etp,
             tokens=tokens,
         )
 

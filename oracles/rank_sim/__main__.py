@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import warnings
+from dataclasses import replace
 from importlib import metadata
 from typing import Any
 
@@ -148,14 +149,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check_routing(args.routing)
     moe = {"ep": args.ep, "routing": args.routing} if model.moe else {}
     head = HeadSpec.parse(args.head)
-    adapters = AdapterSpec.parse(args.lora_rank, args.lora_dropout, args.lora_targets)
+    adapters = AdapterSpec.parse(
+        args.lora_rank, args.lora_dropout, args.lora_targets, args.training,
+        not args.no_gradient_accumulation_fusion,
+    )  # fmt: skip
     check_cp_comm(args.cp_comm, model, args.tp, max(args.cp, 1))
     step = {"head": head.label, **adapters.as_dict(), "cp_comm": args.cp_comm}
     step_kw = {"head": head, "lora_rank": adapters.rank, "lora_dropout": adapters.dropout,
                "lora_targets": adapters.targets, "cp_comm": args.cp_comm}  # fmt: skip
     rc = Recompute.parse(args.recompute, args.modules)
     if _pipeline_mode(args):
+        if args.mtp_depths == 0:  # asked for none: the pattern's depths are not run
+            model = replace(model, mtp_depths=0, mtp_shared=False)
+        _check_stage_step(args, model, adapters)
         return run_stages(args, model, rc, moe, step, step_kw)
+    depths = model.mtp_depths if args.mtp_depths is None else args.mtp_depths
+    shared = args.mtp_shared or model.mtp_shared
+    step_kw.update(training=adapters.training, wgrad_fusion=adapters.wgrad_fusion,
+                   mtp_depths=depths, mtp_shared=shared)  # fmt: skip
+    if depths:
+        step.update(mtp_depths=depths, mtp_shared=shared)
     lengths = _ints("lengths", args.lengths)
     explicit = _ints("rank_tokens", args.rank_tokens)
     counts, source, segs = request_counts(args, lengths, explicit)
@@ -179,6 +192,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "busiest_rank": busiest,
         "provenance": _provenance(),
     }
+
+
+def _check_stage_step(args: argparse.Namespace, model: SimModel, adapters: AdapterSpec) -> None:
+    """Pipeline stages simulate LoRA steps without MTP (pipeline/stage.py)."""
+    if adapters.full:
+        raise SimInputError("training", "full", "pipeline stages simulate LoRA steps only")
+    if args.mtp_depths or args.mtp_shared or (args.mtp_depths is None and model.mtp_depths):
+        raise SimInputError(
+            "mtp_depths", args.mtp_depths or model.mtp_depths, "pipeline stages run no MTP"
+        )
+
+
+def _step_line(st: dict[str, Any]) -> str:
+    """The step's summary line: what trains, the head, CP comm, MTP."""
+    if st.get("training") == "full":
+        fusion = "on" if st["gradient_accumulation_fusion"] else "off"
+        trains = f"full-parameter training (gradient accumulation fusion {fusion})"
+    else:
+        trains = (
+            f"LoRA rank {st['lora_rank']} dropout {st['lora_dropout']} on "
+            f"{'+'.join(st['lora_targets'])}"
+        )
+    mtp = f", {st['mtp_depths']} MTP depth(s)" if st.get("mtp_depths") else ""
+    return f"  head {st['head']}, {trains}, cp_comm {st['cp_comm']}{mtp}"
 
 
 def _header(model: Any, rc: Any, args: argparse.Namespace, step: Any) -> dict[str, Any]:
@@ -344,10 +381,7 @@ def _print_stages(out: dict[str, Any]) -> None:
         f"  pp={pl['pp']} vpp={pl['vpp']} {pl['schedule']}, {pl['microbatches']} micro-batches,"
         f" layers per virtual stage {pl['stage_layers']}"
     )
-    print(
-        f"  head {st['head']}, LoRA rank {st['lora_rank']} dropout {st['lora_dropout']} on "
-        f"{'+'.join(st['lora_targets'])}, cp_comm {st['cp_comm']}"
-    )
+    print(_step_line(st))
     for r in out["stages"]:
         fw, fb = r["forward_peak"], r["forward_backward_peak"]
         print(
@@ -403,6 +437,30 @@ def main(argv: list[str] | None = None) -> int:
         default="all",
         help=f"projections with adapters, joined by , or +: {', '.join(TARGETS)} or the "
         f"groups {', '.join(GROUPS)} (default all)",
+    )
+    ap.add_argument(
+        "--training",
+        default="lora",
+        help="lora (adapters on a frozen base, default) | full (every weight trains, "
+        "Megatron-LM's step; training.py)",
+    )
+    ap.add_argument(
+        "--no-gradient-accumulation-fusion",
+        action="store_true",
+        help="full training: a bf16 weight gradient per weight instead of accumulating into "
+        "main_grad in the GEMM (Megatron-LM's flag)",
+    )
+    ap.add_argument(
+        "--mtp-depths",
+        type=int,
+        default=None,
+        help="multi-token prediction depths after the last layer (mtp.py; needs --head logits "
+        "or fused; default: the model's own, a hybrid pattern's '/' parts)",
+    )
+    ap.add_argument(
+        "--mtp-shared",
+        action="store_true",
+        help="one MTP layer run for every depth (Megatron-LM's --mtp-use-repeated-layer)",
     )
     ap.add_argument(
         "--cp-comm",
@@ -483,10 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{out['model']}  {out['recompute']}  tp={lay['tp']} cp={lay['cp']}  layout from {lay['source']}:"
     )
-    print(
-        f"  head {st['head']}, LoRA rank {st['lora_rank']} dropout {st['lora_dropout']} on "
-        f"{'+'.join(st['lora_targets'])}, cp_comm {st['cp_comm']}"
-    )
+    print(_step_line(st))
     print(f"  attention tokens {lay['attention_tokens']}, GDN tokens {lay['gdn_tokens']}")
     for r in out["ranks"]:
         print(

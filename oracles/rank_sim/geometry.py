@@ -120,6 +120,13 @@ class SimModel:
     # layers per pipeline segment when the description fixes them (a hybrid pattern's
     # ``|``); () lets the pipeline split evenly
     pipeline_segments: tuple[int, ...] = field(default=(), compare=False)
+    # multi-token prediction (mtp.py): one depth's mixers and feed-forwards (a hybrid
+    # pattern's '/' part; () takes megatron GPT's rule, mtp.depth_stack), the depths the
+    # description runs (a step may ask for others) and one layer for every depth
+    mtp_kinds: tuple[str, ...] = ()
+    mtp_mlp_kinds: tuple[str, ...] = ()
+    mtp_depths: int = 0
+    mtp_shared: bool = False
 
     @property
     def mla(self) -> bool:

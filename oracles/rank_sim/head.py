@@ -147,36 +147,63 @@ class Head(nn.Module):
             self.embedding_weight = nn.Parameter(
                 torch.empty(self.vocab // t, m.hidden, dtype=BF16), requires_grad=False
             )
+        full = ctx.adapters.full  # full training: the final norm and output layer train
+        if full and spec.kind not in ("hidden", "logits", "fused"):
+            raise SimInputError(
+                "head", spec.label, "full training runs megatron's output layer: logits or fused"
+            )
         for p in self.parameters():
-            p.requires_grad_(False)
+            p.requires_grad_(full)
+        self.output_layer.gradient_accumulation_fusion = full and ctx.adapters.wgrad_fusion
 
     def weight(self) -> torch.Tensor:
         return self.embedding_weight if self.tied else self.output_layer.weight
 
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The decoder's final layernorm (fused kernel)."""
+        from oracles.rank_sim.layers import rmsnorm
+
+        with self.ctx.label("head"):
+            return rmsnorm(x, self.norm_w)
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        """megatron's vocabulary-parallel output layer on the normed hidden states ``h``:
+        bf16 ``[tokens, V/TP]`` (every TP rank: all its CP tokens under SP)."""
+        return self.output_layer(h, weight=self.weight() if self.tied else None)[0]
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma 2's ``tanh(logits / cap) * cap`` on the bf16 logits (no cap: as given)."""
+        cap = self.ctx.model.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.capped(self.output(h))
+
+    def cross_entropy(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``compute_language_model_loss``: megatron's vocabulary-parallel cross entropy
+        (``logits``) or its fused one (``fused``); per-token fp32 losses."""
+        if self.spec.kind == "logits":
+            from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+
+            return vocab_parallel_cross_entropy(logits, labels)
+        from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+
+        return fused_vocab_parallel_cross_entropy(logits, labels, _tp_group())
+
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        from oracles.rank_sim.layers import gather_sp, rmsnorm
+        return self.loss(self.norm(x), labels)
+
+    def loss(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The head after the final norm: output layer and loss on the normed ``h``."""
+        from oracles.rank_sim.layers import gather_sp
 
         ctx, kind = self.ctx, self.spec.kind
         with ctx.label("head"):
-            h = rmsnorm(x, self.norm_w)  # the decoder's final layernorm
             if kind in ("logits", "fused"):
-                logits, _ = self.output_layer(h, weight=self.weight() if self.tied else None)
+                logits = self.output(h)
                 del h
-                cap = ctx.model.final_softcap
-                if cap:  # Gemma 2: tanh(logits / cap) * cap on the bf16 logits
-                    logits = torch.tanh(logits / cap) * cap
-                if kind == "logits":
-                    from megatron.core.tensor_parallel.cross_entropy import (
-                        vocab_parallel_cross_entropy,
-                    )
-
-                    losses = vocab_parallel_cross_entropy(logits, labels)
-                else:
-                    from megatron.core.fusions.fused_cross_entropy import (
-                        fused_vocab_parallel_cross_entropy,
-                    )
-
-                    losses = fused_vocab_parallel_cross_entropy(logits, labels, _tp_group())
+                logits = self.capped(logits)
+                losses = self.cross_entropy(logits, labels)
                 del logits  # GPTModel's frame drops the logits once the loss is made
                 return losses.mean()
             layout = ctx.layout

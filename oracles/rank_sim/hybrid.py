@@ -13,9 +13,10 @@ megatron-core 0.16's ``mamba_hybrid_layer_allocation.py`` knows M * - E only):
 main pattern; ``/`` starts the multi-token-prediction pattern, repeated once per depth
 (all repeats identical, no ``|`` in it); ``*`` may not share a pattern with ``D`` or ``+``.
 
-Simulated here: ``M``, ``*``, ``-``, ``E``. Refused, naming the field: ``G``, ``D``, ``+``
-from a pattern (their shapes are not in these arguments), MTP depths (MTP layers are
-not simulated), MoE layers with squared-ReLU experts (moe.py's experts are GLUs).
+Simulated here: ``M``, ``*``, ``-``, ``E``, in the main stack and in the MTP pattern (one
+depth's layers, mtp.py). Refused, naming the field: ``G``, ``D``, ``+`` from a pattern
+(their shapes are not in these arguments), MoE layers with squared-ReLU experts (moe.py's
+experts are GLUs).
 """
 
 from __future__ import annotations
@@ -82,18 +83,23 @@ def _validate(pattern: str, field: str, pipes: bool) -> None:
 
 
 def stack(pattern: HybridPattern, field: str = "hybrid_layer_pattern") -> dict[str, Any]:
-    """The SimModel fields of a pattern's main stack: ``kinds`` and ``mlp_kinds``."""
-    if pattern.mtp_depths:
-        raise SimInputError(
-            field, f"{MTP}{pattern.mtp}", f"{pattern.mtp_depths} MTP depth(s): not simulated"
-        )
-    for symbol in pattern.layers:
+    """The SimModel fields of a pattern: the main stack's ``kinds`` and ``mlp_kinds``, and
+    with a ``/`` part one MTP depth's (``mtp_kinds``, ``mtp_mlp_kinds``) and the depth
+    count (``mtp_depths``)."""
+    for symbol in pattern.layers + tuple(pattern.mtp):
         if symbol in NOT_SIMULATED:
             raise SimInputError(field, symbol, NOT_SIMULATED[symbol])
-    return {
+    fields: dict[str, Any] = {
         "kinds": tuple(STACK[s][0] for s in pattern.layers),
         "mlp_kinds": tuple(STACK[s][1] for s in pattern.layers),
     }
+    if pattern.mtp_depths:
+        fields.update(
+            mtp_kinds=tuple(STACK[s][0] for s in pattern.mtp),
+            mtp_mlp_kinds=tuple(STACK[s][1] for s in pattern.mtp),
+            mtp_depths=pattern.mtp_depths,
+        )
+    return fields
 
 
 def _flag(flags: dict[str, Any], name: str, default: Any = None) -> Any:
@@ -135,7 +141,9 @@ def from_megatron_args(raw: dict[str, Any], name: str = "megatron") -> SimModel:
     ``--moe-shared-expert-intermediate-size``, ``--moe-shared-expert-gate``,
     ``--moe-router-score-function``, ``--moe-router-pre-softmax``,
     ``--moe-router-enable-expert-bias``, ``--moe-router-num-groups`` /
-    ``--moe-router-group-topk``, ``--moe-router-topk-scaling-factor``."""
+    ``--moe-router-group-topk``, ``--moe-router-topk-scaling-factor``; MTP: the pattern's
+    '/' part (or the legacy ``--mtp-hybrid-override-pattern`` with ``--mtp-num-layers``),
+    ``--mtp-use-repeated-layer``."""
     flags = normalise_flags(raw)
     layer_flag = "hybrid-layer-pattern"
     if flags.get(layer_flag) and flags.get("hybrid-override-pattern"):
@@ -149,10 +157,14 @@ def from_megatron_args(raw: dict[str, Any], name: str = "megatron") -> SimModel:
     if not text:
         raise SimInputError("--hybrid-layer-pattern", None, "missing: only hybrid stacks are read")
     field = f"--{layer_flag}"
-    pattern = parse_pattern(str(text), field)
-    mtp = int(_flag(flags, "mtp-num-layers", 0) or 0)
-    if mtp:
-        raise SimInputError("--mtp-num-layers", mtp, "MTP layers are not simulated")
+    text = _with_legacy_mtp(str(text), flags)
+    pattern = parse_pattern(text, field)
+    mtp = _count_flag(flags, "mtp-num-layers")
+    if mtp and not pattern.mtp_depths:
+        raise SimInputError(
+            "--mtp-num-layers", mtp, "a hybrid model's MTP layers come from '/' in "
+            "--hybrid-layer-pattern (or --mtp-hybrid-override-pattern)",
+        )  # fmt: skip
     if flags.get("multi-latent-attention"):
         raise SimInputError("--multi-latent-attention", True, "not read from Megatron-LM arguments")
     fields = stack(pattern, field)
@@ -192,10 +204,35 @@ def from_megatron_args(raw: dict[str, Any], name: str = "megatron") -> SimModel:
         mamba_head_dim=mamba_head_dim,
         mamba_state=_int(flags, "mamba-state-dim", 128),
         mamba_groups=_int(flags, "mamba-num-groups", 8),
+        mtp_shared=bool(flags.get("mtp-use-repeated-layer")),
     )
-    if "E" in pattern.layers:
+    if "E" in pattern.layers + tuple(pattern.mtp):
         fields.update(_megatron_moe(flags, ffn, swiglu))
     return SimModel(**fields)
+
+
+def _count_flag(flags: dict[str, Any], name: str) -> int:
+    """An integer flag >= 0 (0 where absent)."""
+    value = _flag(flags, name, 0)
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise SimInputError(f"--{name}", value, "expected an integer") from None
+    if number < 0:
+        raise SimInputError(f"--{name}", value, "must be >= 0")
+    return number
+
+
+def _with_legacy_mtp(text: str, flags: dict[str, Any]) -> str:
+    """Megatron-LM's backward compatibility (training/arguments.py): a legacy
+    ``--mtp-hybrid-override-pattern`` with ``--mtp-num-layers`` N and no '/' in the
+    pattern becomes the unified ``main/mtp/mtp...`` (N times). With '/' the pattern's
+    depth count wins over ``--mtp-num-layers`` (Megatron-LM warns and uses it)."""
+    legacy = flags.get("mtp-hybrid-override-pattern")
+    depths = _count_flag(flags, "mtp-num-layers")
+    if not legacy or not depths or MTP in text:
+        return text
+    return text + MTP + MTP.join([str(legacy)] * depths)
 
 
 def _megatron_moe(flags: dict[str, Any], ffn: int, swiglu: bool) -> dict[str, Any]:
@@ -276,7 +313,8 @@ def nemotron_h_fields(text: dict[str, Any], layers: int, get: Any) -> dict[str, 
     ``conv_kernel``; ``mlp_hidden_act`` relu2 (squared ReLU, ungated fc1); attention
     without rope or q/k norm. The scan's chunk is megatron's (128), the runtime modelled,
     not the config's ``chunk_size``. MoE layers (Nemotron 3: squared-ReLU experts) are
-    refused; ``num_nextn_predict_layers`` (MTP) is not simulated."""
+    refused; MTP (``num_nextn_predict_layers``, ``mtp_hybrid_override_pattern``) is not
+    read."""
     if text.get("hybrid_override_pattern"):
         pattern = parse_pattern(
             str(text["hybrid_override_pattern"]), "config.hybrid_override_pattern"

@@ -267,6 +267,20 @@ class GatherSequence(torch.autograd.Function):
         return grad.new_empty(x.shape), None
 
 
+def gather_sequence(x: torch.Tensor, sp: bool, keep_local: bool = False) -> torch.Tensor:
+    """SP all-gather over the TP group (megatron's mapping, which keeps nothing); with
+    ``keep_local`` ``GatherSequence``, which also keeps the local input. x itself
+    without SP."""
+    if not sp:
+        return x
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import mappings
+
+    if keep_local:
+        return GatherSequence.apply(x, parallel_state.get_tensor_model_parallel_group())
+    return mappings.gather_from_sequence_parallel_region(x)
+
+
 class Relayout(torch.autograd.Function):
     """All-to-all of the residual stream between the attention and the GDN token layouts
     (a fresh buffer of the new count; backward the reverse)."""

@@ -48,10 +48,11 @@ class RankContext:
     adapters: AdapterSpec = field(default_factory=AdapterSpec)  # rank, dropout, targets
     cp_comm: str = "all_gather"  # CP attention communication (oracles/rank_sim/cp_comm.py)
     micro_batch: int = 1  # rows of megatron's [s, b, h] the tokens form (Mamba layers)
+    prefix: str = ""  # put before every label (an MTP depth's layers: "mtp.")
 
     @contextlib.contextmanager
     def label(self, name: str) -> Iterator[None]:
-        previous = self.set_label(name)
+        previous = self.set_label(self.prefix + name)
         try:
             yield
         finally:
@@ -88,14 +89,7 @@ def _config(model: SimModel, layout: RankLayout) -> Any:
 def gather_sp(x: torch.Tensor, layout: RankLayout, keep_local: bool = False) -> torch.Tensor:
     """SP all-gather over the TP group (megatron's mapping); ``keep_local`` also keeps the
     local input for backward, as the measured runtime's fused norm+linear does."""
-    if not layout.sp:
-        return x
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import mappings
-
-    if keep_local:
-        return K.GatherSequence.apply(x, parallel_state.get_tensor_model_parallel_group())
-    return mappings.gather_from_sequence_parallel_region(x)
+    return K.gather_sequence(x, layout.sp, keep_local)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -198,14 +192,15 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("attention"):
-            # without an input norm (OLMo 2) the projection reads the residual stream,
-            # and nothing keeps its local shard beside the adapter's gathered copy
+            # the frame holds the projection's input (LoRA: the gathered copy) until it
+            # returns; without an input norm (OLMo 2) the projection reads the residual
+            # stream, and nothing keeps its local shard beside the adapter's gathered copy
             pre = self.norm_w is not None
-            keep = self.linear_qkv.adapted and pre
-            hn = rmsnorm(x, self.norm_w) if self.norm_w is not None else x
-            full = gather_sp(hn, ctx.layout, keep_local=keep)
-            s = full.shape[0]
-            qkv = self.linear_qkv(full)
+            _held, qkv = self.linear_qkv.project(
+                rmsnorm(x, self.norm_w) if self.norm_w is not None else x,
+                keep_local=None if pre else False,
+            )
+            s = qkv.shape[0]
             if self.qkv_bias is not None:  # LinearWithFrozenWeight's ``output + bias``
                 qkv = qkv + self.qkv_bias
             q, k, v, gate = self._split(qkv)
@@ -261,10 +256,8 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("gdn"):
-            keep = self.in_proj.adapted
-            full = gather_sp(rmsnorm(x, self.norm_w), ctx.layout, keep_local=keep)
-            s = full.shape[0]
-            proj = self.in_proj(full)
+            _held, proj = self.in_proj.project(rmsnorm(x, self.norm_w))  # held until return
+            s = proj.shape[0]
             qkv, z, bl, al = proj.split([2 * self.kw + self.vw, self.vw, self.hv, self.hv], -1)
             qkv = K.CausalConvSiLU.apply(qkv, self.conv_w)
             q, k, v = qkv.split([self.kw, self.kw, self.vw], dim=-1)
@@ -327,17 +320,10 @@ class MLP(nn.Module):
 
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
-        keep = self.fc1.adapted and self.norm_w is not None  # a fused norm+fc1 keeps hn
-        h = self.fc1(gather_sp(hn, ctx.layout, keep_local=keep))
-        if not ctx.model.mlp_gated:
-            act = _ungated(h, ctx.model.mlp_activation)
-        elif ctx.model.fused_swiglu or ctx.compiled:  # inductor fuses the unfused GLU too
-            act = K.FusedSwiGLU.apply(h)
-        else:
-            x0, x1 = torch.chunk(h, 2, dim=-1)
-            gelu = ctx.model.mlp_activation == "gelu_tanh"
-            act = (F.gelu(x0, approximate="tanh") if gelu else F.silu(x0)) * (x1 + 0.0)
-        y = self.fc2(act)
+        # a fused norm+fc1 keeps its local input; without a pre-MLP norm (OLMo 2) nothing
+        # keeps the residual stream's local shard beside the adapter's gathered copy
+        h = self.fc1.project(hn, keep_local=None if self.norm_w is not None else False)[1]
+        y = self.fc2(mlp_activation(ctx, h))
         return rmsnorm(y, self.post_w) if self.post_w is not None else y
 
     def norm_body(self, x: torch.Tensor) -> torch.Tensor:
@@ -386,6 +372,21 @@ class DecoderLayer(nn.Module):
         return self.body(x)
 
 
+def mlp_activation(ctx: Any, h: torch.Tensor) -> torch.Tensor:
+    """megatron-core 0.16 ``MLP.forward``'s activation on the fc1 output ``h``, shared by
+    the dense MLP and an MoE layer's shared expert (``SharedExpertMLP.forward`` calls
+    it): the fused ``bias_swiglu`` under ``bias_activation_fusion`` (or inductor's fusion
+    of the unfused GLU under ``--compiled``), else the unfused ``glu``,
+    ``act(x_glu) * (x_linear + glu_linear_offset)``; a plain MLP's activation."""
+    if not ctx.model.mlp_gated:
+        return _ungated(h, ctx.model.mlp_activation)
+    if ctx.model.fused_swiglu or ctx.compiled:  # inductor fuses the unfused GLU too
+        return K.FusedSwiGLU.apply(h)
+    x0, x1 = torch.chunk(h, 2, dim=-1)
+    gelu = ctx.model.mlp_activation == "gelu_tanh"
+    return (F.gelu(x0, approximate="tanh") if gelu else F.silu(x0)) * (x1 + 0.0)
+
+
 def _ungated(h: torch.Tensor, activation: str) -> torch.Tensor:
     """The ungated MLP's activation, as megatron's ``MLP.forward`` applies it."""
     if activation == "squared_relu":
@@ -412,6 +413,9 @@ def build_layers(ctx: RankContext) -> nn.ModuleList:
     for i, layer in enumerate(layers):  # each attention layer's sliding window
         if layer.kind == "attention":
             layer.mixer.window = ctx.model.window(i)
-    for name, p in layers.named_parameters():  # frozen base; only the adapters train
-        p.requires_grad_(name.endswith(("lora_a", "lora_b")))
+    from oracles.rank_sim.training import trainable
+
+    full = ctx.adapters.full  # LoRA: a frozen base, only the adapters train; full: all
+    for name, p in layers.named_parameters():
+        p.requires_grad_(trainable(name, full))
     return layers

@@ -129,14 +129,13 @@ class MambaMixer(nn.Module):
         return idx.to(torch.int32).unsqueeze(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from oracles.rank_sim.layers import gather_sp, rmsnorm
+        from oracles.rank_sim.layers import rmsnorm
 
         ctx = self.ctx
         lay = ctx.layout
         with ctx.label("mamba"):
-            full = gather_sp(rmsnorm(x, self.norm_w), lay, keep_local=self.in_proj.adapted)
-            tokens, rows = full.shape[0], ctx.micro_batch
-            zx = self.in_proj(full)
+            full, zx = self.in_proj.project(rmsnorm(x, self.norm_w))
+            tokens, rows = zx.shape[0], ctx.micro_batch
             del full
             zx = zx.view(tokens // rows, rows, zx.shape[-1])  # megatron's [s, b, d]
             if lay.cp > 1:

@@ -80,16 +80,16 @@ class MLAttention(nn.Module):
             hn = rmsnorm(x, self.norm_w)
             if m.q_lora_rank:
                 qc = rmsnorm(self.q_down(hn), self.q_norm_w)
-                q = self.q_up(gather_sp(qc, layout, keep_local=self.q_up.adapted))
+                q = self.q_up.project(qc)[1]
                 del qc
             else:
-                q = self.q_proj(gather_sp(hn, layout, keep_local=self.q_proj.adapted))
+                q = self.q_proj.project(hn)[1]
             kv_c, k_pe = self.kv_down(hn).split([m.kv_lora_rank, self.rope], dim=-1)
             del hn
             k_pe = gather_sp(k_pe, layout)  # the shared rope key, every token of the row
             kv_n = rmsnorm(kv_c, self.kv_norm_w)
             del kv_c
-            kv = self.kv_up(gather_sp(kv_n, layout, keep_local=self.kv_up.adapted))
+            kv = self.kv_up.project(kv_n)[1]
             del kv_n
             n = q.shape[0]
             assert ctx.rope is not None

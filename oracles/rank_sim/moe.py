@@ -34,7 +34,9 @@ below names the megatron function it restates (megatron/core/transformer/moe/):
 - Combine: un-sort by expert (copy), the reverse all-to-all, ``unpermute`` (``scatter_add``
   into a zeroed tokens x hidden buffer; saves only the indices).
 - ``SharedExpertMLP``: a dense SwiGLU MLP sharded by TP (SP gather in front of the
-  column-parallel fc1, reduce-scatter after fc2; LoRA as the ``fc1`` / ``fc2`` targets say), and the Qwen3.5
+  column-parallel fc1, reduce-scatter after fc2; LoRA as the ``fc1`` / ``fc2`` targets say;
+  its activation the dense MLP's, ``MLP.forward``: fused, or megatron's unfused GLU where
+  the model's SwiGLU is not fused), and the Qwen3.5
   sigmoid gate ``output * sigmoid(linear(x, gate_weight))`` (the product saves the
   expert output and the gate score); added to the routed output.
 - Selective recompute ``moe``: megatron's reentrant ``tensor_parallel.checkpoint`` around
@@ -246,8 +248,14 @@ class MoE(nn.Module):
         self.fc2_bias = _frozen(el, h) if m.expert_bias else None
 
     def experts_linear(self, x: torch.Tensor, which: int) -> torch.Tensor:
-        """The local experts' fc1 (``which`` 1) or fc2 (2), with or without adapters."""
+        """The local experts' fc1 (``which`` 1) or fc2 (2), with or without adapters, or
+        trained (full training: training.py)."""
         weight = self.fc1_w if which == 1 else self.fc2_w
+        spec = self.ctx.adapters
+        if spec.full:
+            from oracles.rank_sim.training import TrainedGroupedLinear
+
+            return TrainedGroupedLinear.apply(x, weight, self.local_experts, spec.wgrad_fusion)
         if not self.adapted:
             return GroupedLinear.apply(x, weight)
         a, b = (self.fc1_a, self.fc1_b) if which == 1 else (self.fc2_a, self.fc2_b)
@@ -261,10 +269,17 @@ class MoE(nn.Module):
 
     def shared_expert(self, hn: torch.Tensor) -> torch.Tensor:
         from oracles.rank_sim import kernels as K
-        from oracles.rank_sim.layers import gather_sp
+        from oracles.rank_sim.layers import mlp_activation
 
-        full = gather_sp(hn, self.ctx.layout)
-        out = self.sh_fc2(K.FusedSwiGLU.apply(self.sh_fc1(full)))
+        _held, up = self.sh_fc1.project(hn, keep_local=False)  # held until return
+        # SharedExpertMLP.forward is MLP.forward: a gated model's shared expert takes the
+        # dense MLP's activation path (fused or megatron's unfused GLU); the shared expert
+        # of a model whose dense MLP is not gated is restated as a fused SwiGLU
+        gated = self.ctx.model.mlp_gated
+        act = mlp_activation(self.ctx, up) if gated else K.FusedSwiGLU.apply(up)
+        del up
+        out = self.sh_fc2(act)
+        del act
         if not self.ctx.model.shared_expert_gated:  # DeepSeek's shared experts
             return out
         gate = torch.sigmoid(F.linear(hn, self.sh_gate_w))

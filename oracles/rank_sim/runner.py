@@ -14,6 +14,7 @@ attention communication (``cp_comm.py``) are inputs too; their defaults are the 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,9 +121,13 @@ def _stream_count(layout: RankLayout, kinds: tuple[str, ...]) -> int:
     return _count(layout, mixers[-1] if mixers else "attention")
 
 
-def _tables(model: SimModel) -> bool:
-    """Whether the step makes rope tables: an attention layer that rotates q and k."""
-    return model.rope and "attention" in model.kinds
+def _tables(model: SimModel, mtp: bool = False) -> bool:
+    """Whether the step makes rope tables: an attention layer (of the decoder, or of the
+    MTP depths where they run) that rotates q and k."""
+    from oracles.rank_sim.mtp import depth_stack
+
+    kinds = model.kinds + (depth_stack(model)[0] if mtp else ())
+    return model.rope and "attention" in kinds
 
 
 def simulate_rank(
@@ -139,6 +144,10 @@ def simulate_rank(
     lora_targets: str | tuple[str, ...] = "all",
     cp_comm: str = "all_gather",
     micro_batch: int = 1,
+    training: str = "lora",
+    wgrad_fusion: bool = True,
+    mtp_depths: int | None = None,
+    mtp_shared: bool | None = None,
 ) -> RankResult:
     """Forward (+ backward unless no-grad) of one rank; peaks per phase and component.
     ``ep`` and ``routing`` apply to MoE models (oracles/rank_sim/moe.py); ``head``
@@ -146,17 +155,32 @@ def simulate_rank(
     (``lora_rank``, ``lora_dropout``, ``lora_targets``: adapters.py) and ``cp_comm``
     (all_gather | p2p | a2a: cp_comm.py) default to the calibration harness.
     ``micro_batch``: the rows of megatron's [s, b, h] the rank's tokens form, read by
-    Mamba layers (mamba.py; 1: one packed row)."""
+    Mamba layers (mamba.py; 1: one packed row). ``training`` "full": every weight trains,
+    no adapters, with or without gradient accumulation fusion (``wgrad_fusion``;
+    adapters.py, training.py). ``mtp_depths``: MTP depths after the last layer (mtp.py;
+    None: the model's own, 0 without), ``mtp_shared`` one layer for every depth (None:
+    the model's)."""
     from oracles.rank_sim.moe import check_routing, expert_rows
+    from oracles.rank_sim.mtp import check_mtp, depth_stack
 
     layout.check(model.gdn_layers > 0)
     model.check_tp(layout.tp)
-    check_micro_batch(model, layout, micro_batch)
+    head_spec = HeadSpec.parse(head)
+    adapters = AdapterSpec.parse(lora_rank, lora_dropout, lora_targets, training, wgrad_fusion)
+    depths = model.mtp_depths if mtp_depths is None else mtp_depths
+    shared = model.mtp_shared if mtp_shared is None else bool(mtp_shared)
+    check_mtp(model, depths, head_spec, (layout.attn_local, layout.gdn_local))
+    mtp_kinds = depth_stack(model)[0] if depths else ()
+    check_micro_batch(model, layout, micro_batch, mtp_kinds)
     model.check_ep(ep, layout.tp * layout.cp)
     check_routing(routing)
-    head_spec = HeadSpec.parse(head)
-    adapters = AdapterSpec.parse(lora_rank, lora_dropout, lora_targets)
     check_cp_comm(cp_comm, model, layout.tp, layout.cp)
+    lookup = adapters.full or depths > 0  # the embedding's lookup runs (embedding.py)
+    if lookup and model.vocab < 1:
+        field_name, value = ("training", training) if adapters.full else ("mtp_depths", depths)
+        raise SimInputError(
+            field_name, value, f"{model.name} has no vocabulary size (the embedding's lookup)"
+        )
     started = time.perf_counter()
     cp_group = init_groups(layout.tp, layout.cp, layout.rank, layout.tp_rank)
     tracker: LiveBytesTracker
@@ -179,11 +203,24 @@ def simulate_rank(
 
                 lm_head = Head(ctx, _config(model, layout), head_spec)
                 params += list(lm_head.parameters())
+            extra = _Extras()
+            if lookup:
+                extra.embedding = _embedding(ctx)
+                params.append(extra.embedding.weight)
+            if depths:
+                from oracles.rank_sim.mtp import MTPBlock
+
+                extra.mtp = MTPBlock(ctx, _config(model, layout), extra.embedding, depths, shared)
+                params += list(extra.mtp.parameters())
+            if adapters.full:
+                from oracles.rank_sim.training import prepare
+
+                extra.grad_accumulators = prepare(params)
             tracker = LiveBytesTracker(params)
             first = _count(layout, model.kinds[0])
             longest = max(layout.attn_local, layout.gdn_local)
-            with tracker:
-                result = _step(ctx, layers, tracker, first, longest, lm_head)
+            with tracker, _training(ctx, set_label):
+                result = _step(ctx, layers, tracker, first, longest, lm_head, extra)
     finally:
         release_groups()
     result.seconds = time.perf_counter() - started
@@ -191,18 +228,53 @@ def simulate_rank(
     result.step = {"head": head_spec.label, **adapters.as_dict(), "cp_comm": cp_comm}
     if micro_batch != 1:
         result.step["micro_batch"] = micro_batch
+    if depths:
+        result.step.update(mtp_depths=depths, mtp_shared=shared)
     if model.moe:
         rows = {expert_rows(model, ctx.local(_count(layout, k)), ep, routing) for k in model.kinds}
         result.expert_rows = max(rows)
     return result
 
 
-def check_micro_batch(model: SimModel, layout: RankLayout, micro_batch: int) -> None:
+@dataclass
+class _Extras:
+    """The step's modules beyond the layers and the head: the embedding's lookup
+    (embedding.py) and the MTP depths (mtp.py)."""
+
+    embedding: Any = None
+    mtp: Any = None
+    grad_accumulators: Any = None  # full training: DDP's hooked accumulators (training.py)
+
+
+def _embedding(ctx: RankContext) -> Any:
+    """The rank's word embedding table, trainable under full training."""
+    from oracles.rank_sim.embedding import Embedding
+    from oracles.rank_sim.head import padded_vocab
+
+    m, lay = ctx.model, ctx.layout
+    emb = Embedding(padded_vocab(m.vocab, lay.tp) // lay.tp, m.hidden, lay.tp, lay.sp)
+    emb.weight.requires_grad_(ctx.adapters.full)
+    return emb
+
+
+def _training(ctx: RankContext, set_label: Any) -> Any:
+    """Full training's step-wide pieces (training.py), or nothing."""
+    if not ctx.adapters.full:
+        return contextlib.nullcontext()
+    from oracles.rank_sim.training import full_training
+
+    return full_training(set_label)
+
+
+def check_micro_batch(
+    model: SimModel, layout: RankLayout, micro_batch: int, mtp_kinds: tuple[str, ...] = ()
+) -> None:
     """The micro-batch rows must split every Mamba layer's tokens; megatron's Mamba
-    asserts (head and group counts, CP) as input errors (mamba.py)."""
+    asserts (head and group counts, CP) as input errors (mamba.py). ``mtp_kinds``: the
+    MTP depths' mixers, where they run."""
     if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
         raise SimInputError("micro_batch", micro_batch, "must be an integer >= 1")
-    if not model.mamba_layers:
+    if not model.mamba_layers and "mamba" not in mtp_kinds:
         return
     from oracles.rank_sim.mamba import check_mamba
 
@@ -227,25 +299,37 @@ def _step(
     first: int,
     longest: int,
     lm_head: Any = None,
+    extra: _Extras | None = None,
 ) -> RankResult:
     model, layout, rc = ctx.model, ctx.layout, ctx.recompute
+    extra = extra or _Extras()
     grad = torch.no_grad() if rc.no_grad else torch.enable_grad()
-    labels = None
+    labels = ids = positions = loss_mask = None
     if lm_head is not None:  # the batch's labels: one int64 per token the rank's head sees
         last = _stream_count(layout, model.kinds)
         with ctx.label("labels"):
             labels = torch.empty((last,), dtype=torch.int64)
+            if extra.mtp is not None:  # MTP rolls the positions and the loss mask
+                positions = torch.empty((last,), dtype=torch.int64)
+                loss_mask = torch.empty((last,), dtype=torch.float32)
+    if extra.embedding is not None:  # the token ids the embedding looks up
+        with ctx.label("labels"):
+            ids = torch.empty((first,), dtype=torch.int64)
     with grad:
         with ctx.label("embedding"):
-            emb = torch.empty((first, model.hidden), dtype=BF16)
-            if layout.sp:  # vocab-parallel partial sums reduce-scattered over the sequence
-                from megatron.core.tensor_parallel import mappings
+            if ctx.adapters.full:  # the trained table's lookup (embedding.py)
+                emb = extra.embedding(ids)
+            else:
+                emb = torch.empty((first, model.hidden), dtype=BF16)
+                if layout.sp:  # vocab-parallel partial sums reduce-scattered over the sequence
+                    from megatron.core.tensor_parallel import mappings
 
-                emb = mappings.reduce_scatter_to_sequence_parallel_region(emb)
+                    emb = mappings.reduce_scatter_to_sequence_parallel_region(emb)
             if model.embed_scale:  # Gemma: the lookup times sqrt(hidden), a fresh tensor
                 emb = emb * model.hidden**0.5
             x = emb
-            if rc.full and not rc.no_grad:  # megatron's reentrant checkpoint needs grad
+            if rc.full and not rc.no_grad and not x.requires_grad:
+                # megatron's reentrant checkpoint needs an input that requires grad
                 x = x.detach().requires_grad_(True)
             elif _needs_input_grad(ctx):
                 # adapters behind a checkpointed region whose inputs carry no grad (e.g.
@@ -254,7 +338,7 @@ def _step(
                 # checkpoint would give them none
                 x = x.detach().requires_grad_(True)
             del emb
-        if _tables(model):
+        if _tables(model, extra.mtp is not None):
             with ctx.label("rope"):
                 tables = (torch.empty((longest, model.rope_width), dtype=BF16),) * 2
                 ctx.rope = (tables[0], torch.empty_like(tables[1]))
@@ -278,6 +362,9 @@ def _step(
                 # unpack the packed row to the logical tokens (shared prefixes repeated)
                 out = _unpack(out, layout.logical_tokens)
                 loss = out.square().mean()
+        elif extra.mtp is not None:
+            loss = _mtp_head(lm_head, extra.mtp, x, (ids, positions, labels, loss_mask))
+            out = None
         else:
             loss = lm_head(x, labels)
             out = None
@@ -308,7 +395,7 @@ def _step(
     else:
         del body_out
     ctx.rope = None  # the rope tables live through backward (recompute reads them)
-    del loss, out, labels
+    del loss, out, labels, ids, positions, loss_mask
     return RankResult(
         rank=layout.rank,
         attention_tokens=layout.attn_local,
@@ -323,6 +410,21 @@ def _step(
             **({"head_backward_peak": head_bwd[0].components} if head_bwd else {}),
         },
     )
+
+
+def _mtp_head(head: Any, mtp: Any, x: torch.Tensor, batch: tuple[Any, ...]) -> torch.Tensor:
+    """``GPTModel._postprocess`` with MTP (mtp.py): the final norm, the MTP block, the
+    depths' losses, then the main loss on chunk 0; the concatenation lives until the main
+    loss is made (the frame's ``hidden_states``)."""
+    from oracles.rank_sim.mtp import mtp_loss
+
+    ids, positions, labels, loss_mask = batch
+    h = head.norm(x)
+    del x
+    cat = mtp(ids, positions, h)
+    del h
+    hidden = mtp_loss(head, cat, labels, loss_mask, mtp.depths)
+    return head.loss(hidden, labels)
 
 
 class _Unpack(torch.autograd.Function):

@@ -175,6 +175,7 @@ def everything() -> list[GridConfig]:
         + pipeline_grid()
         + family_grid()
         + family_balanced_grid()
+        + family_ep1_grid()
     )
 
 
@@ -622,3 +623,25 @@ def family_balanced_grid() -> list[GridConfig]:
 def everything_but_balanced() -> list[GridConfig]:
     """The grids generated before ``family_balanced_grid``."""
     return grid() + moe_grid() + trainer_grid() + pipeline_grid() + family_grid()
+
+
+FAMILY_EP1_SLOTS = 2
+"""``family_grid``'s first two slots at EP 1 (ART's runtime with experts unsharded)."""
+
+
+def family_ep1_grid() -> list[GridConfig]:
+    """The MoE families' configurations of ``family_grid``'s first ``FAMILY_EP1_SLOTS``
+    slots on the layouts beyond one rank, with every expert local (EP 1, so the routing
+    moves nothing: concentrated): each TP rank routes only its sequence shard to all the
+    experts. ids ``<model>:tpT:cpC:ep1:<request>:<recompute>:<trainer>``; their
+    generation order continues after ``family_balanced_grid()``."""
+    start = len(everything_but_balanced()) + len(family_balanced_grid())
+    per_slot = len(FAMILY_LAYOUTS) * len(FAMILY_MODELS)
+    out: list[GridConfig] = []
+    for i, c in enumerate(family_grid()):
+        if c.model not in FAMILY_MOE or c.ep == 1 or i // per_slot >= FAMILY_EP1_SLOTS:
+            continue
+        where = f"tp{c.tp}:cp{c.cp}:ep{c.ep}"
+        cid = c.config_id.replace(where, f"tp{c.tp}:cp{c.cp}:ep1", 1)
+        out.append(replace(c, config_id=cid, ep=1, order=start + len(out)))
+    return out

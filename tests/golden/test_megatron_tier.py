@@ -267,7 +267,7 @@ def test_a_model_without_the_routed_rows_fails_covers() -> None:
     them the peaks are missed."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(moe_module, "MOE_ROW_PLAIN_F", 0)
-        patch.setattr(Step, "expert_rows_per_token", lambda self, tp=None: Fraction(0))
+        patch.setattr(Step, "expert_rows_per_token", lambda self, tp=None, sp=None: Fraction(0))
         broken = run_tier(GOLDEN, "moe")
     assert not broken.passed
     assert len(broken.failing("covers")) > len(broken.rows) // 2
@@ -288,12 +288,12 @@ def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
     balanced expectation is checked within 10% of each. The old expectation, ceil(top-k /
     EP) rows per routed token (up to 4x the even share at EP 8, top-2), fails it."""
     from cpmem.step import step as step_module
-    from cpmem.step.routing import rows_per_token, spanned_groups
+    from cpmem.step.routing import expert_sources, rows_per_token
 
-    def rounded_up(geometry, ep, routing, *, tp, tokens=None):  # type: ignore[no-untyped-def]
+    def rounded_up(geometry, ep, routing, *, tp, sp, etp, tokens=None):  # type: ignore[no-untyped-def]
         if routing == "balanced":
-            return Fraction(-(-geometry.moe_top_k // ep) * spanned_groups(ep, tp))
-        return rows_per_token(geometry, ep, routing, tp=tp, tokens=tokens)
+            return -(-geometry.moe_top_k // ep) * expert_sources(ep, etp, tp, sp)
+        return rows_per_token(geometry, ep, routing, tp=tp, sp=sp, etp=etp, tokens=tokens)
 
     tier = run_tier(GOLDEN, "moe")
     assert tier.passed and all(r.routing_bound for r in tier.rows)
@@ -302,6 +302,35 @@ def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
         patch.setattr(step_module, "rows_per_token", rounded_up)
         broken = run_tier(GOLDEN, "moe")
     assert len(broken.failing("headroom")) > 10
+
+
+def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
+    """Megatron-LM's ETP = TP default (TP2 ETP2 EP2, TP4 ETP2 EP2: 68 recordings): each
+    rank's experts receive the ETP group's gathered rows (``cpmem.step.routing``,
+    ``EP x ETP / TP`` shards), each row's FFN tensors the rank's ``F_e / ETP`` slice
+    (``moe.expert_shard``). Priced so, every balanced expectation is within 4% of its
+    recording; the gathered rows with the whole ``F_e`` miss the 10% headroom, and the
+    FFN slice without the gathered rows leaves recordings uncovered."""
+
+    def etp_rows(r: object) -> bool:
+        return r.step.plan.layout.etp > 1  # type: ignore[attr-defined]
+
+    tier = run_tier(GOLDEN, "moe")
+    rows = [r for r in tier.rows if etp_rows(r)]
+    assert len(rows) == 68 and all(abs(r.headroom) <= 0.04 for r in rows)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(moe_module, "expert_shard", lambda g, etp: g.expert_ffn)
+        whole = [r for r in run_tier(GOLDEN, "moe").rows if etp_rows(r)]
+    assert any(not r.passed("headroom") for r in whole)
+    from cpmem.step import routing as routing_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        sources = routing_module.expert_sources
+        patch.setattr(
+            routing_module, "expert_sources", lambda ep, etp, tp, sp: sources(ep, 1, tp, sp)
+        )
+        local = [r for r in run_tier(GOLDEN, "moe").rows if etp_rows(r)]
+    assert any(not r.passed("covers") for r in local)
 
 
 def test_the_kept_report_is_up_to_date() -> None:

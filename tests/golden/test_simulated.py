@@ -55,7 +55,7 @@ def test_simulated_data_is_intact() -> None:
 
 def test_subset_is_spread() -> None:
     rows = load_rows(simulated_dir(), _pin()["rows"])
-    assert 24 <= len(rows) <= 76
+    assert 24 <= len(rows) <= 78
     assert {r.cp for r in rows} == {1, 2, 4, 8}
     assert {r.tp for r in rows} >= {1, 2, 4}
     assert any(r.tp > 1 and r.cp > 1 for r in rows)
@@ -73,6 +73,7 @@ def test_subset_is_spread() -> None:
     assert any(r.stage_layers for r in staged) and any(r.tp > 1 for r in staged)
     families = {"gemma-2-9b", "gemma-3-12b", "gpt-oss-20b", "moonlight-16b-a3b", "qwen3-30b-a3b"}
     assert families <= {r.model for r in rows}  # every family_grid model
+    assert any(r.ep == 1 and r.tp * r.cp > 1 and r.routing for r in rows)  # family_ep1_grid
 
 
 def _validated_worst_under() -> dict[str, dict[str, float]]:

@@ -201,10 +201,18 @@ def test_pattern_grammar() -> None:
     ):
         with pytest.raises(SimInputError, match=why):
             parse_pattern(bad)
-    with pytest.raises(SimInputError, match="MTP"):
-        stack(parse_pattern("M*/MM"))
+    # the '/' part is one MTP depth's layers, once per depth (mtp.py)
+    assert stack(parse_pattern("M*/*-/*-")) == {
+        "kinds": ("mamba", "attention"),
+        "mlp_kinds": ("", ""),
+        "mtp_kinds": ("attention", ""),
+        "mtp_mlp_kinds": ("", "dense"),
+        "mtp_depths": 2,
+    }
     with pytest.raises(SimInputError, match="Gated DeltaNet"):
         stack(parse_pattern("MG"))
+    with pytest.raises(SimInputError, match="Gated DeltaNet"):
+        stack(parse_pattern("M*/G"))
 
 
 def test_hybrid_builds_one_sub_layer_per_symbol() -> None:
@@ -262,7 +270,7 @@ def test_megatron_args_refusals() -> None:
         ({"--hybrid-override-pattern": "M*"}, "--hybrid-override-pattern"),
         ({"--hybrid-layer-pattern": "ME", "--squared-relu": True, "--num-experts": 8},
          "--num-experts"),
-        ({"--hybrid-layer-pattern": "M*/M*"}, "--hybrid-layer-pattern"),
+        ({"--hybrid-layer-pattern": "M*/+"}, "--hybrid-layer-pattern"),
     ):  # fmt: skip
         with pytest.raises(SimInputError) as err:
             from_megatron_args({**CASE, **flags})

@@ -187,3 +187,20 @@ def test_moe_grid_configurations_are_expressible() -> None:
             c.routing in ("balanced", "concentrated") and f":ep{c.ep}:{c.routing}:" in c.config_id
         )
     assert {c.modules for c in moe} >= {"core_attn", "core_attn+moe"}
+
+
+def test_expert_adapters_train_under_lora() -> None:
+    """The routed experts' grouped adapters (moe.py's ``fc1_a`` .. ``fc2_b``) train under
+    LoRA like every linear's ``lora_a``/``lora_b``, so adapters on the MLPs alone (no
+    attention adapter upstream) still give the backward a graph; the frozen experts'
+    weights and the router do not train."""
+    from oracles.rank_sim.training import trainable
+
+    for name in ("layers.0.mlp.fc1_a", "layers.1.mlp.fc2_b", "layers.0.mixer.qkv.lora_a"):
+        assert trainable(name, full=False), name
+    for name in ("layers.0.mlp.fc1_w", "layers.0.mlp.router_w", "layers.0.mlp.sh_gate_w"):
+        assert not trainable(name, full=False), name
+    rc = Recompute.parse("none", "")
+    only_mlp = simulate_rank(SMALL, _layout(), rc, ep=EP, lora_targets="mlp")
+    every = simulate_rank(SMALL, _layout(), rc, ep=EP, lora_targets="all")
+    assert 0 < only_mlp.forward_backward_peak_bytes < every.forward_backward_peak_bytes

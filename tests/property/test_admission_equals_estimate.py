@@ -20,7 +20,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from cpmem.admission.admission import BALANCED_NOTE, Decision, Figure, admit, split_request
+from cpmem.admission.admission import Decision, admit, split_request
+from cpmem.admission.pricer import BALANCED_NOTE, Figure
 from cpmem.api import describe_step, estimate
 from cpmem.errors import InputError
 from cpmem.model.presets import get_preset

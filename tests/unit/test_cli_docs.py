@@ -85,3 +85,17 @@ def test_the_default_routing_has_one_name() -> None:
     texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     assert [p.name for p in texts if "--moe-routing worst" in p.read_text(encoding="utf-8")] == []
     assert "--moe-routing concentrated|" in _synopsis()
+
+
+def test_every_command_formats_its_help() -> None:
+    """``--help`` renders for every command: argparse formats each help text with ``%``,
+    so a declaration's literal ``%`` (``--ep``'s ``num_experts % EP``) must reach it
+    escaped, and the text shows it once."""
+    seen = 0
+    for command, parser in _commands(build_parser()):
+        text = parser.format_help()
+        assert text.startswith("usage:"), command
+        seen += 1
+        if command == "estimate":
+            assert "num_experts % EP == 0" in " ".join(text.split())
+    assert seen >= 5

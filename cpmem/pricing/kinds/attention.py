@@ -261,6 +261,20 @@ def recompute_width(step: Step, w: TightWidths) -> int:
     return w.of("attention") + cp_kv_width(step)
 
 
+def recompute_kept_width(step: Step, w: TightWidths) -> int:
+    """Under full recompute, what the recomputed attention holds while its layer's
+    feed-forward block recomputes and runs its backward: its saved set and the gathered
+    K/V an ``all_gather`` kernel saves for backward, not the exchange in flight while it
+    ran (``p2p``'s chunks, ``a2a``'s copy: ``cp_comm.forward_in_flight_width``), freed
+    when its forward returned. Rank simulator, at the forward+backward peak, in the first
+    MoE layer's backward, the busiest rank's recomputed attention holds its saved set
+    alone: Moonlight-16B-A3B p2p full recompute, EP 1, TP1 CP8 (pair of 16k, 5,632
+    tokens): 15,524 elements per token (the saved set 15,516; the ring's seven chunks in
+    flight are 35,840, one kept chunk 5,120); TP2 CP2 (8,192 tokens, 5,120 on the rank):
+    10,293 (10,288)."""
+    return recompute_width(step, w) - cp_comm.forward_in_flight_width(step)
+
+
 def cp_kv_width(step: Step) -> int:
     """Elements per token of other CP ranks' K/V (and CP exchange buffers) an attention
     layer holds while it runs: the gathered K/V under ``all_gather``, the ring's chunks in
@@ -558,6 +572,9 @@ class AttentionSpec(MixerSpec):
 
     def recompute_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         return recompute_width(step, w)
+
+    def recompute_kept(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        return recompute_kept_width(step, w)
 
     def full_backward_peak(self, g: ModelGeometry, w: TightWidths, step: Step, mixer: int) -> int:
         return mixer + flash_backward_width(step, w.tp)

@@ -127,6 +127,14 @@ def shared_width(geometry: ModelGeometry, tp: int, sp: bool, compiled: bool, lor
     return width + (geometry.hidden // s if geometry.shared_expert_gate else 0)
 
 
+def expert_shard(geometry: ModelGeometry, etp: int) -> int:
+    """The width of a routed expert's FFN on one rank: ``F_e / ETP``. megatron-core
+    0.16's experts (``experts.py``) build fc1 column-parallel and fc2 row-parallel over
+    the expert TP group, so each gathered row's fc1 output and activations are the
+    rank's slice; the rows themselves are the ETP group's (``cpmem.step.routing``)."""
+    return geometry.expert_ffn // max(etp, 1)
+
+
 def saved_width(
     geometry: ModelGeometry,
     tp: int,
@@ -134,6 +142,7 @@ def saved_width(
     rows: Fraction,
     compiled: bool,
     lora: bool = True,
+    etp: int = 1,
 ) -> int:
     """Elements per (global) token one MoE layer keeps:
 
@@ -149,11 +158,13 @@ def saved_width(
     The reference's ``moe_width`` keeps ``2H + c·F_e`` per row (a second H-wide copy the
     simulator's megatron code has not).
     Simulator, Qwen3.5-35B-A3B TP4 EP4 SP, eager: 45,001.2 elements per token and layer
-    concentrated, 14,257.2 balanced (this: 45,012 and 14,268)."""
+    concentrated, 14,257.2 balanced (this: 45,012 and 14,268). Under expert tensor
+    parallelism (``etp``) each row's ``F_e``-wide tensors are the rank's ``F_e/ETP``
+    slice (``expert_shard``)."""
     if not geometry.is_moe:
         return 0
     s = sp_divisor(tp, sp)
-    h, fe = geometry.hidden, geometry.expert_ffn
+    h, fe = geometry.hidden, expert_shard(geometry, etp)
     f = MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F if compiled else MOE_ROW_EAGER_F
     if geometry.activation_clamp is not None and not compiled:
         f += CLAMPED_GLU_ROW_F
@@ -180,14 +191,38 @@ def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     return routed + (h + 2 * geometry.num_experts) // sp_divisor(tp, sp)
 
 
-MOE_BACKWARD_ROW_H = 6
-"""H-multiples per expert row an MoE layer's backward holds beside its saved set: the
-gradients of the row movements (the combine's un-sort and all-to-all, the dispatch's
-sort, all-to-all and permute, each a fresh buffer in oracles/rank_sim/moe.py
-``Rows.backward``) and of the experts' output. Rank simulator, Qwen3-30B-A3B full
-recompute, 8,192 tokens, 8 rows per token, the backward's own buffers at the
-forward+backward peak: 96,332 elements per token at TP1 EP1 (12,041 per row, ``6H`` =
-12,288), 48,178 at TP2 EP2 SP (6,022 per row); priced at the larger."""
+MOE_GLU_BACKWARD_F = 6
+"""F_e-multiples per expert row the backward of megatron-core 0.16's eager probs-weighted
+GLU holds at its peak beyond the recomputed saved set: the fp32 gradients of the scaled
+product and of the GLU output and their bf16 casts (``MLP.forward`` with
+``per_token_scale``, as oracles/rank_sim/moe.py ``MoE.activation`` runs it through torch's
+own backward), 7 ``F_e`` a row, less the scaled output fc2's adapter saved, which fc2's
+backward has freed (1 ``F_e``). Rank simulator, Moonlight-16B-A3B TP1 EP1 full recompute,
+4,096 tokens, 6 rows a token: at the forward+backward peak, in the first MoE layer's GLU
+backward, the backward's ``mul`` and ``_to_copy`` outputs are 59,136 elements per token
+(9,856 = 7 x 1,408 per row), the same under selective ``core_attn+moe``; at TP2 CP2 EP1 (3
+rows) the recomputed layer holds 38,510 of its 42,746-element saved set there, 4,224 (3 x
+1,408) less. The
+compiled GLU's fused backward forms only the fc1 output's gradient, within the combine's
+moment (``backward_row_width``). Qwen3-30B-A3B (``F_e`` 768) and gpt-oss-20b peak in
+the combine's backward instead, and the clamped GLU's backward holds
+``CLAMPED_GLU_BACKWARD_F`` beside it (their ``core_attn+moe`` rows at TP1 EP1: the
+backward's row buffers at the peak, no 7 ``F_e``-wide gradients)."""
+
+ACCUMULATED_INPUT_GRADS = 1
+"""Layer-input-wide tensors (``H/s``) each MoE layer already through its backward keeps
+under full recompute until the step ends: megatron's ``dispatch_preprocess`` stores the
+router's ``probs`` on the dispatcher (``self.probs``), and the recomputed forward's
+``probs`` holds its graph back to the checkpoint's detached input, a leaf whose
+``.grad`` the checkpoint's backward fills (``CheckpointFunction.backward``); the graph,
+the leaf and its gradient live until the layer's next forward replaces ``self.probs``
+(the leaf shares its storage with the kept layer input, already priced). So the last MoE
+layer backward visits holds ``(MoE layers - 1) x H/s`` such gradients. Rank simulator,
+full recompute, at the forward+backward peak: Qwen3-30B-A3B 48 MoE layers, 8,192 tokens,
+TP1: the backward's ``add`` outputs are 96,256 elements per token = 47 x 2,048; at TP2
+SP 48,178 (47 x 1,024 and the rest); Moonlight-16B-A3B (26 MoE layers, TP1): 51,200 =
+25 x 2,048. A dense model's MLP keeps no graph, and holds none (Qwen3-1.7B: 3 H-wide
+``add`` outputs at the peak, 28 layers)."""
 
 DISPATCHER_STATE_E = 2.5
 """bf16-equivalent elements per expert and local token each MoE layer holds after its
@@ -206,17 +241,23 @@ def dispatcher_state_width(geometry: ModelGeometry, w: TightWidths, step: Step) 
     return geometry.moe_layers * MOE.after_forward(geometry, w, step)
 
 
-def backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
-    """Elements per token an MoE layer's backward holds beside its saved set
-    (``MOE_BACKWARD_ROW_H``)."""
+def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """Elements per token an MoE layer holds beside its saved set under full recompute,
+    at the larger of its two moments: its recomputed forward's dispatch
+    (``dispatch_width``) or its backward (``backward_row_width`` per row); beside
+    either, the gradients the MoE layers already through their backward keep
+    (``ACCUMULATED_INPUT_GRADS``)."""
     rows = step.expert_rows_per_token(w.tp)
-    return math.ceil(rows * MOE_BACKWARD_ROW_H * geometry.hidden)
+    backward = math.ceil(rows * backward_row_width(geometry, step))
+    moment = max(dispatch_width(geometry, w, step), backward)
+    earlier = max(0, geometry.moe_layers - 1)
+    return moment + earlier * ACCUMULATED_INPUT_GRADS * w.layer_input
 
 
 MOE_CHECKPOINT_BACKWARD_ROW_H = 3
 """H-multiples per expert row the last MoE layer's backward holds beside the saved set its
-``moe`` checkpoint recomputed, at that backward's peak: three of the fresh row buffers of
-``MOE_BACKWARD_ROW_H`` (the gradients of the combine's all-to-all and un-sort and of the
+``moe`` checkpoint recomputed, at that backward's peak: three fresh ``[rows, H]`` row
+buffers (the gradients of the combine's all-to-all and un-sort and of the
 experts' output) are live at once beside the recomputed dispatched input and the expert
 GLU's saved set. Rank simulator (tests/oracle/test_tight_simulated_facts.py): four
 [rows, H] buffers at that peak at EP > TP (TP1 CP2 EP2) and at EP = TP (TP2 EP2 SP);
@@ -238,15 +279,28 @@ CP8 EP8, 4 layers, 4,096 tokens a rank: ten [rows, F_e]-wide tensors at the back
 peak against the seven of the eager saved set)."""
 
 
+def backward_row_width(geometry: ModelGeometry, step: Step) -> int:
+    """Elements per expert row an MoE layer's backward holds beside its recomputed saved
+    set at its peak: the larger of the combine's moment (``MOE_CHECKPOINT_BACKWARD_ROW_H``
+    fresh ``[rows, H]`` buffers; a clamped GLU's ``CLAMPED_GLU_BACKWARD_F`` gradients
+    beside them) and, for megatron's eager unclamped GLU, its own backward
+    (``MOE_GLU_BACKWARD_F``). Which is larger is the model's: Qwen3-30B-A3B (``F_e`` 768)
+    and gpt-oss-20b peak in the combine's backward in the rank simulator, Moonlight-16B-A3B
+    (``F_e`` 1,408, ``H`` 2,048) in the GLU's."""
+    fe = expert_shard(geometry, step.plan.layout.etp)
+    combine = MOE_CHECKPOINT_BACKWARD_ROW_H * geometry.hidden
+    if step.compiled or not geometry.gated_mlp:
+        return combine
+    if geometry.activation_clamp is not None:
+        return combine + CLAMPED_GLU_BACKWARD_F * fe
+    return max(combine, MOE_GLU_BACKWARD_F * fe)
+
+
 def checkpoint_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token the last MoE layer's backward holds beside the saved set its
-    ``moe`` checkpoint recomputed (``MOE_CHECKPOINT_BACKWARD_ROW_H``, and a clamped GLU's
-    gradients, ``CLAMPED_GLU_BACKWARD_F``)."""
+    ``moe`` checkpoint recomputed (``backward_row_width`` per row)."""
     rows = step.expert_rows_per_token(w.tp)
-    per_row = MOE_CHECKPOINT_BACKWARD_ROW_H * geometry.hidden
-    if geometry.activation_clamp is not None and not step.compiled:
-        per_row += CLAMPED_GLU_BACKWARD_F * geometry.expert_ffn
-    return math.ceil(rows * per_row)
+    return math.ceil(rows * backward_row_width(geometry, step))
 
 
 def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -265,7 +319,8 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     tp, sp = w.tp, layout.sp and w.tp > 1
     rows = step.expert_rows_per_token(tp)
     h = geometry.hidden
-    per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * geometry.expert_ffn
+    fe = expert_shard(geometry, layout.etp)
+    per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * fe
     s = sp_divisor(tp, sp)
     shared = LORA_SUM_COPIES * 2 * geometry.shared_expert_ffn // tp
     per_token = (2 * geometry.num_experts) // s
@@ -354,9 +409,9 @@ class MoeSpec(MlpSpec):
         self, g: ModelGeometry, layout: ParallelLayout, adapter: Adapter, core_kept: bool
     ) -> int:
         tp, sp, ep = layout.tp, layout.sp, layout.ep
-        rows = moe_rows_per_token(g, ep, "concentrated", tp=tp)
+        rows = moe_rows_per_token(g, ep, tp=tp)
         extra = adapters.extra_width(g, adapter, tp, "expert", sp=sp)
-        return moe_width(g, tp, sp, ep, "concentrated") + rows * extra
+        return moe_width(g, tp, sp, ep) + rows * extra
 
     def reference_dropped(self, widths: LayerWidths, recompute: Recompute, layers: int) -> int:
         # the router/dispatch input stays (common width); one layer recomputes
@@ -366,8 +421,9 @@ class MoeSpec(MlpSpec):
 
     def tight_widths(self, ctx: TightContext) -> dict[str, int]:
         g, step, tp, sp = ctx.geometry, ctx.step, ctx.tp, ctx.sp
-        rows = step.expert_rows_per_token(tp)
-        width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora) + ctx.sandwich
+        rows = step.expert_rows_per_token(tp, sp)
+        etp = step.plan.layout.etp
+        width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora, etp) + ctx.sandwich
         expert = adapters.extra_width(g, step.adapter, tp, "expert", sp=sp)
         width += math.ceil(rows * expert)
         if g.shared_expert_ffn:
@@ -391,8 +447,7 @@ class MoeSpec(MlpSpec):
         return dispatch_width(g, w, step)
 
     def full_backward_buffers(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
-        # recomputed with its dispatch buffers, then its backward's
-        return dispatch_width(g, w, step) + backward_width(g, w, step)
+        return full_backward_width(g, w, step)
 
     def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         if not step.recompute.checkpoints(Module.MOE):

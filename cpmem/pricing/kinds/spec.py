@@ -137,6 +137,12 @@ class MixerSpec(LayerKindSpec):
         what it holds of other CP ranks while it runs)."""
         return w.of(self.name)
 
+    def recompute_kept(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        """Under full recompute: what the recomputed mixer still holds once its forward
+        has run, while the layer's feed-forward block recomputes and runs its backward
+        (its saved set; what it held only while running is freed)."""
+        return self.recompute_width(g, w, step)
+
     def full_backward_peak(self, g: ModelGeometry, w: TightWidths, step: Step, mixer: int) -> int:
         """Under full recompute: the mixer's own backward moment, beside its recomputed
         width ``mixer`` where it still holds it (0: within the layer's other moment)."""

@@ -168,17 +168,19 @@ def kept_after(geometry: ModelGeometry, w: TightWidths, step: Step) -> list[int]
 
 def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token the backward of one layer holds under full recompute on top of
-    the layer inputs: the layer recomputed with gradients (its whole saved set, the
-    gathered K/V of an attention layer under CP) plus the feed-forward block's backward
-    buffers; then the mixer's own backward (a GDN kernel's once the MLP is done, the flash
-    backward beside an attention layer's recomputed mixer). The widest layer of the
-    model."""
+    the layer inputs: the layer recomputed with gradients (its whole saved set; of the
+    mixer what it still holds once its forward has run, ``recompute_kept``: an
+    attention layer's gathered K/V under CP, not its exchange in flight) plus the
+    feed-forward block's backward buffers; then the mixer's own backward (a GDN kernel's
+    once the MLP is done, the flash backward beside an attention layer's recomputed
+    mixer, its exchange in flight included). The widest layer of the model."""
     widest = 0
     for m, f, _ in geometry.layer_kinds:
         mixer_kind, ffn_kind = mixer_spec(m), mlp_spec(f)
         mixer = mixer_kind.recompute_width(geometry, w, step)
+        kept = mixer_kind.recompute_kept(geometry, w, step)
         ffn_backward = ffn_kind.full_backward_buffers(geometry, w, step)
-        widest = max(widest, mixer + w.of(f) + ffn_backward)
+        widest = max(widest, kept + w.of(f) + ffn_backward)
         widest = max(widest, mixer_kind.full_backward_peak(geometry, w, step, mixer))
     return widest
 
@@ -282,14 +284,32 @@ def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     return moment
 
 
-MTP_INPUT_H = 4
-"""H-wide tensors per token one MTP depth keeps beside its layers' saved sets and its loss
-head, on the rank's sequence shard (megatron-core ``MultiTokenPredictionLayer``,
-``_concat_embeddings`` at the recordings' snapshot): the ``enorm`` input (the shifted
-tokens' embedding) and the ``hnorm`` input (the previous depth's hidden states), each a
-norm's saved input, and their ``2H`` concatenation, which the trained ``eh_proj`` saves.
-The depth's final norm and the output layer's input are its head's
-(``cpmem.pricing.head.trained_head_bytes``)."""
+MTP_TRAINED_INPUTS_H = 4
+"""H-wide tensors per token on the sequence shard one MTP depth keeps for its own inputs
+under full training (megatron-core ``MultiTokenPredictionLayer._concat_embeddings`` and
+``GPTModel._postprocess`` at the recordings' snapshot): the ``enorm`` input (the shifted
+tokens' embedding), the ``2H`` concatenation the trained ``eh_proj`` saves, and the copy
+of the main hidden states in the ``[(1 + D) tokens, H]`` concatenation the trained output
+layer saves (the main states themselves stay kept by ``hnorm``; each depth's own output
+input is its head's, ``head_bytes``)."""
+MTP_FROZEN_INPUTS_H = 1
+"""The same under LoRA (``eh_proj``, the embedding and the output layer frozen, no adapter
+on ``eh_proj``): only ``hnorm``'s input, the previous depth's hidden states, which carry a
+gradient; ``enorm``'s input does not, and a frozen linear keeps no input."""
+
+
+def mtp_input_width(step: Step) -> int:
+    """Elements per token one MTP depth keeps for its inputs beyond its layers' kept set
+    (whose first input norm is priced at ``H/s``): ``MTP_TRAINED_INPUTS_H`` or
+    ``MTP_FROZEN_INPUTS_H`` of ``H/s``, and under SP the rest of the gathered ``eh_proj``
+    output: ``scatter_to_sequence_parallel_region`` hands the depth's layer a first-dim
+    slice of the ``[tokens, H]`` gather (``_split_along_first_dim``), a view whose
+    storage is the whole gather, so the layer's input norm keeps ``H`` per token, not
+    ``H/s`` (the rank simulator's MTP depth, ``oracles/rank_sim/mtp.py``)."""
+    g, layout = step.geometry, step.plan.layout
+    s = sp_divisor(layout.tp, layout.sp)
+    own = MTP_TRAINED_INPUTS_H if step.settings.training == "full" else MTP_FROZEN_INPUTS_H
+    return own * g.hidden // s + (g.hidden - g.hidden // s)
 
 
 def mtp_bytes(step: Step, w: TightWidths, tokens: int) -> int:
@@ -297,13 +317,12 @@ def mtp_bytes(step: Step, w: TightWidths, tokens: int) -> int:
     tokens, where the step ends with the head whose output layer they share (the depths
     run after the last layer and their losses before the main head's:
     ``GPTModel._postprocess``, ``process_mtp_loss``): per depth its layers' kept set
-    (``kept_width`` of a stack of them, under the step's recompute), ``MTP_INPUT_H`` and
-    the shifted token ids its embedding saves, and its head's kept set (the fp32
-    softmax of its logits). 0 without MTP or without a head."""
+    (``kept_width`` of a stack of them, under the step's recompute), its inputs
+    (``mtp_input_width``) and the shifted token ids its embedding saves, and its head's
+    kept set (the fp32 softmax of its logits). 0 without MTP or without a head."""
     g = step.geometry
     if not g.mtp_depths or step.head.returns_hidden:
         return 0
-    layout = step.plan.layout
     depth = replace(
         g,
         mixers=g.mtp_mixers,
@@ -313,8 +332,7 @@ def mtp_bytes(step: Step, w: TightWidths, tokens: int) -> int:
         mtp_depths=0,
         windows=(),
     )
-    s = sp_divisor(layout.tp, layout.sp)
-    per_token = kept_width(depth, w, step) + MTP_INPUT_H * g.hidden // s
+    per_token = kept_width(depth, w, step) + mtp_input_width(step)
     per_depth = tokens * (per_token * step.dtype_bytes + EMBEDDING_ID_BYTES)
     return g.mtp_depths * (per_depth + head_bytes(step, tokens).kept)
 

@@ -488,6 +488,8 @@ def simulate_stage(
     check_routing(routing)
     head_spec = HeadSpec.parse(head)
     adapters = AdapterSpec.parse(lora_rank, lora_dropout, lora_targets)
+    if model.mtp_depths:  # the single-rank step's (mtp.py)
+        raise SimInputError("mtp_depths", model.mtp_depths, "pipeline stages run no MTP")
     check_cp_comm(cp_comm, model, lay0.tp, lay0.cp)
     schedule = stage_schedule(microbatches, pp, stage, chunks, group)
     if recompute.no_grad:  # forward only: megatron releases each forward's tensors at once

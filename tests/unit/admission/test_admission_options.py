@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from cpmem.admission.admission import Decision, Figure, admit
+from cpmem.admission.admission import Decision, admit
+from cpmem.admission.pricer import Figure
 from cpmem.api import estimate
 from cpmem.errors import InputError
 from cpmem.plan.layout import ParallelLayout
@@ -103,10 +104,11 @@ ROWS = [
     Row("cp", M4, {}, 1, 2),
     # SP changes the layer inputs the full-recompute checkpoints keep (H/s per token)
     Row("sp", M17, {"tp": 2, "recompute": "full"}, True, False),
-    # expert parallelism over the TP ranks spreads a capacity's rows (concentrated ones
-    # land on one rank; an EP group wider than TP brings other ranks' tokens too); a
-    # capacity, not the balanced expectation: admission decides on a bound
-    Row("ep", MOE, {"moe_routing": "capacity:1", "tp": 4}, 1, 4, policy="tight", lengths=[4096]),
+    # expert parallelism over the TP ranks brings the other TP ranks' sequence shards to
+    # a rank's experts: the worst case (a bound, what admission decides on) rises from
+    # top-k / TP to top-k rows per token (a capacity of 1, each expert's even share from
+    # every source, holds the same rows at any EP)
+    Row("ep", MOE, {"tp": 4}, 1, 4, policy="tight", lengths=[4096]),
     Row("recompute", M4, {}, "selective", "full"),
     Row("modules", M4, {"recompute": "selective"}, "core_attn", "core_attn+mlp"),
     Row("planner", M4, {"cp": 2}, "gdn-segments", "balanced", lengths=[3000, 1000]),
@@ -228,8 +230,10 @@ DEVICE_ROWS = [
     DeviceRow("device_total_bytes", {}, 80_000_000_000, 90_000_000_000),
     # the gradient buffer's element: bf16 main gradients and their fp32 copy at the step
     DeviceRow("grad_bytes", {**H200, "lora_rank": 64}, 4, 2),
-    # routed experts split over ETP ranks hold a quarter of their weights each
-    DeviceRow("etp", {**H200, "tp": 4, "ep": 4}, 1, 4, model=MOE),
+    # routed experts split over ETP ranks hold a quarter of their weights each; priced
+    # with the published formula, whose activations ETP does not move (``tight``'s
+    # experts receive the ETP group's gathered rows: the activations move too)
+    DeviceRow("etp", {**H200, "tp": 4, "ep": 4, "policy": "reference"}, 1, 4, model=MOE),
     # the answered stage: the first holds the embedding, the last the output layer
     DeviceRow("rank", {**H200, "pp": 2, "microbatches": 2, "stage_layers": [8, 24]}, 0, "last"),
 ]

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpmem import cli
-from cpmem.admission.admission import Pricer
 from cpmem.admission.capacity import (
     MAX_RANKS,
     SIZES,
@@ -25,6 +24,7 @@ from cpmem.admission.capacity import (
     default_layouts,
     parse_layouts,
 )
+from cpmem.admission.pricer import Pricer
 from cpmem.api import describe_settings, estimate, load_model
 from cpmem.errors import InputError
 

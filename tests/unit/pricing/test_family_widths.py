@@ -19,6 +19,7 @@ from cpmem.pricing.head import head_bytes
 from cpmem.pricing.kinds import attention
 from cpmem.pricing.tight.compose import tight_widths
 from cpmem.pricing.widths import mla_core_width, moe_rows_per_token, sandwich_width
+from cpmem.step.routing import rows_per_token
 
 SIM_CONFIGS = Path(__file__).resolve().parents[3] / "golden" / "simulated" / "configs"
 
@@ -122,26 +123,39 @@ def test_soft_capped_logits_keep_tanhs_output():
 def test_expert_rows_span_the_cp_ranks_an_ep_group_covers():
     """oracles/rank_sim/moe.py ``expert_rows``: an EP group laid over TP x CP wider than
     TP routes the other CP ranks' tokens too: Qwen3-30B-A3B at TP2 CP2 EP4 receives 16
-    rows per rank token concentrated (8 top-k x 2 CP ranks), 4 balanced."""
+    rows per rank token concentrated (8 top-k x 2 CP ranks), 4 balanced. The reference
+    charges the same whole rows there."""
     g = PRESETS["qwen3-30b-a3b"]
-    assert moe_rows_per_token(g, 4, "concentrated", tp=2) == 16
-    assert moe_rows_per_token(g, 4, "balanced", tp=2) == 4
-    assert moe_rows_per_token(g, 4, "concentrated", tp=4) == 8  # EP = TP: own tokens
+    assert rows_per_token(g, 4, "concentrated", tp=2) == 16
+    assert rows_per_token(g, 4, "balanced", tp=2) == 4
+    assert rows_per_token(g, 4, "concentrated", tp=4) == 8  # EP = TP: own tokens
+    assert moe_rows_per_token(g, 4, tp=2) == 16 and moe_rows_per_token(g, 4, tp=4) == 8
     # never more copies per token than the rank has experts
     oss = PRESETS["gpt-oss-20b"]
-    assert moe_rows_per_token(oss, 16, "concentrated", tp=16) == 2  # 32 experts / 16
+    assert rows_per_token(oss, 16, "concentrated", tp=16) == 2  # 32 experts / 16
+    assert moe_rows_per_token(oss, 16, tp=16) == 2
+
+
+def test_the_reference_keeps_its_whole_rows_where_the_runtime_routes_the_shard():
+    """At EP 1 under TP2 SP each rank routes only its sequence shard (the simulator's
+    ``expert_rows``: T/2 x 1 x 8 rows for T tokens, 4 per token); the reference keeps
+    its published top-k per token of the CP rank (8), a bound above it."""
+    g = PRESETS["qwen3-30b-a3b"]
+    assert rows_per_token(g, 1, "concentrated", tp=2) == 4
+    assert moe_rows_per_token(g, 1, tp=2) == 8
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_full_recompute_moe_backward_holds_the_row_gradients():
-    """``MOE_BACKWARD_ROW_H`` against the rank simulator, run now: Qwen3-30B-A3B's
+def test_full_recompute_moe_backward_holds_the_layers_input_gradients():
+    """``moe.full_backward_width`` against the rank simulator, run now: Qwen3-30B-A3B's
     published structure (golden/simulated/configs/qwen3-30b-a3b.json, 48 MoE layers, 8
-    rows a token), 8,192 tokens at TP1 EP1 under full recompute. ``tight``'s
-    forward+backward covers the simulator's peak with the cold set-up, within 5% (about
-    +4.3%): each H-multiple a row is 279 MB here (4.7% of the figure), so 5 would fall
-    short (-0.4%) and 7 would be +9%."""
+    rows a token), 8,192 tokens at TP1 EP1 under full recompute, where the peak is the
+    first MoE layer's recomputed dispatch beside the 47 input gradients the MoE layers
+    already through their backward keep (``ACCUMULATED_INPUT_GRADS``: 47 x 2,048
+    elements a token, 1.5 GB here). ``tight``'s forward+backward covers the simulator's
+    peak with the cold set-up, within 5% (about +3.8%)."""
     pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
     from oracles.rank_sim.geometry import load_config

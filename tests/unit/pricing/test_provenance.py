@@ -162,20 +162,22 @@ ASSUMED = {
 @pytest.mark.parametrize("ep", [1, 4])
 def test_the_assumed_routing_is_the_one_priced(policy: str, routing: str, ep: int) -> None:
     """Where the routing is named as not priced (the reference charges every expert row
-    concentrated; at EP 1 every routed copy lands on the rank's experts), the assumption
-    states the concentrated routing that was priced; elsewhere the routing asked. The
-    issue's case: TP 2 EP 4 balanced under ``reference`` once assumed "balanced routing"
-    while naming the routing as ignored."""
+    concentrated; at EP 1 every routed copy lands on the rank's experts, so balanced is
+    concentrated), the assumption states the concentrated routing that was priced;
+    elsewhere the routing asked (tight at EP 1 prices a stated row count or capacity as
+    a bound on the rank's k x tokens rows). The issue's case: TP 2 EP 4 balanced under
+    ``reference`` once assumed "balanced routing" while naming the routing as ignored."""
     est = price(describe_step("qwen3-30b-a3b", [4096], tp=2, ep=ep, moe_routing=routing), policy)
     ignored = "moe_routing" in est.to_dict()["ignored_options"]
-    unpriced = policy != "tight" or ep == 1
+    unpriced = policy != "tight" or (ep == 1 and routing == "balanced")
     assert ignored == (routing != "concentrated" and unpriced)
     stated = "concentrated" if unpriced else routing
     assert est.assumptions["experts"].endswith("; " + ASSUMED[stated])
 
 
 def test_the_reference_at_tp2_ep4_balanced_assumes_what_it_charges() -> None:
-    est = price(describe_step("qwen3-30b-a3b", [4096], tp=2, ep=4, moe_routing="balanced"))
+    step = describe_step("qwen3-30b-a3b", [4096], tp=2, ep=4, moe_routing="balanced")
+    est = price(step, "reference")  # ART's MoE steps default to tight
     assert est.policy == "reference"
     assert est.ignored_options[0].startswith("moe_routing: the reference charges every")
     assert est.assumptions["experts"] == (

@@ -188,7 +188,7 @@ def test_moe_width_is_the_simulators(
     if routing == "concentrated" and not compiled:
         from cpmem.pricing.widths import moe_width
 
-        assert moe_width(g, 4, True, 4, "concentrated") > 1.07 * sim_layer
+        assert moe_width(g, 4, True, 4) > 1.07 * sim_layer
 
 
 @pytest.mark.parametrize(("routing", "compiled", "sim_layer", "sim_transient"), MOE_SIM)

@@ -81,6 +81,37 @@ def test_a_capacity_is_megatrons_per_expert_bound() -> None:
     assert padded == Fraction(32 * 4 * math.ceil(2048 * 8 * 100 / 128), t) > 16
 
 
+def test_at_ep_below_tp_a_rank_routes_only_its_sequence_shard() -> None:
+    """Qwen3-MoE at TP2 SP EP1 (ETP 1, ART's runtime), 4,096 tokens on the CP rank: each
+    TP rank routes its 2,048-token shard to its own 128 experts, 8 copies each: 16,384
+    rows, 4 per token of the CP rank (the simulator's ``expert_rows``: 2,048 x 1 x
+    min(8, 128)). Without SP every TP rank routes all 4,096 tokens: 8 per token."""
+    t = 4096
+    simulator = (t // 2) * 1 * min(8, 128 // 1)
+    assert rows_per_token(QWEN3_MOE, 1, "concentrated", tp=2) * t == simulator
+    assert rows_per_token(QWEN3_MOE, 1, "balanced", tp=2) * t == simulator  # EP 1: alike
+    assert rows_per_token(QWEN3_MOE, 1, "concentrated", tp=2, sp=False) == 8
+    # EP 2 < TP 4: two shards of 1,024 tokens reach a rank's 64 experts
+    assert rows_per_token(QWEN3_MOE, 2, "concentrated", tp=4) * t == (t // 4) * 2 * 8
+
+
+def test_expert_tensor_parallelism_gathers_the_etp_groups_rows() -> None:
+    """megatron-core 0.16 ``MoEAlltoAllTokenDispatcher``: the all-to-all over EP, then an
+    all-gather over the ETP group (``dispatch_postprocess``); the allgather dispatcher
+    gathers over ETP x EP at once. Each rank's experts receive the copies of ETP x EP
+    shards of T/TP tokens: Qwen3-MoE at TP2 ETP2 EP2 (Megatron-LM's ETP = TP default),
+    4,096 tokens: 2 x 2 shards of 2,048, min(8, 64) copies each = 32,768 rows, 8 per
+    token; balanced 2 x 2 x 2,048 x 8 / 128 x 64 = 16,384, 4 per token. The padded
+    capacity is ``capacity x tp_size x ep_size`` per local expert (``preprocess``)."""
+    t = 4096
+    worst = rows_per_token(QWEN3_MOE, 2, "concentrated", tp=2, etp=2)
+    assert worst * t == 2 * 2 * 2048 * 8
+    assert rows_per_token(QWEN3_MOE, 2, "balanced", tp=2, etp=2) * t == 2 * 2 * 2048 * 8 // 2
+    capacity = math.ceil(2048 * 8 / 128 * 1.5)  # get_capacity on one source's 2,048 tokens
+    padded = rows_per_token(QWEN3_MOE, 2, "capacity:1.5:pad", tp=2, etp=2, tokens=t)
+    assert padded * t == 64 * capacity * 2 * 2
+
+
 def test_rows_are_the_count_given() -> None:
     assert rows_per_token(QWEN3_MOE, 4, "rows:12000", tp=2, tokens=4096) == Fraction(12000, 4096)
 
@@ -102,7 +133,8 @@ def test_the_estimate_names_its_routing_and_prices_the_others_beside_it() -> Non
     balanced = estimate("qwen3-30b-a3b", [4096], moe_routing="balanced", **common).to_dict()
     assert balanced["routing_bound"] == "expectation"
     # a policy that prices no routing gives no figures under others
-    assert "routing_figures" not in estimate("qwen3-30b-a3b", [4096], tp=2, ep=4).to_dict()
+    published = estimate("qwen3-30b-a3b", [4096], tp=2, ep=4, policy="reference").to_dict()
+    assert "routing_figures" not in published
 
 
 MOE_ARGS = {
