@@ -56,6 +56,17 @@ def sublayer_norm_tensors(geometry: ModelGeometry) -> tuple[int, ...]:
     return (*pre, *((h,) if geometry.sandwich_norms else ()))
 
 
+def qk_norm_widths(g: ModelGeometry) -> tuple[int, ...]:
+    """The q and k norms' parameters (none without a q/k norm): ``head_dim`` each, or the
+    whole projection's ``Q`` and ``KV`` where they span it (OLMo 2's; priced at TP 1
+    only, ``ModelGeometry.check_tp``)."""
+    if not g.qk_norm:
+        return ()
+    if g.qk_norm_projection:
+        return (*norm_tensors(g, g.q_width), *norm_tensors(g, g.kv_width))
+    return (*norm_tensors(g, g.head_dim), *norm_tensors(g, g.head_dim))
+
+
 def fc1_width(geometry: ModelGeometry, ffn: int) -> int:
     """fc1's output width for an MLP of ``ffn``: gate and up (``2F``) where gated, ``F``
     for a plain GeLU / squared-ReLU MLP."""

@@ -86,12 +86,8 @@ class SimModel:
     # attention families (Gemma 2 / 3, multi-head latent attention); the defaults are
     # the measured families' structure, so every existing model is unchanged
     sandwich_norms: bool = False  # Gemma: post-attention and post-feedforward RMSNorm too
-    # each sub-layer normalises its input; False: OLMo 2 / 3, whose attention and MLP read
-    # the residual stream and normalise their outputs only (``sandwich_norms`` set)
-    pre_norms: bool = True
-    # the q/k norms span the whole projection (OLMo 2 / 3: RMSNorm(heads x head_dim), on
-    # the flattened query and key), not one head
-    qk_norm_projection: bool = False
+    pre_norms: bool = True  # input norms; off: OLMo 2/3, whose sub-layers norm their outputs
+    qk_norm_projection: bool = False  # q/k norms over heads x head_dim (OLMo 2/3), not a head
     mlp_activation: str = "silu"  # the GLU's activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU)
     embed_scale: bool = False  # the embedding output multiplied by sqrt(hidden) (Gemma)
     attn_softcap: float = 0.0  # attention logit soft-capping (Gemma 2); 0: none
@@ -406,10 +402,8 @@ def _plain_attention(text: dict[str, Any], family: str) -> dict[str, Any]:
 
 
 GEMMA_FAMILIES = ("gemma2", "gemma3_text", "gemma3")
-# OLMo 2 / OLMo 3 (transformers' ``Olmo2DecoderLayer``: ``post_attention_layernorm`` and
-# ``post_feedforward_layernorm`` on the sub-layers' outputs, no input norms;
-# ``Olmo2Attention``: ``q_norm = RMSNorm(heads x head_dim)``, ``k_norm = RMSNorm(kv_heads
-# x head_dim)`` on the projections; ``Olmo3Attention``: ``layer_types``' sliding windows)
+# OLMo 2 / 3: ``Olmo2DecoderLayer``'s post-norms and no input norms, ``Olmo2Attention``'s
+# q/k norms over the whole projections, ``Olmo3Attention``'s windows (README.md)
 OLMO_FAMILIES = ("olmo2", "olmo3")
 MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
 

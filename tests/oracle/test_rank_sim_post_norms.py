@@ -174,3 +174,35 @@ def test_tight_prices_the_simulated_post_norm_layer(tp: int) -> None:
         mlp_rest = 2 * R + 1
     assert _per_token(sim, "attention", tp) == widths.of("attention") - runtime_q + attention_rest
     assert _per_token(sim, "mlp", tp) == widths.of("dense") + mlp_rest
+
+
+def test_the_cp_all_gather_frees_what_tight_frees_for_flattened_norms() -> None:
+    """CP 2 under ``all_gather`` against CP 1, per token of the rank and layer: the flash
+    kernel saves the gathered K and V (the other rank's, ``2 KV``, beside its own slot)
+    and the flattened k copy the k norm saves holds no view of the projection, so the
+    projection output and the local rotated key go as in a layer without a k norm. The
+    simulator's change is cpmem's remote K/V less ``gather_freed_width``."""
+    from cpmem.api import describe_step
+    from cpmem.model.hf_config import load_config
+    from cpmem.pricing.gathered import gathered_kv_width
+    from cpmem.pricing.kinds.attention import gather_freed_width
+
+    cfg = _small_config()
+    sim = from_hf_config(cfg)
+    geometry = load_config(cfg, name="olmo-2-small")
+    step = describe_step(
+        geometry, [2 * N], head="hidden", step="first", recompute="none", cp=2,
+        cp_comm="all_gather",
+    )  # fmt: skip
+    counts = (N, N)
+    layout = RankLayout(1, 2, 0, counts, counts, (GdnPiece(N),), 2 * N, True)
+    got = [
+        simulate_rank(sim.truncated(n), layout, NONE, cp_comm="all_gather")
+        .components["retained"]
+        .get("attention", 0)
+        for n in (2, 3)
+    ]
+    cp2 = (got[1] - got[0]) / BF16 / N
+    freed = gather_freed_width(step, 1)
+    assert freed == geometry.q_width + geometry.kv_width  # (Q + KV)/t at TP 1
+    assert cp2 - _per_token(sim, "attention") == gathered_kv_width(step, 1) - freed

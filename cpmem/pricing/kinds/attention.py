@@ -17,7 +17,7 @@ from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width, keeps_g
 from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
     LayerParameters,
-    norm_tensors,
+    qk_norm_widths,
     sublayer_norm_parameters,
     sublayer_norm_tensors,
 )
@@ -141,12 +141,10 @@ def ungated_multiples(geometry: ModelGeometry, tp: int, backend: str = "fused") 
     layers, ART's measured cells); learned positions without norms: ``2Q + 2KV`` fused,
     ``3Q + 2KV`` flash.
 
-    q/k norms over the whole projection (OLMo 2, ``ModelGeometry.qk_norm_projection``;
-    Megatron-Bridge's ``OLMoESelfAttention`` flattens the query and the key to
-    ``[s, b, heads x head_dim]`` before its norms): where the rank holds more than one
-    group the flattened query and key are copies of the interleaved projection, which
-    the norms save (``Q`` whatever the grouping, ``KV``) and which hold no view of it:
-    fused ``4Q + 4KV``, flash ``4Q + 3KV``."""
+    q/k norms over the whole projection (OLMo 2, ``ModelGeometry.qk_norm_projection``,
+    as Megatron-Bridge's ``OLMoESelfAttention`` flattens q and k to ``[s, b, heads x
+    head_dim]``): with more than one group on the rank the flattened q and k are copies,
+    saved by the norms, holding no view of the projection: fused ``4Q + 4KV``."""
     groups_per_rank = geometry.kv_groups // tp if geometry.kv_groups >= tp else 1
     flat_copies = geometry.qk_norm_projection and groups_per_rank > 1
     copies = groups_per_rank > 1 and (geometry.q_heads > geometry.kv_groups or flat_copies)
@@ -207,8 +205,7 @@ def gather_freed_width(step: Step, tp: int) -> int:
     (``ungated_multiples``) holds no view of the projection: freed as without a norm.
     0 for latent attention (its own set) and where no gathered K/V is kept."""
     g = step.geometry
-    groups = g.kv_groups // tp if g.kv_groups >= tp else 1
-    holds_view = g.qk_norm and not (g.qk_norm_projection and groups > 1)
+    holds_view = g.qk_norm and not (g.qk_norm_projection and g.kv_groups > tp)  # nested
     if holds_view or g.is_mla or step.cp_comm != "all_gather" or not keeps_gathered_kv(step):
         return 0
     return g.q_width // tp + g.kv_pair_width // min(tp, g.kv_groups) // 2
@@ -412,7 +409,7 @@ def _fused_softmax(step: Step, s: int, batch_heads: int) -> bool:
 
 def attention_parameters(g: ModelGeometry) -> LayerParameters:
     """The attention sub-layer's parameters with its own norms (its input norm, any
-    post-attention norm: ``sublayer_norm_parameters``): the QKV projection (with the output gate's second Q) and the
+    post-attention norm): the QKV projection (with the output gate's second Q) and the
     output projection sharded over TP, the norms replicated; the biases where the model
     has them (the QKV bias sharded with its output, the output projection's whole); the
     q/k norms; gpt-oss's per-head sinks."""
@@ -429,17 +426,6 @@ def attention_parameters(g: ModelGeometry) -> LayerParameters:
     if g.attention_sinks:
         sharded += g.q_heads
     return LayerParameters(sharded, 0, replicated)
-
-
-def qk_norm_widths(g: ModelGeometry) -> tuple[int, ...]:
-    """The q and k norms' parameters (none without a q/k norm): ``head_dim`` each, or the
-    whole projection's ``Q`` and ``KV`` where they span it (OLMo 2's; priced at TP 1
-    only, ``ModelGeometry.check_tp``)."""
-    if not g.qk_norm:
-        return ()
-    if g.qk_norm_projection:
-        return (*norm_tensors(g, g.q_width), *norm_tensors(g, g.kv_width))
-    return (*norm_tensors(g, g.head_dim), *norm_tensors(g, g.head_dim))
 
 
 def _mla_parameters(g: ModelGeometry, norms: int) -> LayerParameters:
