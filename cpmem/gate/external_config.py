@@ -1,7 +1,9 @@
-"""A step's model as a Hugging Face style ``config.json`` (``hf_config``): the ``config`` of
-an external estimator's description (``cpmem.gate.external.step_description``), in the field
-names of the model's family, with the checkpoint's ``quantization_config`` where it is
-quantized; ``cpmem.model.hf_config.load_config`` reads it back to the same geometry.
+"""A geometry as a Hugging Face style ``config.json`` dict, in its family's field names:
+the ``config`` of every external estimator's description (``cpmem.gate.external``,
+docs/external-estimators.md). ``cpmem.model.hf_config.load_config`` reads each back to
+the same geometry (tests/golden/test_external.py holds this for every preset), so it
+carries every field cpmem prices with, the checkpoint's ``quantization_config`` where it
+is quantized, and none a family's reader refuses (``cpmem.model.hf_fields.READ``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.model.hf_fields import READ
 from cpmem.model.quantization import quantization_config
+
+__all__ = ["FAMILY_EXPORTS", "hf_config"]
 
 
 def hf_config(geometry: ModelGeometry) -> dict[str, Any]:
@@ -86,6 +91,11 @@ FAMILY_EXPORTS = (
     "deepseek_v3",
     "kimi_k2",
     "nemotron_h",
+    "phi3",
+    "mixtral",
+    "glm4_moe",
+    "olmo2",
+    "olmo3",
 )
 
 NEMOTRON_SYMBOLS = {
@@ -158,23 +168,26 @@ def _family_config(g: ModelGeometry) -> dict[str, Any]:
         "num_key_value_heads": g.kv_groups,
         "vocab_size": g.vocab,
         "tie_word_embeddings": g.tied_embeddings,
-        "attention_bias": g.attention_bias,
     }
+    read = READ[g.family]
+    if "attention_bias" in read:  # not where the attention class fixes its biases
+        cfg["attention_bias"] = g.attention_bias
     if not mla:
         cfg["head_dim"] = g.head_dim
     if g.max_position_embeddings is not None:
         cfg["max_position_embeddings"] = g.max_position_embeddings
     if g.ffn:
         cfg["intermediate_size"] = g.ffn
-    if g.windowed:
+    if g.windowed:  # layer_types where the family reads it, else every layer slides
         cfg["sliding_window"] = max(g.windows)
-        cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in g.windows]
+        if "layer_types" in read:
+            cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in g.windows]
     if gemma:
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
         cfg["final_logit_softcapping"] = g.final_logit_softcap
     if g.family == "qwen3_moe":
         cfg.update(_qwen_experts(g), norm_topk_prob=g.router_scoring == "topk_softmax")
-    if g.family == "gpt_oss":
+    if g.family in ("gpt_oss", "mixtral"):
         cfg.update(
             num_local_experts=g.num_experts,
             num_experts_per_tok=g.moe_top_k,
@@ -182,6 +195,8 @@ def _family_config(g: ModelGeometry) -> dict[str, Any]:
         )
         if g.activation_clamp is not None:
             cfg["swiglu_limit"] = g.activation_clamp
+    if g.family == "glm4_moe":
+        cfg.update(_nextn_experts(g), use_qk_norm=g.qk_norm)
     if mla:
         cfg.update(
             q_lora_rank=g.q_lora_rank or None,
@@ -190,14 +205,21 @@ def _family_config(g: ModelGeometry) -> dict[str, Any]:
             qk_nope_head_dim=g.qk_nope_head_dim,
             v_head_dim=g.v_head_dim,
         )
-        if g.is_moe:
-            cfg.update(
-                n_routed_experts=g.num_experts,
-                num_experts_per_tok=g.moe_top_k,
-                moe_intermediate_size=g.expert_ffn,
-                n_shared_experts=g.shared_expert_ffn // g.expert_ffn,
-                first_k_dense_replace=g.mlps.index("moe"),
-            )
-        if g.mtp_depths:
-            cfg["num_nextn_predict_layers"] = g.mtp_depths
+        cfg.update(_nextn_experts(g))
+    return cfg
+
+
+def _nextn_experts(g: ModelGeometry) -> dict[str, Any]:
+    """DeepSeek-V3's expert fields (GLM-4.5's too) and its MTP depths, where it has them."""
+    cfg: dict[str, Any] = {}
+    if g.is_moe:
+        cfg.update(
+            n_routed_experts=g.num_experts,
+            num_experts_per_tok=g.moe_top_k,
+            moe_intermediate_size=g.expert_ffn,
+            n_shared_experts=g.shared_expert_ffn // g.expert_ffn,
+            first_k_dense_replace=g.mlps.index("moe"),
+        )
+    if g.mtp_depths:
+        cfg["num_nextn_predict_layers"] = g.mtp_depths
     return cfg

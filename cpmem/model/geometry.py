@@ -78,21 +78,31 @@ class ModelGeometry:
     # selection when every layer slides (the largest one; a model with full layers is
     # selected as unwindowed); and it is exported to external estimators.
     windows: tuple[int, ...] = ()
-    # Gemma's sandwich norms: a post-attention and a post-feed-forward RMSNorm, each saving
-    # its H-wide input, beside the two pre-norms every family has
+    # post-sub-layer norms: a post-attention and a post-feed-forward RMSNorm on each
+    # sub-layer's output before the residual add, each saving its H-wide input: Gemma's
+    # sandwich (beside the pre-norms) and OLMo 2's (instead of them: ``pre_norms`` False)
     sandwich_norms: bool = False
+    # each sub-layer normalises its input (every family but OLMo 2 / OLMo 3, whose
+    # attention and MLP read the residual stream itself and normalise their outputs)
+    pre_norms: bool = True
     # q/k RMSNorm before rope, as the family's attention class builds it (Qwen3, Qwen3-MoE,
     # Qwen3-Next, Qwen3.5, Gemma 3; not Llama, Mistral, Qwen2, Gemma 2, gpt-oss; latent
     # attention normalises its compressed query and KV instead: ``cpmem.model.hf_families``):
     # its two head_dim-wide weights, and in ``tight`` the saved query copy and the freed
     # CP-gathered projection that depend on it (``cpmem.pricing.kinds.attention``)
     qk_norm: bool = True
+    # the q and k norms span the whole projection (OLMo 2 / OLMo 3: ``RMSNorm(heads x
+    # head_dim)`` and ``RMSNorm(kv_heads x head_dim)``) rather than one head: their
+    # weights are Q and KV wide, and each normalises the flattened projection, a copy
+    # where the rank's groups interleave (``cpmem.pricing.kinds.attention``); TP > 1
+    # cannot shard them (``check_tp``)
+    qk_norm_projection: bool = False
     # the LM head's final logit soft-capping ``cap * tanh(logits / cap)`` (Gemma 2)
     final_logit_softcap: float | None = None
     # frozen biases: only their parameters (a frozen linear's bias saves nothing).
     # ``attention_bias``: the q/k/v projection's biases and the output projection's
-    # (``cpmem.pricing.weights``); Qwen2's attention has the first and not the second, and
-    # is priced with both (H parameters a layer more than it holds)
+    # (``cpmem.pricing.weights``); Qwen2's and GLM-4.5's attention have the first and not
+    # the second, and are priced with both (H parameters a layer more than they hold)
     attention_bias: bool = False
     mlp_bias: bool = False
     router_bias: bool = False
@@ -248,6 +258,7 @@ class ModelGeometry:
             )
         if self.q_heads % self.kv_groups:
             raise InputError("kv_groups", self.kv_groups, f"must divide q_heads ({self.q_heads})")
+        self._check_norms()
         if "gdn" in self.all_mixers:
             for name in ("gdn_key_heads", "gdn_key_dim", "gdn_value_heads", "gdn_value_dim"):
                 require_positive_int(name, getattr(self, name))
@@ -282,6 +293,30 @@ class ModelGeometry:
             require_positive_int("max_position_embeddings", self.max_position_embeddings)
         if self.activation_clamp is not None and not self.activation_clamp > 0:
             raise InputError("activation_clamp", self.activation_clamp, "must be > 0 or None")
+
+    def _check_norms(self) -> None:
+        """Post-norm-only layers are priced for attention, dense and MoE sub-layers (the
+        other kinds' specs price the input norm they build); a projection-wide q/k norm
+        needs a q/k norm and plain attention."""
+        if not self.pre_norms:
+            if not self.sandwich_norms:
+                raise InputError(
+                    "pre_norms",
+                    False,
+                    "a layer without pre-norms needs its post-norms (sandwich_norms)",
+                )
+            other = sorted(self.all_mixers - {"attention", "none"})
+            if other or self.is_mla:
+                raise InputError(
+                    "pre_norms",
+                    False,
+                    "post-norm-only layers are priced for attention, dense and MoE "
+                    f"sub-layers, not {other or ['latent attention']}",
+                )
+        if self.qk_norm_projection and (not self.qk_norm or self.is_mla):
+            raise InputError(
+                "qk_norm_projection", True, "needs a q/k norm (qk_norm) on plain attention"
+            )
 
     def _check_stack(
         self, mixer_field: str, mlp_field: str, mixers: tuple[str, ...], mlps: tuple[str, ...]
@@ -473,6 +508,16 @@ class ModelGeometry:
                 raise InputError(
                     "tp", tp, f"must be a multiple of kv_groups ({self.kv_groups}) of {self.name}"
                 )
+        if tp > 1 and self.qk_norm_projection:
+            raise InputError(
+                "tp",
+                tp,
+                f"{self.name}'s q/k norms span the whole projection (OLMo 2's "
+                "RMSNorm(heads x head_dim)): a TP-sharded projection cannot normalise it "
+                "without gathering it whole (transformers' TP plan for the family gathers q, "
+                "k and v; Megatron-Bridge's OLMoE builds the norm at the full width, which a "
+                "TP shard does not fit); price it at TP 1",
+            )
         sharded_heads = {
             "gdn": ("gdn_key_heads", "gdn_value_heads"),
             "mamba": ("mamba_heads", "mamba_groups"),  # megatron-core MambaMixer's asserts

@@ -1,12 +1,15 @@
 """Geometry from a Hugging Face ``config.json`` (a path or an already-parsed dict).
 
 Families (``cpmem.model.hf_fields.FAMILIES``): dense ``qwen3``, ``qwen2``, ``llama``,
-``mistral``; the hybrids ``qwen3_5`` / ``qwen3_5_moe`` (text config nested under
-``text_config`` or not) and ``qwen3_next``; the MoE ``qwen3_moe`` and ``gpt_oss``;
-``gemma2`` and ``gemma3_text``; and multi-head latent attention with DeepSeek-V3's
-experts, ``deepseek_v3`` / ``kimi_k2``. Any other ``model_type`` is refused, with or
-without ``layer_types``, and so is every field a family's reader does not read and that is
-not known to change no memory (``hf_fields.check_fields``). No network and no
+``mistral``, ``phi3``; the post-norm ``olmo2`` / ``olmo3``; the hybrids ``qwen3_5`` /
+``qwen3_5_moe`` (text config nested under ``text_config`` or not) and ``qwen3_next``; the
+MoE ``qwen3_moe``, ``mixtral``, ``gpt_oss`` and ``glm4_moe`` (DeepSeek-V3's experts under
+plain attention, with its MTP layer); ``gemma2`` and ``gemma3_text``; and multi-head latent
+attention with DeepSeek-V3's experts, ``deepseek_v3`` / ``kimi_k2``. Any other
+``model_type`` is refused, with or without ``layer_types`` (the surveyed ones whose layers
+cpmem's kinds do not express with the reason, ``hf_families.UNPRICED``), and so is every
+field a family's reader does not read and that is not known to change no memory
+(``hf_fields.check_fields``). No network and no
 transformers dependency: the fields are read directly; what the family's modeling class
 fixes whatever the config says (q/k norms, biases, the gated output) and the defaults of
 absent fields are ``cpmem.model.hf_families``'.
@@ -32,7 +35,7 @@ from typing import Any
 from cpmem.errors import ConfigError
 from cpmem.model.geometry import MixerKind, MlpKind, ModelGeometry, RouterScoring, hybrid_layout
 from cpmem.model.hf_families import FAMILIES as ARCHITECTURES
-from cpmem.model.hf_families import WRAPPERS
+from cpmem.model.hf_families import UNPRICED, WRAPPERS
 from cpmem.model.hf_fields import FAMILIES, check_fields
 from cpmem.model.hf_nemotron import nemotron_h_geometry
 from cpmem.model.hf_reader import Fields as _Fields
@@ -43,6 +46,22 @@ from cpmem.model.vision import unpriced_vision
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 DENSE_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
 MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
+NEXTN_FAMILIES = (*MLA_FAMILIES, "glm4_moe")
+"""DeepSeek-V3's experts (``first_k_dense_replace``, ``n_routed_experts``, ungated
+``n_shared_experts``, sigmoid router) and its ``num_nextn_predict_layers`` MTP layer."""
+CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "glm4_moe": {
+        "n_routed_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 1408,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+    },
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+}
+"""The configuration classes' defaults of the expert fields a config may leave out
+(``Glm4MoeConfig``, ``MixtralConfig``; ``hf_families.SOURCE_COMMITS``); the DeepSeek-V3
+families' absent fields keep the readers' own defaults."""
 FUSED_BY_DEFAULT = HYBRID_FAMILIES
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 """The gated MLP activations priced: SwiGLU's ``silu`` and Gemma's tanh-approximated
@@ -85,17 +104,20 @@ def load_config(
     nested = text is not raw
     wrapper = raw.get("model_type") if nested else None
     if wrapper is not None and (not isinstance(wrapper, str) or wrapper not in WRAPPERS):
+        why = UNPRICED.get(wrapper, "") if isinstance(wrapper, str) else ""
         raise ConfigError(
             "model_type",
             wrapper,
-            f"a wrapper of a text_config cpmem does not read; wrappers read: {list(WRAPPERS)}",
+            f"a wrapper of a text_config cpmem does not read{': ' + why if why else ''}; "
+            f"wrappers read: {list(WRAPPERS)}",
         )
     family = str(text.get("model_type") or (WRAPPERS[wrapper].text_family if wrapper else ""))
     family = family or str(raw.get("model_type") or "")
     if not family:
         raise ConfigError("model_type", None, "missing; cannot tell the model family")
     if family not in FAMILIES:
-        raise ConfigError("model_type", family, f"unsupported family; supported: {list(FAMILIES)}")
+        why = f"not priced: {UNPRICED[family]}" if family in UNPRICED else "unsupported family"
+        raise ConfigError("model_type", family, f"{why}; supported: {list(FAMILIES)}")
     if wrapper is not None and family != WRAPPERS[wrapper].text_family:
         raise ConfigError(
             "text_config.model_type",
@@ -202,7 +224,11 @@ def _read(
         ),
         windows=_windows(reader, layers, family),
         sandwich_norms=arch.sandwich_norms,
-        qk_norm=arch.qk_norm,
+        pre_norms=arch.pre_norms,
+        qk_norm=_flag(text, arch.qk_norm_field, arch.qk_norm)
+        if arch.qk_norm_field
+        else arch.qk_norm,
+        qk_norm_projection=arch.qk_norm_projection,
         final_logit_softcap=float(softcap) if softcap is not None else None,
         attention_bias=(
             _flag(text, "attention_bias", arch.attention_bias_default)
@@ -232,17 +258,18 @@ def _mtp(reader: _Fields, family: str, layers: int, mlps: tuple[MlpKind, ...]) -
     """The multi-token-prediction layers a checkpoint holds (transformers' models do not
     build them; a runtime that does prices them, ``Runtime.builds_mtp``):
 
-    - DeepSeek-V3 / Kimi-K2's ``num_nextn_predict_layers``: that many depths of one
-      decoder layer each, the layer after the last (index ``num_hidden_layers``: an MoE
-      layer by the family's rule where the model has routed experts), each with its
-      ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm`` (the checkpoint's layer
-      61 of DeepSeek-V3);
+    - DeepSeek-V3 / Kimi-K2's and GLM-4.5's ``num_nextn_predict_layers``: that many
+      depths of one decoder layer each, the layer after the last (index
+      ``num_hidden_layers``: an MoE layer by the family's rule where the model has routed
+      experts), each with its ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm``
+      (the checkpoint's layer 61 of DeepSeek-V3; GLM-4.5's layer 92 and GLM-4.5-Air's 46,
+      which ``Glm4MoeModel`` leaves unloaded: ``_keys_to_ignore_on_load_unexpected``);
     - Qwen3-Next / Qwen3.5's ``mtp_num_hidden_layers``: one MTP module of that many
       full-attention decoder layers (``mtp.layers.*``, with ``mtp.fc``, its two pre-fc
       norms and ``mtp.norm``), of the model's feed-forward kind (MoE where it has routed
       experts)."""
     attention: MixerKind = "attention"
-    if family in MLA_FAMILIES:
+    if family in NEXTN_FAMILIES:
         depths = reader.int("num_nextn_predict_layers", default=0)
         if not depths:
             return {}
@@ -296,14 +323,16 @@ def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
     """Each layer's sliding window (0: full attention), by the family's rule:
     ``layer_types``' ``sliding_attention`` layers where listed; otherwise Gemma 2's
     alternation (even layers slide), Gemma 3's ``sliding_window_pattern``, gpt-oss's
-    alternation (``GptOssConfig``: even layers slide), Mistral's every layer, Qwen2/Qwen3's
-    layers from ``max_window_layers`` on (default 28) when ``use_sliding_window`` is set
-    (``Qwen2Config``, ``Qwen3Config``: without it no layer slides, whatever ``layer_types``
-    says). An absent ``sliding_window`` is the family's default (``hf_families``); null
-    is none."""
+    alternation (``GptOssConfig``: even layers slide), OLMo 3's three of four
+    (``Olmo3Config``), every layer of Mistral, Mixtral and Phi-3 (their attention passes
+    ``config.sliding_window`` to every layer), Qwen2/Qwen3's layers from
+    ``max_window_layers`` on (default 28) when ``use_sliding_window`` is set (``Qwen2Config``,
+    ``Qwen3Config``: without it no layer slides, whatever ``layer_types`` says). An absent
+    ``sliding_window`` is the family's default (``hf_families``); null is none."""
     text = reader.text
-    default = ARCHITECTURES[family].window
-    if default is None:
+    arch = ARCHITECTURES[family]
+    default = arch.window
+    if default is None and not arch.slides:
         return ()
     qwen = family in ("qwen2", "qwen3", "qwen3_moe")
     if qwen and not _flag(text, "use_sliding_window", False):
@@ -313,18 +342,21 @@ def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
         return ()
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ConfigError("sliding_window", window, "must be a positive integer or null")
-    types = _layer_types(reader, layers) if family != "mistral" else None
+    every_layer = ("mistral", "mixtral", "phi3")
+    types = _layer_types(reader, layers) if family not in every_layer else None
     sliding: list[bool]
     if types is not None:
         sliding = [t == "sliding_attention" for t in types]
     elif family in ("gemma2", "gpt_oss"):
         sliding = [i % 2 == 0 for i in range(layers)]
+    elif family == "olmo3":
+        sliding = [(i + 1) % 4 != 0 for i in range(layers)]
     elif family == "gemma3_text":
         pattern = reader.int("sliding_window_pattern", default=GEMMA3_SLIDING_PATTERN)
         if pattern < 1:
             raise ConfigError("sliding_window_pattern", pattern, "must be a positive integer")
         sliding = [(i + 1) % pattern != 0 for i in range(layers)]
-    elif family == "mistral":
+    elif family in every_layer:
         sliding = [True] * layers
     else:
         first = QWEN_MAX_WINDOW_LAYERS if family != "qwen3_moe" else layers
@@ -338,9 +370,17 @@ def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
 def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
     """Each layer's feed-forward kind, by the family's rule: Qwen's ``mlp_only_layers``
     and ``decoder_sparse_step``; DeepSeek-V3's ``first_k_dense_replace`` dense layers and
-    ``moe_layer_freq``; gpt-oss's experts in every layer."""
+    ``moe_layer_freq``; GLM-4.5's ``first_k_dense_replace`` (``Glm4MoeDecoderLayer``: MoE
+    from that layer on, no frequency); gpt-oss's and Mixtral's experts in every layer."""
     text = reader.text
     dense: MlpKind = "dense"
+    moe: MlpKind = "moe"
+    if family == "glm4_moe":
+        first = _expert_int(reader, family, "first_k_dense_replace")
+        return tuple(moe if i >= first else dense for i in range(layers))
+    if family == "mixtral":
+        _expert_int(reader, family, "num_local_experts")
+        return (moe,) * layers
     if family in MLA_FAMILIES:
         if not text.get("n_routed_experts"):
             return (dense,) * layers
@@ -354,7 +394,6 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
         return kinds
     if family == "gpt_oss":
         reader.int("num_local_experts")
-        moe: MlpKind = "moe"
         return (moe,) * layers
     experts = text.get("num_experts")
     if not experts:
@@ -374,12 +413,13 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
 
 
 def _router_scoring(text: dict[str, Any], family: str) -> RouterScoring:
-    """How the router scores the experts: DeepSeek's sigmoid of every logit; Qwen3-MoE's
-    softmax over every expert, which with ``norm_topk_prob`` (renormalised over the
-    top-k) is the softmax of the top-k logits, as megatron computes it (no
-    ``moe_router_pre_softmax``); the others (Qwen3.5-MoE, gpt-oss) the top-k logits'
+    """How the router scores the experts: DeepSeek's and GLM-4.5's sigmoid of every
+    logit; Qwen3-MoE's softmax over every expert, which with ``norm_topk_prob``
+    (renormalised over the top-k) is the softmax of the top-k logits, as megatron computes
+    it (no ``moe_router_pre_softmax``); Mixtral's the same, always renormalised
+    (``MixtralSparseMoeBlock``); the others (Qwen3.5-MoE, gpt-oss) the top-k logits'
     softmax."""
-    if family in MLA_FAMILIES:
+    if family in NEXTN_FAMILIES:
         return "sigmoid"
     if family == "qwen3_moe" and not text.get("norm_topk_prob", False):
         return "softmax_topk"
@@ -388,6 +428,20 @@ def _router_scoring(text: dict[str, Any], family: str) -> RouterScoring:
 
 def _experts(reader: _Fields, family: str) -> dict[str, Any]:
     """The routed and shared experts' shapes, under each family's field names."""
+    if family == "glm4_moe":
+        expert_ffn = _expert_int(reader, family, "moe_intermediate_size")
+        return {
+            "num_experts": _expert_int(reader, family, "n_routed_experts"),
+            "moe_top_k": _expert_int(reader, family, "num_experts_per_tok"),
+            "expert_ffn": expert_ffn,
+            "shared_expert_ffn": _expert_int(reader, family, "n_shared_experts") * expert_ffn,
+        }
+    if family == "mixtral":
+        return {
+            "num_experts": _expert_int(reader, family, "num_local_experts"),
+            "moe_top_k": _expert_int(reader, family, "num_experts_per_tok"),
+            "expert_ffn": reader.int("intermediate_size"),
+        }
     if family in MLA_FAMILIES:
         expert_ffn = reader.int("moe_intermediate_size")
         return {
@@ -408,3 +462,9 @@ def _experts(reader: _Fields, family: str) -> dict[str, Any]:
         "expert_ffn": reader.int("moe_intermediate_size"),
         "shared_expert_ffn": reader.int("shared_expert_intermediate_size", default=0),
     }
+
+
+def _expert_int(reader: _Fields, family: str, key: str) -> int:
+    """An expert field, its configuration class's default where absent
+    (``CLASS_DEFAULTS``)."""
+    return reader.int(key, default=CLASS_DEFAULTS[family][key])

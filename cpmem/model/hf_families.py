@@ -19,6 +19,12 @@ the classes they were read from (huggingface/transformers, ``src/transformers/mo
   has q/k/v biases always and none on o; ``MistralAttention`` none ever. ``LlamaMLP`` reads
   ``mlp_bias``; gpt-oss's experts and router always carry biases (``GptOssExperts``'
   ``gate_up_proj_bias``/``down_proj_bias``, ``GptOssTopKRouter.bias``); no other MLP has one.
+- norms: every family normalises each sub-layer's input; Gemma 2/3 also its output
+  (``post_attention_layernorm``, ``post_feedforward_layernorm``), OLMo 2/3 its output
+  only (``Olmo2DecoderLayer``: no input norm), with q/k norms over the whole projection
+  (``Olmo2Attention``: ``q_norm = RMSNorm(heads x head_dim)``, ``k_norm =
+  RMSNorm(kv_heads x head_dim)``); GLM-4.5's per-head q/k norms follow ``use_qk_norm``
+  (``Glm4MoeAttention``).
 - the hybrids' attention always gates its output (``Qwen3_5Attention``: a q projection of
   ``2 x heads x head_dim``, ``attn_output * sigmoid(gate)``): ``attn_output_gate`` is not a
   field of ``Qwen3_5TextConfig``.
@@ -50,6 +56,16 @@ SOURCE_COMMITS = {
     "modeling_gpt_oss.py": "00d4b3d2142cb4ced2f51b90614b5d26bc045015",
     "configuration_nemotron_h.py": "13923c63d59f73faebae79b2ee3fafc7e3a35201",
     "modular_nemotron_h.py": "008d9e9577b0eb0149aa6bb0c44da582b10e0b6e",
+    "modular_phi3.py": "2b6c089d5a0b18d59a08c36b91404ece60915cf3",
+    "configuration_phi3.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modeling_glm4_moe.py": "a0699c971daff96403489086fcfd07469d20b17f",
+    "configuration_glm4_moe.py": "c7ec229ad64cdcf0176f669969c66c9a652e7f38",
+    "modeling_olmo2.py": "000c33fdfde12e1ffafbfcdb3c926df5727a00b6",
+    "configuration_olmo2.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modular_olmo3.py": "cdac24dfb91d98fdf0ad46100831380418c3760d",
+    "modular_mixtral.py": "7792ab1a984cb369352b985f63393090ab0819c3",
+    "configuration_mixtral.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "configuration_smollm3.py": "008e574391258935f3ecc3035c882e73bbcac419",
 }
 """The huggingface/transformers commits the facts below were read at."""
 
@@ -61,7 +77,9 @@ class Family:
     ``attention_bias`` / ``mlp_bias``: None where the config's field of that name decides
     (its default ``*_bias_default``), else the value the class fixes. ``head_dim``: the
     config class's default (None: ``hidden_size // num_attention_heads``). ``window``: the
-    default ``sliding_window`` (None: the family has no sliding window)."""
+    default ``sliding_window`` (None: the family has no sliding window, unless
+    ``slides``: it reads a ``sliding_window`` whose default is null). ``qk_norm_field``:
+    the config field that switches the q/k norms (``qk_norm`` its default)."""
 
     source: str
     qk_norm: bool
@@ -77,6 +95,10 @@ class Family:
     attention_sinks: bool = False
     shared_expert_gate: bool = True
     window: int | None = None
+    slides: bool = False
+    qk_norm_field: str = ""
+    pre_norms: bool = True
+    qk_norm_projection: bool = False
 
 
 def _hybrid(source: str) -> Family:
@@ -161,6 +183,54 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
             qk_norm=False,
             shared_expert_gate=False,
         ),
+        "phi3": Family(
+            "modular_phi3.py Phi3Attention (one qkv_proj, bias=False, no q/k norm), Phi3MLP "
+            "(one gate_up_proj, bias=False: the shapes of gate and up), "
+            "Phi3DecoderLayer (pre-norms; resid_pdrop dropouts); configuration_phi3.py "
+            "Phi3Config (sliding_window=None, tie_word_embeddings=False)",
+            qk_norm=False,
+            attention_bias=False,
+            slides=True,
+        ),
+        "mixtral": Family(
+            "modular_mixtral.py MixtralAttention (MistralAttention: bias=False, no q/k "
+            "norm), MixtralSparseMoeBlock (gate Linear(H, E), softmax, top-k, renormalised; "
+            "no shared expert); configuration_mixtral.py MixtralConfig (sliding_window=None, "
+            "head_dim=None)",
+            qk_norm=False,
+            attention_bias=False,
+            slides=True,
+        ),
+        "glm4_moe": Family(
+            "modeling_glm4_moe.py Glm4MoeAttention (q/k/v bias=config.attention_bias, o "
+            "bias=False; q_norm/k_norm = RMSNorm(head_dim) under use_qk_norm), Glm4MoeMoE "
+            "(sigmoid Glm4MoeTopkRouter, n_shared_experts ungated), Glm4MoeDecoderLayer "
+            "(MoE from first_k_dense_replace); configuration_glm4_moe.py Glm4MoeConfig",
+            qk_norm=False,
+            qk_norm_field="use_qk_norm",
+            shared_expert_gate=False,
+        ),
+        "olmo2": Family(
+            "modeling_olmo2.py Olmo2Attention (bias=config.attention_bias; q_norm = "
+            "RMSNorm(heads x head_dim), k_norm = RMSNorm(kv_heads x head_dim)), Olmo2MLP "
+            "(bias=False), Olmo2DecoderLayer (post_attention_layernorm and "
+            "post_feedforward_layernorm on the outputs, no input norms); "
+            "configuration_olmo2.py Olmo2Config",
+            qk_norm=True,
+            sandwich_norms=True,
+            pre_norms=False,
+            qk_norm_projection=True,
+        ),
+        "olmo3": Family(
+            "modular_olmo3.py Olmo3Attention (Olmo2Attention's, a sliding window on "
+            "layer_types' sliding layers), Olmo3DecoderLayer (Olmo2DecoderLayer), "
+            "Olmo3Config (sliding_window=4096, layer_types: 3 sliding of 4)",
+            qk_norm=True,
+            sandwich_norms=True,
+            pre_norms=False,
+            qk_norm_projection=True,
+            window=4096,
+        ),
         "nemotron_h": Family(
             "modeling_nemotron_h.py NemotronHAttention (Jamba's: no q/k norm, no rope), "
             "NemotronHMLP (up/down, relu2), NemotronHMoE (no shared-expert gate), "
@@ -174,6 +244,34 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
     }
 )
 """Every ``model_type`` cpmem reads, by what its modeling class builds."""
+
+UNPRICED: Mapping[str, str] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            ("llama4", "llama4_text"),
+            "Llama4TextConfig's no_rope_layers (attention without rope: fewer saved "
+            "tensors), attention_chunk_size (chunked attention on the rope layers), "
+            "weightless L2 q/k norms and interleave_moe_layer_step's top-1 router that "
+            "scales the expert input are layers cpmem's kinds do not express",
+        ),
+        **dict.fromkeys(
+            ("gemma3n", "gemma3n_text"),
+            "Gemma3n's per-layer embeddings, AltUp and LAuReL blocks, shared KV caches and "
+            "activation sparsity are layers cpmem's kinds do not express",
+        ),
+        **dict.fromkeys(
+            ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid"),
+            "Granite's LM head divides the logits by logits_scaling (a logits-sized copy "
+            "the head pricing does not hold)",
+        ),
+        "smollm3": "SmolLM3Config's no_rope_layers: every no_rope_layer_interval-th layer "
+        "attends without rope and keeps fewer tensors than the rope layers cpmem prices",
+        "mistral3": "a multimodal wrapper whose pixtral vision tower cpmem does not count; "
+        "its text_config (model_type mistral) prices as a config of its own",
+    }
+)
+"""``model_type`` values surveyed and not priced, with the reason (``load_config`` names
+it): their layers differ from every kind cpmem prices."""
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,20 @@ _NEMOTRON_H = frozenset(
     }
 )
 
+_GLM4_MOE = frozenset(
+    {
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "use_qk_norm",
+        "num_nextn_predict_layers",
+    }
+)
+
 _BIAS = frozenset({"attention_bias"})
+_NO_LAYER_TYPES = COMMON - {"layer_types"}
 READ: dict[str, frozenset[str]] = {
     "qwen3": COMMON | _BIAS | _SLIDING,
     "qwen2": COMMON | _SLIDING,
@@ -124,10 +137,18 @@ READ: dict[str, frozenset[str]] = {
     "deepseek_v3": COMMON | _BIAS | _MLA_MOE | {"num_nextn_predict_layers"},
     "kimi_k2": COMMON | _BIAS | _MLA_MOE | {"num_nextn_predict_layers"},
     "nemotron_h": (COMMON - {"hidden_act"}) | _BIAS | _NEMOTRON_H,
+    "phi3": _NO_LAYER_TYPES | {"sliding_window"},
+    "mixtral": _NO_LAYER_TYPES | {"sliding_window", "num_local_experts", "num_experts_per_tok"},
+    "glm4_moe": _NO_LAYER_TYPES | _BIAS | _GLM4_MOE,
+    "olmo2": _NO_LAYER_TYPES | _BIAS,
+    "olmo3": COMMON | _BIAS | {"sliding_window"},
 }
 """Per ``model_type``: the fields its reader reads. ``attention_bias`` is not read for
-Qwen2 and Mistral, whose attention classes fix their biases (``cpmem.model.hf_families``):
-a config that sets it is refused rather than priced as something the model is not."""
+Qwen2, Mistral and Mixtral, whose attention classes fix their biases
+(``cpmem.model.hf_families``): a config that sets it is refused rather than priced as
+something the model is not (Phi-3's is accepted at false, ``FAMILY_HARMLESS_AT``).
+``layer_types`` is read only where the family's model reads it (not Mistral, Mixtral,
+Phi-3, GLM-4.5 or OLMo 2, whose configuration classes have no such field)."""
 
 OUTER_READ = frozenset(
     {
@@ -176,6 +197,23 @@ FAMILY_HARMLESS_AT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
             ),
         }
         for family in _HYBRIDS
+    },
+    "phi3": {
+        "attention_bias": (
+            (False,),
+            "Phi3Attention's qkv_proj and o_proj carry no bias whatever the config says",
+        ),
+        **dict.fromkeys(
+            ("resid_pdrop", "embd_pdrop"),
+            ((0, 0.0), "a residual or embedding dropout keeps a mask cpmem does not price"),
+        ),
+    },
+    "mixtral": {
+        "router_jitter_noise": (
+            (0, 0.0),
+            "MixtralSparseMoeBlock multiplies the router input by a random tensor in "
+            "training (kept for backward), which cpmem does not price",
+        ),
     },
     "nemotron_h": {
         "mamba_ssm_cache_dtype": (
@@ -257,6 +295,7 @@ IGNORED: dict[str, str] = {
             "rope_scaling",
             "rope_parameters",
             "rope_local_base_freq",
+            "original_max_position_embeddings",
             "query_pre_attn_scalar",
             "norm_topk_prob",
             "routed_scaling_factor",

@@ -60,6 +60,34 @@ def norm_tensors(geometry: ModelGeometry, width: int) -> list[int]:
     return [width, width] if geometry.norm == "layernorm" else [width]
 
 
+def sublayer_norm_parameters(geometry: ModelGeometry) -> int:
+    """An attention, MLP or MoE sub-layer's own norms over ``hidden``: its input norm
+    where the model has pre-norms, its post-norm where it has post-norms (Gemma's sandwich
+    has both, OLMo 2's the post-norm alone)."""
+    h = geometry.hidden
+    return (norm_parameters(geometry, h) if geometry.pre_norms else 0) + (
+        h if geometry.sandwich_norms else 0
+    )
+
+
+def sublayer_norm_tensors(geometry: ModelGeometry) -> tuple[int, ...]:
+    """The tensors of ``sublayer_norm_parameters``, in the order they are built."""
+    h = geometry.hidden
+    pre = norm_tensors(geometry, h) if geometry.pre_norms else []
+    return (*pre, *((h,) if geometry.sandwich_norms else ()))
+
+
+def qk_norm_widths(g: ModelGeometry) -> tuple[int, ...]:
+    """The q and k norms' parameters (none without a q/k norm): ``head_dim`` each, or the
+    whole projection's ``Q`` and ``KV`` where they span it (OLMo 2's; priced at TP 1
+    only, ``ModelGeometry.check_tp``)."""
+    if not g.qk_norm:
+        return ()
+    if g.qk_norm_projection:
+        return (*norm_tensors(g, g.q_width), *norm_tensors(g, g.kv_width))
+    return (*norm_tensors(g, g.head_dim), *norm_tensors(g, g.head_dim))
+
+
 def fc1_width(geometry: ModelGeometry, ffn: int) -> int:
     """fc1's output width for an MLP of ``ffn``: gate and up (``2F``) where gated, ``F``
     for a plain GeLU / squared-ReLU MLP."""

@@ -38,15 +38,22 @@ def common_width(geometry: ModelGeometry, tp: int, sp: bool, lora: bool = True) 
     """A sub-layer's input norm: its input and its output (``2H/s``), and under SP with
     LoRA adapters the SP-gathered adapter input the LoRA wrapper keeps (``H``); a trained
     projection (``lora`` False) saves its own sequence shard and gathers it again in
-    backward (megatron's ``LinearWithGradAccumulationAndAsyncCommunication``)."""
+    backward (megatron's ``LinearWithGradAccumulationAndAsyncCommunication``).
+
+    Without pre-norms (OLMo 2: the sub-layer reads the residual stream itself) the input is
+    the layer input: the adapter keeps its SP-gathered copy (``H``) and nothing keeps the
+    local one (the frozen base saves no input, megatron's gather keeps none), a trained
+    projection its own shard (``H/s``); the post-norm's input is ``sandwich_width``'s."""
     s = sp_divisor(tp, sp)
+    if not geometry.pre_norms:
+        return geometry.hidden if s > 1 and lora else geometry.hidden // s
     return 2 * geometry.hidden // s + (geometry.hidden if s > 1 and lora else 0)
 
 
 def sandwich_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
-    """Gemma's post-sub-layer RMSNorm (post-attention, post-feed-forward): it saves its
-    input, the sub-layer's output on the rank's sequence shard (``H/s``), before the
-    residual add; 0 for the families without one."""
+    """A post-sub-layer RMSNorm (post-attention, post-feed-forward: Gemma's, OLMo 2's): it
+    saves its input, the sub-layer's output on the rank's sequence shard (``H/s``), before
+    the residual add; 0 for the families without one."""
     return geometry.hidden // sp_divisor(tp, sp) if geometry.sandwich_norms else 0
 
 

@@ -86,6 +86,8 @@ class SimModel:
     # attention families (Gemma 2 / 3, multi-head latent attention); the defaults are
     # the measured families' structure, so every existing model is unchanged
     sandwich_norms: bool = False  # Gemma: post-attention and post-feedforward RMSNorm too
+    pre_norms: bool = True  # input norms; off: OLMo 2/3, whose sub-layers norm their outputs
+    qk_norm_projection: bool = False  # q/k norms over heads x head_dim (OLMo 2/3), not a head
     mlp_activation: str = "silu"  # the GLU's activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU)
     embed_scale: bool = False  # the embedding output multiplied by sqrt(hidden) (Gemma)
     attn_softcap: float = 0.0  # attention logit soft-capping (Gemma 2); 0: none
@@ -174,6 +176,11 @@ class SimModel:
             raise SimInputError("tp", tp, "must be >= 1")
         if self.q_heads % tp:
             raise SimInputError("tp", tp, f"does not divide the {self.q_heads} attention heads")
+        if tp > 1 and self.qk_norm_projection:
+            raise SimInputError(
+                "tp", tp, "the q/k norms span the whole projection (OLMo 2): a TP shard "
+                "cannot normalise it without gathering it (simulated at TP 1)",
+            )  # fmt: skip
         if self.kv_groups % tp and tp % self.kv_groups:
             raise SimInputError("tp", tp, f"and {self.kv_groups} KV groups do not nest")
         if self.gdn_layers and (self.gdn_key_heads % tp or self.gdn_value_heads % tp):
@@ -395,6 +402,9 @@ def _plain_attention(text: dict[str, Any], family: str) -> dict[str, Any]:
 
 
 GEMMA_FAMILIES = ("gemma2", "gemma3_text", "gemma3")
+# OLMo 2 / 3: ``Olmo2DecoderLayer``'s post-norms and no input norms, ``Olmo2Attention``'s
+# q/k norms over the whole projections, ``Olmo3Attention``'s windows (README.md)
+OLMO_FAMILIES = ("olmo2", "olmo3")
 MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
 
 
@@ -438,6 +448,25 @@ def _attention_family(text: dict[str, Any], family: str, layers: int, get: Any) 
             "attn_softcap": float(text.get("attn_logit_softcapping") or 0.0),
             "final_softcap": float(text.get("final_logit_softcapping") or 0.0),
         }
+    if family in OLMO_FAMILIES:
+        windows: tuple[int, ...] = ()
+        if family == "olmo3":  # Olmo3Config: 3 sliding layers of 4, sliding_window 4096
+            types = text.get("layer_types") or [
+                "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)
+            ]
+            if len(types) != layers:
+                raise SimInputError("config.layer_types", len(types), f"one per layer ({layers})")
+            window = int(text.get("sliding_window") or 4096)
+            windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+        return {
+            "family": family,
+            "kinds": ("attention",) * layers,
+            "windows": windows,
+            "pre_norms": False,
+            "sandwich_norms": True,
+            "qk_norm": True,
+            "qk_norm_projection": True,
+        }
     if family in MLA_FAMILIES:
         dims = {
             key: int(get(key))
@@ -474,7 +503,7 @@ DEFAULT_FAMILIES = (
 # decoder these fields describe)
 FAMILIES = (
     *DEFAULT_FAMILIES, *PLAIN_ATTENTION_FAMILIES, *MOE_FAMILIES, "gemma2", "gemma3_text", "gemma3",
-    "nemotron_h",
+    "nemotron_h", *OLMO_FAMILIES,
 )  # fmt: skip
 
 

@@ -115,6 +115,11 @@ class Attention(nn.Module):
 
     Gemma (``model.sandwich_norms``): the output projection's result goes through its own
     RMSNorm (HF ``Gemma3DecoderLayer.post_attention_layernorm``) before the residual add.
+    OLMo 2 (``model.pre_norms`` off): no input norm, the projection reads the residual
+    stream (its adapter keeps the SP-gathered copy, nothing the local shard), the output
+    goes through the post-attention norm; its q/k norms (``model.qk_norm_projection``)
+    normalise the flattened query and key, as Megatron-Bridge's ``OLMoESelfAttention``
+    does (``reshape`` copies the interleaved groups where the rank holds more than one).
     ``model.qk_norm`` off (Llama, Mistral, Qwen2, Gemma 2, gpt-oss) skips the q/k norms;
     ``model.rope`` off (Megatron hybrids without rope, ``nemotron_h``) sends q and k to the
     kernel unrotated.
@@ -137,8 +142,11 @@ class Attention(nn.Module):
         # last dim and each rank views its group out of the full-width tensor.
         self.replicated = m.kv_groups < t
         self.groups = 1 if self.replicated else m.kv_groups // t
-        self.norm_w = _frozen(m.hidden)
-        self.qn_w, self.kn_w = _frozen(m.head_dim), _frozen(m.head_dim)
+        self.norm_w = _frozen(m.hidden) if m.pre_norms else None
+        if m.qk_norm_projection:  # OLMo 2: norms over the rank's whole query and key
+            self.qn_w, self.kn_w = _frozen(self.hq * self.d), _frozen(self.groups * self.d)
+        else:
+            self.qn_w, self.kn_w = _frozen(m.head_dim), _frozen(m.head_dim)
         self.post_w = _frozen(m.hidden) if m.sandwich_norms else None
         spec = ctx.adapters
         width = m.kv_groups * self.group_width // t
@@ -184,16 +192,26 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         with ctx.label("attention"):
-            # the frame holds the projection's input (LoRA: the gathered copy) until it returns
-            _held, qkv = self.linear_qkv.project(rmsnorm(x, self.norm_w))
+            # the frame holds the projection's input (LoRA: the gathered copy) until it
+            # returns; without an input norm (OLMo 2) the projection reads the residual
+            # stream, and nothing keeps its local shard beside the adapter's gathered copy
+            pre = self.norm_w is not None
+            _held, qkv = self.linear_qkv.project(
+                rmsnorm(x, self.norm_w) if self.norm_w is not None else x,
+                keep_local=None if pre else False,
+            )
             s = qkv.shape[0]
             if self.qkv_bias is not None:  # LinearWithFrozenWeight's ``output + bias``
                 qkv = qkv + self.qkv_bias
             q, k, v, gate = self._split(qkv)
             del qkv
-            norm = ctx.model.qk_norm
-            q = rmsnorm(q, self.qn_w) if norm else q
-            k = rmsnorm(k, self.kn_w) if norm else k
+            if ctx.model.qk_norm and ctx.model.qk_norm_projection:
+                # Megatron-Bridge's OLMoESelfAttention: query and key flattened to
+                # [s, heads x head_dim] (a copy of the interleaved groups) and normed whole
+                q = rmsnorm(q.reshape(s, -1), self.qn_w).view(s, -1, self.d)
+                k = rmsnorm(k.reshape(s, -1), self.kn_w).view(s, -1, self.d)
+            elif ctx.model.qk_norm:
+                q, k = rmsnorm(q, self.qn_w), rmsnorm(k, self.kn_w)
             if ctx.model.rope:
                 assert ctx.rope is not None
                 q, k = _rope(q, ctx.rope), _rope(k, ctx.rope)
@@ -279,8 +297,9 @@ class MLP(nn.Module):
     ``glu``); down projection. ``act`` is SiLU (SwiGLU) or, for ``mlp_activation``
     "gelu_tanh" (Gemma's ``gelu_pytorch_tanh``), ``F.gelu(approximate="tanh")`` (GeGLU;
     one op, saves its input). Gemma (``sandwich_norms``): the down projection's result goes
-    through its own RMSNorm (``post_feedforward_layernorm``) inside the MLP. Under
-    selective ``mlp`` the norm and everything after it are checkpointed.
+    through its own RMSNorm (``post_feedforward_layernorm``) inside the MLP; OLMo 2
+    (``pre_norms`` off) has that norm and no pre-MLP norm. Under selective ``mlp`` the
+    norm and everything after it are checkpointed.
 
     Ungated (``model.mlp_gated`` off: Megatron without ``--swiglu``): fc1 is F wide and
     the activation megatron's ``MLP.forward`` applies to all of it: ``squared_relu``
@@ -292,7 +311,7 @@ class MLP(nn.Module):
         super().__init__()
         m, t = ctx.model, ctx.layout.tp
         self.ctx = ctx
-        self.norm_w = _frozen(m.hidden)
+        self.norm_w = _frozen(m.hidden) if m.pre_norms else None
         ffn = m.dense_ffn or m.ffn  # a dense layer of a model with experts: dense_ffn
         fc1 = (2 if m.mlp_gated else 1) * ffn // t
         self.fc1 = LoRAColumn(m.hidden, fc1, cfg, t, ctx.adapters, "fc1")
@@ -301,12 +320,14 @@ class MLP(nn.Module):
 
     def body(self, hn: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
-        h = self.fc1.project(hn)[1]
+        # a fused norm+fc1 keeps its local input; without a pre-MLP norm (OLMo 2) nothing
+        # keeps the residual stream's local shard beside the adapter's gathered copy
+        h = self.fc1.project(hn, keep_local=None if self.norm_w is not None else False)[1]
         y = self.fc2(mlp_activation(ctx, h))
         return rmsnorm(y, self.post_w) if self.post_w is not None else y
 
     def norm_body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(rmsnorm(x, self.norm_w))
+        return self.body(rmsnorm(x, self.norm_w) if self.norm_w is not None else x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
@@ -316,7 +337,7 @@ class MLP(nn.Module):
                 # LayerNormColumnParallelLinear), so the checkpointed MLP starts at the
                 # norm and keeps only the residual input (oracles/README.md).
                 return x + ctx.recompute.checkpoint(self.norm_body, x)
-            return x + self.body(rmsnorm(x, self.norm_w))
+            return x + self.norm_body(x)
 
 
 class DecoderLayer(nn.Module):

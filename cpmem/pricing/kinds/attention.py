@@ -19,8 +19,9 @@ from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
     LayerParameters,
     Linear,
-    norm_parameters,
-    norm_tensors,
+    qk_norm_widths,
+    sublayer_norm_parameters,
+    sublayer_norm_tensors,
 )
 from cpmem.pricing.tight.calibrated import EAGER_NONE_GATED, UNGATED_RUNTIME_Q
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
@@ -140,13 +141,19 @@ def ungated_multiples(geometry: ModelGeometry, tp: int, backend: str = "fused") 
 
     Rope with q/k norms under fused: ``3Q + 3KV`` + the copy (the rank simulator's Qwen3
     layers, ART's measured cells); learned positions without norms: ``2Q + 2KV`` fused,
-    ``3Q + 2KV`` flash."""
+    ``3Q + 2KV`` flash.
+
+    q/k norms over the whole projection (OLMo 2, ``ModelGeometry.qk_norm_projection``,
+    as Megatron-Bridge's ``OLMoESelfAttention`` flattens q and k to ``[s, b, heads x
+    head_dim]``): with more than one group on the rank the flattened q and k are copies,
+    saved by the norms, holding no view of the projection: fused ``4Q + 4KV``."""
     groups_per_rank = geometry.kv_groups // tp if geometry.kv_groups >= tp else 1
-    copies = groups_per_rank > 1 and geometry.q_heads > geometry.kv_groups
+    flat_copies = geometry.qk_norm_projection and groups_per_rank > 1
+    copies = groups_per_rank > 1 and (geometry.q_heads > geometry.kv_groups or flat_copies)
     normed, rope = geometry.qk_norm, geometry.positions == "rope"
     copy_saved = copies and normed  # the q norm saves the per-group copy as its input
     if backend == "flash":
-        qkv_held = normed  # a norm's saved input is a view of the projection's output
+        qkv_held = normed and not flat_copies  # a norm's saved input is a view of it
         qs = (1 if qkv_held else 0) + 1 + 2  # the projection's Q; q's copy; both outputs
         kvs = (2 if qkv_held else 0) + 2  # the projection's K and V; k's and v's copies
     else:
@@ -154,6 +161,8 @@ def ungated_multiples(geometry: ModelGeometry, tp: int, backend: str = "fused") 
         kvs = 2 + (1 if rope or normed else 0)
     if copy_saved:
         qs += UNGATED_GROUP_COPY_Q
+    if flat_copies:  # the k norm saves the flattened key's copy
+        kvs += 1
     return qs, kvs
 
 
@@ -194,9 +203,12 @@ def gather_freed_width(step: Step, tp: int) -> int:
     saved key view holds the projection, so only the rotated key goes and the own slot
     stands beside it (``+KV/t`` over the widths): not priced, as the measured
     Qwen3/Qwen3.5 CP 2 cells are priced without it and the margin covers it on every
-    grid row. 0 for latent attention (its own set) and where no gathered K/V is kept."""
+    grid row. A k norm over the whole projection that saves a flattened copy
+    (``ungated_multiples``) holds no view of the projection: freed as without a norm.
+    0 for latent attention (its own set) and where no gathered K/V is kept."""
     g = step.geometry
-    if g.qk_norm or g.is_mla or step.cp_comm != "all_gather" or not keeps_gathered_kv(step):
+    holds_view = g.qk_norm and not (g.qk_norm_projection and g.kv_groups > tp)  # nested
+    if holds_view or g.is_mla or step.cp_comm != "all_gather" or not keeps_gathered_kv(step):
         return 0
     return g.q_width // tp + g.kv_pair_width // min(tp, g.kv_groups) // 2
 
@@ -398,19 +410,18 @@ def _fused_softmax(step: Step, s: int, batch_heads: int) -> bool:
 
 
 def attention_parameters(g: ModelGeometry) -> LayerParameters:
-    """The attention sub-layer's parameters with its input norm (and Gemma's
+    """The attention sub-layer's parameters with its own norms (its input norm, any
     post-attention norm): the QKV projection (with the output gate's second Q) and the
     output projection sharded over TP, the norms replicated; the biases where the model
     has them (the QKV bias sharded with its output, the output projection's whole); the
     q/k norms; gpt-oss's per-head sinks."""
     h = g.hidden
-    sandwich = h if g.sandwich_norms else 0  # Gemma's post-attention norm
     if g.is_mla:
-        return _mla_parameters(g, sandwich)
+        return _mla_parameters(g, h + (h if g.sandwich_norms else 0))
+    norms = sublayer_norm_parameters(g)  # the input norm and any post-attention norm
     q_out = g.q_width * (2 if g.attention_output_gate else 1)
     sharded = h * (q_out + 2 * g.kv_width) + g.q_width * h
-    qk = 2 * norm_parameters(g, g.head_dim) if g.qk_norm else 0
-    replicated = norm_parameters(g, h) + sandwich + qk  # norms
+    replicated = norms + sum(qk_norm_widths(g))
     if g.attention_bias:  # the QKV bias is sharded with its output, proj's is whole
         sharded += q_out + 2 * g.kv_width
         replicated += h
@@ -419,7 +430,7 @@ def attention_parameters(g: ModelGeometry) -> LayerParameters:
     return LayerParameters(sharded, 0, replicated)
 
 
-def _mla_parameters(g: ModelGeometry, sandwich: int) -> LayerParameters:
+def _mla_parameters(g: ModelGeometry, norms: int) -> LayerParameters:
     """Multi-head latent attention (megatron-core 0.16 ``MLASelfAttention``, HF
     ``DeepseekV3Attention``): the query's down projection ``H x r_q`` and its norm (or a
     plain ``H x heads·d`` query projection without ``q_lora_rank``), the KV down
@@ -431,7 +442,7 @@ def _mla_parameters(g: ModelGeometry, sandwich: int) -> LayerParameters:
     sharded = q_up_in * heads * g.head_dim
     sharded += g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim)
     sharded += g.attention_output_width * h
-    replicated = h + sandwich + h * (g.kv_lora_rank + g.qk_rope_head_dim) + g.kv_lora_rank
+    replicated = norms + h * (g.kv_lora_rank + g.qk_rope_head_dim) + g.kv_lora_rank
     if g.q_lora_rank:
         replicated += h * g.q_lora_rank + g.q_lora_rank
     return LayerParameters(sharded, 0, replicated)
@@ -515,7 +526,7 @@ class AttentionSpec(MixerSpec):
 
     def trained_tensors(self, g: ModelGeometry, tp: int) -> TrainedTensors:
         """The QKV projection (with the output gate's second Q) and the output
-        projection, the input norm (and Gemma's post-attention norm), their biases (a
+        projection, the sub-layer's norms (input, post-attention), their biases (a
         row-parallel bias is whole), the q/k norms and gpt-oss's per-head sinks; latent
         attention's own (``_mla_tensors``). Their sum on the rank is ``parameters``'."""
         if g.is_mla:
@@ -523,13 +534,12 @@ class AttentionSpec(MixerSpec):
         h = g.hidden
         q_out = g.q_width * (2 if g.attention_output_gate else 1)
         qkv_out = q_out + 2 * g.kv_width
-        qk = norm_tensors(g, g.head_dim) if g.qk_norm else []
-        sinks = [g.q_heads // tp] if g.attention_sinks else []
+        sinks = (g.q_heads // tp,) if g.attention_sinks else ()
         return TrainedTensors(
             weights=(qkv_out * h // tp, h * g.q_width // tp),
-            norms=(*norm_tensors(g, h), *((h,) if g.sandwich_norms else ())),
+            norms=sublayer_norm_tensors(g),
             biases=(qkv_out // tp, h) if g.attention_bias else (),
-            extra=tuple(qk + qk + sinks),
+            extra=(*qk_norm_widths(g), *sinks),
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:

@@ -14,8 +14,8 @@ from cpmem.pricing.layer_parameters import (
     LayerParameters,
     Linear,
     fc1_width,
-    norm_parameters,
-    norm_tensors,
+    sublayer_norm_parameters,
+    sublayer_norm_tensors,
 )
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import LayerWidths, mlp_width
@@ -85,8 +85,9 @@ def backward_phase(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
 
 
 def mlp_norms(g: ModelGeometry) -> int:
-    """The pre-MLP norm's parameters (and Gemma's post-MLP norm's)."""
-    return norm_parameters(g, g.hidden) + (g.hidden if g.sandwich_norms else 0)
+    """The feed-forward sub-layer's own norms: its pre-MLP norm, any post-MLP norm
+    (``sublayer_norm_parameters``)."""
+    return sublayer_norm_parameters(g)
 
 
 class DenseSpec(MlpSpec):
@@ -108,7 +109,7 @@ class DenseSpec(MlpSpec):
         h, fc1 = g.hidden, fc1_width(g, g.ffn)
         return TrainedTensors(
             weights=(fc1 * h // tp, h * g.ffn // tp),
-            norms=(*norm_tensors(g, h), *((h,) if g.sandwich_norms else ())),
+            norms=sublayer_norm_tensors(g),
             biases=(fc1 // tp, h) if g.mlp_bias else (),
         )
 

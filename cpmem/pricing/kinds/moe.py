@@ -16,7 +16,12 @@ from cpmem.pricing import adapters
 from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
-from cpmem.pricing.layer_parameters import LayerParameters, Linear, fc1_width, norm_tensors
+from cpmem.pricing.layer_parameters import (
+    LayerParameters,
+    Linear,
+    fc1_width,
+    sublayer_norm_tensors,
+)
 from cpmem.pricing.tight.calibrated import MOE_COMPILED_ROW_FP32_F
 from cpmem.pricing.tight.widths import LORA_SUM_COPIES, TightWidths
 from cpmem.pricing.widths import (
@@ -383,8 +388,7 @@ class MoeSpec(MlpSpec):
         if f:
             weights += [fc1_width(g, f) * h // tp, h * f // tp]
             biases += [fc1_width(g, f) // tp, h] if g.mlp_bias else []
-        norms = (*norm_tensors(g, h), *((h,) if g.sandwich_norms else ()))
-        return TrainedTensors(tuple(weights), norms, tuple(biases))
+        return TrainedTensors(tuple(weights), sublayer_norm_tensors(g), tuple(biases))
 
     def expert_tensors(self, g: ModelGeometry, ep: int, etp: int) -> list[int]:
         """``E / EP`` local experts, each an MLP of ``expert_ffn`` whose linears are split

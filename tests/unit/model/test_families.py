@@ -47,6 +47,10 @@ def test_example_config_reads_back_to_its_preset(name):
 # experts of 3 x 7,168 x 2,048 are 1,014.7B, the attention 6.2B, the embedding and head
 # 2.3B: 1,026.4B counted from that table (the technical report, arXiv 2507.20534, says 1.04T).
 # Nemotron-3-Nano-30B-A3B: 31.6B total (its technical report, arXiv 2512.20848).
+# phi-4: 14.7B (microsoft/phi-4's model page, the safetensors' count); Mixtral-8x7B: 46.7B
+# total (Mistral AI's announcement and model card); GLM-4.5-Air: "106 billion total
+# parameters" (zai-org's model card; held within 1%: 0.8% over, the model without its MTP
+# layer); OLMo-2-1124-7B and Olmo-3-1025-7B: 7.3B (their model pages' safetensors counts).
 PUBLISHED = {
     "qwen3-30b-a3b": (30.5, 0.05),
     "gpt-oss-20b": (20.91, 0.01),
@@ -56,6 +60,11 @@ PUBLISHED = {
     "kimi-k2": (1026.4, 0.5),
     "gemma-3-12b": (12 - 0.4, 0.25),
     "nemotron-3-nano-30b-a3b": (31.6, 0.05),
+    "phi-4": (14.7, 0.05),
+    "mixtral-8x7b": (46.7, 0.05),
+    "glm-4.5-air": (106, 1.06),
+    "olmo-2-7b": (7.3, 0.05),
+    "olmo-3-7b": (7.3, 0.05),
 }
 
 
@@ -161,3 +170,17 @@ def test_gemma3_text_config_nested_without_a_vision_tower_reads():
     wrapped = {"model_type": "gemma3", "text_config": text, "architectures": ["x"]}
     geometry = load_config(wrapped, name="gemma-3-12b")
     assert replace(geometry, aliases=()) == replace(PRESETS["gemma-3-12b"], aliases=())
+
+
+@pytest.mark.parametrize(
+    ("family", "reason"),
+    [("smollm3", "no_rope_layers"), ("llama4_text", "no_rope_layers"), ("granite", "logits")],
+)
+def test_a_surveyed_family_cpmem_does_not_price_is_refused_with_its_reason(family, reason):
+    """SmolLM3Config's and Llama4TextConfig's no_rope_layers, Granite's logits_scaling:
+    layers no kind of cpmem's expresses; the refusal names the family and why."""
+    cfg = {**_example("llama-3.1-8b-style"), "model_type": family}
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert err.value.field == "model_type" and family not in FAMILIES
+    assert "not priced" in str(err.value) and reason in str(err.value)

@@ -118,6 +118,20 @@ PUBLISHED = {
     # norm; NemotronHMLP: bias=config.mlp_bias (NemotronHConfig: False, and the experts
     # have none); NemotronHConfig tie_word_embeddings=False
     "nemotron_h": (False, False, False, False, False, False),
+    # Phi3Attention: one qkv_proj and o_proj, bias=False, no q/k norm; Phi3MLP's
+    # gate_up_proj bias=False; Phi3Config tie_word_embeddings=False
+    "phi3": (False, False, False, False, False, False),
+    # MixtralAttention (MistralAttention's): bias=False, no q/k norm; MixtralConfig
+    # tie_word_embeddings=False
+    "mixtral": (False, False, False, False, False, False),
+    # Glm4MoeAttention: q/k/v bias=config.attention_bias (Glm4MoeConfig: False), q_norm /
+    # k_norm only under use_qk_norm (False); Glm4MoeMLP bias=False; tie_word_embeddings=False
+    "glm4_moe": (False, False, False, False, False, False),
+    # Olmo2Attention: q_norm / k_norm over the whole projection, bias=config.attention_bias
+    # (False); Olmo2MLP bias=False; Olmo2DecoderLayer: post_attention_layernorm and
+    # post_feedforward_layernorm on the outputs; Olmo2Config tie_word_embeddings=False
+    "olmo2": (True, False, False, False, True, False),
+    "olmo3": (True, False, False, False, True, False),
 }
 
 
@@ -214,6 +228,14 @@ def test_gemma_activation_defaults_to_its_config_class() -> None:
         ("mistral", {}, (4096,) * 4),
         ("mistral", {"sliding_window": None}, ()),
         ("gpt_oss", {}, (128, 0, 128, 0)),
+        # Olmo3Config: sliding_window=4096, layer_types' default three sliding of four
+        ("olmo3", {}, (4096, 4096, 4096, 0)),
+        # MixtralConfig / Phi3Config: sliding_window=None; when set, on every layer
+        ("mixtral", {}, ()),
+        ("mixtral", {"sliding_window": 2048}, (2048,) * 4),
+        ("phi3", {}, ()),
+        ("phi3", {"sliding_window": 2047}, (2047,) * 4),
+        ("olmo2", {"sliding_window": 4096}, "sliding_window"),  # not an Olmo2Config field
         ("qwen2", {"sliding_window": 4096}, ()),
         ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}, (0, 0, 4096, 4096)),
         ("qwen3", {"use_sliding_window": True}, ()),  # 4 layers, all below layer 28
@@ -225,8 +247,13 @@ def test_gemma_activation_defaults_to_its_config_class() -> None:
     ],
 )
 def test_windows_follow_the_config_class(
-    family: str, extra: dict[str, Any], windows: tuple[int, ...]
+    family: str, extra: dict[str, Any], windows: tuple[int, ...] | str
 ) -> None:
+    if isinstance(windows, str):  # the field refused, named
+        with pytest.raises(ConfigError) as err:
+            load_config({**_config(family), **extra})
+        assert err.value.field == windows
+        return
     assert load_config({**_config(family), **extra}).windows == windows
 
 
@@ -286,3 +313,44 @@ def test_the_examples_are_read_as_published() -> None:
         family = raw.get("text_config", raw).get("model_type")
         g = load_config(path)
         assert g.qk_norm is PUBLISHED[family][0], path
+
+
+def test_olmo2_counts_its_post_norms_and_projection_wide_qk_norms() -> None:
+    """OLMo-2-1124-7B counted by hand from Olmo2DecoderLayer: per layer q/k/v/o 4 x
+    4,096^2, the MLP 3 x 4,096 x 11,008, the post-attention and post-feedforward norms
+    (4,096 each, no input norms) and q_norm / k_norm over the whole projection (32 x 128
+    and 32 x 128); 32 layers, untied 100,352 x 4,096 embedding and head, the final norm."""
+    h, f, layers, vocab = 4096, 11008, 32, 100352
+    layer = 4 * h * h + 3 * h * f + 2 * h + (32 * 128 + 32 * 128)
+    g = load_config(EXAMPLES / "olmo-2-7b" / "config.json")
+    assert total_parameters(g) == layers * layer + 2 * vocab * h + h == 7_298_617_344
+
+
+def test_phi4_counts_its_fused_projections_as_their_parts() -> None:
+    """phi-4 counted by hand from Phi3DecoderLayer: qkv_proj 5,120 x (40 + 2 x 10) x 128,
+    o_proj 5,120^2, gate_up_proj 5,120 x 2 x 17,920, down_proj, two norms; 40 layers,
+    untied 100,352 x 5,120 embedding and head, the final norm."""
+    h, f, layers, vocab = 5120, 17920, 40, 100352
+    layer = h * (40 + 2 * 10) * 128 + h * h + 3 * h * f + 2 * h
+    g = load_config(EXAMPLES / "phi-4" / "config.json")
+    assert total_parameters(g) == layers * layer + 2 * vocab * h + h == 14_659_507_200
+
+
+def test_a_post_norm_layer_needs_its_post_norms_and_plain_attention() -> None:
+    from dataclasses import replace
+
+    from cpmem.api import describe_step
+    from cpmem.errors import InputError
+
+    g = load_config(EXAMPLES / "olmo-2-7b" / "config.json")
+    for bad, field in (
+        ({"sandwich_norms": False}, "pre_norms"),  # neither pre- nor post-norms
+        ({"qk_norm": False}, "qk_norm_projection"),  # a projection-wide norm of nothing
+    ):
+        with pytest.raises(InputError) as err:
+            replace(g, **bad)
+        assert err.value.field == field
+    with pytest.raises(InputError) as err:  # a TP shard cannot normalise the projection
+        describe_step(g, [4096], tp=2)
+    assert err.value.field == "tp"
+    describe_step(g, [4096], tp=1, cp=2)

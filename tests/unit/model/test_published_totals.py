@@ -195,6 +195,47 @@ ROWS: list[tuple[str, Callable[[], ModelGeometry], float, float | None, bool, st
         False,
         "Nemotron 3 Nano technical report (arXiv 2512.20848): 31.6B total",
     ),
+    (
+        "phi-4",
+        _example("phi-4"),
+        14.7e9,
+        0.05e9,
+        False,
+        "microsoft/phi-4's Hugging Face model page: 14.7B params (the safetensors count; "
+        "its card's '14B' is rounded further)",
+    ),
+    (
+        "Mixtral-8x7B",
+        _example("mixtral-8x7b"),
+        46.7e9,
+        0.05e9,
+        False,
+        "Mistral AI's Mixtral of experts announcement: 46.7B total parameters",
+    ),
+    (
+        "GLM-4.5-Air",
+        _example("glm-4.5-air"),
+        106e9,
+        None,
+        False,
+        "zai-org/GLM-4.5-Air model card: 106 billion total parameters",
+    ),
+    (
+        "OLMo-2-1124-7B",
+        _example("olmo-2-7b"),
+        7.3e9,
+        0.05e9,
+        False,
+        "allenai/OLMo-2-1124-7B's Hugging Face model page: 7.3B params (safetensors)",
+    ),
+    (
+        "Olmo-3-1025-7B",
+        _example("olmo-3-7b"),
+        7.3e9,
+        0.05e9,
+        False,
+        "allenai/Olmo-3-1025-7B's Hugging Face model page: 7.3B params (safetensors)",
+    ),
 ]
 
 
