@@ -14,6 +14,7 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters, cp_comm
 from cpmem.pricing.components import Component
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width, keeps_gathered_kv
+from cpmem.pricing.kinds.latent import mla_parameters, mla_tensors
 from cpmem.pricing.kinds.linears import attention_linears
 from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
@@ -417,7 +418,7 @@ def attention_parameters(g: ModelGeometry) -> LayerParameters:
     q/k norms; gpt-oss's per-head sinks."""
     h = g.hidden
     if g.is_mla:
-        return _mla_parameters(g, h + (h if g.sandwich_norms else 0))
+        return mla_parameters(g, h + (h if g.sandwich_norms else 0))
     norms = sublayer_norm_parameters(g)  # the input norm and any post-attention norm
     q_out = g.q_width * (2 if g.attention_output_gate else 1)
     sharded = h * (q_out + 2 * g.kv_width) + g.q_width * h
@@ -428,42 +429,6 @@ def attention_parameters(g: ModelGeometry) -> LayerParameters:
     if g.attention_sinks:
         sharded += g.q_heads
     return LayerParameters(sharded, 0, replicated)
-
-
-def _mla_parameters(g: ModelGeometry, norms: int) -> LayerParameters:
-    """Multi-head latent attention (megatron-core 0.16 ``MLASelfAttention``, HF
-    ``DeepseekV3Attention``): the query's down projection ``H x r_q`` and its norm (or a
-    plain ``H x heads·d`` query projection without ``q_lora_rank``), the KV down
-    projection to ``r_kv + d_rope`` and its norm, both replicated over TP; the query's and
-    KV's up projections (``r x heads·d``, ``r_kv x heads·(d_nope + d_v)``) and the output
-    projection sharded."""
-    h, heads = g.hidden, g.q_heads
-    q_up_in = g.q_lora_rank or h
-    sharded = q_up_in * heads * g.head_dim
-    sharded += g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim)
-    sharded += g.attention_output_width * h
-    replicated = norms + h * (g.kv_lora_rank + g.qk_rope_head_dim) + g.kv_lora_rank
-    if g.q_lora_rank:
-        replicated += h * g.q_lora_rank + g.q_lora_rank
-    return LayerParameters(sharded, 0, replicated)
-
-
-def _mla_tensors(g: ModelGeometry, tp: int) -> TrainedTensors:
-    """Latent attention's trained tensors (megatron-core ``MLASelfAttention``): the
-    query's projection (its up projection from ``q_lora_rank``, or a plain one from
-    ``H``), the KV's up projection and the output projection sharded over TP; the query's
-    and the KV's down projections and their norms replicated (``_mla_parameters``)."""
-    h, heads = g.hidden, g.q_heads
-    q_up = (g.q_lora_rank or h) * heads * g.head_dim // tp
-    kv_up = g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim) // tp
-    kv_down = h * (g.kv_lora_rank + g.qk_rope_head_dim)
-    q_down = (h * g.q_lora_rank,) if g.q_lora_rank else ()
-    q_norm = (g.q_lora_rank,) if g.q_lora_rank else ()
-    return TrainedTensors(
-        weights=(*q_down, q_up, kv_down, kv_up, g.attention_output_width // tp * h),
-        norms=(h, *((h,) if g.sandwich_norms else ())),
-        extra=(*q_norm, g.kv_lora_rank),
-    )
 
 
 def adapter_widths(g: ModelGeometry, tp: int) -> dict[str, int]:
@@ -528,9 +493,9 @@ class AttentionSpec(MixerSpec):
         """The QKV projection (with the output gate's second Q) and the output
         projection, the sub-layer's norms (input, post-attention), their biases (a
         row-parallel bias is whole), the q/k norms and gpt-oss's per-head sinks; latent
-        attention's own (``_mla_tensors``). Their sum on the rank is ``parameters``'."""
+        attention's own (``latent.mla_tensors``). Their sum on the rank is ``parameters``'."""
         if g.is_mla:
-            return _mla_tensors(g, tp)
+            return mla_tensors(g, tp)
         h = g.hidden
         q_out = g.q_width * (2 if g.attention_output_gate else 1)
         qkv_out = q_out + 2 * g.kv_width

@@ -1,0 +1,46 @@
+"""Latent attention's weights (megatron-core 0.16 ``MLASelfAttention``, HF
+``DeepseekV3Attention``): its parameters on a rank and the tensors full training steps,
+read by the attention kind's spec (``cpmem.pricing.kinds.attention``) where the model's
+attention is latent."""
+
+from __future__ import annotations
+
+from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.kinds.spec import TrainedTensors
+from cpmem.pricing.layer_parameters import LayerParameters
+
+
+def mla_parameters(g: ModelGeometry, norms: int) -> LayerParameters:
+    """Multi-head latent attention (megatron-core 0.16 ``MLASelfAttention``, HF
+    ``DeepseekV3Attention``): the query's down projection ``H x r_q`` and its norm (or a
+    plain ``H x heads·d`` query projection without ``q_lora_rank``), the KV down
+    projection to ``r_kv + d_rope`` and its norm, both replicated over TP; the query's and
+    KV's up projections (``r x heads·d``, ``r_kv x heads·(d_nope + d_v)``) and the output
+    projection sharded."""
+    h, heads = g.hidden, g.q_heads
+    q_up_in = g.q_lora_rank or h
+    sharded = q_up_in * heads * g.head_dim
+    sharded += g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim)
+    sharded += g.attention_output_width * h
+    replicated = norms + h * (g.kv_lora_rank + g.qk_rope_head_dim) + g.kv_lora_rank
+    if g.q_lora_rank:
+        replicated += h * g.q_lora_rank + g.q_lora_rank
+    return LayerParameters(sharded, 0, replicated)
+
+
+def mla_tensors(g: ModelGeometry, tp: int) -> TrainedTensors:
+    """Latent attention's trained tensors (megatron-core ``MLASelfAttention``): the
+    query's projection (its up projection from ``q_lora_rank``, or a plain one from
+    ``H``), the KV's up projection and the output projection sharded over TP; the query's
+    and the KV's down projections and their norms replicated (``mla_parameters``)."""
+    h, heads = g.hidden, g.q_heads
+    q_up = (g.q_lora_rank or h) * heads * g.head_dim // tp
+    kv_up = g.kv_lora_rank * heads * (g.qk_nope_head_dim + g.v_head_dim) // tp
+    kv_down = h * (g.kv_lora_rank + g.qk_rope_head_dim)
+    q_down = (h * g.q_lora_rank,) if g.q_lora_rank else ()
+    q_norm = (g.q_lora_rank,) if g.q_lora_rank else ()
+    return TrainedTensors(
+        weights=(*q_down, q_up, kv_down, kv_up, g.attention_output_width // tp * h),
+        norms=(h, *((h,) if g.sandwich_norms else ())),
+        extra=(*q_norm, g.kv_lora_rank),
+    )
