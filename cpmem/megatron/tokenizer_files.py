@@ -19,6 +19,7 @@ refuses it naming ``--vocab-size``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from cpmem.errors import InputError
@@ -45,7 +46,8 @@ def hf_tokenizer_size(path: Path) -> int | None:
     return len(tokens)
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
+def _varint(data: Sequence[int], i: int) -> tuple[int, int]:
+    """The protobuf varint at ``data[i]`` (the file's bytes) and the index after it."""
     out, shift = 0, 0
     while True:
         if i >= len(data):

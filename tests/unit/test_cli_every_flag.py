@@ -177,7 +177,7 @@ def test_a_flag_is_priced_named_or_refused(
     moved = any(got.get(k) != base.get(k) for k in FIGURES)
     named = set(got["ignored_options"]) - set(base["ignored_options"])
     if (door, flag) in SAME:
-        assert not moved and not named, f"{flag} on {door}: no longer {SAME[door, flag]!r}"
+        assert not moved and not named, f"{flag} on {door}: expected {SAME[door, flag]!r}"
         return
     # a flag is priced (moves a figure) or named, never both; a layout flag on the Megatron
     # door may move the run and name what it moved (its micro-batches at PP 1)
