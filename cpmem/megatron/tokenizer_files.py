@@ -4,7 +4,10 @@ reports it at the snapshot (``vocab_size``, before padding).
 - ``HuggingFaceTokenizer``: ``len(tokenizer)`` (``huggingface_tokenizer.py:343-345``)
   of ``AutoTokenizer.from_pretrained(path)``; a fast tokenizer's length is the number of
   distinct tokens of its ``tokenizer.json``: the model's vocabulary and the added tokens
-  (``get_vocab(with_added_tokens=True)``), one entry per token string. Megatron-LM adds
+  (``get_vocab(with_added_tokens=True)``), one entry per token string. Loaded from a
+  folder, the tokens its ``tokenizer_config.json`` lists in ``added_tokens_decoder`` are
+  added too (``from_pretrained`` passes them to the tokenizer, which adds those it does
+  not hold), so they count where they are new. Megatron-LM adds
   none of its own where ``--tokenizer-special-tokens`` is not given (refused): the
   bos/cls and eos/sep it copies are the tokenizer's own (``huggingface_tokenizer.py:
   131-192``).
@@ -29,7 +32,8 @@ SP_TOKENIZERS = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2T
 
 
 def hf_tokenizer_size(path: Path) -> int | None:
-    """The distinct tokens of ``tokenizer.json`` (``path`` the file or its folder)."""
+    """The distinct tokens of ``tokenizer.json`` (``path`` the file or its folder), with
+    a folder's ``tokenizer_config.json`` added tokens."""
     file = path / "tokenizer.json" if path.is_dir() else path
     if file.name != "tokenizer.json" or not file.is_file():
         return None
@@ -43,7 +47,23 @@ def hf_tokenizer_size(path: Path) -> int | None:
         raise InputError(
             "megatron_args", str(file), f"is not a tokenizer.json cpmem can read ({exc})"
         ) from None
+    if path.is_dir():
+        tokens |= _config_added_tokens(path / "tokenizer_config.json")
     return len(tokens)
+
+
+def _config_added_tokens(file: Path) -> set[str]:
+    """The contents of ``added_tokens_decoder`` (id -> token entries) in a
+    ``tokenizer_config.json``; none where the folder has no such file."""
+    if not file.is_file():
+        return set()
+    try:
+        decoder = json.loads(file.read_text(encoding="utf-8")).get("added_tokens_decoder") or {}
+        return {str(entry["content"]) for entry in decoder.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(
+            "megatron_args", str(file), f"is not a tokenizer_config.json cpmem can read ({exc})"
+        ) from None
 
 
 def _varint(data: Sequence[int], i: int) -> tuple[int, int]:

@@ -64,6 +64,27 @@ def test_a_tokenizer_json_counts_its_distinct_tokens(tmp_path: Path) -> None:
     assert hf_tokenizer_size(path.parent) == 7  # the folder that holds it
 
 
+def test_a_folders_tokenizer_config_adds_its_new_tokens(tmp_path: Path) -> None:
+    """``added_tokens_decoder`` lists "<pad>" (new) and "</s>", "b" (already held): one
+    more distinct token than the seven of ``tokenizer.json``. Read from the folder only,
+    as ``from_pretrained`` does; the file alone keeps seven."""
+    path = _tokenizer_json(tmp_path / "tok")
+    decoder = {
+        "1": {"content": "b", "special": False},
+        "6": {"content": "</s>", "special": True},
+        "7": {"content": "<pad>", "special": True},
+    }
+    config = path.parent / "tokenizer_config.json"
+    config.write_text(json.dumps({"added_tokens_decoder": decoder}), encoding="utf-8")
+    assert hf_tokenizer_size(path.parent) == 8
+    assert hf_tokenizer_size(path) == 7
+    config.write_text(json.dumps({"added_tokens_decoder": {"7": {"id": 7}}}), encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        hf_tokenizer_size(path.parent)
+    assert err.value.value == str(config)
+    assert "tokenizer_config.json" in err.value.reason
+
+
 def test_a_sentencepiece_model_counts_its_pieces(tmp_path: Path) -> None:
     assert sentencepiece_size(_sentencepiece(tmp_path / "t.model", 11)) == 11
 
