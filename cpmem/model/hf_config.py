@@ -206,10 +206,12 @@ def _read(
     is_moe = "moe" in mlps
     priced = ACTIVATIONS if arch.gated_mlp else PLAIN_ACTIVATIONS
     for key in ("hidden_activation", "hidden_act"):
-        act = text.get(key, arch.activation)
-        if act not in priced:
+        act = text.get(key)
+        if act is not None and act not in priced:
             kind = "gated" if arch.gated_mlp else "plain"
-            raise ConfigError(key, act, f"unsupported {kind} MLP activation; priced: {list(priced)}")
+            raise ConfigError(
+                key, act, f"unsupported {kind} MLP activation; priced: {list(priced)}"
+            )
     clamp = text.get("swiglu_limit") or text.get("activation_clamp")
     if fused_swiglu is None:
         fused_swiglu = family in FUSED_BY_DEFAULT

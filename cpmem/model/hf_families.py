@@ -11,20 +11,23 @@ the classes they were read from (huggingface/transformers, ``src/transformers/mo
 - q/k norm: ``Qwen3Attention``, ``Qwen3MoeAttention``, ``Qwen3NextAttention``,
   ``Qwen3_5Attention`` (``q_norm``/``k_norm``, ``RMSNorm(head_dim)``) and
   ``Gemma3Attention`` have one; ``LlamaAttention``, ``MistralAttention``,
-  ``Qwen2Attention``, ``Gemma2Attention`` and ``GptOssAttention`` have none; latent
+  ``Qwen2Attention``, ``Qwen2MoeAttention``, ``GemmaAttention``, ``Gemma2Attention``,
+  ``Starcoder2Attention`` and ``GptOssAttention`` have none; latent
   attention (``DeepseekV3Attention``) normalises its compressed query and KV instead
   (``q_a_layernorm``, ``kv_a_layernorm``: ``cpmem.pricing.weights``' MLA parameters).
 - biases: ``bias=config.attention_bias`` on q, k, v and o for Llama, Qwen3, Qwen3-MoE, the
   hybrids, Gemma 2/3 and gpt-oss (``GptOssConfig`` defaults it to true); ``Qwen2Attention``
-  has q/k/v biases always and none on o; ``MistralAttention`` none ever. ``LlamaMLP`` reads
-  ``mlp_bias``; gpt-oss's experts and router always carry biases (``GptOssExperts``'
+  has q/k/v biases always and none on o, ``Qwen2MoeAttention`` q/k/v by ``qkv_bias``
+  (true) and none on o; ``MistralAttention`` none ever; ``Starcoder2Attention`` q/k/v/o
+  and ``Starcoder2MLP`` by ``use_bias`` (true). ``LlamaMLP`` reads ``mlp_bias``; gpt-oss's experts and router always carry biases (``GptOssExperts``'
   ``gate_up_proj_bias``/``down_proj_bias``, ``GptOssTopKRouter.bias``); no other MLP has one.
 - norms: every family normalises each sub-layer's input; Gemma 2/3 also its output
   (``post_attention_layernorm``, ``post_feedforward_layernorm``), OLMo 2/3 its output
   only (``Olmo2DecoderLayer``: no input norm), with q/k norms over the whole projection
   (``Olmo2Attention``: ``q_norm = RMSNorm(heads x head_dim)``, ``k_norm =
-  RMSNorm(kv_heads x head_dim)``); GLM-4.5's per-head q/k norms follow ``use_qk_norm``
-  (``Glm4MoeAttention``).
+  RMSNorm(kv_heads x head_dim)``), as are OLMoE's under its input norms
+  (``OlmoeAttention``); GLM-4.5's per-head q/k norms follow ``use_qk_norm``
+  (``Glm4MoeAttention``); StarCoder 2's norms are LayerNorms, its MLP a plain GeLU.
 - the hybrids' attention always gates its output (``Qwen3_5Attention``: a q projection of
   ``2 x heads x head_dim``, ``attn_output * sigmoid(gate)``): ``attn_output_gate`` is not a
   field of ``Qwen3_5TextConfig``.

@@ -37,16 +37,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from oracles.rank_sim.geometry import SimModel, from_hf_config  # noqa: E402
-from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
-from oracles.rank_sim.recompute import Recompute  # noqa: E402
-from oracles.rank_sim.runner import simulate_rank  # noqa: E402
-
 from cpmem.api import describe_step  # noqa: E402
 from cpmem.model.geometry import ModelGeometry  # noqa: E402
 from cpmem.model.hf_config import load_config  # noqa: E402
 from cpmem.pricing.tight.calibrated import UNGATED_RUNTIME_Q  # noqa: E402
 from cpmem.pricing.tight.compose import TightWidths, tight_widths  # noqa: E402
+from oracles.rank_sim.geometry import SimModel, from_hf_config  # noqa: E402
+from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
+from oracles.rank_sim.recompute import Recompute  # noqa: E402
+from oracles.rank_sim.runner import simulate_rank  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
