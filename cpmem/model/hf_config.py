@@ -1,9 +1,11 @@
 """Geometry from a Hugging Face ``config.json`` (a path or an already-parsed dict).
 
 Families (``cpmem.model.hf_fields.FAMILIES``): dense ``qwen3``, ``qwen2``, ``llama``,
-``mistral``, ``phi3``; the post-norm ``olmo2`` / ``olmo3``; the hybrids ``qwen3_5`` /
+``mistral``, ``phi3``, ``gemma`` and ``starcoder2`` (LayerNorm, a plain GeLU MLP, biases);
+the post-norm ``olmo2`` / ``olmo3``; the hybrids ``qwen3_5`` /
 ``qwen3_5_moe`` (text config nested under ``text_config`` or not) and ``qwen3_next``; the
-MoE ``qwen3_moe``, ``mixtral``, ``gpt_oss`` and ``glm4_moe`` (DeepSeek-V3's experts under
+MoE ``qwen3_moe``, ``qwen2_moe`` (a sigmoid-gated shared expert), ``olmoe``, ``mixtral``,
+``gpt_oss`` and ``glm4_moe`` (DeepSeek-V3's experts under
 plain attention, with its MTP layer); ``gemma2`` and ``gemma3_text``; and multi-head latent
 attention with DeepSeek-V3's experts, ``deepseek_v3`` / ``kimi_k2``. Any other
 ``model_type`` is refused, with or without ``layer_types`` (the surveyed ones whose layers
@@ -58,15 +60,28 @@ CLASS_DEFAULTS: dict[str, dict[str, int]] = {
         "first_k_dense_replace": 1,
     },
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+    },
+    "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "intermediate_size": 2048},
 }
 """The configuration classes' defaults of the expert fields a config may leave out
-(``Glm4MoeConfig``, ``MixtralConfig``; ``hf_families.SOURCE_COMMITS``); the DeepSeek-V3
-families' absent fields keep the readers' own defaults."""
+(``Glm4MoeConfig``, ``MixtralConfig``, ``Qwen2MoeConfig``, ``OlmoeConfig``;
+``hf_families.SOURCE_COMMITS``); the DeepSeek-V3 and Qwen3 families' absent fields keep
+the readers' own defaults (Qwen3-MoE's absent ``num_experts``: a dense model)."""
 FUSED_BY_DEFAULT = HYBRID_FAMILIES
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-"""The gated MLP activations priced: SwiGLU's ``silu`` and Gemma's tanh-approximated
-GeGLU, whose unfused form keeps the same tensors (the activation's input, its output and
-the product's other factor)."""
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+"""The gated MLP activations priced: SwiGLU's ``silu`` and Gemma's GeGLU, tanh-approximated
+or exact (the published Gemma 1 configs say ``hidden_act: gelu``, which ``GemmaMLP``
+runs: ``ACT2FN[config.hidden_act]``), whose unfused forms keep the same tensors (the
+activation's input, its output and the product's other factor)."""
+PLAIN_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
+"""The activations of a plain (ungated) MLP priced: GeLU, tanh-approximated or exact; each
+keeps its input, ``c_fc``'s output, and its output is ``c_proj``'s input
+(``pricing.kinds.mlp.PLAIN_MLP_SAVED_F``)."""
 GEMMA3_SLIDING_PATTERN = 6
 """Gemma 3: every sixth layer attends fully, the others over the sliding window
 (``sliding_window_pattern``'s default in transformers' ``Gemma3TextConfig``)."""
@@ -189,10 +204,14 @@ def _read(
     mlps = _mlps(reader, layers, family)
     is_gdn = "gdn" in mixers
     is_moe = "moe" in mlps
-    act = text.get("hidden_activation", text.get("hidden_act", arch.activation))
-    if act not in ACTIVATIONS:
-        key = "hidden_activation" if "hidden_activation" in text else "hidden_act"
-        raise ConfigError(key, act, f"unsupported MLP activation; priced: {list(ACTIVATIONS)}")
+    priced = ACTIVATIONS if arch.gated_mlp else PLAIN_ACTIVATIONS
+    for key in ("hidden_activation", "hidden_act"):
+        act = text.get(key)
+        if act is not None and act not in priced:
+            kind = "gated" if arch.gated_mlp else "plain"
+            raise ConfigError(
+                key, act, f"unsupported {kind} MLP activation; priced: {list(priced)}"
+            )
     clamp = text.get("swiglu_limit") or text.get("activation_clamp")
     if fused_swiglu is None:
         fused_swiglu = family in FUSED_BY_DEFAULT
@@ -231,11 +250,17 @@ def _read(
         qk_norm_projection=arch.qk_norm_projection,
         final_logit_softcap=float(softcap) if softcap is not None else None,
         attention_bias=(
-            _flag(text, "attention_bias", arch.attention_bias_default)
+            _flag(text, arch.bias_field, arch.attention_bias_default)
             if arch.attention_bias is None
             else arch.attention_bias
         ),
-        mlp_bias=_flag(text, "mlp_bias", False) if arch.mlp_bias is None else arch.mlp_bias,
+        mlp_bias=(
+            _flag(text, arch.mlp_bias_field, arch.mlp_bias_default)
+            if arch.mlp_bias is None
+            else arch.mlp_bias
+        ),
+        norm="layernorm" if arch.norm == "layernorm" else "rmsnorm",
+        gated_mlp=arch.gated_mlp,
         router_bias=arch.router_bias,
         attention_sinks=arch.attention_sinks,
         shared_expert_gate=arch.shared_expert_gate,
@@ -324,13 +349,20 @@ def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
     ``layer_types``' ``sliding_attention`` layers where listed; otherwise Gemma 2's
     alternation (even layers slide), Gemma 3's ``sliding_window_pattern``, gpt-oss's
     alternation (``GptOssConfig``: even layers slide), OLMo 3's three of four
-    (``Olmo3Config``), every layer of Mistral, Mixtral and Phi-3 (their attention passes
-    ``config.sliding_window`` to every layer), Qwen2/Qwen3's layers from
+    (``Olmo3Config``), every layer of Mistral, Mixtral, Phi-3 and StarCoder 2 (their
+    attention passes ``config.sliding_window`` to every layer), Qwen2/Qwen3's layers from
     ``max_window_layers`` on (default 28) when ``use_sliding_window`` is set (``Qwen2Config``,
     ``Qwen3Config``: without it no layer slides, whatever ``layer_types`` says). An absent
     ``sliding_window`` is the family's default (``hf_families``); null is none."""
     text = reader.text
     arch = ARCHITECTURES[family]
+    if family == "qwen2_moe" and "sliding_attention" in (_layer_types(reader, layers) or []):
+        raise ConfigError(
+            "layer_types",
+            "sliding_attention",
+            "Qwen2MoeConfig slides no layer without use_sliding_window, which is accepted "
+            "only false (hf_fields)",
+        )
     default = arch.window
     if default is None and not arch.slides:
         return ()
@@ -342,7 +374,7 @@ def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
         return ()
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ConfigError("sliding_window", window, "must be a positive integer or null")
-    every_layer = ("mistral", "mixtral", "phi3")
+    every_layer = ("mistral", "mixtral", "phi3", "starcoder2")
     types = _layer_types(reader, layers) if family not in every_layer else None
     sliding: list[bool]
     if types is not None:
@@ -371,7 +403,8 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
     """Each layer's feed-forward kind, by the family's rule: Qwen's ``mlp_only_layers``
     and ``decoder_sparse_step``; DeepSeek-V3's ``first_k_dense_replace`` dense layers and
     ``moe_layer_freq``; GLM-4.5's ``first_k_dense_replace`` (``Glm4MoeDecoderLayer``: MoE
-    from that layer on, no frequency); gpt-oss's and Mixtral's experts in every layer."""
+    from that layer on, no frequency); gpt-oss's, Mixtral's and OLMoE's experts in every
+    layer (Qwen2-MoE's rule is Qwen3-MoE's, ``Qwen2MoeDecoderLayer``)."""
     text = reader.text
     dense: MlpKind = "dense"
     moe: MlpKind = "moe"
@@ -395,7 +428,11 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
     if family == "gpt_oss":
         reader.int("num_local_experts")
         return (moe,) * layers
-    experts = text.get("num_experts")
+    if family == "olmoe":
+        _expert_int(reader, family, "num_experts")
+        return (moe,) * layers
+    experts = _expert_int(reader, family, "num_experts") if family == "qwen2_moe" else None
+    experts = text.get("num_experts") if experts is None else experts
     if not experts:
         return (dense,) * layers
     step = text.get("decoder_sparse_step", 1) or 1
@@ -414,14 +451,14 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
 
 def _router_scoring(text: dict[str, Any], family: str) -> RouterScoring:
     """How the router scores the experts: DeepSeek's and GLM-4.5's sigmoid of every
-    logit; Qwen3-MoE's softmax over every expert, which with ``norm_topk_prob``
-    (renormalised over the top-k) is the softmax of the top-k logits, as megatron computes
-    it (no ``moe_router_pre_softmax``); Mixtral's the same, always renormalised
+    logit; Qwen3-MoE's, Qwen2-MoE's and OLMoE's softmax over every expert, which with
+    ``norm_topk_prob`` (renormalised over the top-k) is the softmax of the top-k logits, as
+    megatron computes it (no ``moe_router_pre_softmax``); Mixtral's the same, always renormalised
     (``MixtralSparseMoeBlock``); the others (Qwen3.5-MoE, gpt-oss) the top-k logits'
     softmax."""
     if family in NEXTN_FAMILIES:
         return "sigmoid"
-    if family == "qwen3_moe" and not text.get("norm_topk_prob", False):
+    if family in ("qwen3_moe", "qwen2_moe", "olmoe") and not text.get("norm_topk_prob", False):
         return "softmax_topk"
     return "topk_softmax"
 
@@ -449,6 +486,19 @@ def _experts(reader: _Fields, family: str) -> dict[str, Any]:
             "moe_top_k": reader.int("num_experts_per_tok"),
             "expert_ffn": expert_ffn,
             "shared_expert_ffn": reader.int("n_shared_experts", default=0) * expert_ffn,
+        }
+    if family == "olmoe":
+        return {
+            "num_experts": _expert_int(reader, family, "num_experts"),
+            "moe_top_k": _expert_int(reader, family, "num_experts_per_tok"),
+            "expert_ffn": _expert_int(reader, family, "intermediate_size"),
+        }
+    if family == "qwen2_moe":
+        return {
+            "num_experts": _expert_int(reader, family, "num_experts"),
+            "moe_top_k": _expert_int(reader, family, "num_experts_per_tok"),
+            "expert_ffn": _expert_int(reader, family, "moe_intermediate_size"),
+            "shared_expert_ffn": _expert_int(reader, family, "shared_expert_intermediate_size"),
         }
     if family == "gpt_oss":
         return {

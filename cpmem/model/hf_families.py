@@ -11,20 +11,23 @@ the classes they were read from (huggingface/transformers, ``src/transformers/mo
 - q/k norm: ``Qwen3Attention``, ``Qwen3MoeAttention``, ``Qwen3NextAttention``,
   ``Qwen3_5Attention`` (``q_norm``/``k_norm``, ``RMSNorm(head_dim)``) and
   ``Gemma3Attention`` have one; ``LlamaAttention``, ``MistralAttention``,
-  ``Qwen2Attention``, ``Gemma2Attention`` and ``GptOssAttention`` have none; latent
+  ``Qwen2Attention``, ``Qwen2MoeAttention``, ``GemmaAttention``, ``Gemma2Attention``,
+  ``Starcoder2Attention`` and ``GptOssAttention`` have none; latent
   attention (``DeepseekV3Attention``) normalises its compressed query and KV instead
   (``q_a_layernorm``, ``kv_a_layernorm``: ``cpmem.pricing.weights``' MLA parameters).
 - biases: ``bias=config.attention_bias`` on q, k, v and o for Llama, Qwen3, Qwen3-MoE, the
   hybrids, Gemma 2/3 and gpt-oss (``GptOssConfig`` defaults it to true); ``Qwen2Attention``
-  has q/k/v biases always and none on o; ``MistralAttention`` none ever. ``LlamaMLP`` reads
-  ``mlp_bias``; gpt-oss's experts and router always carry biases (``GptOssExperts``'
+  has q/k/v biases always and none on o, ``Qwen2MoeAttention`` q/k/v by ``qkv_bias``
+  (true) and none on o; ``MistralAttention`` none ever; ``Starcoder2Attention`` q/k/v/o
+  and ``Starcoder2MLP`` by ``use_bias`` (true). ``LlamaMLP`` reads ``mlp_bias``; gpt-oss's experts and router always carry biases (``GptOssExperts``'
   ``gate_up_proj_bias``/``down_proj_bias``, ``GptOssTopKRouter.bias``); no other MLP has one.
 - norms: every family normalises each sub-layer's input; Gemma 2/3 also its output
   (``post_attention_layernorm``, ``post_feedforward_layernorm``), OLMo 2/3 its output
   only (``Olmo2DecoderLayer``: no input norm), with q/k norms over the whole projection
   (``Olmo2Attention``: ``q_norm = RMSNorm(heads x head_dim)``, ``k_norm =
-  RMSNorm(kv_heads x head_dim)``); GLM-4.5's per-head q/k norms follow ``use_qk_norm``
-  (``Glm4MoeAttention``).
+  RMSNorm(kv_heads x head_dim)``), as are OLMoE's under its input norms
+  (``OlmoeAttention``); GLM-4.5's per-head q/k norms follow ``use_qk_norm``
+  (``Glm4MoeAttention``); StarCoder 2's norms are LayerNorms, its MLP a plain GeLU.
 - the hybrids' attention always gates its output (``Qwen3_5Attention``: a q projection of
   ``2 x heads x head_dim``, ``attn_output * sigmoid(gate)``): ``attn_output_gate`` is not a
   field of ``Qwen3_5TextConfig``.
@@ -66,6 +69,14 @@ SOURCE_COMMITS = {
     "modular_mixtral.py": "7792ab1a984cb369352b985f63393090ab0819c3",
     "configuration_mixtral.py": "008e574391258935f3ecc3035c882e73bbcac419",
     "configuration_smollm3.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modular_qwen2_moe.py": "001f85b38fb432858ace93f18622f07cec46d874",
+    "configuration_qwen2_moe.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modular_olmoe.py": "052b1dcdbe751ed16e8da95261021318f170a130",
+    "configuration_olmoe.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modular_gemma.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "configuration_gemma.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modeling_starcoder2.py": "00d4b3d2142cb4ced2f51b90614b5d26bc045015",
+    "configuration_starcoder2.py": "008e574391258935f3ecc3035c882e73bbcac419",
 }
 """The huggingface/transformers commits the facts below were read at."""
 
@@ -74,12 +85,15 @@ SOURCE_COMMITS = {
 class Family:
     """One ``model_type``'s layer as its modeling class builds it.
 
-    ``attention_bias`` / ``mlp_bias``: None where the config's field of that name decides
-    (its default ``*_bias_default``), else the value the class fixes. ``head_dim``: the
+    ``attention_bias`` / ``mlp_bias``: None where a config field decides (``bias_field`` /
+    ``mlp_bias_field``, its default ``*_bias_default``), else the value the class fixes. ``head_dim``: the
     config class's default (None: ``hidden_size // num_attention_heads``). ``window``: the
     default ``sliding_window`` (None: the family has no sliding window, unless
     ``slides``: it reads a ``sliding_window`` whose default is null). ``qk_norm_field``:
-    the config field that switches the q/k norms (``qk_norm`` its default)."""
+    the config field that switches the q/k norms (``qk_norm`` its default). ``norm``: the
+    layer's norm (LayerNorm holds a bias beside its weight); ``gated_mlp``: whether the MLP
+    multiplies an activated gate by an up projection (``False``: one ``c_fc`` and its
+    activation, StarCoder 2)."""
 
     source: str
     qk_norm: bool
@@ -99,6 +113,11 @@ class Family:
     qk_norm_field: str = ""
     pre_norms: bool = True
     qk_norm_projection: bool = False
+    bias_field: str = "attention_bias"
+    mlp_bias_field: str = "mlp_bias"
+    mlp_bias_default: bool = False
+    norm: str = "rmsnorm"
+    gated_mlp: bool = True
 
 
 def _hybrid(source: str) -> Family:
@@ -230,6 +249,62 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
             pre_norms=False,
             qk_norm_projection=True,
             window=4096,
+        ),
+        "qwen2_moe": Family(
+            "modular_qwen2_moe.py Qwen2MoeAttention (LlamaAttention's; q/k/v "
+            "bias=config.qkv_bias, o bias=False, no q/k norm), Qwen2MoeSparseMoeBlock "
+            "(Qwen2MoeTopKRouter: softmax over every expert, top-k, renormalised under "
+            "norm_topk_prob; a shared_expert Qwen2MoeMLP of shared_expert_intermediate_size "
+            "scaled by sigmoid(shared_expert_gate), Linear(H, 1)), Qwen2MoeDecoderLayer "
+            "(the sparse block where the layer is not in mlp_only_layers and (i + 1) % "
+            "decoder_sparse_step == 0); configuration_qwen2_moe.py Qwen2MoeConfig "
+            "(qkv_bias=True, tie_word_embeddings=False)",
+            qk_norm=False,
+            bias_field="qkv_bias",
+            attention_bias_default=True,
+        ),
+        "olmoe": Family(
+            "modular_olmoe.py OlmoeAttention (LlamaAttention's, bias=config.attention_bias; "
+            "q_norm = RMSNorm(hidden_size), k_norm = RMSNorm(hidden_size / heads x "
+            "kv_heads) over the projections, clip_qkv), OlmoeSparseMoeBlock (gate Linear(H, "
+            "E), softmax over every expert, top-k, renormalised under norm_topk_prob; "
+            "num_experts OlmoeMLP of intermediate_size; no shared expert), "
+            "OlmoeDecoderLayer (LlamaDecoderLayer's pre-norms, the sparse block in every "
+            "layer); configuration_olmoe.py OlmoeConfig",
+            qk_norm=True,
+            qk_norm_projection=True,
+        ),
+        "gemma": Family(
+            "modular_gemma.py GemmaAttention (LlamaAttention's: bias=config.attention_bias, "
+            "no q/k norm), GemmaMLP (LlamaMLP's, ACT2FN[config.hidden_act]), GemmaRMSNorm "
+            "(weight used as 1 + w: H parameters as any RMSNorm), GemmaModel (LlamaModel's "
+            "pre-norms; the embedding scaled by sqrt(H)); configuration_gemma.py "
+            "GemmaConfig (head_dim=256, hidden_act=gelu_pytorch_tanh, "
+            "tie_word_embeddings=True)",
+            qk_norm=False,
+            tied=True,
+            head_dim=256,
+            activation="gelu_pytorch_tanh",
+        ),
+        "starcoder2": Family(
+            "modeling_starcoder2.py Starcoder2Attention (q/k/v/o bias=config.use_bias, no "
+            "q/k norm, sliding_window=config.sliding_window on every layer), Starcoder2MLP "
+            "(c_fc, ACT2FN[hidden_act], c_proj: not gated, bias=config.use_bias), "
+            "Starcoder2DecoderLayer and Starcoder2Model (nn.LayerNorm input, post-attention "
+            "and final norms: weight and bias); configuration_starcoder2.py "
+            "Starcoder2Config (use_bias=True, sliding_window=None, "
+            "hidden_act=gelu_pytorch_tanh, tie_word_embeddings=True)",
+            qk_norm=False,
+            bias_field="use_bias",
+            attention_bias_default=True,
+            mlp_bias=None,
+            mlp_bias_field="use_bias",
+            mlp_bias_default=True,
+            tied=True,
+            activation="gelu_pytorch_tanh",
+            slides=True,
+            norm="layernorm",
+            gated_mlp=False,
         ),
         "nemotron_h": Family(
             "modeling_nemotron_h.py NemotronHAttention (Jamba's: no q/k norm, no rope), "

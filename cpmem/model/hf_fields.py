@@ -142,13 +142,23 @@ READ: dict[str, frozenset[str]] = {
     "glm4_moe": _NO_LAYER_TYPES | _BIAS | _GLM4_MOE,
     "olmo2": _NO_LAYER_TYPES | _BIAS,
     "olmo3": COMMON | _BIAS | {"sliding_window"},
+    "qwen2_moe": COMMON | {"qkv_bias"} | _SLIDING | _QWEN_MOE | {"norm_topk_prob"},
+    "olmoe": (_NO_LAYER_TYPES - {"head_dim"})
+    | _BIAS
+    | {"num_experts", "num_experts_per_tok", "norm_topk_prob"},
+    "gemma": _NO_LAYER_TYPES | _BIAS | {"hidden_activation"},
+    "starcoder2": _NO_LAYER_TYPES | {"use_bias", "sliding_window"},
 }
 """Per ``model_type``: the fields its reader reads. ``attention_bias`` is not read for
 Qwen2, Mistral and Mixtral, whose attention classes fix their biases
 (``cpmem.model.hf_families``): a config that sets it is refused rather than priced as
 something the model is not (Phi-3's is accepted at false, ``FAMILY_HARMLESS_AT``).
 ``layer_types`` is read only where the family's model reads it (not Mistral, Mixtral,
-Phi-3, GLM-4.5 or OLMo 2, whose configuration classes have no such field)."""
+Phi-3, GLM-4.5, OLMo 2, OLMoE, Gemma 1 or StarCoder 2, whose configuration classes have no
+such field). Qwen2-MoE's biases are read from ``qkv_bias``, StarCoder 2's from ``use_bias``
+(their attention classes' fields), and OLMoE's ``head_dim`` is not read: ``OlmoeAttention``'s
+q norm is ``hidden_size`` wide, so a head width other than ``hidden_size / heads`` is
+refused by name rather than priced as a model transformers cannot build."""
 
 OUTER_READ = frozenset(
     {
@@ -213,6 +223,47 @@ FAMILY_HARMLESS_AT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
             (0, 0.0),
             "MixtralSparseMoeBlock multiplies the router input by a random tensor in "
             "training (kept for backward), which cpmem does not price",
+        ),
+    },
+    "qwen2_moe": {
+        "use_sliding_window": (
+            (False,),
+            "Qwen2MoeConfig's sliding layers (every other layer below max_window_layers) "
+            "are not priced; the published Qwen1.5-MoE and Qwen2-MoE configs set false",
+        ),
+    },
+    "olmoe": {
+        "clip_qkv": (
+            (None,),
+            "OlmoeAttention clamps the normalised query, key and value in place, which "
+            "keeps masks for backward cpmem does not price",
+        ),
+    },
+    "gemma": {
+        "use_bidirectional_attention": (
+            (False,),
+            "GemmaAttention attends bidirectionally when set (an embedding model); cpmem "
+            "prices the causal language model",
+        ),
+    },
+    "starcoder2": {
+        **dict.fromkeys(
+            ("residual_dropout", "embedding_dropout"),
+            (
+                (0, 0.0),
+                "a residual or embedding dropout keeps a mask cpmem does not price from a "
+                "config (Starcoder2Attention, Starcoder2MLP, Starcoder2Model)",
+            ),
+        ),
+        "mlp_type": (
+            ("default",),
+            "a field Starcoder2Config does not define (the original checkpoints carry it); "
+            "Starcoder2MLP is the plain c_fc / c_proj MLP cpmem prices",
+        ),
+        "norm_type": (
+            ("layer_norm",),
+            "a field Starcoder2Config does not define (the original checkpoints carry it); "
+            "Starcoder2DecoderLayer builds nn.LayerNorm, which cpmem prices",
         ),
     },
     "nemotron_h": {
@@ -348,6 +399,7 @@ IGNORED: dict[str, str] = {
             "time_step_limit",
             "norm_eps",
             "layer_norm_epsilon",
+            "norm_epsilon",
         ),
         "a numeric constant: the Mamba-2 step's initialisation and limits, a norm's epsilon",
     ),

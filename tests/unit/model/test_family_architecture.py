@@ -68,8 +68,10 @@ def _config(family: str) -> dict[str, Any]:
         return {**HYBRID, "model_type": family}
     if family in ("qwen3_5_moe", "qwen3_5_moe_text"):
         return {**HYBRID, **QWEN_EXPERTS, "model_type": family}
-    if family == "qwen3_moe":
+    if family in ("qwen3_moe", "qwen2_moe"):
         return {**DENSE, **QWEN_EXPERTS, "model_type": family}
+    if family == "olmoe":
+        return {**DENSE, "num_experts": 8, "num_experts_per_tok": 2, "model_type": family}
     if family == "gpt_oss":
         return {**DENSE, "num_local_experts": 8, "num_experts_per_tok": 2, "model_type": family}
     if family in ("deepseek_v3", "kimi_k2"):
@@ -132,6 +134,18 @@ PUBLISHED = {
     # post_feedforward_layernorm on the outputs; Olmo2Config tie_word_embeddings=False
     "olmo2": (True, False, False, False, True, False),
     "olmo3": (True, False, False, False, True, False),
+    # Qwen2MoeAttention: q/k/v bias=config.qkv_bias (Qwen2MoeConfig: True), o bias=False,
+    # no q/k norm; Qwen2MoeMLP bias=False; tie_word_embeddings=False
+    "qwen2_moe": (False, True, False, False, False, False),
+    # OlmoeAttention: q_norm / k_norm over the projections, bias=config.attention_bias
+    # (False); OlmoeMLP (GemmaMLP's) bias=False; LlamaDecoderLayer's pre-norms only
+    "olmoe": (True, False, False, False, False, False),
+    # GemmaAttention (LlamaAttention's): bias=config.attention_bias (False), no q/k norm;
+    # GemmaMLP bias=False; GemmaConfig tie_word_embeddings=True
+    "gemma": (False, False, False, False, False, True),
+    # Starcoder2Attention: q/k/v/o bias=config.use_bias (True); Starcoder2MLP c_fc / c_proj
+    # bias=config.use_bias; Starcoder2Config tie_word_embeddings=True
+    "starcoder2": (False, True, True, False, False, True),
 }
 
 
@@ -170,7 +184,9 @@ def test_latent_attention_shared_experts_are_ungated(family: str) -> None:
     assert not load_config(cfg).shared_expert_gate
 
 
-@pytest.mark.parametrize(("family", "value"), [("llama", True), ("gemma2", True)])
+@pytest.mark.parametrize(
+    ("family", "value"), [("llama", True), ("gemma2", True), ("gemma", True), ("olmoe", True)]
+)
 def test_attention_bias_is_read_where_the_class_reads_it(family: str, value: bool) -> None:
     assert load_config({**_config(family), "attention_bias": value}).attention_bias is value
 
@@ -179,10 +195,11 @@ def test_llama_mlp_bias_is_read() -> None:
     assert load_config({**_config("llama"), "mlp_bias": True}).mlp_bias
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "qwen2_moe", "starcoder2"])
 def test_attention_bias_is_refused_where_the_class_fixes_it(family: str) -> None:
     """Qwen2Attention's biases (q/k/v, no o) and MistralAttention's (none) do not follow
-    the field: a config that sets it describes another model."""
+    the field, nor do Qwen2MoeAttention's (``qkv_bias``) and Starcoder2Attention's
+    (``use_bias``): a config that sets it describes another model."""
     with pytest.raises(ConfigError) as err:
         load_config({**_config(family), "attention_bias": False})
     assert err.value.field == "attention_bias"
@@ -199,7 +216,17 @@ def test_the_hybrids_gate_is_not_a_switch(family: str) -> None:
 # head_dim where a config omits it: Qwen3Config head_dim=128, Gemma2Config/Gemma3TextConfig
 # head_dim=256, GptOssConfig head_dim=64, Qwen3NextConfig/Qwen3_5TextConfig head_dim=256;
 # LlamaAttention/MistralConfig/Qwen2Attention: hidden_size // num_attention_heads
-HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256, "gpt_oss": 64, "llama": 128}
+# GemmaConfig head_dim=256; Qwen2MoeAttention / Starcoder2Attention: hidden // heads
+HEAD_DIM = {
+    "qwen3": 128,
+    "gemma2": 256,
+    "gemma3_text": 256,
+    "gpt_oss": 64,
+    "llama": 128,
+    "gemma": 256,
+    "qwen2_moe": 128,
+    "starcoder2": 128,
+}
 
 
 @pytest.mark.parametrize("family", sorted(HEAD_DIM))
@@ -236,6 +263,15 @@ def test_gemma_activation_defaults_to_its_config_class() -> None:
         ("phi3", {}, ()),
         ("phi3", {"sliding_window": 2047}, (2047,) * 4),
         ("olmo2", {"sliding_window": 4096}, "sliding_window"),  # not an Olmo2Config field
+        ("olmoe", {"sliding_window": 4096}, "sliding_window"),  # nor an OlmoeConfig one
+        ("gemma", {"sliding_window": 4096}, "sliding_window"),  # nor a GemmaConfig one
+        # Starcoder2Config: sliding_window=None; when set, on every layer
+        ("starcoder2", {}, ()),
+        ("starcoder2", {"sliding_window": 4096}, (4096,) * 4),
+        # Qwen2MoeConfig: sliding_window 4096 read only under use_sliding_window
+        ("qwen2_moe", {"sliding_window": 4096}, ()),
+        ("qwen2_moe", {"use_sliding_window": True}, "use_sliding_window"),
+        ("qwen2_moe", {"layer_types": ["sliding_attention"] * 4}, "layer_types"),
         ("qwen2", {"sliding_window": 4096}, ()),
         ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}, (0, 0, 4096, 4096)),
         ("qwen3", {"use_sliding_window": True}, ()),  # 4 layers, all below layer 28

@@ -154,6 +154,25 @@ ROWS: list[tuple[str, Callable[[], ModelGeometry], float, float | None, bool, st
         "Gemma 2 technical report, table 2: 918M embedding + 8,324M non-embedding",
     ),
     (
+        "Gemma 2 27B",
+        _example(
+            "gemma-2-9b",
+            hidden_size=4608,
+            intermediate_size=36864,
+            num_hidden_layers=46,
+            num_attention_heads=32,
+            num_key_value_heads=16,
+            head_dim=128,
+            query_pre_attn_scalar=144,
+        ),
+        0.256e6 * 4608 + 26.047e9,
+        None,
+        False,
+        "Gemma 2 technical report, table 2: 26,047M non-embedding parameters, beside the "
+        "tied 256,000 x 4,608 embedding (46 layers, hidden 4,608, 32 query / 16 KV heads of "
+        "128, FFN 36,864; the rest as 9B)",
+    ),
+    (
         "Gemma 3 12B",
         _preset("gemma-3-12b"),
         1.012e9 + 10.759e9,
@@ -235,6 +254,59 @@ ROWS: list[tuple[str, Callable[[], ModelGeometry], float, float | None, bool, st
         0.05e9,
         False,
         "allenai/Olmo-3-1025-7B's Hugging Face model page: 7.3B params (safetensors)",
+    ),
+    (
+        "Qwen1.5-MoE-A2.7B",
+        _example("qwen1.5-moe-a2.7b"),
+        14.3e9,
+        0.05e9,
+        False,
+        "Qwen/Qwen1.5-MoE-A2.7B model card: 14.3B parameters in total",
+    ),
+    (
+        "Qwen2-57B-A14B",
+        _example(
+            "qwen1.5-moe-a2.7b",
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            num_experts=64,
+            num_experts_per_tok=8,
+            moe_intermediate_size=2560,
+            shared_expert_intermediate_size=20480,
+        ),
+        57e9,
+        0.5e9,
+        False,
+        "Qwen/Qwen2-57B-A14B model card: 57B total (28 layers, hidden 3,584, 28 query / 4 KV "
+        "heads, 64 experts of 2,560, top-8, a 20,480 shared expert; the rest as Qwen1.5-MoE)",
+    ),
+    (
+        "OLMoE-1B-7B",
+        _example("olmoe-1b-7b"),
+        6.9e9,
+        0.05e9,
+        False,
+        "OLMoE paper (arXiv 2409.02060): 6.9B total parameters, 1.3B active",
+    ),
+    (
+        "Gemma 7B",
+        _example("gemma-7b"),
+        786_432_000 + 7_751_248_896,
+        None,
+        False,
+        "Gemma technical report (arXiv 2403.08295), table 2: 786,432,000 embedding + "
+        "7,751,248,896 non-embedding parameters",
+    ),
+    (
+        "StarCoder2-7B",
+        _example("starcoder2-7b"),
+        7.17e9,
+        0.005e9,
+        False,
+        "bigcode/starcoder2-7b's Hugging Face model page: 7.17B params (safetensors)",
     ),
 ]
 
