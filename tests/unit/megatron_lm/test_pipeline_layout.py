@@ -110,3 +110,21 @@ def test_every_problem_is_listed_in_one_refusal() -> None:
         check_megatron_args(args)
     assert "arguments.py:929-939" in err.value.reason
     assert "pipeline_parallel_layer_layout.py:107-110" in err.value.reason
+
+
+def test_the_busiest_rank_is_the_one_the_layout_loads_most() -> None:
+    # the recording's layout: rank 0 holds the embedding and 3 + 2 + 2 + 2 layers, rank 1
+    # 2 + 2 + 2 + 1 with the MTP depth and the loss; Megatron-LM logs rank 1 (the last)
+    from cpmem.pricing.registry import price
+
+    args = replace(_run(RECORDED), position_embedding_type="rope")
+    peaks = {
+        rank: price(step_of(args, world_size=8, rank=rank), "tight").peak_bytes
+        for rank in (0, "last", "busiest")
+    }
+    assert peaks["busiest"] == max(peaks[0], peaks["last"])
+    statics = {
+        rank: price(step_of(args, world_size=8, rank=rank), "tight").static.total  # type: ignore[union-attr]
+        for rank in (0, "last")
+    }
+    assert statics[0] != statics["last"]  # the stages hold different layers and heads
