@@ -35,8 +35,6 @@ MEGATRON_MODULES = (
 """megatron-core's ``allowed_modules`` (transformer_config.py:1944-1957)."""
 
 UNPRICED_MODULES: dict[str, str] = {
-    "shared_experts": "the shared experts under a checkpoint of their own "
-    "(moe_layer.py:252-255, 517)",
     "gdn_norm_out": "Gated DeltaNet's output norm and its all-to-all discarded and rebuilt",
     "gdp_in_proj": "GatedDeltaProduct's input projection discarded and rebuilt",
     "gdp_qkv": "GatedDeltaProduct's convolution and QKV preparation discarded and rebuilt",
@@ -135,6 +133,15 @@ def module_problems(args: MegatronArgs) -> list[tuple[str, str]]:
         ),
     )
     out += [(f"{flag} {name}", why) for name, ok, why in needs if name in names and not ok]
+    overlap = args.flag_values.get("--moe-shared-expert-overlap") is True
+    if "shared_experts" in names and args.moe_shared_expert_intermediate_size and overlap:
+        out.append(
+            (
+                f"{flag} shared_experts --moe-shared-expert-overlap",
+                "shared_experts recompute cannot work with --moe-shared-expert-overlap "
+                "(transformer_config.py:1991-1998)",
+            )
+        )
     fp8 = args.flag_values.get("--fp8-format")
     recipe = args.flag_values.get("--fp8-recipe", "delayed")
     if fp8 and recipe == "delayed" and {"moe_act", "layernorm"} & set(names):

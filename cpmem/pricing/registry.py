@@ -150,6 +150,8 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"modules: moe: {g.name} has no routed experts to checkpoint")
     if rc.checkpoints(Module.MOE_ACT) and not g.is_moe:
         out.append(f"modules: moe_act: {g.name} has no routed experts to checkpoint")
+    if rc.checkpoints(Module.SHARED_EXPERTS) and not g.shared_expert_ffn:
+        out.append(f"modules: shared_experts: {g.name} has no shared experts to checkpoint")
     if rc.checkpoints(Module.MLA_UP_PROJ) and not g.is_mla:
         out.append(f"modules: mla_up_proj: {g.name} has no latent attention to checkpoint")
     if rc.checkpoints(Module.LAYERNORM) and not _norm_modules(step):

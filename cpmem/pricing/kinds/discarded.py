@@ -1,6 +1,7 @@
 """What megatron-core's output-discarding checkpoints drop from a layer's saved set: the
 ``layernorm``, ``moe_act`` and ``mla_up_proj`` entries of ``--recompute-modules``, in
-elements per token of the rank, read by the attention and feed-forward kinds' specs.
+elements per token of the rank, read by the attention and feed-forward kinds' specs
+(``shared_experts``, a plain checkpoint of the shared experts, is the MoE kind's own).
 
 megatron-core at the recordings' snapshot runs each of them under
 ``tensor_parallel.CheckpointWithoutOutput``: the module's forward runs without

@@ -154,15 +154,24 @@ def row_f(geometry: ModelGeometry, compiled: bool) -> int:
 
 
 def act_dropped(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
-    """What the ``layernorm`` and ``moe_act`` checkpoints drop of an MoE layer
-    (``cpmem.pricing.kinds.discarded``); none beside a ``moe`` checkpoint, which drops
-    all of it but its norm's input and output."""
+    """What the ``layernorm``, ``moe_act`` and ``shared_experts`` checkpoints drop of an
+    MoE layer (``cpmem.pricing.kinds.discarded``; a ``shared_experts`` checkpoint keeps
+    its input, the norm's output, and drops the shared expert's saved set,
+    ``shared_width``); none beside a ``moe`` checkpoint, which drops all of it but its
+    norm's input and output."""
     layernorm = layernorm_dropped(geometry, step, w.tp, "moe")
-    if step.recompute.checkpoints(Module.MOE):
+    rc = step.recompute
+    if rc.checkpoints(Module.MOE):
         return layernorm
     rows = step.expert_rows_per_token(w.tp)
     fe = expert_shard(geometry, step.plan.layout.etp)
-    return layernorm + moe_act_dropped(geometry, step, rows, row_f(geometry, step.compiled), fe)
+    act = moe_act_dropped(geometry, step, rows, row_f(geometry, step.compiled), fe)
+    shared = 0
+    if rc.checkpoints(Module.SHARED_EXPERTS):
+        sp = step.plan.layout.sp and w.tp > 1
+        lora = step.settings.training == "lora"
+        shared = shared_width(geometry, w.tp, sp, step.compiled, lora)
+    return layernorm + act + shared
 
 
 def saved_width(

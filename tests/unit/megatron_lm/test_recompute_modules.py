@@ -62,7 +62,15 @@ def test_moe_layer_recompute_adds_moe_and_makes_the_recompute_selective() -> Non
         ("moe_act", {"moe_grouped_gemm": False}, "transformer_config.py:1964-1967"),
         ("mla_up_proj", {"multi_latent_attention": False}, "transformer_config.py:1969-1973"),
         ("moe", {"overlap_moe_expert_parallel_comm": True}, "transformer_config.py:3031-3032"),
-        ("shared_experts", {}, "changes memory cpmem does not price"),
+        (
+            "shared_experts",
+            {
+                "moe_shared_expert_intermediate_size": 1024,
+                "flag_values": {"--moe-shared-expert-overlap": True},
+            },
+            "transformer_config.py:1991-1998",
+        ),
+        ("gdp_qkv", {}, "changes memory cpmem does not price"),
         ("mhc", {}, "changes memory cpmem does not price"),
     ],
 )

@@ -74,6 +74,12 @@ def test_moe_act_drops_all_but_fc1s_output_of_every_routed_row() -> None:
     assert _dropped(both, "moe") == _dropped(moe, "moe") > 8 * (6 - 2) * 1024
 
 
+def test_shared_experts_drop_the_shared_experts_saved_set() -> None:
+    # the fused SwiGLU's fc1 output (2 F_s) and activation output (F_s), F_s 1,024 over
+    # TP 2; the checkpoint's input is the norm output the layer keeps anyway
+    assert _dropped(_step("shared_experts"), "moe") == 3 * 1024 // 2
+
+
 def test_the_modules_lower_the_kept_set_by_what_they_drop() -> None:
     base, dropped = _step("mlp"), _step("mlp layernorm mla_up_proj moe_act")
     g = base.geometry
