@@ -38,6 +38,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
+from cpmem.megatron.recompute_modules import selective, selective_modules
 from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
 from cpmem.megatron.vocab import resolved_vocab_size
@@ -45,7 +46,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.step.backend_choice import BackendChoice, container_named
 from cpmem.step.describe import StepArguments, describe_step
 from cpmem.step.device import Device, resolve_device
-from cpmem.step.recompute import FullMethod, Mode, Module, Recompute
+from cpmem.step.recompute import FullMethod, Mode, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, AttentionBackend, Runtime
 from cpmem.step.step import Step
 
@@ -152,10 +153,11 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
 
 
 def megatron_recompute(args: MegatronArgs) -> Recompute:
-    """``--recompute-granularity``: ``selective`` (the core attention, megatron's default
-    ``--recompute-modules``), ``full`` with its method and layers, or none."""
-    if args.recompute_granularity == "selective":
-        return Recompute(Mode.SELECTIVE, (Module.CORE_ATTN,))
+    """``--recompute-granularity``: ``selective`` with its ``--recompute-modules`` (the
+    core attention by default; ``cpmem.megatron.recompute_modules``), ``full`` with its
+    method and layers, or none."""
+    if selective(args):
+        return Recompute(Mode.SELECTIVE, selective_modules(args))
     if args.recompute_granularity == "full":
         method: FullMethod = "block" if args.recompute_method == "block" else "uniform"
         return Recompute(

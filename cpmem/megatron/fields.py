@@ -65,6 +65,9 @@ class MegatronArgs:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    # transformer_config.py:560 (None: core_attn), as written; read by recompute_modules.py
+    recompute_modules: str | None = None
+    moe_layer_recompute: bool = False  # transformer_config.py:938 (deprecated: adds moe)
     cross_entropy_loss_fusion: bool = False  # model_parallel_config.py:320-325
     gradient_accumulation_fusion: bool = True  # arguments.py:2944 (--no-gradient-...)
     create_attention_mask_in_dataloader: bool = True  # arguments.py:3332
@@ -138,6 +141,8 @@ class MegatronArgs:
     decoder_last_pipeline_num_layers: int | None = None  # arguments.py:3099 (None: even)
     account_for_embedding_in_pipeline_split: bool = False  # transformer_config.py:137
     account_for_loss_in_pipeline_split: bool = False  # transformer_config.py:141
+    # arguments.py:3103, as written; read by pipeline_layout.py
+    pipeline_model_parallel_layout: str | None = None
     # the vocabulary (vocab.py: resolved_vocab_size)
     pad_vocab_size: bool = True  # training_config.py:686 (--no-pad-vocab-size)
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -210,6 +215,8 @@ PRICED: dict[str, tuple[str, str]] = {
             ("recompute_granularity", "str"),
             ("recompute_method", "str"),
             ("recompute_num_layers", "int"),
+            ("recompute_modules", "raw"),
+            ("moe_layer_recompute", "bool"),
             ("cross_entropy_loss_fusion", "bool"),
             ("apply_query_key_layer_scaling", "bool"),
             ("attention_softmax_in_fp32", "bool"),
@@ -261,6 +268,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("decoder_last_pipeline_num_layers", "int"),
             ("account_for_embedding_in_pipeline_split", "bool"),
             ("account_for_loss_in_pipeline_split", "bool"),
+            ("pipeline_model_parallel_layout", "raw"),
         )
     },
     # validate_args reads these as --num-layers and --seq-length where those are not given

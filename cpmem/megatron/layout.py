@@ -17,12 +17,17 @@ A hybrid pattern cut by ``|`` is the split itself: segment ``v x PP + p`` is vir
 (``arguments.py:841-862``, ``hybrid_layer_allocation.select_pipeline_segment``); without
 ``|`` the layers split as a GPT's do (evenly, or with ``--decoder-first/last-pipeline-
 num-layers``).
+
+A layout string (``--pipeline-model-parallel-layout``, ``cpmem.megatron.pipeline_layout``)
+is the split too: its stages are the virtual stages in order, each holding its ``t``
+count, and there are stages / PP chunks per rank (arguments.py:941-951).
 """
 
 from __future__ import annotations
 
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.hybrid_pattern import HybridPattern, parse_hybrid_pattern
+from cpmem.megatron.pipeline_layout import layout_of, layout_string_problems, layout_virtual_size
 
 
 def hybrid_segments(args: MegatronArgs) -> tuple[int, ...] | None:
@@ -63,11 +68,15 @@ def virtual_pipeline_size(args: MegatronArgs) -> int | None:
     ``--num-virtual-stages-per-pipeline-rank N`` is N; ``--num-layers-per-virtual-
     pipeline-stage K`` is (layers per pipeline stage) / K, the layers counting the
     embedding and loss where accounted for; 1 becomes None. A hybrid pattern cut by ``|``
-    into more segments than pipeline stages has segments / PP (arguments.py:841-862)."""
+    into more segments than pipeline stages has segments / PP (arguments.py:841-862), a
+    layout string stages / PP (arguments.py:941-951)."""
     segments = hybrid_segments(args)
     if segments is not None:
         vpp = len(segments) // args.pipeline_model_parallel_size
         return vpp if vpp > 1 else None
+    layout = layout_of(args)
+    if layout is not None:
+        return layout_virtual_size(args, layout)
     if args.num_virtual_stages_per_pipeline_rank is not None:
         vpp = args.num_virtual_stages_per_pipeline_rank
     elif args.num_layers_per_virtual_pipeline_stage is not None:
@@ -106,10 +115,13 @@ def stage_layer_counts(args: MegatronArgs) -> tuple[int, ...] | None:
     embedding-in-pipeline-split``, the last chunk of the last rank one fewer under
     ``--account-for-loss-in-pipeline-split`` (transformer_block.py:191-200). The split
     is assumed valid (``layout_problems`` is empty). A hybrid pattern cut by ``|``: its
-    segments' layer counts."""
+    segments' layer counts; a layout string: its stages' transformer layers."""
     segments = hybrid_segments(args)
     if segments is not None:
         return segments
+    layout = layout_of(args)
+    if layout is not None:
+        return layout.layers()
     if not (
         _uneven(args)
         or args.account_for_embedding_in_pipeline_split
@@ -133,13 +145,17 @@ def stage_layer_counts(args: MegatronArgs) -> tuple[int, ...] | None:
 
 def layout_problems(args: MegatronArgs) -> list[tuple[str, str]]:
     """Megatron-LM's checks of the split, as (flags, its reason) pairs. A layout string
-    (``--pipeline-model-parallel-layout``, itself refused) places the layers its own way:
-    the even split's checks do not apply to it (arguments.py:941-951)."""
+    (``--pipeline-model-parallel-layout``) places the layers its own way: its own checks
+    (``cpmem.megatron.pipeline_layout``) and the interleaved schedule's apply, not the
+    even split's (arguments.py:941-951)."""
     segments = hybrid_segments(args)
     if segments is not None:
         return _segment_problems(args, segments)
-    if "--pipeline-model-parallel-layout" in args.flag_values:
-        return []
+    if args.pipeline_model_parallel_layout is not None:
+        problems = layout_string_problems(args)
+        layout = layout_of(args)
+        vpp = None if layout is None else layout_virtual_size(args, layout)
+        return problems or _interleaved_problems(args, vpp)
     out: list[tuple[str, str]] = []
     pp = args.pipeline_model_parallel_size
     per_virtual = args.num_layers_per_virtual_pipeline_stage
@@ -205,25 +221,32 @@ def layout_problems(args: MegatronArgs) -> list[tuple[str, str]]:
             )
     else:
         out.extend(_uneven_problems(args, vpp))
-    if vpp is not None:
-        overlap = args.flag_values.get("--no-overlap-p2p-communication") is not True
-        if overlap and pp < 2:
-            out.append(
-                (
-                    f"--pipeline-model-parallel-size {pp}",
-                    "the interleaved schedule needs more than one pipeline stage "
-                    "(arguments.py:1000-1004)",
-                )
+    return out + _interleaved_problems(args, vpp)
+
+
+def _interleaved_problems(args: MegatronArgs, vpp: int | None) -> list[tuple[str, str]]:
+    """The interleaved schedule's pipeline size (arguments.py:1000-1009)."""
+    if vpp is None:
+        return []
+    pp = args.pipeline_model_parallel_size
+    overlap = args.flag_values.get("--no-overlap-p2p-communication") is not True
+    if overlap and pp < 2:
+        return [
+            (
+                f"--pipeline-model-parallel-size {pp}",
+                "the interleaved schedule needs more than one pipeline stage "
+                "(arguments.py:1000-1004)",
             )
-        elif not overlap and pp < 3:
-            out.append(
-                (
-                    f"--pipeline-model-parallel-size {pp} --no-overlap-p2p-communication",
-                    "the interleaved schedule without P2P overlap needs more than two "
-                    "pipeline stages (arguments.py:1005-1009)",
-                )
+        ]
+    if not overlap and pp < 3:
+        return [
+            (
+                f"--pipeline-model-parallel-size {pp} --no-overlap-p2p-communication",
+                "the interleaved schedule without P2P overlap needs more than two "
+                "pipeline stages (arguments.py:1005-1009)",
             )
-    return out
+        ]
+    return []
 
 
 def _uneven_problems(args: MegatronArgs, vpp: int | None) -> list[tuple[str, str]]:

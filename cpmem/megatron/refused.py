@@ -98,10 +98,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--hybrid-context-parallel --max-seqlen-per-dp-cp-rank --dataloader-inter-document-masking",
     ),
     (
-        UNPRICED + "selective recompute of named modules, or the MoE layer recomputed",
-        "--recompute-modules --moe-layer-recompute",
-    ),
-    (
         UNPRICED + "the checkpointed layers' inputs distributed over the TP ranks",
         "--distribute-saved-activations",
     ),
@@ -128,11 +124,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         UNPRICED + "the model's configs, inputs and logits dumped to files every forward "
         "(config_logger.py, gpt_model.py:833)",
         "--config-logger-dir",
-    ),
-    (
-        UNPRICED + "the pipeline's layers placed by a layout string (stages of any length, "
-        "embedding and loss stages)",
-        "--pipeline-model-parallel-layout",
     ),
     (
         UNPRICED + "the MTP layers in a pipeline stage of their own, their heads detached "

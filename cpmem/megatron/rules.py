@@ -17,6 +17,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import optimizer_problems
+from cpmem.megatron.recompute_modules import module_problems
 from cpmem.megatron.stack_rules import stack_problems
 from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.megatron.world_rules import world_problems
@@ -479,10 +480,7 @@ def _ep_overlap(args: MegatronArgs) -> list[Problem]:
     flag = "--overlap-moe-expert-parallel-comm"
     needs: list[tuple[bool, str]] = [
         (
-            args.pipeline_model_parallel_size == 1
-            or virtual_pipeline_size(args) is not None
-            # a layout string gives the virtual stages (the flag itself is refused)
-            or "--pipeline-model-parallel-layout" in args.flag_values,
+            args.pipeline_model_parallel_size == 1 or virtual_pipeline_size(args) is not None,
             "virtual pipeline stages when --pipeline-model-parallel-size > 1",
         ),
         (args.expert_model_parallel_size > 1, "expert model parallelism"),
@@ -535,6 +533,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += _model(args)
     out += _attention(args)
     out += _recompute(args)
+    out += module_problems(args)
     out += layout_problems(args)
     out += world_problems(args)
     out += _distributed(args)

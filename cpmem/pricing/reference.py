@@ -135,6 +135,11 @@ REFERENCE = ReferenceStructure()
 GLOBAL = ReferenceStructure(tokens=packed_tokens)
 
 
+PUBLISHED_MODULES = (Module.CORE_ATTN, Module.MLP, Module.MOE)
+"""The selective checkpoints the reference formula prices (its widths' ``core`` and
+``reference_dropped`` parts)."""
+
+
 def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Estimate:
     """The reference formula with ``structure``'s pieces, named ``name``: ART's published
     formula for its LoRA trainer, refused for another runtime or full training (its
@@ -153,6 +158,14 @@ def price_reference(step: Step, structure: ReferenceStructure, name: str) -> Est
             name,
             f"is ART's published LoRA formula; --training {settings.training} is priced by "
             "--policy tight",
+        )
+    unpublished = [m for m in step.recompute.modules if m not in PUBLISHED_MODULES]
+    if unpublished:
+        raise InputError(
+            "modules",
+            "+".join(unpublished),
+            f"ART's published formula checkpoints only {'/'.join(PUBLISHED_MODULES)}; "
+            "--policy tight prices the others",
         )
     geometry, plan, rc = step.geometry, step.plan, step.recompute
     layout = plan.layout

@@ -13,6 +13,7 @@ from cpmem.errors import InputError
 from cpmem.pricing.accumulation import price_accumulation
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
 from cpmem.step.recompute import Mode, Module
@@ -147,6 +148,17 @@ def inapplicable_options(step: Step) -> list[str]:
         out.append(f"modules: mlp: {g.name} has no dense MLP to checkpoint")
     if rc.checkpoints(Module.MOE) and not g.is_moe:
         out.append(f"modules: moe: {g.name} has no routed experts to checkpoint")
+    if rc.checkpoints(Module.MOE_ACT) and not g.is_moe:
+        out.append(f"modules: moe_act: {g.name} has no routed experts to checkpoint")
+    if rc.checkpoints(Module.SHARED_EXPERTS) and not g.shared_expert_ffn:
+        out.append(f"modules: shared_experts: {g.name} has no shared experts to checkpoint")
+    if rc.checkpoints(Module.MLA_UP_PROJ) and not g.is_mla:
+        out.append(f"modules: mla_up_proj: {g.name} has no latent attention to checkpoint")
+    if rc.checkpoints(Module.LAYERNORM) and not _norm_modules(step):
+        out.append(
+            f"modules: layernorm: every norm of {g.name} is fused into the linear after it "
+            "(Transformer Engine's layer spec): nothing to checkpoint"
+        )
     if settings.quantized_weights == "stored" and g.quantization is None:
         out.append(f"quantized_weights: {g.name}'s checkpoint is not quantized")
     if layout.dp > 1 and not settings.optimizer.distributed:
@@ -159,6 +171,14 @@ def inapplicable_options(step: Step) -> list[str]:
     if settings.optimizer.kind == "muon":
         out.append(MUON_STEP_NOTE)
     return out
+
+
+def _norm_modules(step: Step) -> bool:
+    """Whether any sub-layer's norm is a module a ``layernorm`` checkpoint covers."""
+    g = step.geometry
+    kinds: tuple[Sublayer, ...] = ("attention", "dense", "moe")
+    present = {"attention": g.attention_layers > 0, "dense": "dense" in g.mlps, "moe": g.is_moe}
+    return any(present[k] and norm_is_module(g, step, k) for k in kinds)
 
 
 def _layout_unread(step: Step) -> list[str]:

@@ -26,11 +26,29 @@ class Mode(StrEnum):
 
 
 class Module(StrEnum):
-    """The sub-layers a selective recompute can checkpoint."""
+    """The sub-layers a selective recompute can checkpoint, named as megatron-core's
+    ``recompute_modules`` names them (transformer_config.py:560-582 at the recordings'
+    snapshot). ``core_attn``, ``mlp``, ``moe`` and ``shared_experts`` run under a checkpoint that keeps the
+    module's inputs and recomputes it whole; ``layernorm``, ``moe_act`` and
+    ``mla_up_proj`` under an output-discarding one (``CheckpointWithoutOutput``): the
+    module's forward saves nothing, and its output's storage is freed once its consumer
+    has run and rebuilt in that layer's backward (``cpmem.pricing.kinds.discarded``)."""
 
     CORE_ATTN = "core_attn"
     MLP = "mlp"
     MOE = "moe"
+    LAYERNORM = "layernorm"
+    """A sub-layer's input norm where it is a module of its own (transformer_layer.py:
+    475-530): its output."""
+    MOE_ACT = "moe_act"
+    """The routed experts' activation (moe/experts.py:1019-1030): its saved set and its
+    output, fc2's input."""
+    SHARED_EXPERTS = "shared_experts"
+    """An MoE layer's shared experts under a checkpoint of their own (moe/moe_layer.py:
+    507-532): their saved set; their input, the pre-MLP norm's output, stays."""
+    MLA_UP_PROJ = "mla_up_proj"
+    """Latent attention's up projections and rope (multi_latent_attention.py:983-988,
+    455-457): their saved sets and the core attention's query, key and value."""
 
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)

@@ -178,7 +178,8 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             None,
             "--modules",
-            "modules selective recompute checkpoints, '+'-joined: core_attn, mlp, moe "
+            "modules selective recompute checkpoints, '+'-joined: core_attn, mlp, moe, "
+            "shared_experts, layernorm, moe_act, mla_up_proj (megatron-core's names) "
             "(default core_attn)",
             export=lambda s: [str(m) for m in s.recompute.modules],
         ),

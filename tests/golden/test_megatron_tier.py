@@ -163,9 +163,12 @@ PRICED_BY_FEATURE = {
         "gpt/gpt3_mcore_te_tp2_pp2_mla/dev_dgx_h100",
         "gpt/gpt3_mcore_te_tp2_pp2_mla/dev_dgx_h100_2nd",
         "gpt/gpt3_mcore_te_tp2_pp2_mla_1node/dev_dgx_gb200",
+        # its layout string and recompute modules, read
+        "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental/dev_dgx_h100",
     },
     "mtp": {
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
+        "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental/dev_dgx_h100",
     },
 }
 

@@ -14,6 +14,7 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters, cp_comm
 from cpmem.pricing.components import Component
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width, keeps_gathered_kv
+from cpmem.pricing.kinds.discarded import layernorm_dropped, mla_up_proj_dropped
 from cpmem.pricing.kinds.latent import mla_parameters, mla_tensors
 from cpmem.pricing.kinds.linears import attention_linears
 from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
@@ -243,6 +244,13 @@ def flash_backward_width(step: Step, tp: int) -> int:
     ``p2p`` and ``a2a`` (``cpmem.pricing.cp_comm.backward_key_ranks``)."""
     q = step.geometry.q_width
     return (FLASH_BACKWARD_DQ_Q + 2 * cp_comm.backward_key_ranks(step)) * q // tp
+
+
+def discarded_width(step: Step, w: TightWidths) -> int:
+    """What the ``layernorm`` and ``mla_up_proj`` checkpoints drop of an attention layer
+    (``cpmem.pricing.kinds.discarded``)."""
+    g = step.geometry
+    return layernorm_dropped(g, step, w.tp, "attention") + mla_up_proj_dropped(g, step, w.tp)
 
 
 def backward_phase(step: Step, w: TightWidths) -> int:
@@ -535,8 +543,12 @@ class AttentionSpec(MixerSpec):
     def full_backward_peak(self, g: ModelGeometry, w: TightWidths, step: Step, mixer: int) -> int:
         return mixer + flash_backward_width(step, w.tp)
 
+    def checkpoint_dropped(self, w: TightWidths, step: Step) -> int:
+        return discarded_width(step, w)
+
     def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
-        return backward_phase(step, w)
+        # what output-discarding checkpoints dropped is rebuilt in the layer's backward
+        return backward_phase(step, w) + discarded_width(step, w)
 
     def forward_transient(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         # its CP exchange (p2p's chunks, a2a's copy) is live while it runs

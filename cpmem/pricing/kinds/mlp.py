@@ -8,6 +8,7 @@ from __future__ import annotations
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
+from cpmem.pricing.kinds.discarded import layernorm_dropped
 from cpmem.pricing.kinds.linears import mlp_linears
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
@@ -137,7 +138,8 @@ class DenseSpec(MlpSpec):
 
     def checkpoint_dropped(self, w: TightWidths, step: Step) -> int:
         if not step.recompute.checkpoints(Module.MLP):
-            return 0
+            # a pre-MLP norm of its own (the local spec) under ``layernorm``
+            return layernorm_dropped(step.geometry, step, w.tp, "dense")
         return w.of(self.name) - w.layer_input
 
     def nograd_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -153,7 +155,8 @@ class DenseSpec(MlpSpec):
         return backward_buffers(g, w)
 
     def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
-        return backward_phase(g, w, step)
+        rebuilt = 0 if step.recompute.checkpoints(Module.MLP) else self.checkpoint_dropped(w, step)
+        return backward_phase(g, w, step) + rebuilt
 
 
 DENSE = DenseSpec()

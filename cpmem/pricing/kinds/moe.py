@@ -13,6 +13,7 @@ from fractions import Fraction
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
+from cpmem.pricing.kinds.discarded import layernorm_dropped, moe_act_dropped
 from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
@@ -141,6 +142,38 @@ def expert_shard(geometry: ModelGeometry, etp: int) -> int:
     return geometry.expert_ffn // max(etp, 1)
 
 
+def row_f(geometry: ModelGeometry, compiled: bool) -> int:
+    """The F_e-wide tensors one routed row keeps (``saved_width``): eager, compiled, a
+    clamped GLU's, a plain MLP's."""
+    if not geometry.gated_mlp:
+        return MOE_ROW_PLAIN_F
+    if compiled:
+        return MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F
+    clamp = CLAMPED_GLU_ROW_F if geometry.activation_clamp is not None else 0
+    return MOE_ROW_EAGER_F + clamp
+
+
+def act_dropped(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+    """What the ``layernorm``, ``moe_act`` and ``shared_experts`` checkpoints drop of an
+    MoE layer (``cpmem.pricing.kinds.discarded``; a ``shared_experts`` checkpoint keeps
+    its input, the norm's output, and drops the shared expert's saved set,
+    ``shared_width``); none beside a ``moe`` checkpoint, which drops all of it but its
+    norm's input and output."""
+    layernorm = layernorm_dropped(geometry, step, w.tp, "moe")
+    rc = step.recompute
+    if rc.checkpoints(Module.MOE):
+        return layernorm
+    rows = step.expert_rows_per_token(w.tp)
+    fe = expert_shard(geometry, step.plan.layout.etp)
+    act = moe_act_dropped(geometry, step, rows, row_f(geometry, step.compiled), fe)
+    shared = 0
+    if rc.checkpoints(Module.SHARED_EXPERTS):
+        sp = step.plan.layout.sp and w.tp > 1
+        lora = step.settings.training == "lora"
+        shared = shared_width(geometry, w.tp, sp, step.compiled, lora)
+    return layernorm + act + shared
+
+
 def saved_width(
     geometry: ModelGeometry,
     tp: int,
@@ -171,12 +204,7 @@ def saved_width(
         return 0
     s = sp_divisor(tp, sp)
     h, fe = geometry.hidden, expert_shard(geometry, etp)
-    f = MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F if compiled else MOE_ROW_EAGER_F
-    if geometry.activation_clamp is not None and not compiled:
-        f += CLAMPED_GLU_ROW_F
-    if not geometry.gated_mlp:
-        f = MOE_ROW_PLAIN_F
-    routed = math.ceil(rows * (h + f * fe + MOE_ROW_SMALL))
+    routed = math.ceil(rows * (h + row_f(geometry, compiled) * fe + MOE_ROW_SMALL))
     router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
     if geometry.router_scoring != "topk_softmax":
         router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
@@ -445,7 +473,8 @@ class MoeSpec(MlpSpec):
         return {self.name: width, "moe_kept": kept_width(g, tp, sp) + ctx.sandwich}
 
     def checkpoint_dropped(self, w: TightWidths, step: Step) -> int:
-        return checkpointed_width(w) if step.recompute.checkpoints(Module.MOE) else 0
+        moe = checkpointed_width(w) if step.recompute.checkpoints(Module.MOE) else 0
+        return moe + act_dropped(step.geometry, w, step)
 
     def after_forward(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         layout = step.plan.layout
@@ -464,9 +493,11 @@ class MoeSpec(MlpSpec):
         return full_backward_width(g, w, step)
 
     def backward_phase(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
+        # what output-discarding checkpoints dropped is rebuilt in the layer's backward
+        rebuilt = act_dropped(g, w, step)
         if not step.recompute.checkpoints(Module.MOE):
-            return 0
-        return checkpointed_width(w) + checkpoint_backward_width(g, w, step)
+            return rebuilt
+        return rebuilt + checkpointed_width(w) + checkpoint_backward_width(g, w, step)
 
 
 MOE = MoeSpec()

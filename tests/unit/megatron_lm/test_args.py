@@ -230,7 +230,7 @@ def test_an_argument_not_given_takes_megatron_lms_default(
     [
         ("--fp8-format", "hybrid"),
         ("--moe-expert-rank-capacity-factor", 1.5),
-        ("--recompute-modules", "core_attn"),
+        ("--cuda-graph-impl", "transformer_engine"),
         ("--muon-scalar-optimizer", "lion"),
     ],
 )
