@@ -122,7 +122,7 @@ def golden(session: nox.Session) -> None:
     as the walkthrough runs it, tests/golden/test_examples.py) and each kept report is what
     its command prints now, what it reports met (`--check`: tight_policy.md in
     test_fitting.py, peers.md in test_peers.py, megatron.md in test_megatron_tier.py,
-    static_memory.md in test_static_check.py). Print a report with its command
+    static_memory.md in test_static_check.py, simulated_tier.md in test_simulated.py). Print a report with its command
     (`python -m cpmem.reports.tight_report`, `cpmem gate --policy tight`, ...)."""
     _run(session, "python", "-m", "pytest", "tests/golden", "-n", "auto", *session.posargs)
 

@@ -351,18 +351,34 @@ def run_simulated(
     return report
 
 
+def is_current(kept: Path, text: str) -> bool:
+    """Whether the file ``kept`` holds exactly the report ``text``."""
+    return kept.is_file() and kept.read_text(encoding="utf-8") == text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cpmem.gate.simulated [--write FILE] [--policy P ...]``: the report."""
+    """``python -m cpmem.gate.simulated [--write FILE | --check FILE] [--policy P ...]``:
+    the report; ``--check`` exits 1 where the kept file is not what it prints now."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m cpmem.gate.simulated")
     ap.add_argument("--policy", action="append", default=None)
-    ap.add_argument("--write", type=Path, default=None)
+    out = ap.add_mutually_exclusive_group()
+    out.add_argument("--write", type=Path, default=None)
+    out.add_argument("--check", type=Path, default=None)
     args = ap.parse_args(argv)
     policies = args.policy or ["tight", "reference", "global"]
     text = markdown([run_simulated(p) for p in policies])
     if args.write is not None:
         args.write.write_text(text, encoding="utf-8")
+    elif args.check is not None:
+        if not is_current(args.check, text):
+            print(
+                f"{args.check} is stale: regenerate it with "
+                f"python -m cpmem.gate.simulated --write {args.check}"
+            )
+            return 1
+        print(f"{args.check} is up to date")
     else:
         print(text)
     return 0

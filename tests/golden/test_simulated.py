@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from cpmem.gate import cli as gate_cli
-from cpmem.gate.simulated import run_simulated
+from cpmem.gate.simulated import is_current, run_simulated
+from cpmem.gate.simulated import main as simulated_main
 from cpmem.golden.cells import load_cells
 from cpmem.model.load import load_model
 from cpmem.pricing.cold import COLD_SETUP
@@ -201,3 +202,16 @@ def test_every_stage_is_held_to_its_own_simulated_peak() -> None:
     assert fb is not None
     fb_under = replace(at, stage_forward_backward_bytes=(0, *fb[1:]))
     assert replace(priced, estimate=fb_under).uncovered_stages == ["s0:fb"]
+
+
+def test_the_kept_simulated_tier_report_is_up_to_date(tmp_path: Path) -> None:
+    """golden/reports/simulated_tier.md is what ``python -m cpmem.gate.simulated`` prints
+    now (its rows and targets follow the committed grid); a changed or missing copy is
+    not current."""
+    kept = REPORT.parent / "simulated_tier.md"
+    assert simulated_main(["--check", str(kept)]) == 0
+    text = kept.read_text(encoding="utf-8")
+    stale = tmp_path / "simulated_tier.md"
+    stale.write_text(text.replace("|", "/", 1), encoding="utf-8")
+    assert not is_current(stale, text)
+    assert not is_current(tmp_path / "missing.md", text)
