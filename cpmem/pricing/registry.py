@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
 from cpmem.pricing.accumulation import price_accumulation
-from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.components import Component
+from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.fsdp import in_flight_bytes
 from cpmem.pricing.pipeline import price_pipeline

@@ -33,7 +33,9 @@ from cpmem.pricing.fsdp import (
 from cpmem.step.trainer import Optimizer
 
 ROOT = Path(__file__).resolve().parents[3]
-CASE = ROOT / "golden/megatron/cases/gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/model_config.yaml"
+CASE = (
+    ROOT / "golden/megatron/cases/gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/model_config.yaml"
+)
 LAYER = 131072 + 512 + 1024 + 393216 + 768 + 1024 + 524288 + 1024 + 524288 + 512
 OUTSIDE = 50432 // 2 * 512 + 1024 * 512 + 2 * 512  # word embedding, positions, final norm
 
@@ -162,7 +164,7 @@ def test_bf16_gradients_add_their_fp32_copy(tmp_path: Path) -> None:
 
 
 def test_megatron_fsdp_refuses_what_it_does_not_lay_out() -> None:
-    with pytest.raises(InputError, match="fsdp.*Megatron FSDP is priced for --training full"):
+    with pytest.raises(InputError, match=r"fsdp.*Megatron FSDP is priced for --training full"):
         describe_megatron(CASE, world_size=8, training="lora")
     with pytest.raises(InputError, match="Megatron FSDP steps adam or sgd"):
         Optimizer("muon", fsdp="optim")
