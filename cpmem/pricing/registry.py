@@ -175,7 +175,12 @@ def _layout_unread(step: Step) -> list[str]:
         out.append(f"etp: {g.name} has no routed experts to split")
     if layout.sp and layout.tp == 1:
         out.append("sp: tp is 1, sequence parallelism shards nothing")
-    if opt.distributed and not _sharding_read(step):
+    if opt.distributed and opt.fsdp != "none":
+        out.append(
+            "distributed_optimizer: Megatron FSDP shards the optimizer's states itself, "
+            "by its strategy (fsdp)"
+        )
+    elif opt.distributed and not _sharding_read(step):
         out.append(
             "distributed_optimizer: its shards change no buffer here (dp x cp is 1, or no "
             "optimizer state is kept)"
