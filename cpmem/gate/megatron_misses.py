@@ -159,6 +159,20 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
         "under",
     ),
     DeclaredMiss(
+        "static",
+        "custom FSDP",
+        "the A100 file of the Megatron FSDP case was recorded before Megatron FSDP: under "
+        "--use-custom-fsdp (megatron/core/distributed/custom_fsdp, Megatron-LM 2795ebde, "
+        "July 2025) with --ckpt-format torch_dist, the case gpt3_mr_mcore_te_tp2_zp_z3_resume_"
+        "torch_dist whose golden values af28b5a559 renamed into this one; it holds 28.2 MiB "
+        "(12%) above the priced static, where the same arguments under Megatron FSDP on H100 "
+        "and GB200 are within 0.3%; not a tensor of the snapshot's Megatron FSDP",
+        lambda r: r.step.settings.optimizer.fsdp != "none" and r.platform == "a100",
+        0.13,
+        30 * MIB,
+        "under",
+    ),
+    DeclaredMiss(
         "covers",
         "resumed process",
         "a resumed run's second process peaks with its restart's checkpoint-load buffers "

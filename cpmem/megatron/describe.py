@@ -36,6 +36,7 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
+from cpmem.megatron.fsdp_rules import fsdp_grad_bytes, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
 from cpmem.megatron.recompute_modules import selective, selective_modules
@@ -352,6 +353,8 @@ def megatron_run(
     vpp = virtual_pipeline_size(args) or 1
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
+    if args.use_megatron_fsdp:
+        grad_bytes = fsdp_grad_bytes(args)
     arguments: dict[str, Any] = {
         "lengths": [args.seq_length] * mbs,
         "tp": tp,
@@ -375,6 +378,7 @@ def megatron_run(
         "optimizer": OPTIMIZER_KIND[args.optimizer],
         "distributed_optimizer": args.use_distributed_optimizer or layer_wise(args),
         "optimizer_instances": args.num_distributed_optimizer_instances,
+        "fsdp": fsdp_strategy(args),
         "dtype": dtype,
         "grad_bytes": grad_bytes,
         "device": resolved,

@@ -53,6 +53,14 @@ class MegatronArgs:
     use_layer_wise_param_layout: bool = True
     num_distributed_optimizer_instances: int = 1  # arguments.py:3216
     overlap_grad_reduce: bool = False
+    # Megatron FSDP (arguments.py:3093, 3158, 3222, 3687-3695 at the snapshot; read by
+    # fsdp_rules.py and describe.py)
+    use_megatron_fsdp: bool = False
+    megatron_fsdp_version: int = 1
+    data_parallel_sharding_strategy: str = "optim_grads_params"
+    megatron_fsdp_main_params_dtype: str = "fp32"
+    megatron_fsdp_main_grads_dtype: str = "auto"
+    megatron_fsdp_grad_comm_dtype: str = "auto"
     overlap_param_gather: bool = False
     overlap_param_gather_with_optimizer_step: bool = False
     bf16: bool = False
@@ -203,6 +211,12 @@ PRICED: dict[str, tuple[str, str]] = {
             ("optimizer", "str"),
             ("num_distributed_optimizer_instances", "int"),
             ("overlap_grad_reduce", "bool"),
+            ("use_megatron_fsdp", "bool"),
+            ("megatron_fsdp_version", "int"),
+            ("data_parallel_sharding_strategy", "str"),
+            ("megatron_fsdp_main_params_dtype", "str"),
+            ("megatron_fsdp_main_grads_dtype", "str"),
+            ("megatron_fsdp_grad_comm_dtype", "str"),
             ("overlap_param_gather", "bool"),
             ("overlap_param_gather_with_optimizer_step", "bool"),
             ("bf16", "bool"),

@@ -246,16 +246,13 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-router-padding-for-fp8",
     ),
     (
-        "read only by Megatron FSDP or Torch FSDP2 (--use-megatron-fsdp, --use-torch-fsdp2, "
-        "refused)",
-        "--megatron-fsdp-version --data-parallel-sharding-strategy --outer-dp-sharding-strategy "
-        "--no-gradient-reduce-div-fusion --fsdp-double-buffer --suggested-communication-unit-size "
-        "--keep-fp8-transpose-cache --enable-full-sharding-in-hsdp "
-        "--torch-fsdp2-no-reshard-after-forward --megatron-fsdp-main-params-dtype "
-        "--megatron-fsdp-main-grads-dtype --megatron-fsdp-grad-comm-dtype "
-        "--megatron-fsdp-enable-fine-grained-param-gather --megatron-fsdp-max-pool-double-buffer "
-        "--fsdp-db-use-persist-buf-on-alloc-fail --fsdp-manual-registration "
-        "--create-all-gather-group",
+        "read only by Torch FSDP2 (--use-torch-fsdp2, refused), by FP8 parameters under Megatron "
+        "FSDP (--fp8-param-gather, refused) or by its NCCL user buffers (--use-nccl-ub, "
+        "refused); or Megatron FSDP's gradient scaling fused into its reduction or not (in "
+        "place: no tensor, gradient_reduce_preprocessing, param_and_grad_buffer.py:4740-4762) "
+        "and its all-gathers on a process group of their own (a communicator, no tensor)",
+        "--torch-fsdp2-no-reshard-after-forward --keep-fp8-transpose-cache "
+        "--fsdp-manual-registration --no-gradient-reduce-div-fusion --create-all-gather-group",
     ),
     (
         "which tokens a capacity drops (by probability or by position), not how many: the "

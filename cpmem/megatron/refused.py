@@ -77,9 +77,16 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--gtp-expert-remat-nccl-ub",
     ),
     (
-        UNPRICED + "Megatron FSDP or Torch FSDP2 (parameters, gradients and optimizer "
-        "states sharded and gathered per module)",
-        "--use-megatron-fsdp --use-torch-fsdp2",
+        UNPRICED + "Torch FSDP2 (PyTorch's fully_shard: its own sharded parameters, "
+        "gathers and gradient reductions per module, not Megatron FSDP's buffers)",
+        "--use-torch-fsdp2",
+    ),
+    (
+        UNPRICED + "Megatron FSDP's hybrid sharding (outer data-parallel groups), its "
+        "double buffers, or its all-gathers and reduce-scatters sized or split otherwise",
+        "--outer-dp-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer "
+        "--megatron-fsdp-max-pool-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail "
+        "--suggested-communication-unit-size --megatron-fsdp-enable-fine-grained-param-gather",
     ),
     (
         UNPRICED + "weights sharded over more ranks than TP and gathered per layer (GTP "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from cpmem.errors import InputError
 from cpmem.megatron.fields import MegatronArgs
+from cpmem.megatron.fsdp_rules import fsdp_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import optimizer_problems
 from cpmem.megatron.recompute_modules import module_problems
@@ -538,6 +539,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += world_problems(args)
     out += _distributed(args)
     out += optimizer_problems(args)
+    out += fsdp_problems(args)
     out += _experts(args)
     out += stack_problems(args)
     family = _family(args)

@@ -270,6 +270,7 @@ TERMS: dict[str, Term] = {
     "pipeline_in_flight": Term("none", True),
     "pipeline_inputs": Term("none", True),
     "pipeline_buffers": Term("none", True),
+    "fsdp_in_flight": Term("none", True),
     "mtp": Term("none", False),  # no recording priced yet runs MTP depths
     # static memory
     "base_weights": Term("baselines", False, static=True),

@@ -11,8 +11,10 @@ from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
 from cpmem.pricing.accumulation import price_accumulation
+from cpmem.pricing.components import Component
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
+from cpmem.pricing.fsdp import in_flight_bytes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
@@ -193,7 +195,12 @@ def _layout_unread(step: Step) -> list[str]:
         out.append(f"etp: {g.name} has no routed experts to split")
     if layout.sp and layout.tp == 1:
         out.append("sp: tp is 1, sequence parallelism shards nothing")
-    if opt.distributed and not _sharding_read(step):
+    if opt.distributed and opt.fsdp != "none":
+        out.append(
+            "distributed_optimizer: Megatron FSDP shards the optimizer's states itself, "
+            "by its strategy (fsdp)"
+        )
+    elif opt.distributed and not _sharding_read(step):
         out.append(
             "distributed_optimizer: its shards change no buffer here (dp x cp is 1, or no "
             "optimizer state is kept)"
@@ -347,6 +354,7 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
         est = price_accumulation(inputs, fn)
     else:
         est = fn(inputs)
+    est = _with_fsdp(est, inputs.settings)
     settings = inputs.settings
     stages = settings.pipeline.pp if settings.pipeline.active else 0
     statics = tuple(static_memory(settings, stage=s, step=inputs) for s in range(stages))
@@ -366,6 +374,25 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
         unpriced=unpriced_options(inputs, policy) | {o.partition(":")[0] for o in ignored},
         static=static,
         device_budget=None if device is None else device_budget(device, static),
+    )
+
+
+def _with_fsdp(est: Estimate, settings: StepSettings) -> Estimate:
+    """The estimate with what Megatron FSDP holds in flight (``fsdp.in_flight_bytes``)
+    added to its forward and its forward+backward figures, the same for every policy and
+    every rank (Megatron FSDP is priced on one pipeline stage)."""
+    forward, backward = in_flight_bytes(settings)
+    if not forward and not backward:
+        return est
+    name = str(Component.FSDP_IN_FLIGHT)
+    fb, fbc = est.forward_backward_bytes, est.forward_backward_components
+    return replace(
+        est,
+        estimate_bytes=est.estimate_bytes + forward,
+        per_rank_bytes=tuple(b + forward for b in est.per_rank_bytes),
+        components={**est.components, name: forward},
+        forward_backward_bytes=None if fb is None else fb + backward,
+        forward_backward_components=None if fbc is None else {**fbc, name: backward},
     )
 
 

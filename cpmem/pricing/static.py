@@ -57,6 +57,7 @@ from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
@@ -328,6 +329,8 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     )
     if opt.kind == "muon":
         return _muon_training(settings, tensors, stepped)
+    if opt.fsdp != "none":
+        return _fsdp_training(settings, stepped)
     dense = optimizer_shards(layout, opt.instances)
     groups = [
         (tensors.dense, dense, False),
@@ -356,6 +359,27 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     }
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
+    return out
+
+
+def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponent, int]:
+    """Every parameter trained under Megatron FSDP (``cpmem.pricing.fsdp``): the weights'
+    buffer, the gradient buffer and the fp32 main weights of the rank, each its shard of
+    every bucket where the strategy shards it, and the optimizer's moments (and an fp32
+    copy of a narrower gradient) on the real elements it steps. The rank's shard is its
+    data-parallel index (``dp_slice``); the last holds each bucket's end padding."""
+    layout, opt = settings.layout, settings.optimizer
+    dp = layout.dp * layout.cp
+    buckets = fsdp_buckets(settings.geometry, layout.tp, dp, opt.fsdp)
+    held = fsdp_static(buckets, dp, opt.fsdp, dp_slice(settings, dp))
+    moments = MOMENT_BYTES[opt.kind] * held.stepped if stepped else 0
+    out = {
+        StaticComponent.WEIGHTS: settings.dtype_bytes * held.weights,
+        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.gradients,
+        StaticComponent.OPTIMIZER_STATES: MASTER_BYTES * held.main_weights + moments,
+    }
+    if master_gradient_bytes(opt):
+        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.stepped
     return out
 
 

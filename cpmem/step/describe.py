@@ -177,6 +177,7 @@ def describe_settings(
             a["distributed_optimizer"],
             grad_bytes,
             a["optimizer_instances"],
+            a["fsdp"],
         ),
         device=resolve_device(a["device"], a["device_total_bytes"]),
         pipeline=Pipeline(

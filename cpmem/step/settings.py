@@ -28,7 +28,7 @@ from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, QUANTIZED_WEIGHTS, RUNTIMES, TRAININGS, Runtime
-from cpmem.step.trainer import CP_COMMS, Head
+from cpmem.step.trainer import CP_COMMS, FSDP_STRATEGIES, Head
 from cpmem.step.values import parse_int_list, whole_bytes
 
 if TYPE_CHECKING:
@@ -72,10 +72,6 @@ class Setting:
     metavar: str | None = None
     export: Callable[[Step], Any] | None = None
     exported_as: str = ""
-
-
-def _int_list(field: str, text: str) -> list[int]:
-    return parse_int_list(field, text)
 
 
 class SettingsArguments(TypedDict, total=False):
@@ -451,6 +447,18 @@ class SettingsArguments(TypedDict, total=False):
             export=lambda s: s.settings.optimizer.distributed,
         ),
     ]
+    fsdp: Annotated[
+        str,
+        Setting(
+            "none",
+            "--fsdp",
+            "Megatron FSDP's sharding strategy (--use-megatron-fsdp): no_shard, optim, "
+            "optim_grads, optim_grads_params (weights too); none (default): megatron's DDP",
+            group="whole",
+            choices=FSDP_STRATEGIES,
+            export=lambda s: s.settings.optimizer.fsdp,
+        ),
+    ]
     optimizer_instances: Annotated[
         int,
         Setting(
@@ -530,7 +538,7 @@ class SettingsArguments(TypedDict, total=False):
             "layers per stage (pp counts) or per virtual stage (pp x vpp), comma-separated "
             "(default: even)",
             group="pipeline",
-            convert=_int_list,
+            convert=parse_int_list,
             exported_as="stage_layers: every virtual stage's layer count, as laid out",
         ),
     ]

@@ -202,7 +202,41 @@ class StepSettings:
             self.geometry.check_tp(self.layout.tp)
         except InputError as exc:
             problems.append(exc)
-        return problems + expert_problems(self.geometry, self.layout) + self._instance_problems()
+        return (
+            problems
+            + expert_problems(self.geometry, self.layout)
+            + self._instance_problems()
+            + self._fsdp_problems()
+        )
+
+    def _fsdp_problems(self) -> list[InputError]:
+        """Megatron FSDP is priced for full training of dense GPT layers (attention, not
+        latent, and a dense MLP: each a ``TransformerLayer`` unit whose tensors'
+        shapes ``cpmem.pricing.fsdp`` lays out) on one pipeline stage, without MTP."""
+        strategy = self.optimizer.fsdp
+        if strategy == "none":
+            return []
+        g, problems = self.geometry, []
+        if self.training != "full":
+            problems.append(
+                InputError("fsdp", strategy, "Megatron FSDP is priced for --training full")
+            )
+        if self.pipeline.pp > 1:
+            problems.append(
+                InputError("fsdp", strategy, "Megatron FSDP over pipeline stages is not priced")
+            )
+        kinds = set(g.mixers) | set(g.mlps)
+        if kinds != {"attention", "dense"} or g.is_mla or g.attention_sinks or g.mtp_depths:
+            problems.append(
+                InputError(
+                    "fsdp",
+                    strategy,
+                    "Megatron FSDP's buckets are laid out for dense GPT layers (attention "
+                    "without latent attention or sinks, a dense MLP, no MTP); this model has "
+                    + ", ".join(sorted(kinds)),
+                )
+            )
+        return problems
 
     def _instance_problems(self) -> list[InputError]:
         """The distributed optimizer's instances split its DP x CP group, and the routed

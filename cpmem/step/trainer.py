@@ -20,6 +20,8 @@ CpComm = Literal["all_gather", "p2p", "a2a", "a2a+p2p"]
 CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
 OptimizerKind = Literal["adam", "sgd", "muon", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
+FSDP_STRATEGIES = ("none", "no_shard", "optim", "optim_grads", "optim_grads_params")
+"""Megatron FSDP's sharding strategies (``--data-parallel-sharding-strategy``), or none."""
 
 ADAPTER_TARGETS: tuple[str, ...] = (
     "qkv",
@@ -165,12 +167,17 @@ class Optimizer:
     gradient buffer (``main_grad``): fp32 by default, 2 where the run reduces gradients in
     bf16 (``--grad-reduce-in-bf16``) or trains in fp16. ``instances``: the distributed
     optimizer's copies over the data-parallel ranks (``--num-distributed-optimizer-
-    instances``): each shards the states over its own DP x CP / ``instances`` ranks."""
+    instances``): each shards the states over its own DP x CP / ``instances`` ranks.
+    ``fsdp``: Megatron FSDP's sharding strategy (``--data-parallel-sharding-strategy``
+    under ``--use-megatron-fsdp``: ``no_shard``, ``optim``, ``optim_grads``,
+    ``optim_grads_params``; ``cpmem.pricing.fsdp``), or ``none`` (megatron-core's DDP); its
+    gradient buffer's element is ``grad_bytes``, its main weights fp32."""
 
     kind: OptimizerKind = "adam"
     distributed: bool = False
     grad_bytes: int = 4
     instances: int = 1
+    fsdp: str = "none"
 
     def __post_init__(self) -> None:
         check_optimizer(self.kind)
@@ -189,6 +196,21 @@ class Optimizer:
                 "divides the distributed optimizer's shards; give --distributed-optimizer "
                 "(without it every rank holds the whole state whatever the instances)",
             )
+        if self.fsdp not in FSDP_STRATEGIES:
+            raise InputError("fsdp", self.fsdp, f"must be one of {list(FSDP_STRATEGIES)}")
+        if self.fsdp != "none" and self.kind not in ("adam", "sgd"):
+            raise InputError(
+                "fsdp",
+                self.fsdp,
+                f"Megatron FSDP steps adam or sgd (arguments.py asserts it), not {self.kind}",
+            )
+        if self.fsdp != "none" and self.instances > 1:
+            raise InputError(
+                "optimizer_instances",
+                self.instances,
+                "several optimizer instances under Megatron FSDP are its hybrid sharding "
+                "(outer data-parallel groups), which cpmem does not price",
+            )
         if self.instances > 1 and self.kind == "muon":
             raise InputError(
                 "optimizer_instances",
@@ -199,6 +221,8 @@ class Optimizer:
 
     @property
     def label(self) -> str:
+        if self.fsdp != "none":
+            return f"{self.kind} (megatron fsdp {self.fsdp})"
         if not self.distributed or self.kind == "none":
             return self.kind
         if self.kind == "muon":

@@ -444,6 +444,17 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         {"microbatch_group"},
     ),
     (Optimizer, "grad_bytes"): (_same, _nested("optimizer", grad_bytes=2), {"grad_bytes"}),
+    # Megatron FSDP lays out full training of dense GPT layers on one stage
+    (Optimizer, "fsdp"): (
+        _set(
+            geometry=load_model("qwen3-1.7b"),
+            training="full",
+            adapter=Adapter(),
+            pipeline=Pipeline(),
+        ),
+        _nested("optimizer", fsdp="optim"),
+        {"fsdp"},
+    ),
     (ParallelLayout, "etp"): (_same, _nested("layout", etp=2), {"etp"}),
     (Recompute, "full_method"): (
         _nested("recompute", mode="full"),

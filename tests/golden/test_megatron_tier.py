@@ -144,6 +144,14 @@ PRICED_BY_FEATURE = {
         "hybrid/hybrid_mr_mcore_te_tp2_pp1_cp1_dgx_a100_1N8G/dev_dgx_h100",
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
     },
+    # Megatron FSDP of dense GPT layers (the zp_z3 fsdp_dtensor cases): every recording;
+    # the DeepSeek proxies stay refused (FP8, delayed wgrad, FSDP of MoE and MLA layers)
+    "fsdp": {
+        "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/dev_dgx_a100",
+        "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/dev_dgx_gb200",
+        "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/dev_dgx_h100",
+        "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor_1node/dev_dgx_gb200",
+    },
     # Muon (the ep8 cases, layer-wise distributed on --no-use-layer-wise-param-layout's
     # legacy path where --use-distributed-optimizer is given): every recording
     "muon": {

@@ -231,6 +231,15 @@ DEVICE_ROWS = [
         1,
         2,
     ),
+    # Megatron FSDP shards full training's weights, gradients and states over DP (the
+    # whole-state DDP step beside it) and gathers buckets while the step runs
+    DeviceRow(
+        "fsdp",
+        {**H200, "training": "full", "dp": 8, "policy": "tight"},
+        "none",
+        "optim_grads_params",
+        model=M17,
+    ),
     # without an optimizer no gradients or master copies exist
     DeviceRow("optimizer", {**H200, "lora_rank": 64}, "none", "adam"),
     DeviceRow("device", {}, "h100", "h200"),

@@ -3,7 +3,8 @@ copied unedited from NVIDIA/Megatron-LM at d98e8a64, its source path in its head
 
 Each prices as written with at most ``--world-size`` / ``--vocab-size`` given, or is
 refused with every problem in one refusal: Megatron-LM's own reason where Megatron-LM
-would reject the run, else the feature cpmem does not price yet (FP8, Megatron FSDP).
+would reject the run, else the feature cpmem does not price yet (FP8, Megatron FSDP's
+double buffer).
 Expected figures are worked out by hand from the script text:
 
 - world: torchrun's ``--nproc_per_node x --nnodes``; DP = world / (TP x PP x CP);
@@ -107,10 +108,11 @@ def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not
         assert harmless not in err.value
 
 
-def test_megatron_fsdp_llama3_8b_is_refused_for_fsdp_and_fp8_alone() -> None:
+def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_and_fp8_alone() -> None:
+    # Megatron FSDP itself is priced; its NCCL user buffers, its double buffer and FP8 are not
     err = _refused("megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
     assert err.value == (
-        "--use-megatron-fsdp, --use-nccl-ub, --fp8-format hybrid, --fp8-param-gather"
+        "--use-nccl-ub, --fsdp-double-buffer, --fp8-format hybrid, --fp8-param-gather"
     )
 
 

@@ -1,0 +1,95 @@
+"""Megatron FSDP's arguments (``--use-megatron-fsdp``): what cpmem prices of it and the
+values it refuses (``fsdp_problems``, one of ``rules.rule_problems``' rules), and the step's
+settings it becomes (``fsdp_strategy``, ``fsdp_grad_bytes``).
+
+Priced (``cpmem.pricing.fsdp``): Megatron FSDP v1 (``--megatron-fsdp-version 1``, the
+default) under each ``--data-parallel-sharding-strategy``, with fp32 main weights
+(``--megatron-fsdp-main-params-dtype fp32``, the default) and the gradient buffer in
+``--megatron-fsdp-main-grads-dtype`` (``auto``: the parameters' dtype, mixed_precision.py,
+``_resolve_group_grad_dtype`` in param_and_grad_buffer.py:2313-2322), reduced in that same
+dtype (``--megatron-fsdp-grad-comm-dtype`` ``auto`` or equal to it); dense GPT layers
+(every ``TransformerLayer`` an FSDP unit of attention and a dense MLP) on one pipeline
+stage. Refused, each with its reason: another main-weights dtype (no fp32 copy, or states
+in another dtype), a gradient reduced in another dtype (a buffer of its own per bucket,
+param_and_grad_buffer.py:4056-4073), v2 (``fully_shard``'s DTensor parameters), and the
+layers and stages whose buckets cpmem does not lay out (MoE experts in buckets of their
+own over the expert data-parallel group, latent attention, Mamba and other hybrid layers,
+MTP depths, pipeline stages).
+"""
+
+from __future__ import annotations
+
+from cpmem.megatron.fields import MegatronArgs
+
+Problem = tuple[str, str]
+
+UNPRICED = "changes memory cpmem does not price: "
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def _param_dtype(args: MegatronArgs) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def fsdp_grad_bytes(args: MegatronArgs) -> int:
+    """The element of Megatron FSDP's gradient buffer: ``--megatron-fsdp-main-grads-dtype``,
+    the parameters' dtype under ``auto``."""
+    dtype = args.megatron_fsdp_main_grads_dtype
+    return DTYPE_BYTES[_param_dtype(args) if dtype == "auto" else dtype]
+
+
+def fsdp_strategy(args: MegatronArgs) -> str:
+    """The step's ``fsdp`` setting: the sharding strategy under Megatron FSDP, else none."""
+    return args.data_parallel_sharding_strategy if args.use_megatron_fsdp else "none"
+
+
+def fsdp_problems(args: MegatronArgs) -> list[Problem]:
+    """Every Megatron FSDP value cpmem does not price (none without ``--use-megatron-fsdp``)."""
+    if not args.use_megatron_fsdp:
+        return []
+    out: list[Problem] = []
+    if args.megatron_fsdp_version != 1:
+        out.append(
+            (
+                f"--megatron-fsdp-version {args.megatron_fsdp_version}",
+                UNPRICED + "Megatron FSDP v2 (fully_shard's DTensor parameters and buffers)",
+            )
+        )
+    if args.megatron_fsdp_main_params_dtype != "fp32":
+        out.append(
+            (
+                f"--megatron-fsdp-main-params-dtype {args.megatron_fsdp_main_params_dtype}",
+                UNPRICED + "Megatron FSDP's main weights and optimizer states in another "
+                "dtype than fp32 (or none: the optimizer steps the model's weights)",
+            )
+        )
+    comm = args.megatron_fsdp_grad_comm_dtype
+    if comm != "auto" and DTYPE_BYTES[comm] != fsdp_grad_bytes(args):
+        out.append(
+            (
+                f"--megatron-fsdp-grad-comm-dtype {comm}",
+                UNPRICED + "Megatron FSDP's gradients reduced in another dtype than their "
+                "buffer's (a bucket of that dtype per reduction, param_and_grad_buffer.py)",
+            )
+        )
+    layers = []
+    if args.num_experts is not None:
+        layers.append("--num-experts")
+    if args.multi_latent_attention:
+        layers.append("--multi-latent-attention")
+    if args.hybrid_layer_pattern or args.hybrid_override_pattern:
+        layers.append("--hybrid-layer-pattern")
+    if args.mtp_num_layers:
+        layers.append("--mtp-num-layers")
+    if args.pipeline_model_parallel_size > 1:
+        layers.append("--pipeline-model-parallel-size")
+    if layers:
+        out.append(
+            (
+                "--use-megatron-fsdp with " + ", ".join(layers),
+                UNPRICED + "Megatron FSDP's buckets of MoE experts, latent attention, hybrid "
+                "or MTP layers, or over pipeline stages (cpmem lays out dense GPT layers on "
+                "one stage)",
+            )
+        )
+    return out

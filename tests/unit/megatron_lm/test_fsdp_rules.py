@@ -1,0 +1,132 @@
+"""Megatron FSDP's arguments (``cpmem.megatron.fsdp_rules``): what the step takes from
+them, each value refused with its reason, and the recordings' refusals naming only what
+is still not priced (read by hand from their ``model_config.yaml``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cpmem.errors import InputError
+from cpmem.megatron.args import parse_megatron_args, read_megatron_args
+from cpmem.megatron.fsdp_rules import fsdp_grad_bytes, fsdp_strategy
+
+ROOT = Path(__file__).resolve().parents[3]
+CASES = ROOT / "golden/megatron/cases"
+BASE = {
+    "--num-layers": 8,
+    "--hidden-size": 512,
+    "--num-attention-heads": 8,
+    "--seq-length": 1024,
+    "--max-position-embeddings": 1024,
+    "--micro-batch-size": 1,
+    "--bf16": True,
+    "--use-megatron-fsdp": True,
+    "--ckpt-format": "fsdp_dtensor",
+}
+
+
+def _refused(flags: dict[str, object]) -> InputError:
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**BASE, **flags})
+    return err.value
+
+
+def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
+    args = parse_megatron_args(BASE)
+    # --data-parallel-sharding-strategy's default (arguments.py), the gradient buffer in
+    # the parameters' bf16 under --megatron-fsdp-main-grads-dtype auto
+    assert (fsdp_strategy(args), fsdp_grad_bytes(args)) == ("optim_grads_params", 2)
+    args = parse_megatron_args(
+        {
+            **BASE,
+            "--data-parallel-sharding-strategy": "optim",
+            "--megatron-fsdp-main-grads-dtype": "fp32",
+        }
+    )
+    assert (fsdp_strategy(args), fsdp_grad_bytes(args)) == ("optim", 4)
+    no_fsdp = {k: v for k, v in BASE.items() if k not in ("--use-megatron-fsdp", "--ckpt-format")}
+    assert fsdp_strategy(parse_megatron_args(no_fsdp)) == "none"
+
+
+@pytest.mark.parametrize(
+    ("flags", "value", "says"),
+    [
+        (
+            {"--megatron-fsdp-main-params-dtype": "bf16"},
+            "--megatron-fsdp-main-params-dtype bf16",
+            "main weights and optimizer states in another dtype than fp32",
+        ),
+        (
+            {"--megatron-fsdp-grad-comm-dtype": "fp32"},  # bf16 gradients reduced in fp32
+            "--megatron-fsdp-grad-comm-dtype fp32",
+            "gradients reduced in another dtype than their buffer's",
+        ),
+        (
+            {"--megatron-fsdp-version": 2},
+            "--megatron-fsdp-version 2",
+            "Megatron FSDP v2",
+        ),
+        (
+            {"--num-experts": 8, "--disable-bias-linear": True},
+            "--use-megatron-fsdp with --num-experts",
+            "Megatron FSDP's buckets of MoE experts",
+        ),
+        (
+            {"--fsdp-double-buffer": True},
+            "--fsdp-double-buffer",
+            "Megatron FSDP's hybrid sharding (outer data-parallel groups), its double buffers",
+        ),
+        (
+            {"--use-torch-fsdp2": True, "--use-megatron-fsdp": False},
+            "--use-torch-fsdp2",
+            "Torch FSDP2 (PyTorch's fully_shard",
+        ),
+    ],
+)
+def test_each_unpriced_value_is_refused_with_its_reason(
+    flags: dict[str, object], value: str, says: str
+) -> None:
+    err = _refused(flags)
+    assert value in err.value and says in err.reason
+
+
+def test_a_matching_grad_comm_dtype_is_read() -> None:
+    args = parse_megatron_args(
+        {
+            **BASE,
+            "--megatron-fsdp-main-grads-dtype": "fp32",
+            "--megatron-fsdp-grad-comm-dtype": "fp32",
+        }
+    )
+    assert fsdp_grad_bytes(args) == 4
+
+
+@pytest.mark.parametrize(
+    ("case", "value"),
+    [
+        # FP8 (--fp8-format e4m3 --fp8-param-gather) and Megatron FSDP of its MoE and
+        # latent-attention layers: Megatron FSDP itself is not named
+        (
+            "moe/deepseek_proxy_fsdp_ep2_fsdp2",
+            "--fp8-format e4m3, --fp8-param-gather, "
+            "--use-megatron-fsdp with --num-experts, --multi-latent-attention",
+        ),
+        (
+            "moe/deepseek_proxy_fsdp_ep2_fsdp2_1node",
+            "--fp8-format e4m3, --fp8-param-gather, "
+            "--use-megatron-fsdp with --num-experts, --multi-latent-attention",
+        ),
+        (
+            "moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap",
+            "--delay-wgrad-compute, --use-megatron-fsdp with --num-experts, "
+            "--multi-latent-attention",
+        ),
+    ],
+)
+def test_the_deepseek_proxies_name_only_what_remains(case: str, value: str) -> None:
+    with pytest.raises(InputError) as err:
+        read_megatron_args(CASES / case / "model_config.yaml")
+    assert err.value.value == value
+    assert "Torch FSDP2" not in err.value.reason

@@ -1,0 +1,172 @@
+"""Megatron FSDP's buffers (``cpmem.pricing.fsdp``), each figure worked out by hand from
+megatron_fsdp's ``param_and_grad_buffer.py`` at the snapshot (d98e8a64) and the model.
+
+The GPT case is Megatron-LM's ``gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor``: 12 layers,
+hidden 512, 8 heads, ffn 4 x 512 = 2048, LayerNorm, biases, learned positions (1024),
+GPT-2's 50257 tokens padded to a multiple of 128 x TP 2 = 256: 50432, tied output, TP 2.
+One layer on a TP rank (``named_parameters`` order): linear_proj [512, 256] = 131072 and
+its bias 512, the QKV's fused norm 512 + 512, linear_qkv [768, 512] = 393216 and its bias
+768, fc1's fused norm 512 + 512, fc1 [1024, 512] = 524288 and its bias 1024, fc2
+[512, 1024] = 524288 and its bias 512: 1,577,728 elements.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cpmem.api import describe_megatron, price_step
+from cpmem.errors import InputError
+from cpmem.megatron.args import read_megatron_args
+from cpmem.megatron.describe import megatron_geometry
+from cpmem.pricing.fsdp import (
+    Bucket,
+    Tensor,
+    chunk_factor,
+    fsdp_buckets,
+    fsdp_in_flight,
+    fsdp_static,
+    lay_out,
+    layer_tensors,
+)
+from cpmem.step.trainer import Optimizer
+
+ROOT = Path(__file__).resolve().parents[3]
+CASE = (
+    ROOT / "golden/megatron/cases/gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/model_config.yaml"
+)
+LAYER = 131072 + 512 + 1024 + 393216 + 768 + 1024 + 524288 + 1024 + 524288 + 512
+OUTSIDE = 50432 // 2 * 512 + 1024 * 512 + 2 * 512  # word embedding, positions, final norm
+
+
+@pytest.fixture(scope="module")
+def geometry():  # type: ignore[no-untyped-def]
+    return megatron_geometry(read_megatron_args(CASE))
+
+
+def test_a_layer_is_its_tensors_and_its_chunk_is_fc2s_row(geometry) -> None:  # type: ignore[no-untyped-def]
+    tensors = layer_tensors(geometry, 2)
+    assert LAYER == 1_577_728 and sum(t.numel for t in tensors) == LAYER
+    # fc2's row of 2048 / 2 = 1024 is the widest; QKV's and fc1's 512 and linear_proj's 256
+    # divide it with their tensors whole chunks; every vector is at most one chunk
+    assert chunk_factor(tensors) == 1024
+
+
+@pytest.mark.parametrize(
+    ("dp", "unit", "outside"),
+    [
+        # ceil(1,577,728 / (4 x 1024)) = 386 -> 1,581,056; the outside bucket's chunk is
+        # hidden (512): ceil(13,435,904 / 2048) = 6561 -> 13,436,928
+        (4, 1_581_056, 13_436_928),
+        # ceil(1,577,728 / 2048) = 771 -> 1,579,008; 13,435,904 is 13,121 x 1024 already
+        (2, 1_579_008, 13_435_904),
+    ],
+)
+def test_buckets_end_on_dp_times_their_chunk(geometry, dp, unit, outside) -> None:  # type: ignore[no-untyped-def]
+    buckets = fsdp_buckets(geometry, 2, dp, "optim_grads_params")
+    assert OUTSIDE == 13_435_904
+    assert [b.size for b in buckets] == [outside] + [unit] * 12
+    assert [b.unit for b in buckets] == [False] + [True] * 12
+    # no_shard: one bucket of every tensor, no end padding
+    (whole,) = fsdp_buckets(geometry, 2, dp, "no_shard")
+    assert whole.size == whole.real == OUTSIDE + 12 * LAYER
+
+
+def test_a_remnant_shares_a_chunk_and_a_small_tensor_follows_at_the_end() -> None:
+    # rows of 12 (24 elements), then two of width 6 (18 and 30): the chunk stays 12 (6
+    # divides it); 18 leaves a remnant of 6 at [36, 42) and 30's remnant of 6 completes
+    # that chunk, so 30 starts at 42 and ends at 72; at DP 2 the bucket ends on 24: 72
+    bucket = lay_out([Tensor(24, 12), Tensor(18, 6), Tensor(30, 6)], 2, True, True)
+    assert bucket.spans == ((0, 24), (24, 42), (42, 72)) and bucket.size == 72
+    # a row of 4 neither equal to nor dividing 6 (with 8 not a multiple of 6) widens the
+    # chunk to lcm(6, 4) = 12; 18 rounds up to 24, the 8-element tensor (under a chunk)
+    # does not fit the 6 left and follows at 24; DP 2 pads 32 to 48
+    bucket = lay_out([Tensor(18, 6), Tensor(8, 4)], 2, True, True)
+    assert chunk_factor([Tensor(18, 6), Tensor(8, 4)]) == 12
+    assert bucket.spans == ((0, 18), (24, 32)) and bucket.size == 48
+    assert (bucket.shard_real(2, 0), bucket.shard_real(2, 1)) == (18, 8)
+
+
+BUCKET = Bucket(48, ((0, 18), (24, 32)), True)  # 26 real elements, 24 per shard at DP 2
+
+
+@pytest.mark.parametrize(
+    ("strategy", "weights", "gradients", "main", "stepped"),
+    [
+        ("no_shard", 26, 48, 48, 26),  # the module's own tensors; whole buffers
+        ("optim", 48, 48, 24, 8),  # the main weights' shard: its real 8 on the last rank
+        ("optim_grads", 48, 24, 24, 8),
+        ("optim_grads_params", 24, 24, 24, 8),
+    ],
+)
+def test_each_strategy_shards_its_buffers(strategy, weights, gradients, main, stepped) -> None:  # type: ignore[no-untyped-def]
+    held = fsdp_static([BUCKET], 2, strategy, 1)
+    assert (held.weights, held.gradients, held.main_weights, held.stepped) == (
+        weights,
+        gradients,
+        main,
+        stepped,
+    )
+
+
+def test_in_flight_the_prefetch_window_and_the_reduce_queue() -> None:
+    # five units of 300M elements: a gather takes the first and prefetches while what it
+    # prefetched is under 500M (0, then 300M: three units, 900M); the reduce-scatter queue
+    # holds while under 1B (0, 300M, 600M, 900M: all five, 1.5B); the outside bucket both
+    units = [Bucket(300_000_000, (), True)] * 5
+    outside = Bucket(1_000, (), False)
+    flight = fsdp_in_flight([outside, *units], "optim_grads_params")
+    assert (flight.gathered, flight.gradients) == (900_001_000, 1_500_001_000)
+    zero2 = fsdp_in_flight([outside, *units], "optim_grads")
+    assert (zero2.gathered, zero2.gradients) == (0, 1_500_001_000)
+    for unsharded in ("no_shard", "optim"):  # gradients accumulate in the persistent buffer
+        assert fsdp_in_flight([outside, *units], unsharded) == type(flight)(0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("world", "static", "in_flight"),
+    [
+        # DP 4, the last rank: shards 3,359,232 + 12 x 395,264 = 8,102,400 elements;
+        # real 13,435,904 - 3 x 3,359,232 + 12 x (1,577,728 - 3 x 395,264) = 8,061,440.
+        # bf16 weights 2 x 8,102,400; fp32 gradients 4 x 8,102,400; fp32 main weights
+        # 4 x 8,102,400 + Adam's 8 x 8,061,440. In flight: every bucket (the prefetch
+        # window and the queue hold all 12 units) gathered in bf16 and its fp32
+        # gradients: 6 x (13,436,928 + 12 x 1,581,056) = 6 x 32,409,600
+        (8, (16_204_800, 32_409_600, 96_901_120), 194_457_600),
+        # DP 2: shards 6,717,952 + 12 x 789,504 = 16,192,000; real 6,717,952 +
+        # 12 x (1,577,728 - 789,504) = 16,176,640; in flight 6 x 32,384,000
+        (4, (32_384_000, 64_768_000, 194_181_120), 194_304_000),
+    ],
+)
+def test_the_fsdp_case_static_and_in_flight(world, static, in_flight) -> None:  # type: ignore[no-untyped-def]
+    step = describe_megatron(CASE, world_size=world, device="h100", rank="last")
+    assert step.settings.optimizer.fsdp == "optim_grads_params"
+    assert step.settings.optimizer.grad_bytes == 4  # --megatron-fsdp-main-grads-dtype fp32
+    est = price_step(step, "tight")
+    c = est.static.components
+    assert (c["weights"], c["gradient_buffer"], c["optimizer_states"]) == static
+    assert "master_gradients" not in c
+    assert est.forward_backward_components["fsdp_in_flight"] == in_flight
+
+
+def test_bf16_gradients_add_their_fp32_copy(tmp_path: Path) -> None:
+    # --megatron-fsdp-main-grads-dtype auto: the parameters' bf16; the optimizer steps an
+    # fp32 copy of its 8,061,440 real elements (update_main_grads): 4 x 8,061,440
+    text = CASE.read_text().replace("--megatron-fsdp-main-grads-dtype: fp32", "")
+    text = text.replace("--megatron-fsdp-grad-comm-dtype: fp32", "")
+    config = tmp_path / "model_config.yaml"
+    config.write_text(text)
+    est = price_step(describe_megatron(config, world_size=8, rank="last"), "tight")
+    c = est.static.components
+    assert c["gradient_buffer"] == 2 * 8_102_400
+    assert c["master_gradients"] == 4 * 8_061_440
+
+
+def test_megatron_fsdp_refuses_what_it_does_not_lay_out() -> None:
+    with pytest.raises(InputError, match=r"fsdp.*Megatron FSDP is priced for --training full"):
+        describe_megatron(CASE, world_size=8, training="lora")
+    with pytest.raises(InputError, match="Megatron FSDP steps adam or sgd"):
+        Optimizer("muon", fsdp="optim")
+    with pytest.raises(InputError, match="fsdp='zero3'"):
+        Optimizer("adam", fsdp="zero3")
