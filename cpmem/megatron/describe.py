@@ -364,6 +364,9 @@ def megatron_run(
         "microbatches": microbatches,
         "stage_layers": stage_layer_counts(args),
         "microbatch_group": args.microbatch_group_size_per_virtual_pipeline_stage,
+        "deferred_wgrad": (
+            args.wgrad_deferral_limit if args.defer_embedding_wgrad_compute else None
+        ),
         "recompute": megatron_recompute(args),
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
         "cp_comm": args.cp_comm_type,

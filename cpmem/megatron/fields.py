@@ -47,6 +47,8 @@ class MegatronArgs:
     sequence_parallel: bool = False
     num_layers_per_virtual_pipeline_stage: int | None = None
     microbatch_group_size_per_virtual_pipeline_stage: int | None = None  # None: PP
+    defer_embedding_wgrad_compute: bool = False  # model_parallel_config.py:410
+    wgrad_deferral_limit: int = 0  # model_parallel_config.py:415 (0: every micro-batch)
     use_distributed_optimizer: bool = False
     optimizer: str = "adam"  # arguments.py:2913
     # arguments.py:3160 (--no-use-layer-wise-param-layout: Muon's legacy layer-wise path)
@@ -194,6 +196,8 @@ PRICED: dict[str, tuple[str, str]] = {
             ("sequence_parallel", "bool"),
             ("num_layers_per_virtual_pipeline_stage", "int"),
             ("microbatch_group_size_per_virtual_pipeline_stage", "int"),
+            ("defer_embedding_wgrad_compute", "bool"),
+            ("wgrad_deferral_limit", "int"),
             ("use_distributed_optimizer", "bool"),
             ("optimizer", "str"),
             ("num_distributed_optimizer_instances", "int"),

@@ -140,15 +140,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--mtp-standalone --mtp-detach-heads --mtp-hsm",
     ),
     (
-        UNPRICED + "the output layer's input and its logits' gradient ([s, b, V/TP] in the "
-        "input's dtype) kept for the first --wgrad-deferral-limit micro-batches of the step "
-        "(every one at 0) until the pipeline's drain computes their weight gradients "
-        "(tensor_parallel/layers.py:1227-1232, 660-664; utils.py "
-        "drain_embedding_wgrad_compute), with the fused accumulation it requires (its "
-        "recordings peak about 420 MiB above gpt3_mcore_te_tp2_pp2's, run without both)",
-        "--defer-embedding-wgrad-compute --wgrad-deferral-limit",
-    ),
-    (
         UNPRICED + "weight gradients computed later, or tensors released earlier, in the "
         "expert-parallel overlapped schedule",
         "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "

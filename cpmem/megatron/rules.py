@@ -14,6 +14,7 @@ stay with the run's description.
 from __future__ import annotations
 
 from cpmem.errors import InputError
+from cpmem.megatron.defer_rules import defer_problems
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import optimizer_problems
@@ -537,6 +538,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += _recompute(args)
     out += layout_problems(args)
     out += world_problems(args)
+    out += defer_problems(args)
     out += _distributed(args)
     out += optimizer_problems(args)
     out += _experts(args)
