@@ -17,7 +17,6 @@ import csv
 from pathlib import Path
 
 import pytest
-from tiny import priced, step_of, tiny
 
 from cpmem.errors import InputError
 from cpmem.gate.megatron_misses import CACHED_DUMMY_SINCE
@@ -25,6 +24,7 @@ from cpmem.megatron.rules import check_megatron_args
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.step.describe import describe_step
 from cpmem.step.pipeline import Pipeline
+from megatron_lm.tiny import priced, step_of, tiny
 
 PER_MICROBATCH = 4096 * 25_216 * 2 + 4096 * 512 * 2
 DUMMY = 25_216 * 512 * 2
