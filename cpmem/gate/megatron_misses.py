@@ -168,19 +168,6 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
         cap=lambda r: r.above_case[0] + STATIC_TOLERANCE * r.measured_static,
     ),
     DeclaredMiss(
-        "static",
-        "loaded checkpoint",
-        "a run started from a saved checkpoint (TEST_TYPE frozen-start: --load with "
-        "--finetune) holds about 97 MiB (4.8%) between steps beyond every priced tensor, as "
-        "a resumed run's second process does: the checkpoint load's buffers outliving the "
-        "load, not a tensor of the step; bounded as the resumed process's (one recording, "
-        "Nemotron 3 Lightning on GB200; nothing fitted to it)",
-        lambda r: r.recording.test_type == "frozen-start",
-        0.28,
-        256 * MIB,
-        "under",
-    ),
-    DeclaredMiss(
         "covers",
         "resumed process",
         "a resumed run's second process peaks with its restart's checkpoint-load buffers "
