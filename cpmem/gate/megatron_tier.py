@@ -51,6 +51,7 @@ from pathlib import Path
 
 from cpmem.errors import InputError
 from cpmem.gate.megatron_misses import DECLARED_MISSES, STATIC_TOLERANCE, DeclaredMiss
+from cpmem.gate.tier_vocab import tier_vocab
 from cpmem.golden.megatron import Recording, load_recordings
 from cpmem.golden.megatron_features import FEATURE_TAGS
 from cpmem.golden.megatron_history import load_recorded_images
@@ -220,6 +221,12 @@ class TierRow:
         return self.recording.device
 
 
+def read_case(model_config: Path) -> MegatronArgs:
+    """A case's arguments as the tier reads them: as written, with the vocabulary the tier
+    assumes for a tokenizer file it cannot read (``cpmem.gate.tier_vocab``)."""
+    return read_megatron_args(model_config, vocab_size=tier_vocab(model_config))
+
+
 def price_recording(
     recording: Recording,
     golden_dir: Path,
@@ -234,7 +241,7 @@ def price_recording(
     if recording.world_size is None:
         raise InputError("world_size", None, recording.world_size_basis)
     if args is None:
-        args = read_megatron_args(recording.model_config(golden_dir))
+        args = read_case(recording.model_config(golden_dir))
     if image is None:
         recorded = load_recorded_images(golden_dir)[recording.recording_id]
         image, values_date = recorded.base_image, recorded.values_date
@@ -397,7 +404,7 @@ def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
         path = rec.model_config(golden_dir)
         if path not in cases:  # every recording of a case ran the same arguments
             try:
-                cases[path] = read_megatron_args(path)
+                cases[path] = read_case(path)
             except InputError as exc:
                 cases[path] = exc
         return cases[path]

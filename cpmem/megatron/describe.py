@@ -36,6 +36,7 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
+from cpmem.megatron.batch_schedule import schedule_batch
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
 from cpmem.megatron.rules import check_megatron_args
@@ -335,10 +336,14 @@ def megatron_run(
             "generator's layout, parallel_state.py)",
         )
     mbs, gbs = args.micro_batch_size, args.global_batch_size
+    if gbs is None:
+        gbs = schedule_batch(args)  # the first stage's (batch_schedule.py)
     if gbs is not None and gbs % (mbs * dp):
         raise InputError(
             "megatron_args",
-            f"--global-batch-size {gbs}",
+            f"--global-batch-size {gbs}"
+            if args.global_batch_size is not None
+            else f"--step-batch-size-schedule's first batch {gbs}",
             f"is not divisible by micro-batch x DP = {mbs} x {dp} "
             "(Megatron-LM's micro-batch calculator asserts it)",
         )

@@ -23,6 +23,7 @@ class MegatronArgs:
     seq_length: int
     micro_batch_size: int
     global_batch_size: int | None = None  # None: micro_batch_size x DP (arguments.py)
+    step_batch_size_schedule: str | None = None  # batch_schedule.py
     max_position_embeddings: int | None = None  # required (arguments.py, required_args)
     ffn_hidden_size: int | None = None  # None: 4h, or 8h/3 rounded down to 64 with swiglu
     kv_channels: int | None = None  # None: hidden / heads
@@ -175,6 +176,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("seq_length", "int"),
             ("micro_batch_size", "int"),
             ("global_batch_size", "int"),
+            ("step_batch_size_schedule", "str"),
             ("max_position_embeddings", "int"),
             ("ffn_hidden_size", "int"),
             ("kv_channels", "int"),

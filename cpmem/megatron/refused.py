@@ -270,9 +270,8 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--tokenizer-special-tokens --tiktoken-num-special-tokens",
     ),
     (
-        UNPRICED + "a batch that changes size during the run (the logged steps' "
-        "micro-batch count is not the one priced)",
-        "--step-batch-size-schedule --decrease-batch-size-if-needed",
+        UNPRICED + "a batch decreased during the run to divide micro-batch x DP",
+        "--decrease-batch-size-if-needed",
     ),
     (
         UNPRICED + "tensors saved from the step (activation, gradient and token dumps by "
