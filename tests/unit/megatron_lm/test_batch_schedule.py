@@ -54,6 +54,7 @@ def test_pipeline_runs_must_stay_in_the_first_stage() -> None:
     assert _scheduled(1) == []  # PP 1: the count does not move the peak
     assert _scheduled(2, train_samples=975) == []
     assert _scheduled(2, train_iters=30) == []  # 30 x 32 = 960 samples
+    assert _scheduled(2, train_iters=31) != []  # 31 x 32 = 992 samples
     assert "reaches the second stage" in _scheduled(2, train_samples=976)[0][1]
     assert "neither --train-samples" in _scheduled(2)[0][1]
 
