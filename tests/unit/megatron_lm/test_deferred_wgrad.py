@@ -159,3 +159,22 @@ def test_the_cache_date_is_where_the_recordings_change() -> None:
         assert (above >= DUMMY) if cached else (above < DUMMY / 2), (file, above)
         seen[cached] += 1
     assert seen[True] >= 4 and seen[False] >= 2
+
+
+def test_the_release_runs_a100_h100_gap_is_the_cached_dummies_and_workspaces() -> None:
+    """The 15B release run (TP 8, V 256,000, h 6144, FFN 24,576 squared-ReLU, 48 heads in
+    8 groups of 128) holds 570,550,272 B more between steps on H100 (image 26.02) than on
+    A100 (24.01, TE 1.x: nothing cached), read raw. Hand-derived, at the same DP: the
+    output layer's dummy [32,000, 6144] bf16, TE's dummies of one layer's four weights
+    ([1024, 6144], [6144, 768], [3072, 6144], [6144, 3072]), and Hopper's larger cuBLAS
+    (2 x (32 MiB - 8,519,680 B)) and TE (32 MiB + 1 KiB - 4 MiB) workspaces: within 1 MiB."""
+    with open(GOLDEN / "recordings.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    case = "gpt3_15b_8t_release"
+    gap = _static(rows, case, "golden_values_dev_dgx_h100.json") - _static(
+        rows, case, "golden_values_lts_dgx_a100.json"
+    )
+    output = 32_000 * 6144 * 2
+    layers = (1024 * 6144 + 6144 * 768 + 3072 * 6144 + 6144 * 3072) * 2
+    workspaces = 2 * ((32 << 20) - 8_519_680) + ((32 << 20) + 1024 - (4 << 20))
+    assert abs(gap - (output + layers + workspaces)) < 1 << 20
