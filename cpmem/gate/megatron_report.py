@@ -33,9 +33,9 @@ from cpmem.gate.tier_vocab import TOKENIZER_VOCABULARIES
 from cpmem.gate.world_candidates import world_sections
 from cpmem.golden.files import default_golden_dir
 from cpmem.golden.megatron import Recording
+from cpmem.golden.megatron_features import FEATURES
 from cpmem.golden.megatron_history import load_recorded_images
 from cpmem.megatron.args import MegatronArgs
-from cpmem.golden.megatron_features import FEATURES
 from cpmem.pricing.weights import padded_vocab
 from cpmem.reports.kept import kept_report_cli
 from cpmem.reports.tables import pct, table

@@ -255,7 +255,9 @@ def price_recording(
     est = price(step, POLICY)
     # an MoE run's balanced expectation, priced beside its figure (routing_figures)
     balanced = est.routing_figures.get("balanced") if step.geometry.is_moe else None
-    return TierRow(recording, step, est, backend_spread(step, POLICY), balanced, values_date=values_date)
+    return TierRow(
+        recording, step, est, backend_spread(step, POLICY), balanced, values_date=values_date
+    )
 
 
 @dataclass(frozen=True)

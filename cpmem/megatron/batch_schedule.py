@@ -21,6 +21,8 @@ batch) below the second threshold; else it is refused.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from cpmem.megatron.fields import MegatronArgs
 
 Problem = tuple[str, str]
@@ -52,7 +54,7 @@ def parse_schedule(text: str, seq_length: int) -> list[tuple[int, int]]:
         raise ValueError("has no entry")
     if schedule[0][0] != 0:
         raise ValueError(f"its first threshold must be 0, not {schedule[0][0]} samples")
-    for (before, _), (after, _) in zip(schedule, schedule[1:], strict=False):
+    for (before, _), (after, _) in pairwise(schedule):
         if after <= before:
             raise ValueError(f"its thresholds must increase ({before} then {after} samples)")
     if any(batch <= 0 for _, batch in schedule):

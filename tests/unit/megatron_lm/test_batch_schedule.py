@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from megatron_lm.tiny import step_of, tiny
 
 from cpmem.errors import InputError
 from cpmem.gate.megatron_tier import read_case
@@ -19,6 +18,7 @@ from cpmem.gate.tier_vocab import tier_vocab
 from cpmem.gate.world_candidates import dp_candidates
 from cpmem.megatron.batch_schedule import parse_schedule, schedule_problems
 from cpmem.megatron.rules import check_megatron_args
+from megatron_lm.tiny import step_of, tiny
 
 SCHEDULE = "0:384 200B:768 400B:1152"
 CASES = Path(__file__).resolve().parents[3] / "golden" / "megatron" / "cases" / "gpt"

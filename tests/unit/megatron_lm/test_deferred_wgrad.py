@@ -152,8 +152,8 @@ def test_the_cache_date_is_where_the_recordings_change() -> None:
     seen = {True: 0, False: 0}
     for file in sorted(files):
         image = images[f"gpt/{deferred}/{file.removeprefix('golden_values_')[:-5]}"]
-        cached = image["values_date"] >= CACHED_DUMMY_SINCE and ":24.01-" not in (
-            image["base_image"]
+        cached = (
+            image["values_date"] >= CACHED_DUMMY_SINCE and ":24.01-" not in (image["base_image"])
         )
         above = _static(rows, deferred, file) - _static(rows, case, file)
         assert (above >= DUMMY) if cached else (above < DUMMY / 2), (file, above)
