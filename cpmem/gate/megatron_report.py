@@ -26,10 +26,16 @@ from cpmem.gate.megatron_tier import (
     MOE_BALANCED_TOLERANCE,
     MegatronTier,
     TierRow,
+    read_case,
     run_tier,
 )
+from cpmem.gate.tier_vocab import TOKENIZER_VOCABULARIES
+from cpmem.gate.world_candidates import world_sections
 from cpmem.golden.files import default_golden_dir
+from cpmem.golden.megatron import Recording
 from cpmem.golden.megatron_features import FEATURES
+from cpmem.golden.megatron_history import load_recorded_images
+from cpmem.megatron.args import MegatronArgs
 from cpmem.pricing.weights import padded_vocab
 from cpmem.reports.kept import kept_report_cli
 from cpmem.reports.tables import pct, table
@@ -354,7 +360,31 @@ def _refused_rows(tier: MegatronTier) -> list[list[str]]:
     return out
 
 
-def render_report(tier: MegatronTier) -> str:
+def _vocab_assumptions() -> list[str]:
+    """The tier's vocabulary assumptions (``cpmem.gate.tier_vocab``), one line each."""
+    return [
+        f"- Assumed by the tier: a `--tokenizer-model` named `{name}` has a vocabulary of "
+        f"{size:,} ({source})."
+        for name, (size, source) in TOKENIZER_VOCABULARIES.items()
+    ]
+
+
+def _world_refusals(
+    tier: MegatronTier, golden_dir: Path | None
+) -> list[tuple[Recording, MegatronArgs, str]]:
+    """The recordings refused for their world size alone, with their arguments and image."""
+    golden = golden_dir or default_golden_dir()
+    images = load_recorded_images(golden)
+    out = []
+    for refusal in tier.refusals:
+        if any(p.field != "world_size" for p in refusal.problems):
+            continue
+        rec = refusal.recording
+        out.append((rec, read_case(rec.model_config(golden)), images[rec.recording_id].base_image))
+    return out
+
+
+def render_report(tier: MegatronTier, golden_dir: Path | None = None) -> str:
     n = len(tier.rows)
     refused = [[why, str(len(ids))] for why, ids in sorted(tier.refused.items())]
     declared = [
@@ -410,6 +440,7 @@ def render_report(tier: MegatronTier) -> str:
         "`cpmem.step.backend_choice`): the `lts` environment ran NGC PyTorch 24.01 until "
         "2025-11-06, whose deterministic A100 runs are unfused; the figures under the "
         "backends other containers pick are reported, never counted.",
+        *_vocab_assumptions(),
         "",
         "## Checks",
         "",
@@ -429,6 +460,14 @@ def render_report(tier: MegatronTier) -> str:
         "",
         *(table(["refusal", "recordings"], refused, style="markdown") if refused else ["none"]),
         "",
+        "## World sizes the snapshot does not give",
+        "",
+        "Each recording refused for its world size alone, priced at every DP its arguments "
+        "allow (the DP dividing the global batch over the micro-batch; "
+        "`cpmem.gate.world_candidates`). Shown, never counted: the DP that matches best "
+        "would be an integer fitted to the recording.",
+        "",
+        *(world_sections(_world_refusals(tier, golden_dir)) or ["none"]),
         "## By feature family",
         "",
         "The feature families each recording's arguments turn on "
@@ -509,7 +548,7 @@ def main(argv: Sequence[str] | None = None, emit: Callable[[str], None] = print)
 
     def make(golden: Path | None = None) -> tuple[str, bool]:
         tier = run_tier(golden or default_golden_dir())
-        return render_report(tier), tier.passed
+        return render_report(tier, golden), tier.passed
 
     return kept_report_cli(argv, make, "python -m cpmem.gate.megatron_report", emit)
 

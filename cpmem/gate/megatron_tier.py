@@ -51,6 +51,7 @@ from pathlib import Path
 
 from cpmem.errors import InputError
 from cpmem.gate.megatron_misses import DECLARED_MISSES, STATIC_TOLERANCE, DeclaredMiss
+from cpmem.gate.tier_vocab import tier_vocab
 from cpmem.golden.megatron import Recording, load_recordings
 from cpmem.golden.megatron_features import FEATURE_TAGS
 from cpmem.golden.megatron_history import load_recorded_images
@@ -88,6 +89,9 @@ class TierRow:
     case_floor: tuple[float, float] | None = None
     """The smallest (static, peak) bytes the other recordings of its case on its device
     hold, of those priced at the same figures (None where there is none)."""
+    values_date: str = ""
+    """The date of the Megatron-LM commit that recorded it (``recorded_images.csv``): the
+    code the recording ran, where it differs from the snapshot cpmem prices."""
 
     @property
     def above_case(self) -> tuple[float, float]:
@@ -217,21 +221,30 @@ class TierRow:
         return self.recording.device
 
 
+def read_case(model_config: Path) -> MegatronArgs:
+    """A case's arguments as the tier reads them: as written, with the vocabulary the tier
+    assumes for a tokenizer file it cannot read (``cpmem.gate.tier_vocab``)."""
+    return read_megatron_args(model_config, vocab_size=tier_vocab(model_config))
+
+
 def price_recording(
     recording: Recording,
     golden_dir: Path,
     args: MegatronArgs | None = None,
     image: str | None = None,
+    values_date: str = "",
 ) -> TierRow:
     """A recording's case priced as it ran: its arguments (read from its case's
     ``model_config.yaml`` unless given), world size, device, last rank, and the container
-    of the CI image it was recorded in (``recorded_images.csv`` unless given)."""
+    of the CI image it was recorded in (``recorded_images.csv`` unless given, with the
+    date of the commit that recorded it; ``values_date`` where the image is given)."""
     if recording.world_size is None:
         raise InputError("world_size", None, recording.world_size_basis)
     if args is None:
-        args = read_megatron_args(recording.model_config(golden_dir))
+        args = read_case(recording.model_config(golden_dir))
     if image is None:
-        image = load_recorded_images(golden_dir)[recording.recording_id].base_image
+        recorded = load_recorded_images(golden_dir)[recording.recording_id]
+        image, values_date = recorded.base_image, recorded.values_date
     step = describe_megatron(
         args,
         world_size=recording.world_size,
@@ -242,7 +255,9 @@ def price_recording(
     est = price(step, POLICY)
     # an MoE run's balanced expectation, priced beside its figure (routing_figures)
     balanced = est.routing_figures.get("balanced") if step.geometry.is_moe else None
-    return TierRow(recording, step, est, backend_spread(step, POLICY), balanced)
+    return TierRow(
+        recording, step, est, backend_spread(step, POLICY), balanced, values_date=values_date
+    )
 
 
 @dataclass(frozen=True)
@@ -391,7 +406,7 @@ def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
         path = rec.model_config(golden_dir)
         if path not in cases:  # every recording of a case ran the same arguments
             try:
-                cases[path] = read_megatron_args(path)
+                cases[path] = read_case(path)
             except InputError as exc:
                 cases[path] = exc
         return cases[path]
@@ -415,8 +430,10 @@ def run_tier(golden_dir: Path, family: str | None = None) -> MegatronTier:
             continue
         assert isinstance(read, MegatronArgs)
         try:
-            image = images[rec.recording_id].base_image
-            rows.append(price_recording(rec, golden_dir, read, image))
+            recorded = images[rec.recording_id]
+            rows.append(
+                price_recording(rec, golden_dir, read, recorded.base_image, recorded.values_date)
+            )
         except InputError as exc:
             refusals.append(Refusal(rec, (exc,)))
     refused: dict[str, list[str]] = {}

@@ -36,6 +36,7 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
+from cpmem.megatron.batch_schedule import schedule_batch
 from cpmem.megatron.fsdp_rules import fsdp_grad_bytes, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
@@ -338,10 +339,14 @@ def megatron_run(
             "generator's layout, parallel_state.py)",
         )
     mbs, gbs = args.micro_batch_size, args.global_batch_size
+    if gbs is None:
+        gbs = schedule_batch(args)  # the first stage's (batch_schedule.py)
     if gbs is not None and gbs % (mbs * dp):
         raise InputError(
             "megatron_args",
-            f"--global-batch-size {gbs}",
+            f"--global-batch-size {gbs}"
+            if args.global_batch_size is not None
+            else f"--step-batch-size-schedule's first batch {gbs}",
             f"is not divisible by micro-batch x DP = {mbs} x {dp} "
             "(Megatron-LM's micro-batch calculator asserts it)",
         )
@@ -369,6 +374,9 @@ def megatron_run(
         "microbatches": microbatches,
         "stage_layers": stage_layer_counts(args),
         "microbatch_group": args.microbatch_group_size_per_virtual_pipeline_stage,
+        "deferred_wgrad": (
+            args.wgrad_deferral_limit if args.defer_embedding_wgrad_compute else None
+        ),
         "recompute": megatron_recompute(args),
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
         "cp_comm": args.cp_comm_type,

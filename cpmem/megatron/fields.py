@@ -23,6 +23,7 @@ class MegatronArgs:
     seq_length: int
     micro_batch_size: int
     global_batch_size: int | None = None  # None: micro_batch_size x DP (arguments.py)
+    step_batch_size_schedule: str | None = None  # batch_schedule.py
     max_position_embeddings: int | None = None  # required (arguments.py, required_args)
     ffn_hidden_size: int | None = None  # None: 4h, or 8h/3 rounded down to 64 with swiglu
     kv_channels: int | None = None  # None: hidden / heads
@@ -47,6 +48,8 @@ class MegatronArgs:
     sequence_parallel: bool = False
     num_layers_per_virtual_pipeline_stage: int | None = None
     microbatch_group_size_per_virtual_pipeline_stage: int | None = None  # None: PP
+    defer_embedding_wgrad_compute: bool = False  # model_parallel_config.py:410
+    wgrad_deferral_limit: int = 0  # model_parallel_config.py:415 (0: every micro-batch)
     use_distributed_optimizer: bool = False
     optimizer: str = "adam"  # arguments.py:2913
     # arguments.py:3160 (--no-use-layer-wise-param-layout: Muon's legacy layer-wise path)
@@ -186,6 +189,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("seq_length", "int"),
             ("micro_batch_size", "int"),
             ("global_batch_size", "int"),
+            ("step_batch_size_schedule", "str"),
             ("max_position_embeddings", "int"),
             ("ffn_hidden_size", "int"),
             ("kv_channels", "int"),
@@ -207,6 +211,8 @@ PRICED: dict[str, tuple[str, str]] = {
             ("sequence_parallel", "bool"),
             ("num_layers_per_virtual_pipeline_stage", "int"),
             ("microbatch_group_size_per_virtual_pipeline_stage", "int"),
+            ("defer_embedding_wgrad_compute", "bool"),
+            ("wgrad_deferral_limit", "int"),
             ("use_distributed_optimizer", "bool"),
             ("optimizer", "str"),
             ("num_distributed_optimizer_instances", "int"),

@@ -138,15 +138,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--mtp-standalone --mtp-detach-heads --mtp-hsm",
     ),
     (
-        UNPRICED + "the output layer's input and its logits' gradient ([s, b, V/TP] in the "
-        "input's dtype) kept for the first --wgrad-deferral-limit micro-batches of the step "
-        "(every one at 0) until the pipeline's drain computes their weight gradients "
-        "(tensor_parallel/layers.py:1227-1232, 660-664; utils.py "
-        "drain_embedding_wgrad_compute), with the fused accumulation it requires (its "
-        "recordings peak about 420 MiB above gpt3_mcore_te_tp2_pp2's, run without both)",
-        "--defer-embedding-wgrad-compute --wgrad-deferral-limit",
-    ),
-    (
         UNPRICED + "weight gradients computed later, or tensors released earlier, in the "
         "expert-parallel overlapped schedule",
         "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "
@@ -277,9 +268,8 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--tokenizer-special-tokens --tiktoken-num-special-tokens",
     ),
     (
-        UNPRICED + "a batch that changes size during the run (the logged steps' "
-        "micro-batch count is not the one priced)",
-        "--step-batch-size-schedule --decrease-batch-size-if-needed",
+        UNPRICED + "a batch decreased during the run to divide micro-batch x DP",
+        "--decrease-batch-size-if-needed",
     ),
     (
         UNPRICED + "tensors saved from the step (activation, gradient and token dumps by "

@@ -14,6 +14,8 @@ stay with the run's description.
 from __future__ import annotations
 
 from cpmem.errors import InputError
+from cpmem.megatron.batch_schedule import schedule_problems
+from cpmem.megatron.defer_rules import defer_problems
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.fsdp_rules import fsdp_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
@@ -537,6 +539,8 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += module_problems(args)
     out += layout_problems(args)
     out += world_problems(args)
+    out += defer_problems(args)
+    out += schedule_problems(args)
     out += _distributed(args)
     out += optimizer_problems(args)
     out += fsdp_problems(args)

@@ -69,6 +69,10 @@ class Component(StrEnum):
     layer input per chunk in flight, the current one's included."""
     PIPELINE_BUFFERS = "pipeline_buffers"
     """The activation a stage sends on, or the gradient it receives, while it moves."""
+    DEFERRED_WGRAD = "deferred_wgrad"
+    """Under megatron's deferred output-layer weight gradient: the output layer's input
+    and the logits' gradient of each deferred micro-batch whose backward has run, kept on
+    the last stage until the pipeline's drain (``cpmem.pricing.pipeline``)."""
     MTP = "mtp"
     """The multi-token prediction depths' layers, inputs and loss heads, kept from their
     forward (before the main head's) until their backward, on the stage holding the head."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 from cpmem.pricing.components import Component, retained_bytes
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.head import keeps_norm_input
+from cpmem.pricing.head import keeps_norm_input, vocab_shard
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.pipeline import Op
 from cpmem.step.step import Step
@@ -57,6 +57,7 @@ class Moment:
     kept: int
     inputs: int
     buffer: int
+    deferred: int = 0
 
     def components(self, figure: str) -> dict[str, int]:
         """What the stage held at this moment on ``rank``: the chunk's own components
@@ -70,6 +71,8 @@ class Moment:
         out = {k: int(v * scale) for k, v in base.items()}
         out[str(Component.PIPELINE_INPUTS)] = self.inputs
         out[str(Component.PIPELINE_BUFFERS)] = self.buffer
+        if self.deferred:
+            out[str(Component.DEFERRED_WGRAD)] = self.deferred
         out[str(Component.PIPELINE_IN_FLIGHT)] = self.bytes - sum(out.values())
         return out
 
@@ -127,6 +130,18 @@ def stage_activation(microbatch: Step, rank: int) -> int:
     layout = microbatch.plan.layout
     rows = microbatch.plan.rank_tokens[rank] // sp_divisor(layout.tp, layout.sp)
     return rows * microbatch.geometry.hidden * microbatch.dtype_bytes
+
+
+def deferred_wgrad_bytes(microbatch: Step, rank: int) -> int:
+    """What one deferred micro-batch keeps on CP rank ``rank`` from its backward until
+    the drain: the output layer's input (``input_parallel``, a layer input, SP-sharded
+    where SP is on) and its logits' gradient (``[rank tokens, V/t]`` cast to the input's
+    dtype, tensor_parallel/layers.py:642-664), appended to the output layer's buffers
+    (layers.py:1227-1232) and released by ``drain_embedding_wgrad_compute`` (utils.py),
+    which accumulates their weight gradients into ``main_grad`` in the fused GEMM."""
+    rows = microbatch.plan.rank_tokens[rank]
+    logits_grad = rows * vocab_shard(microbatch) * microbatch.dtype_bytes
+    return logits_grad + stage_activation(microbatch, rank)
 
 
 def in_flight_bytes(est: Estimate) -> int:
@@ -217,7 +232,8 @@ def stage_peak(
     kept_of = {(m, c): once[(id(microbatches[m]), c)][0] for m, c in priced}
     input_of = {(m, c): once[(id(microbatches[m]), c)][1] for m, c in priced}
     activation = [once[(id(mb), 0)][2] for mb in microbatches]
-    live_kept, live_inputs = [0] * cp, [0] * cp
+    live_kept, live_inputs, live_deferred = [0] * cp, [0] * cp, [0] * cp
+    deferred_count = pipe.deferred_microbatches
     fwd, fb = [0] * cp, [0] * cp
     best: dict[str, Moment] = {}
     live: list[tuple[int, int]] = []
@@ -238,7 +254,7 @@ def stage_peak(
             own = est.per_rank_bytes[r]
             if not forward and est.forward_backward_bytes is not None:
                 own = int(est.forward_backward_bytes * share(est, r))
-            moment = kept + inputs + own + buffer
+            moment = kept + inputs + own + buffer + live_deferred[r]
             if forward and moment > fwd[r]:
                 fwd[r] = moment
             if moment > fb[r]:
@@ -246,7 +262,9 @@ def stage_peak(
             for figure in figures:
                 top = best.get(figure)
                 if top is None or moment > top.bytes:
-                    best[figure] = Moment(moment, r, op, held + 1, est, kept, inputs, buffer)
+                    best[figure] = Moment(
+                        moment, r, op, held + 1, est, kept, inputs, buffer, live_deferred[r]
+                    )
         sign = 1 if forward else -1
         for r in ranks:
             live_kept[r] += sign * chunk_kept[r]
@@ -255,6 +273,10 @@ def stage_peak(
             live.append(key)
         else:
             live.remove(key)
+            if op.microbatch < deferred_count and not sends_on[op.chunk]:
+                mb = microbatches[op.microbatch]
+                for r in ranks:
+                    live_deferred[r] += deferred_wgrad_bytes(mb, r)
     return StagePeak(
         stage,
         tuple(fwd),

@@ -271,6 +271,7 @@ TERMS: dict[str, Term] = {
     "pipeline_inputs": Term("none", True),
     "pipeline_buffers": Term("none", True),
     "fsdp_in_flight": Term("none", True),
+    "deferred_wgrad": Term("none", True),
     "mtp": Term("none", False),  # no recording priced yet runs MTP depths
     # static memory
     "base_weights": Term("baselines", False, static=True),
@@ -286,6 +287,7 @@ TERMS: dict[str, Term] = {
     "te_grouped_gemm_workspaces": Term("none", True, static=True),
     "global_memory_buffer": Term("none", True, static=True),
     "pipeline_received": Term("none", True, static=True),
+    "dummy_wgrad": Term("none", True, static=True),
 }
 """Every component name, activation and static, and the tier that measures it."""
 

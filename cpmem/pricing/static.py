@@ -57,6 +57,7 @@ from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
@@ -90,6 +91,7 @@ class StaticComponent(StrEnum):
     TE_GROUPED_GEMM_WORKSPACES = "te_grouped_gemm_workspaces"
     GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
     PIPELINE_RECEIVED = "pipeline_received"
+    DUMMY_WGRAD = "dummy_wgrad"
 
 
 SOURCES: dict[StaticComponent, str] = {
@@ -105,6 +107,7 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.TE_GROUPED_GEMM_WORKSPACES: "TE grouped GEMM's per-stream workspaces",
     StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
     StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
+    StaticComponent.DUMMY_WGRAD: "the output layer's cached dummy weight gradient (fused accumulation)",
 }
 
 
@@ -177,6 +180,9 @@ def static_memory(
         parts = _adapters(settings, stage, stepped)
     components.update({str(k): v for k, v in parts.items()})
     components.update(workspace_components(settings, stage, step))
+    dummy = 0 if settings.cold else dummy_wgrad_bytes(settings, stage)
+    if dummy:
+        components[str(StaticComponent.DUMMY_WGRAD)] = dummy
     received = pipeline_received_bytes(settings, stage, step)
     if received:
         components[str(StaticComponent.PIPELINE_RECEIVED)] = received

@@ -89,7 +89,8 @@ def describe_settings(
     preset name, ``cpmem.step.device.DEVICES``) or its ``device_total_bytes``; pipeline
     stages (``pp``, ``vpp`` virtual stages, ``microbatches`` per step, the stages' layers:
     even, megatron's ``first_stage_layers`` / ``last_stage_layers``, or ``stage_layers``
-    per stage or per virtual stage; the interleaved schedule's ``microbatch_group``;
+    per stage or per virtual stage; the interleaved schedule's ``microbatch_group``; the
+    micro-batches whose output-layer weight gradient waits for the drain, ``deferred_wgrad``;
     ``cpmem.step.pipeline``); the process (``runtime``:
     ``art`` or ``megatron-lm``, or a ``Runtime``; ``cpmem.step.runtime``), what it trains
     (``training``: ``lora`` or ``full``), the ``rank`` answered (``busiest``, ``last`` or a
@@ -193,6 +194,7 @@ def describe_settings(
                 explicit=a["stage_layers"],
             ),
             a["microbatch_group"],
+            a["deferred_wgrad"],
         ),
         runtime=process,
         training=check_training(a["training"]),

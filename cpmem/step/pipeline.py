@@ -62,6 +62,11 @@ class Pipeline:
     group: int | None = None
     """Interleaved: contiguous micro-batches per virtual stage (megatron's
     ``--microbatch-group-size-per-virtual-pipeline-stage``; None: ``pp``)."""
+    deferred_wgrad: int | None = None
+    """The output layer's weight gradient deferred to the pipeline's drain (megatron's
+    ``--defer-embedding-wgrad-compute``): the first ``deferred_wgrad`` micro-batches of
+    the step (0: every one, megatron's ``--wgrad-deferral-limit`` 0) keep the output
+    layer's input and their logits' gradient until the drain; None: not deferred."""
 
     def __post_init__(self) -> None:
         require_positive_int("pp", self.pp)
@@ -69,6 +74,16 @@ class Pipeline:
         require_positive_int("microbatches", self.microbatches)
         if self.group is not None:
             require_positive_int("microbatch_group", self.group)
+        if self.deferred_wgrad is not None:
+            require_nonnegative_int("deferred_wgrad", self.deferred_wgrad)
+            if self.pp == 1:
+                # model_parallel_config.py:545-548
+                raise InputError(
+                    "deferred_wgrad",
+                    self.deferred_wgrad,
+                    "the output layer's weight gradient is deferred to the pipeline's drain: "
+                    "it needs pp > 1 (megatron-core refuses it without pipeline parallelism)",
+                )
         if self.vpp > 1 and self.pp == 1:
             raise InputError("vpp", self.vpp, "virtual stages need pp > 1")
         if self.vpp > 1:
@@ -110,6 +125,18 @@ class Pipeline:
     @property
     def active(self) -> bool:
         return self.pp > 1
+
+    @property
+    def deferred_microbatches(self) -> int:
+        """Micro-batches whose output-layer input and logits' gradient the last stage
+        keeps until the drain: the first ``deferred_wgrad`` of the step (every one at 0;
+        tensor_parallel/layers.py:1227-1232, 660-664 append while the buffer holds fewer
+        than the limit), none where nothing is deferred."""
+        if self.deferred_wgrad is None:
+            return 0
+        if self.deferred_wgrad == 0:
+            return self.microbatches
+        return min(self.deferred_wgrad, self.microbatches)
 
     @property
     def group_size(self) -> int:

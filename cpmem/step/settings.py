@@ -577,6 +577,10 @@ class SettingsArguments(TypedDict, total=False):
         int | None,
         Setting(None, None, group="api", export=lambda s: s.settings.pipeline.group),
     ]
+    deferred_wgrad: Annotated[
+        int | None,
+        Setting(None, None, group="api", export=lambda s: s.settings.pipeline.deferred_wgrad),
+    ]
 
 
 def _declarations() -> dict[str, Setting]:

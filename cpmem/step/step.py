@@ -174,6 +174,18 @@ class StepSettings:
             )
         if self.pipeline.active:
             self.pipeline.virtual_layers(self.geometry.layers)  # the layers cut as asked
+        deferred = self.pipeline.deferred_wgrad
+        if deferred is not None and (
+            self.training != "full" or self.head.kind not in ("logits", "fused")
+        ):
+            # only megatron's trained ColumnParallelLinear output layer keeps the buffers
+            # (a frozen one runs LinearWithFrozenWeight: no weight gradient to defer)
+            raise InputError(
+                "deferred_wgrad",
+                deferred,
+                "defers the trained output layer's weight gradient: it needs --training "
+                f"full and the logits or fused head (here {self.training}, {self.head.kind})",
+            )
         self._check_dtype_backend()
         check_cp_comm(self.cp_comm)
         if self.cp_comm == "a2a" and self.layout.cp > 1:

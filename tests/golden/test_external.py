@@ -443,6 +443,21 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         _nested("pipeline", vpp=2, group=2),
         {"microbatch_group"},
     ),
+    (Pipeline, "deferred_wgrad"): (
+        lambda s: s.replace(
+            adapter=Adapter(),
+            training="full",
+            head=Head("logits"),
+            pipeline=dataclasses.replace(s.pipeline, pp=2),
+        ),
+        lambda s: s.replace(
+            adapter=Adapter(),
+            training="full",
+            head=Head("logits"),
+            pipeline=dataclasses.replace(s.pipeline, pp=2, deferred_wgrad=0),
+        ),
+        {"deferred_wgrad"},
+    ),
     (Optimizer, "grad_bytes"): (_same, _nested("optimizer", grad_bytes=2), {"grad_bytes"}),
     # Megatron FSDP lays out full training of dense GPT layers on one stage
     (Optimizer, "fsdp"): (

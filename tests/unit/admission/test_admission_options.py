@@ -162,6 +162,16 @@ ROWS = [
     Row("last_stage_layers", M4, {"pp": 4, "microbatches": 1}, None, 11),
     # interleaved: groups of 4 micro-batches warm up more forwards than groups of pp = 2
     Row("microbatch_group", M4, {"pp": 2, "vpp": 2, "microbatches": 4}, None, 4),
+    # the output layer's weight gradient deferred: the last stage keeps every micro-batch's
+    # logits' gradient and the output layer's input until the drain
+    Row(
+        "deferred_wgrad",
+        M17,
+        {"pp": 2, "microbatches": 4, "training": "full", "head": "logits"},
+        None,
+        0,
+        policy="tight",
+    ),
     # the process: Megatron-LM's runs carry no fitted margin (tight's calibrated.py)
     Row("runtime", M17, {}, "art", "megatron-lm", policy="tight"),
     # full training: no SP-gathered adapter inputs, the trained output layer's inputs
