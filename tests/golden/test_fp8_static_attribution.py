@@ -32,11 +32,12 @@ TE_WORKSPACE = 32 * (1 << 20) + 1024
 """TE's cuBLASLt workspace from compute capability 9 (``cpp_extensions/gemm.py:34-39``)."""
 UB_WORKSPACE = 3 * TE_WORKSPACE
 """The userbuffer GEMMs' workspace: ``_NUM_MAX_UB_STREAMS`` (3, ``gemm.py:31``) copies in
-one tensor (``get_cublas_workspace(device, ub=True, ...)``, ``gemm.py:42-52``; ``general_gemm`` asks for it with ``ub is not None``, line 133). The
-function is ``functools.lru_cache``-d per ``(device, ub, grouped_gemm)``, so the plain
-workspace (``ub=False``) stays cached beside it: the row-parallel projections' weight
-gradients run without a userbuffer (``module/linear.py:769-797``: ``ub_obj_wgrad`` is set
-only under ``ub_bulk_wgrad``, which the column-parallel layers use)."""
+one tensor (``get_cublas_workspace(device, ub=True, ...)``, ``gemm.py:42-52``, which
+``general_gemm`` asks for with ``ub is not None``, line 133). The function is
+``functools.lru_cache``-d per ``(device, ub, grouped_gemm)``, so the plain workspace
+(``ub=False``) stays cached beside it: the row-parallel projections' weight gradients run
+without a userbuffer (``module/linear.py:769-797``: ``ub_obj_wgrad`` is set only under
+``ub_bulk_wgrad``, which only a column-parallel layer sets, ``linear.py:1503-1507``)."""
 FP8_WEIGHTS = 6 * (3 * 512 * 512 + 512 * 512 + 2 * 512 * 2048) // 2
 """The last stage's FP8 weights: 6 layers of qkv (3H x H), proj (H x H), fc1 (4H x H),
 fc2 (H x 4H) at H = 512, split over TP 2: 9,437,184 elements (the output layer stays
