@@ -36,6 +36,7 @@ from typing import Any
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
+from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
 from cpmem.megatron.rules import check_megatron_args
@@ -378,6 +379,8 @@ def megatron_run(
         "device": resolved,
         "rank": rank,
         "moe_routing": megatron_routing(args),
+        "fp8": megatron_fp8(args),
+        "tp_comm_overlap": args.tp_comm_overlap,
     }
     return MegatronRun(args, geometry, arguments, world_size)  # type: ignore[arg-type]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from cpmem.errors import InputError
 from cpmem.megatron.fields import MegatronArgs
+from cpmem.megatron.fp8_rules import fp8_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import optimizer_problems
 from cpmem.megatron.stack_rules import stack_problems
@@ -539,6 +540,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += world_problems(args)
     out += _distributed(args)
     out += optimizer_problems(args)
+    out += fp8_problems(args)
     out += _experts(args)
     out += stack_problems(args)
     family = _family(args)

@@ -283,6 +283,9 @@ TERMS: dict[str, Term] = {
     "cublas_workspaces": Term("process", True, static=True),
     "te_cublaslt_workspace": Term("process", True, static=True),
     "te_grouped_gemm_workspaces": Term("none", True, static=True),
+    "te_userbuffer_workspace": Term("none", True, static=True),
+    "fp8_transposes": Term("none", True, static=True),
+    "fp8_scale_inverses": Term("none", True, static=True),
     "global_memory_buffer": Term("none", True, static=True),
     "pipeline_received": Term("none", True, static=True),
 }

@@ -57,11 +57,12 @@ from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.fp8_static import FP8_BYTES, scale_inverse_bytes, split_fp8, transpose_bytes
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
 from cpmem.pricing.weights import StageTensors, mtp_depths_built, rank_weights, stage_tensors
-from cpmem.pricing.workspaces import workspace_components
+from cpmem.pricing.workspaces import compute_capability, workspace_components
 from cpmem.step.ranks import coordinates
 from cpmem.step.step import Step, StepSettings
 from cpmem.step.trainer import Adapter, Optimizer
@@ -87,6 +88,9 @@ class StaticComponent(StrEnum):
     CUBLAS_WORKSPACES = "cublas_workspaces"
     TE_CUBLASLT_WORKSPACE = "te_cublaslt_workspace"
     TE_GROUPED_GEMM_WORKSPACES = "te_grouped_gemm_workspaces"
+    TE_USERBUFFER_WORKSPACE = "te_userbuffer_workspace"
+    FP8_TRANSPOSES = "fp8_transposes"
+    FP8_SCALE_INVERSES = "fp8_scale_inverses"
     GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
     PIPELINE_RECEIVED = "pipeline_received"
 
@@ -102,6 +106,9 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.CUBLAS_WORKSPACES: "PyTorch cuBLAS workspace per thread (forward, backward)",
     StaticComponent.TE_CUBLASLT_WORKSPACE: "Transformer Engine's cuBLASLt workspace",
     StaticComponent.TE_GROUPED_GEMM_WORKSPACES: "TE grouped GEMM's per-stream workspaces",
+    StaticComponent.TE_USERBUFFER_WORKSPACE: "TE's userbuffer GEMMs' 3-stream workspace",
+    StaticComponent.FP8_TRANSPOSES: "each FP8 weight's transpose where the GEMM needs TN",
+    StaticComponent.FP8_SCALE_INVERSES: "each FP8 weight's fp32 scale inverse",
     StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
     StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
 }
@@ -329,31 +336,39 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     if opt.kind == "muon":
         return _muon_training(settings, tensors, stepped)
     dense = optimizer_shards(layout, opt.instances)
-    groups = [
-        (tensors.dense, dense, False),
-        (tensors.tied_copy, dense, False),
-        (tensors.experts, expert_shards(settings), True),
+    p = settings.dtype_bytes
+    bf16, fp8 = tensors.dense, ()
+    if settings.fp8 is not None and settings.fp8.param_gather:
+        bf16, fp8 = split_fp8(g, tensors.dense, _stage_layers(settings, stage), layout.tp)
+    groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
+        (bf16, dense, False, p),
+        (fp8, dense, False, FP8_BYTES),
+        (tensors.tied_copy, dense, False, p),
+        (tensors.experts, expert_shards(settings), True, p),
     ]
-    padded = optimizer_elements = 0
-    for group, shards, experts in groups:
+    weights = padded = optimizer_elements = 0
+    for group, shards, experts, param_bytes in groups:
         if not group:
             continue
         if opt.distributed:
             shard = buffer_shard(group, shards, dp_slice(settings, shards, experts))
-            padded += shard.numel
-            optimizer_elements += shard.real
+            numel, real = shard.numel, shard.real
         else:
-            padded += sum(group)
-            optimizer_elements += sum(group)
+            numel = real = sum(group)
+        padded += numel
+        weights += param_bytes * numel
+        optimizer_elements += real
     trains = opt.kind != "none"
-    p = settings.dtype_bytes
     master = master_bytes(p, opt) * optimizer_elements
     moments = MOMENT_BYTES[opt.kind] * optimizer_elements if stepped else 0
     out = {
-        StaticComponent.WEIGHTS: p * padded,
+        StaticComponent.WEIGHTS: weights,
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
+    if fp8:
+        out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8, compute_capability(settings))
+        out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8)
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, get_type_hints
 
 from cpmem.step.device import Device
+from cpmem.step.fp8 import Fp8
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
@@ -72,10 +73,6 @@ class Setting:
     metavar: str | None = None
     export: Callable[[Step], Any] | None = None
     exported_as: str = ""
-
-
-def _int_list(field: str, text: str) -> list[int]:
-    return parse_int_list(field, text)
 
 
 class SettingsArguments(TypedDict, total=False):
@@ -399,6 +396,29 @@ class SettingsArguments(TypedDict, total=False):
             export=lambda s: s.settings.quantized_weights,
         ),
     ]
+    fp8: Annotated[
+        str | Fp8 | None,
+        Setting(
+            None,
+            "--fp8",
+            "FP8 training as Transformer Engine runs it: RECIPE[:param-gather] (priced: "
+            "tensorwise:param-gather, full training of attention and dense MLPs)",
+            group="process",
+            export=lambda s: None if s.settings.fp8 is None else s.settings.fp8.label,
+        ),
+    ]
+    tp_comm_overlap: Annotated[
+        bool,
+        Setting(
+            False,
+            "--tp-comm-overlap",
+            "TE's TP communication overlap: its GEMMs' workspace is priced, its userbuffers "
+            "(outside PyTorch's allocator) named",
+            group="process",
+            switch=True,
+            export=lambda s: s.settings.tp_comm_overlap,
+        ),
+    ]
     rank: Annotated[
         RankChoice | str,
         Setting(
@@ -529,7 +549,7 @@ class SettingsArguments(TypedDict, total=False):
             "layers per stage (pp counts) or per virtual stage (pp x vpp), comma-separated "
             "(default: even)",
             group="pipeline",
-            convert=_int_list,
+            convert=parse_int_list,
             exported_as="stage_layers: every virtual stage's layer count, as laid out",
         ),
     ]
