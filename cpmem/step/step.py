@@ -181,6 +181,13 @@ class StepSettings:
                 "muon without --distributed-optimizer)",
             )
         self._check_fp8()
+        if self.tp_comm_overlap and not self.layout.sp_active:
+            raise InputError(
+                "tp_comm_overlap",
+                True,
+                "TP communication overlap runs with sequence parallelism over TP > 1 "
+                "(Megatron-LM's validate_args asserts sequence_parallel under it)",
+            )
         if self.pipeline.active:
             self.pipeline.virtual_layers(self.geometry.layers)  # the layers cut as asked
         self._check_dtype_backend()

@@ -81,9 +81,12 @@ def test_mamba_800m_names_its_tokenizer_then_prices_with_a_vocabulary() -> None:
     assert step.plan.busiest_tokens == 4 * 4096  # micro-batch 4 of --seq-length 4096
 
 
-def test_llama3_8b_is_refused_for_fp8_alone() -> None:
+def test_llama3_8b_is_refused_for_its_fp8_recipe_alone() -> None:
+    # the script gives --fp8-format hybrid --fp8-param-gather and no --fp8-recipe: the
+    # snapshot's default, delayed scaling, whose amax state cpmem does not count
     err = _refused("llama__train_llama3_8b_h100_fp8.sh")
-    assert err.value == "--fp8-format hybrid, --fp8-param-gather"
+    assert err.value == "--fp8-recipe delayed (Megatron-LM's default)"
+    assert "amax histories" in err.reason
 
 
 def test_llama3_8b_without_its_fp8_branch_prices_as_the_rest_is_written() -> None:
@@ -101,16 +104,16 @@ def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not
     err = _refused("gptoss__02_train.sh")
     assert "--num-layers 12" in err.value  # PP_SIZE=${WORLD_SIZE}: 8 stages for 12 layers
     assert "does not split evenly over 8 pipeline stages" in err.reason
-    for unpriced in ("--quick-geglu", "--softmax-type learnable", "--fp8-format hybrid"):
+    for unpriced in ("--quick-geglu", "--softmax-type learnable", "--fp8-recipe delayed"):
         assert unpriced in err.value
     for harmless in ("--enable-gpt-oss", "--accumulate-allreduce-grads-in-fp32"):
         assert harmless not in err.value
 
 
-def test_megatron_fsdp_llama3_8b_is_refused_for_fsdp_and_fp8_alone() -> None:
+def test_megatron_fsdp_llama3_8b_is_refused_for_fsdp_and_its_fp8_recipe_alone() -> None:
     err = _refused("megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
     assert err.value == (
-        "--use-megatron-fsdp, --use-nccl-ub, --fp8-format hybrid, --fp8-param-gather"
+        "--use-megatron-fsdp, --use-nccl-ub, --fp8-recipe delayed (Megatron-LM's default)"
     )
 
 
