@@ -41,9 +41,9 @@ def fp8_problems(args: MegatronArgs) -> list[Problem]:
     recipe = args.fp8_recipe
     if recipe not in PRICED_RECIPES:
         reason = RECIPE_REASONS.get(recipe, "is not a recipe of the snapshot")
-        given = "" if "--fp8-recipe" in args.given else " (Megatron-LM's default)"
+        default = "" if "--fp8-recipe" in args.given else " (Megatron-LM's default)"
         out.append(
-            (f"--fp8-recipe {recipe}{given}", "changes memory cpmem does not price: " + reason)
+            (f"--fp8-recipe {recipe}{default}", "changes memory cpmem does not price: " + reason)
         )
     if not args.fp8_param_gather:
         out.append((f"--fp8-format {args.fp8} without --fp8-param-gather", WITHOUT_PARAM_GATHER))

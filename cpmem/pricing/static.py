@@ -337,7 +337,8 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         return _muon_training(settings, tensors, stepped)
     dense = optimizer_shards(layout, opt.instances)
     p = settings.dtype_bytes
-    bf16, fp8 = tensors.dense, ()
+    bf16: tuple[int, ...] = tensors.dense
+    fp8: tuple[int, ...] = ()
     if settings.fp8 is not None and settings.fp8.param_gather:
         bf16, fp8 = split_fp8(g, tensors.dense, _stage_layers(settings, stage), layout.tp)
     groups = [  # (tensors, shards, experts, parameter bytes): one buffer each

@@ -401,8 +401,7 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             None,
             "--fp8",
-            "FP8 training as Transformer Engine runs it: RECIPE[:param-gather] (priced: "
-            "tensorwise:param-gather, full training of attention and dense MLPs)",
+            "FP8 training, RECIPE[:param-gather] (priced: tensorwise:param-gather)",
             group="process",
             export=lambda s: None if s.settings.fp8 is None else s.settings.fp8.label,
         ),
@@ -412,8 +411,7 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             False,
             "--tp-comm-overlap",
-            "TE's TP communication overlap: its GEMMs' workspace is priced, its userbuffers "
-            "(outside PyTorch's allocator) named",
+            "TE's TP comm overlap (its GEMMs' workspace; userbuffers named, unpriced)",
             group="process",
             switch=True,
             export=lambda s: s.settings.tp_comm_overlap,

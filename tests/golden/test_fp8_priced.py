@@ -148,9 +148,10 @@ def test_fp8_without_param_gather_is_refused_for_the_cached_copies() -> None:
 
 
 def test_a_flag_read_only_under_fp8_is_ignored_without_it_and_refused_with_it() -> None:
-    assert "--first-last-layers-bf16" in parse_megatron_args(
-        {**REQUIRED, "--first-last-layers-bf16": True}
-    ).ignored
+    assert (
+        "--first-last-layers-bf16"
+        in parse_megatron_args({**REQUIRED, "--first-last-layers-bf16": True}).ignored
+    )
     flags = {"--fp8-format": "e4m3", "--fp8-recipe": "tensorwise", "--fp8-param-gather": True}
     with pytest.raises(InputError) as err:
         parse_megatron_args({**REQUIRED, **flags, "--first-last-layers-bf16": True})
