@@ -41,7 +41,11 @@ stage's MTP depths and their embedding copy included (``weights.stage_tensors``)
   the distributed optimizer (dense parameters over DP x CP, the routed experts over the
   expert data-parallel group, the tied output copy in a buffer of its own);
 - ``master_gradients``: where ``main_grad`` is not fp32, the fp32 copy the optimizer
-  makes of it (``master_gradient_bytes``).
+  makes of it (``master_gradient_bytes``);
+- under FP8 with ``--fp8-param-gather`` (``StepSettings.fp8``, ``cpmem.pricing.fp8_static``)
+  the layers' Transformer Engine weights in a ``uint8`` buffer of their own (1 B, in
+  ``weights``), ``fp8_transposes`` (before compute capability 10) and
+  ``fp8_scale_inverses``.
 
 The measured runtime's baselines (its own rank-8 adapters, trained by megatron's
 optimizer, never stepped, beside the harness's rank-1 slot) are checked against this
