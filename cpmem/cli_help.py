@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cpmem.pricing.registry import policy_names
-from cpmem.step.settings import GROUP_TITLES, SETTINGS
+from cpmem.step.setting import GROUP_TITLES
+from cpmem.step.settings import SETTINGS
 
 SETTING_HELP: dict[str, str] = {
     flag: text

@@ -37,6 +37,7 @@ from typing import Any
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.batch_schedule import schedule_batch
+from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.fsdp_rules import fsdp_grad_bytes, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
@@ -392,6 +393,8 @@ def megatron_run(
         "device": resolved,
         "rank": rank,
         "moe_routing": megatron_routing(args),
+        "fp8": megatron_fp8(args),
+        "tp_comm_overlap": args.tp_comm_overlap,
     }
     return MegatronRun(args, geometry, arguments, world_size)  # type: ignore[arg-type]
 

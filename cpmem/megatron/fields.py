@@ -69,6 +69,10 @@ class MegatronArgs:
     bf16: bool = False
     fp16: bool = False
     grad_reduce_in_bf16: bool = False
+    fp8: str | None = None  # --fp8-format, transformer_config.py:587 (None: no FP8)
+    fp8_recipe: str = "delayed"  # transformer_config.py:594
+    fp8_param_gather: bool = False
+    tp_comm_overlap: bool = False  # model_parallel_config.py:265
     hidden_dropout: float = 0.1  # transformer_config.py:188
     attention_dropout: float = 0.1  # transformer_config.py:191
     attention_backend: str = "auto"  # transformer_config.py:151
@@ -228,6 +232,9 @@ PRICED: dict[str, tuple[str, str]] = {
             ("bf16", "bool"),
             ("fp16", "bool"),
             ("grad_reduce_in_bf16", "bool"),
+            ("fp8_recipe", "str"),
+            ("fp8_param_gather", "bool"),
+            ("tp_comm_overlap", "bool"),
             ("hidden_dropout", "float"),
             ("attention_dropout", "float"),
             ("attention_backend", "str"),
@@ -295,6 +302,7 @@ PRICED: dict[str, tuple[str, str]] = {
     # (arguments.py:1305-1311, 1346-1351)
     "--encoder-num-layers": ("num_layers", "int"),
     "--encoder-seq-length": ("seq_length", "int"),
+    "--fp8-format": ("fp8", "str"),
     "--no-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-bias-linear": ("add_bias_linear", "not"),

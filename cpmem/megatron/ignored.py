@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cpmem.megatron.fp8_rules import FP8_ONLY
+
 # (reason, flags) -- every flag string of the snapshot in exactly one group of one table
 IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
     (
@@ -185,7 +187,11 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--cross-entropy-fusion-impl",
     ),
     (
-        "read only under --tp-comm-overlap (refused)",
+        "which GEMMs overlap their TP communication through Transformer Engine's "
+        "userbuffers under --tp-comm-overlap, and how the userbuffers are set up: the "
+        "userbuffers are device memory outside PyTorch's allocator (cuMemCreate/cudaMalloc, "
+        "TE comm_gemm_overlap.cpp:326,703), and their GEMMs' workspace is priced whenever "
+        "--tp-comm-overlap is on (an upper bound where every overlap is disabled)",
         "--no-tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --no-tp-comm-bulk-dgrad "
         "--disable-tp-comm-bulk-dgrad --no-tp-comm-overlap-ag --disable-tp-comm-overlap-ag "
         "--no-tp-comm-overlap-rs --disable-tp-comm-overlap-rs --tp-comm-overlap-rs-dgrad "
@@ -238,12 +244,18 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--muon-use-syrk --muon-extra-scale-factor",
     ),
     (
-        "read only by FP8 or FP4 training (--fp8-format, --fp4-format, refused)",
-        "--fp8-recipe --fp8-quantizer-factory --fp8-margin --fp8-interval --fp8-amax-history-len "
-        "--fp8-amax-compute-algo --no-fp8-wgrad --disable-fp8-wgrad --first-last-layers-bf16 "
-        "--num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --fp4-recipe "
+        "read only by the FP8 recipes cpmem refuses (delayed scaling's amax history and "
+        "margin, the custom recipe's quantizer factory), by FP4 training (--fp4-format, "
+        "refused) or by MoE routing under FP8 (MoE layers under FP8 are refused)",
+        "--fp8-quantizer-factory --fp8-margin --fp8-interval --fp8-amax-history-len "
+        "--fp8-amax-compute-algo --fp4-recipe "
         "--fp4-quantizer-factory --moe-router-padding-for-quantization "
         "--moe-router-padding-for-fp8",
+    ),
+    (
+        "read only under --fp8-format, where cpmem refuses them (cpmem.megatron.fp8_rules: "
+        "weight gradients in high precision and the inputs kept for them, layers kept in bf16)",
+        " ".join(FP8_ONLY),
     ),
     (
         "read only by Torch FSDP2 (--use-torch-fsdp2, refused), by FP8 parameters under Megatron "

@@ -24,14 +24,14 @@ def _family(name: str) -> str:
 
 REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     (
-        UNPRICED + "FP8 or FP4 weights and activations (quantized copies, transposes, "
-        "scales, amax histories)",
-        "--fp8-format --fp4-format --fp8-output-proj --te-precision-config-file",
+        UNPRICED + "FP4 weights and activations, the output projection in FP8, or "
+        "per-module precision (quantized copies, transposes, scales)",
+        "--fp4-format --fp8-output-proj --te-precision-config-file",
     ),
     (
-        UNPRICED + "FP8 or FP4 parameters gathered as such, or the gradient buffer reused "
-        "for the MXFP8 all-gather (distrib_optimizer.py, param_and_grad_buffer.py)",
-        "--fp8-param-gather --fp4-param-gather --reuse-grad-buf-for-mxfp8-param-ag",
+        UNPRICED + "FP4 parameters gathered as such, or the gradient buffer reused for the "
+        "MXFP8 all-gather (distrib_optimizer.py, param_and_grad_buffer.py)",
+        "--fp4-param-gather --reuse-grad-buf-for-mxfp8-param-ag",
     ),
     (
         UNPRICED + "NVIDIA Kitchen's quantized linear layers and attention",
@@ -93,11 +93,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "weight rematerialisation)",
         "--tensor-parallel-num-weight-shards --expert-tensor-parallel-num-weight-shards "
         "--gtp-remat-opt-in-modules",
-    ),
-    (
-        UNPRICED + "Transformer Engine's userbuffers for TP communication overlap (buffers "
-        "of their own)",
-        "--tp-comm-overlap",
     ),
     (
         UNPRICED + "context parallelism over packed, per-batch sequence groups (the dynamic "

@@ -41,7 +41,11 @@ stage's MTP depths and their embedding copy included (``weights.stage_tensors``)
   the distributed optimizer (dense parameters over DP x CP, the routed experts over the
   expert data-parallel group, the tied output copy in a buffer of its own);
 - ``master_gradients``: where ``main_grad`` is not fp32, the fp32 copy the optimizer
-  makes of it (``master_gradient_bytes``).
+  makes of it (``master_gradient_bytes``);
+- under FP8 with ``--fp8-param-gather`` (``StepSettings.fp8``, ``cpmem.pricing.fp8_static``)
+  the layers' Transformer Engine weights in a ``uint8`` buffer of their own (1 B, in
+  ``weights``), ``fp8_transposes`` (before compute capability 10) and
+  ``fp8_scale_inverses``.
 
 The measured runtime's baselines (its own rank-8 adapters, trained by megatron's
 optimizer, never stepped, beside the harness's rank-1 slot) are checked against this
@@ -58,12 +62,13 @@ from functools import lru_cache
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
+from cpmem.pricing.fp8_static import FP8_BYTES, scale_inverse_bytes, split_fp8, transpose_bytes
 from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
 from cpmem.pricing.weights import StageTensors, mtp_depths_built, rank_weights, stage_tensors
-from cpmem.pricing.workspaces import workspace_components
+from cpmem.pricing.workspaces import compute_capability, workspace_components
 from cpmem.step.ranks import coordinates
 from cpmem.step.step import Step, StepSettings
 from cpmem.step.trainer import Adapter, Optimizer
@@ -89,6 +94,9 @@ class StaticComponent(StrEnum):
     CUBLAS_WORKSPACES = "cublas_workspaces"
     TE_CUBLASLT_WORKSPACE = "te_cublaslt_workspace"
     TE_GROUPED_GEMM_WORKSPACES = "te_grouped_gemm_workspaces"
+    TE_USERBUFFER_WORKSPACE = "te_userbuffer_workspace"
+    FP8_TRANSPOSES = "fp8_transposes"
+    FP8_SCALE_INVERSES = "fp8_scale_inverses"
     GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
     PIPELINE_RECEIVED = "pipeline_received"
     DUMMY_WGRAD = "dummy_wgrad"
@@ -105,6 +113,9 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.CUBLAS_WORKSPACES: "PyTorch cuBLAS workspace per thread (forward, backward)",
     StaticComponent.TE_CUBLASLT_WORKSPACE: "Transformer Engine's cuBLASLt workspace",
     StaticComponent.TE_GROUPED_GEMM_WORKSPACES: "TE grouped GEMM's per-stream workspaces",
+    StaticComponent.TE_USERBUFFER_WORKSPACE: "TE's userbuffer GEMMs' 3-stream workspace",
+    StaticComponent.FP8_TRANSPOSES: "each FP8 weight's transpose where the GEMM needs TN",
+    StaticComponent.FP8_SCALE_INVERSES: "each FP8 weight's fp32 scale inverse",
     StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
     StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
     StaticComponent.DUMMY_WGRAD: "the output layer's cached dummy weight gradient (fused accumulation)",
@@ -338,31 +349,40 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     if opt.fsdp != "none":
         return _fsdp_training(settings, stepped)
     dense = optimizer_shards(layout, opt.instances)
-    groups = [
-        (tensors.dense, dense, False),
-        (tensors.tied_copy, dense, False),
-        (tensors.experts, expert_shards(settings), True),
+    p = settings.dtype_bytes
+    bf16: tuple[int, ...] = tensors.dense
+    fp8: tuple[int, ...] = ()
+    if settings.fp8 is not None and settings.fp8.param_gather:
+        bf16, fp8 = split_fp8(g, tensors.dense, _stage_layers(settings, stage), layout.tp)
+    groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
+        (bf16, dense, False, p),
+        (fp8, dense, False, FP8_BYTES),
+        (tensors.tied_copy, dense, False, p),
+        (tensors.experts, expert_shards(settings), True, p),
     ]
-    padded = optimizer_elements = 0
-    for group, shards, experts in groups:
+    weights = padded = optimizer_elements = 0
+    for group, shards, experts, param_bytes in groups:
         if not group:
             continue
         if opt.distributed:
             shard = buffer_shard(group, shards, dp_slice(settings, shards, experts))
-            padded += shard.numel
-            optimizer_elements += shard.real
+            numel, real = shard.numel, shard.real
         else:
-            padded += sum(group)
-            optimizer_elements += sum(group)
+            numel = real = sum(group)
+        padded += numel
+        weights += param_bytes * numel
+        optimizer_elements += real
     trains = opt.kind != "none"
-    p = settings.dtype_bytes
     master = master_bytes(p, opt) * optimizer_elements
     moments = MOMENT_BYTES[opt.kind] * optimizer_elements if stepped else 0
     out = {
-        StaticComponent.WEIGHTS: p * padded,
+        StaticComponent.WEIGHTS: weights,
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
+    if fp8:
+        out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8, compute_capability(settings))
+        out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8)
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out

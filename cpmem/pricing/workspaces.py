@@ -18,6 +18,9 @@ for every runtime; sized from the run's own environment and the libraries' defau
   (``transformer_engine/pytorch/cpp_extensions/gemm.py``, ``get_cublas_workspace_size_bytes``,
   TE >= 2.8); TE's grouped GEMM (``GroupedLinear``) keeps one more per cuBLAS stream
   (``TE_CUBLAS_STREAMS``).
+- under ``--tp-comm-overlap`` (``StepSettings.tp_comm_overlap``) the userbuffer GEMMs'
+  cuBLASLt workspace, ``TE_UB_STREAMS`` copies, beside the plain one; the userbuffers
+  are outside PyTorch's allocator (named in the answer, not priced).
 - megatron's ``GlobalMemoryBuffer`` ("mpu", ``core/utils.py``): reused by every request of
   its name, grown to the largest: a trained output layer's sequence-parallel gather of its
   input (``LinearWithGradAccumulationAndAsyncCommunication``; a frozen one,
@@ -54,6 +57,15 @@ TE_CUBLAS_STREAMS = 4
 """Transformer Engine's grouped GEMM runs on 4 cuBLAS streams, each with a workspace of
 TE's size, allocated on first use and kept (``get_multi_stream_cublas_workspace``,
 ``module/base.py``; ``num_streams`` in its common library)."""
+TE_UB_STREAMS = 3
+"""Under ``--tp-comm-overlap`` the userbuffer GEMMs take a workspace of
+``_NUM_MAX_UB_STREAMS`` (3) copies of TE's size in one tensor (``get_cublas_workspace(device,
+ub=True, ...)``, ``cpp_extensions/gemm.py:31,42-52``, asked for by ``general_gemm`` with a
+userbuffer, line 133; TE b9d690e0). The function is ``lru_cache``-d per ``ub``, so the plain
+workspace stays beside it: the row-parallel projections' weight-gradient GEMMs run without
+a userbuffer (``module/linear.py:769-797``, ``ub_bulk_wgrad`` a column-parallel layer's
+only, ``:1503-1507``). The userbuffers themselves are allocated by ``cuMemCreate`` /
+``cudaMalloc`` (``comm_gemm_overlap.cpp:326,703``), outside PyTorch's allocator."""
 DEFAULT_COMPUTE_CAPABILITY = 9
 """Where the step names no device: the measured runtime's H200 (compute capability 9.0)."""
 
@@ -120,6 +132,8 @@ def workspace_components(
     out = {"cublas_workspaces": threads * cublas_workspace(settings)}
     if uses_te_gemm(settings):
         out["te_cublaslt_workspace"] = te_workspace(settings)
+        if settings.tp_comm_overlap:
+            out["te_userbuffer_workspace"] = TE_UB_STREAMS * te_workspace(settings)
     runtime = settings.runtime
     te_grouped = runtime.moe_grouped_gemm and runtime.transformer_impl == "transformer_engine"
     if settings.geometry.is_moe and te_grouped:
@@ -152,3 +166,15 @@ def global_buffer_bytes(step: Step, stage: int) -> int:
         longest = max(lengths) // layout.cp
         sizes.append(b * len(lengths) * (g.q_heads // layout.tp) * longest * longest)
     return max(sizes)
+
+
+USERBUFFERS_NOTE = (
+    "tp_comm_overlap: Transformer Engine's userbuffers are device memory outside PyTorch's "
+    "allocator (cuMemCreate/cudaMalloc), not in this figure"
+)
+
+
+def outside_allocator_notes(settings: StepSettings) -> tuple[str, ...]:
+    """What the step keeps on the device outside PyTorch's allocator, which no figure
+    holds: the userbuffers of ``--tp-comm-overlap``."""
+    return (USERBUFFERS_NOTE,) if settings.tp_comm_overlap and uses_te_gemm(settings) else ()

@@ -124,10 +124,17 @@ def routing_line(est: Estimate) -> str | None:
     return line
 
 
+OUTSIDE = "tp_comm_overlap:"
+"""The notes that name device memory outside PyTorch's allocator
+(``cpmem.pricing.workspaces.outside_allocator_notes``)."""
+
+
 def render_basis(est: Estimate) -> list[str]:
-    """The margin, the MoE routing and each assumption, one line each."""
+    """The margin, the MoE routing, each assumption and the device memory outside the
+    figure, one line each."""
     lines = [line for line in (margin_line(est), routing_line(est)) if line is not None]
-    return lines + [f"assumes {name}: {text}" for name, text in est.assumptions.items()]
+    lines += [f"assumes {name}: {text}" for name, text in est.assumptions.items()]
+    return lines + [f"outside the figure: {n}" for n in est.notes if n.startswith(OUTSIDE)]
 
 
 def render_static(est: Estimate) -> list[str]:

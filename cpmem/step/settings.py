@@ -18,60 +18,19 @@ From it come:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, get_type_hints
+from typing import Annotated, Any, Literal, TypedDict, get_type_hints
 
 from cpmem.step.device import Device
+from cpmem.step.fp8 import Fp8
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, QUANTIZED_WEIGHTS, RUNTIMES, TRAININGS, Runtime
+from cpmem.step.setting import Setting
 from cpmem.step.trainer import CP_COMMS, FSDP_STRATEGIES, Head
 from cpmem.step.values import parse_int_list, whole_bytes
-
-if TYPE_CHECKING:
-    from cpmem.step.step import Step
-
-Group = Literal["source", "activation", "request", "step", "process", "whole", "pipeline", "api"]
-GROUP_TITLES: dict[str, str | None] = {
-    "step": None,
-    "process": "the process and what it trains",
-    "whole": "the whole device (static memory and the device's budget)",
-    "pipeline": "pipeline parallelism (every stage's schedule priced)",
-}
-"""The command line's argument groups of the settings (None: the command's own); the
-``source`` and ``activation`` settings are built with the model's source flags, the
-``request`` ones only by the commands that price one request, ``api`` ones have no flag."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting's declaration beside its type.
-
-    ``default``: the value where it is not given; ``flag``: its command-line flag (None:
-    the API's only) and ``help``; ``group``: where the command line shows it
-    (``GROUP_TITLES``); ``cli_type``: what argparse parses the text as; ``convert``: the
-    keyword's value from the parsed text (a list of integers, whole bytes); ``choices``;
-    ``switch``: a flag without a value, setting True (``negation``: the flag setting
-    False); ``metavar``; ``export``: the value a step holds for it, as the external
-    estimators' description reports it under the keyword (None: the description reports
-    it otherwise, ``exported_as`` says how)."""
-
-    default: Any
-    flag: str | None
-    help: str = ""
-    group: Group = "step"
-    cli_type: Callable[[str], Any] | None = None
-    convert: Callable[[str, Any], Any] | None = None
-    choices: tuple[str, ...] | None = None
-    switch: bool = False
-    negation: str | None = None
-    negation_help: str = ""
-    metavar: str | None = None
-    export: Callable[[Step], Any] | None = None
-    exported_as: str = ""
 
 
 class SettingsArguments(TypedDict, total=False):
@@ -394,6 +353,27 @@ class SettingsArguments(TypedDict, total=False):
             group="process",
             choices=QUANTIZED_WEIGHTS,
             export=lambda s: s.settings.quantized_weights,
+        ),
+    ]
+    fp8: Annotated[
+        str | Fp8 | None,
+        Setting(
+            None,
+            "--fp8",
+            "FP8 training, RECIPE[:param-gather] (priced: tensorwise:param-gather)",
+            group="process",
+            export=lambda s: None if s.settings.fp8 is None else s.settings.fp8.label,
+        ),
+    ]
+    tp_comm_overlap: Annotated[
+        bool,
+        Setting(
+            False,
+            "--tp-comm-overlap",
+            "TE's TP comm overlap (its GEMMs' workspace; userbuffers named, unpriced)",
+            group="process",
+            switch=True,
+            export=lambda s: s.settings.tp_comm_overlap,
         ),
     ]
     rank: Annotated[

@@ -24,6 +24,7 @@ from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import choose_backend
 from cpmem.step.device import Device
+from cpmem.step.fp8 import Fp8, check_fp8
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.ranks import RankChoice, check_rank
@@ -138,6 +139,13 @@ class StepSettings:
     holds_embedding: bool = True
     """Whether the step's first layer is fed by the embedding on this rank (the first
     virtual pipeline stage's chunk, or a step without stages), which keeps its token ids."""
+    fp8: Fp8 | None = None
+    """FP8 training as Transformer Engine runs it (``cpmem.step.fp8``); None: the dtype's."""
+    tp_comm_overlap: bool = False
+    """Transformer Engine's TP communication overlap through userbuffers
+    (``--tp-comm-overlap``): its GEMMs' cuBLASLt workspace is priced
+    (``cpmem.pricing.workspaces``); the userbuffers are device memory outside PyTorch's
+    allocator, named in the answer, not priced."""
     fused_swiglu_asked: bool = False
     """Whether the caller named the activation's fusion (``fused_swiglu``), rather than
     the model's or the runtime's default: a policy that does not price it on the step
@@ -172,6 +180,14 @@ class StepSettings:
                 "priced for --training full; the adapters' assignment is not priced (give "
                 "muon without --distributed-optimizer)",
             )
+        self._check_fp8()
+        if self.tp_comm_overlap and not self.layout.sp_active:
+            raise InputError(
+                "tp_comm_overlap",
+                True,
+                "TP communication overlap runs with sequence parallelism over TP > 1 "
+                "(Megatron-LM's validate_args asserts sequence_parallel under it)",
+            )
         if self.pipeline.active:
             self.pipeline.virtual_layers(self.geometry.layers)  # the layers cut as asked
         deferred = self.pipeline.deferred_wgrad
@@ -204,6 +220,21 @@ class StepSettings:
             or self.output_bytes < 0
         ):
             raise InputError("output_bytes", self.output_bytes, "must be an integer >= 0")
+
+    def _check_fp8(self) -> None:
+        device = self.device
+        major = None if device is None else device.compute_capability_major
+        check_fp8(
+            self.fp8,
+            training=self.training,
+            kinds=(*self.geometry.mixer_kinds, *self.geometry.mlp_kinds),
+            transformer_te=self.runtime.transformer_impl == "transformer_engine",
+            compute_capability=9 if major is None else major,
+            dtype_bytes=self.dtype_bytes,
+            recompute_none=self.recompute.keeps_everything,
+            fsdp=self.optimizer.fsdp != "none",
+            muon=self.optimizer.kind == "muon",
+        )
 
     def _layout_problems(self) -> list[InputError]:
         """Every rule the layout breaks on the model, listed together: TP on the heads

@@ -28,6 +28,7 @@ from cpmem.plan.request import Request
 from cpmem.samples.rows import load_rows, simulated_dir
 from cpmem.step.describe import describe_step
 from cpmem.step.device import Device
+from cpmem.step.fp8 import Fp8
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.recompute import Module, Recompute
 from cpmem.step.runtime import Runtime
@@ -366,6 +367,15 @@ def _same(s: StepSettings) -> StepSettings:
 
 
 HIDDEN: Change = _set(head=Head())
+FULL_DENSE: Change = _set(
+    geometry=load_model("qwen3-1.7b"),
+    adapter=Adapter(),
+    training="full",
+    recompute=Recompute.parse("none"),
+    layout=ParallelLayout(tp=2, sp=True),
+)
+"""A step FP8 and the TP overlap are priced on: full training of attention and dense MLPs
+at TP 2 with SP, nothing recomputed."""
 SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
     # (class, field): (the base, the base with the field changed, the keys that carry it)
     (StepSettings, "geometry"): (_same, _set(geometry=load_model("qwen3-1.7b")), {"config"}),
@@ -496,6 +506,16 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         _same,
         _set(quantized_weights="stored"),
         {"quantized_weights"},
+    ),
+    (StepSettings, "fp8"): (
+        FULL_DENSE,
+        lambda s: FULL_DENSE(s).replace(fp8=Fp8("tensorwise", True)),
+        {"fp8"},
+    ),
+    (StepSettings, "tp_comm_overlap"): (
+        FULL_DENSE,
+        lambda s: FULL_DENSE(s).replace(tp_comm_overlap=True),
+        {"tp_comm_overlap"},
     ),
     (StepSettings, "holds_embedding"): (
         _same,

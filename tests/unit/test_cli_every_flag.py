@@ -66,6 +66,8 @@ CHANGES: dict[str, list[str]] = {
     "--runtime": ["--runtime", "megatron-lm"],
     "--training": ["--training", "full"],
     "--quantized-weights": ["--quantized-weights", "stored"],
+    "--fp8": ["--fp8", "tensorwise:param-gather"],
+    "--tp-comm-overlap": ["--tp-comm-overlap"],
     "--attention-backend": ["--attention-backend", "flash"],
     "--container": ["--container", "ngc-24.01"],
     "--etp": ["--etp", "2"],

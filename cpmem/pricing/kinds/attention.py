@@ -15,6 +15,7 @@ from cpmem.pricing import adapters, cp_comm
 from cpmem.pricing.components import Component
 from cpmem.pricing.gathered import gathered_kv_bytes, gathered_kv_width, keeps_gathered_kv
 from cpmem.pricing.kinds.discarded import layernorm_dropped, mla_up_proj_dropped
+from cpmem.pricing.kinds.fp8 import attention_fp8_width
 from cpmem.pricing.kinds.latent import mla_parameters, mla_tensors
 from cpmem.pricing.kinds.linears import attention_linears
 from cpmem.pricing.kinds.spec import MixerSpec, TightContext, TrainedTensors
@@ -529,7 +530,8 @@ class AttentionSpec(MixerSpec):
 
     def tight_widths(self, ctx: TightContext) -> dict[str, int]:
         core = tight_core(ctx)
-        return {self.name: ctx.common + ctx.sandwich + ctx.masks + core, "attention_core": core}
+        kept = ctx.common + ctx.sandwich + ctx.masks + core + attention_fp8_width(ctx)
+        return {self.name: kept, "attention_core": core}
 
     def nograd_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         return nograd_width(g, w, step)

@@ -9,6 +9,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
 from cpmem.pricing.kinds.discarded import layernorm_dropped
+from cpmem.pricing.kinds.fp8 import dense_fp8_width
 from cpmem.pricing.kinds.linears import mlp_linears
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
@@ -134,7 +135,8 @@ class DenseSpec(MlpSpec):
         g, step, tp = ctx.geometry, ctx.step, ctx.tp
         mlp_core = core_width(g, tp, step.compiled)
         mlp_core += adapters.extra_width(g, step.adapter, tp, "mlp", sp=ctx.sp)
-        return {self.name: ctx.common + ctx.sandwich + ctx.masks + mlp_core, "mlp_core": mlp_core}
+        kept = ctx.common + ctx.sandwich + ctx.masks + mlp_core + dense_fp8_width(ctx)
+        return {self.name: kept, "mlp_core": mlp_core}
 
     def checkpoint_dropped(self, w: TightWidths, step: Step) -> int:
         if not step.recompute.checkpoints(Module.MLP):

@@ -19,6 +19,7 @@ from cpmem.pricing.tight.compose import (
     tight_widths,
 )
 from cpmem.pricing.tight.widths import TightWidths
+from cpmem.pricing.workspaces import outside_allocator_notes
 from cpmem.step.step import Step
 
 
@@ -87,7 +88,10 @@ def price_tight(
         **step_fields(step),
         forward_backward_bytes=fb,
         forward_backward_components=fb_components,
-        notes=(f"moe_routing={step.moe_routing}",) if step.geometry.is_moe else (),
+        notes=(
+            *((f"moe_routing={step.moe_routing}",) if step.geometry.is_moe else ()),
+            *outside_allocator_notes(step.settings),
+        ),
     )
 
 

@@ -262,6 +262,8 @@ DEVICE_ROWS = [
     DeviceRow("etp", {**H200, "tp": 4, "ep": 4, "policy": "reference"}, 1, 4, model=MOE),
     # a quantized checkpoint's base as stored: gpt-oss-20b's mxfp4 experts, 39 GiB in bf16
     DeviceRow("quantized_weights", H200, "dequantized", "stored", model="gpt-oss-20b"),
+    # the userbuffer GEMMs' 3-copy cuBLASLt workspace beside the plain one
+    DeviceRow("tp_comm_overlap", {**H200, "tp": 2}, False, True),
     # the answered stage: the first holds the embedding, the last the output layer
     DeviceRow("rank", {**H200, "pp": 2, "microbatches": 2, "stage_layers": [8, 24]}, 0, "last"),
 ]
@@ -275,6 +277,10 @@ EXEMPT = {
     # admission prices the first and the steady step whichever is asked;
     # tests/unit/admission/test_budget_step_kinds.py holds that
     "step": "admission prices both step kinds and decides on the larger",
+    # FP8 is priced for full training only, whose static memory grows with the tokens
+    # (megatron's global buffer), which the device rows' budget at one length assumes not;
+    # tests/golden/test_fp8_priced.py holds every byte it moves
+    "fp8": "full training only: its static memory moves with the tokens",
 }
 
 

@@ -228,7 +228,7 @@ def test_an_argument_not_given_takes_megatron_lms_default(
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
-        ("--fp8-format", "hybrid"),
+        ("--fp4-format", "e2m1"),
         ("--moe-expert-rank-capacity-factor", 1.5),
         ("--cuda-graph-impl", "transformer_engine"),
         ("--muon-scalar-optimizer", "lion"),
@@ -267,24 +267,24 @@ def test_a_refusal_names_every_unknown_and_refused_flag_at_once() -> None:
                 "--no-such-flag": 3,
                 "--log-interval": 1,  # ignored: not named
                 "--another-unknown": True,
-                "--fp8-format": "e4m3",
+                "--fp4-format": "e2m1",
             }
         )
     assert err.value.field == "megatron_args"
-    assert err.value.value == "--no-such-flag 3, --another-unknown, --fp8-format e4m3"
+    assert err.value.value == "--no-such-flag 3, --another-unknown, --fp4-format e2m1"
     reason = err.value.reason
     assert reason.startswith("3 arguments are refused: ")
     # the two unknown flags share a reason: it is said once, after both
     assert ": --no-such-flag 3, --another-unknown: is not an argument" in reason
     assert reason.count("is not an argument") == 1
-    assert f"; --fp8-format e4m3: {REFUSED['--fp8-format']}" in reason
+    assert f"; --fp4-format e2m1: {REFUSED['--fp4-format']}" in reason
     assert "--log-interval" not in reason
 
 
 def test_a_refusal_names_the_broken_rules_beside_the_refused_flags() -> None:
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--fp8-format": "e4m3", "--bf16": True, "--fp16": True})
-    assert str(err.value.value) == "--fp8-format e4m3, --bf16 --fp16"
+        parse_megatron_args({**REQUIRED, "--fp4-format": "e2m1", "--bf16": True, "--fp16": True})
+    assert str(err.value.value) == "--fp4-format e2m1, --bf16 --fp16"
     assert "name two parameter dtypes" in err.value.reason
 
 

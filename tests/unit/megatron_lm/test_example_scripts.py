@@ -22,6 +22,7 @@ import pytest
 from cpmem.api import describe_megatron
 from cpmem.errors import InputError
 from cpmem.megatron.args import read_megatron_args
+from cpmem.step.fp8 import Fp8
 
 EXAMPLES = Path(__file__).parent / "data" / "examples"
 
@@ -82,9 +83,12 @@ def test_mamba_800m_names_its_tokenizer_then_prices_with_a_vocabulary() -> None:
     assert step.plan.busiest_tokens == 4 * 4096  # micro-batch 4 of --seq-length 4096
 
 
-def test_llama3_8b_is_refused_for_fp8_alone() -> None:
+def test_llama3_8b_is_refused_for_its_fp8_recipe_alone() -> None:
+    # the script gives --fp8-format hybrid --fp8-param-gather and no --fp8-recipe: the
+    # snapshot's default, delayed scaling, whose amax state cpmem does not count
     err = _refused("llama__train_llama3_8b_h100_fp8.sh")
-    assert err.value == "--fp8-format hybrid, --fp8-param-gather"
+    assert err.value == "--fp8-recipe delayed (Megatron-LM's default)"
+    assert "amax histories" in err.reason
 
 
 def test_llama3_8b_without_its_fp8_branch_prices_as_the_rest_is_written() -> None:
@@ -98,21 +102,38 @@ def test_llama3_8b_without_its_fp8_branch_prices_as_the_rest_is_written() -> Non
     assert len(g.mixers) == 32
 
 
+def test_llama3_8b_with_the_tensorwise_recipe_prices_its_fp8_branch() -> None:
+    """The script's FP8 branch with ``--fp8-recipe tensorwise`` added to its array: FP8
+    parameters gathered (``--fp8-param-gather``), tensorwise scaling, the rest as
+    written."""
+    text = (EXAMPLES / "llama__train_llama3_8b_h100_fp8.sh").read_text(encoding="utf-8")
+    assert text.count('"--fp8-format hybrid"') == 1
+    tensorwise = text.replace(
+        '"--fp8-format hybrid"', '"--fp8-format hybrid" "--fp8-recipe tensorwise"'
+    )
+    step = describe_megatron(tensorwise)
+    assert step.settings.fp8 == Fp8("tensorwise", param_gather=True)
+    assert step.settings.world_size == 8
+
+
 def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not_price() -> None:
     err = _refused("gptoss__02_train.sh")
     assert "--num-layers 12" in err.value  # PP_SIZE=${WORLD_SIZE}: 8 stages for 12 layers
     assert "does not split evenly over 8 pipeline stages" in err.reason
-    for unpriced in ("--quick-geglu", "--softmax-type learnable", "--fp8-format hybrid"):
+    for unpriced in ("--quick-geglu", "--softmax-type learnable", "--fp8-recipe delayed"):
         assert unpriced in err.value
     for harmless in ("--enable-gpt-oss", "--accumulate-allreduce-grads-in-fp32"):
         assert harmless not in err.value
 
 
 def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_and_fp8_alone() -> None:
-    # Megatron FSDP itself is priced; its NCCL user buffers, its double buffer and FP8 are not
+    # Megatron FSDP and FP8's tensorwise recipe are priced; its NCCL user buffers, its
+    # double buffer, the default delayed recipe the script runs and FP8 parameters in
+    # Megatron FSDP's buffers are not
     err = _refused("megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
     assert err.value == (
-        "--use-nccl-ub, --fsdp-double-buffer, --fp8-format hybrid, --fp8-param-gather"
+        "--use-nccl-ub, --fsdp-double-buffer, --fp8-recipe delayed (Megatron-LM's default), "
+        "--fp8-format hybrid with --use-megatron-fsdp"
     )
 
 

@@ -110,13 +110,13 @@ def test_a_matching_grad_comm_dtype_is_read() -> None:
         # latent-attention layers: Megatron FSDP itself is not named
         (
             "moe/deepseek_proxy_fsdp_ep2_fsdp2",
-            "--fp8-format e4m3, --fp8-param-gather, "
-            "--use-megatron-fsdp with --num-experts, --multi-latent-attention",
+            "--use-megatron-fsdp with --num-experts, --multi-latent-attention, "
+            "--fp8-format e4m3 with --use-megatron-fsdp",
         ),
         (
             "moe/deepseek_proxy_fsdp_ep2_fsdp2_1node",
-            "--fp8-format e4m3, --fp8-param-gather, "
-            "--use-megatron-fsdp with --num-experts, --multi-latent-attention",
+            "--use-megatron-fsdp with --num-experts, --multi-latent-attention, "
+            "--fp8-format e4m3 with --use-megatron-fsdp",
         ),
         (
             "moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap",
@@ -130,3 +130,16 @@ def test_the_deepseek_proxies_name_only_what_remains(case: str, value: str) -> N
         read_megatron_args(CASES / case / "model_config.yaml")
     assert err.value.value == value
     assert "Torch FSDP2" not in err.value.reason
+
+
+def test_fp8_with_megatron_fsdp_or_muon_is_named_at_the_door() -> None:
+    """FP8's uint8 buffer, transposes and scale inverses are priced in megatron-core's DDP
+    buffers only: a tensorwise FP8 run under Megatron FSDP, or beside Muon, is refused
+    with that reason, listed with the run's other problems."""
+    fp8 = {"--fp8-format": "hybrid", "--fp8-recipe": "tensorwise", "--fp8-param-gather": True}
+    assert _refused(fp8).value == "--fp8-format hybrid with --use-megatron-fsdp"
+    no_fsdp = {k: v for k, v in BASE.items() if k not in ("--use-megatron-fsdp", "--ckpt-format")}
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**no_fsdp, **fp8, "--optimizer": "muon"})
+    assert err.value.value == "--fp8-format hybrid with --optimizer muon"
+    assert "Muon's buffers" in err.value.reason

@@ -108,13 +108,13 @@ def test_a_priced_flag_left_to_the_caller_is_named_with_every_other_problem(
         "HIDDEN=$2\n"
         "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size $HIDDEN "
         "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
-        "--micro-batch-size 1 --fp8-format hybrid --data-path $DATA\n",
+        "--micro-batch-size 1 --fp4-format e2m1 --data-path $DATA\n",
     )
     with pytest.raises(InputError) as err:
         read_megatron_args(path)
     # one refusal: the unset priced flag (named through its variable) and the refused flag;
     # the unset data path changes nothing priced and is not named
-    assert err.value.value == "--hidden-size $2, --fp8-format hybrid"
+    assert err.value.value == "--hidden-size $2, --fp4-format e2m1"
     assert "$HIDDEN = $2 (the script's argument 2, left to its caller)" in err.value.reason
     assert "is required" not in err.value.reason
 

@@ -1,0 +1,73 @@
+"""FP8 parameters' static memory (``StepSettings.fp8`` with ``param_gather``): which of a
+stage's tensors are FP8, and what each keeps beside its bytes.
+
+Under ``--fp8-param-gather`` every Transformer Engine linear's weight is built as a
+``Float8Tensor`` (Megatron-LM 4828d651, TE b9d690e0):
+
+- megatron-core's DDP keeps it in a buffer of its own, of ``uint8`` elements (1 B), apart
+  from the bf16 one (``param_and_grad_buffer.py:866-868``: a buffer per parameter and
+  gradient dtype, each padded and sharded as ``cpmem.pricing.param_buffers`` lays it
+  out); its gradient keeps the nominal dtype's ``main_grad`` (``:869``) and the
+  distributed optimizer an fp32 master shard, as a bf16 parameter's;
+- after the parameters' all-gather TE makes each weight's transpose where the GEMM backend
+  needs TN layouts (``post_all_gather_processing``, ``param_and_grad_buffer.py:303-309``;
+  TE ``tensor/utils.py:952-956``, ``not is_non_tn_fp8_gemm_supported()``): before
+  compute capability 10 (Hopper), not on Blackwell; 1 B per element
+  (``TRANSPOSE_BEFORE_CC``);
+- one fp32 ``_scale_inv`` per weight (``tensor/float8_tensor.py:318-340``), one 512 B block
+  of PyTorch's caching allocator (``SCALE_INV_BYTES``).
+
+The layers' weights are the TE linears' (a layer kind's ``trained_tensors().weights``:
+attention's QKV and output projections, the dense MLP's fc1 and fc2); the embedding, the
+output layer (megatron-core's own ``ColumnParallelLinear``), norms and biases stay in the
+bf16 buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.kinds import mixer_spec, mlp_spec
+
+FP8_BYTES = 1
+TRANSPOSE_BEFORE_CC = 10
+"""Compute capability majors below this keep each FP8 weight's transpose (Hopper's TN-only
+FP8 GEMMs)."""
+SCALE_INV_BYTES = 512
+"""One fp32 scale inverse, in PyTorch's caching allocator's smallest block."""
+BLOCK = 512
+
+
+def split_fp8(
+    geometry: ModelGeometry, dense: Sequence[int], layers: Sequence[int], tp: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``dense`` (a stage's dense tensors, ``weights.stage_tensors``: each layer's
+    ``kind_tensors`` in turn, weights first, then the stage's other tensors) as the tensors
+    left in the bf16 buffer and the layers' FP8 weights, each in its order."""
+    rest: list[int] = []
+    fp8: list[int] = []
+    at = 0
+    for i in layers:
+        mixer = mixer_spec(geometry.mixers[i]).trained_tensors(geometry, tp)
+        mlp = mlp_spec(geometry.mlps[i]).trained_tensors(geometry, tp)
+        weights = len(mixer.weights) + len(mlp.weights)
+        others = len(mixer.norms) + len(mlp.norms) + len(mixer.biases) + len(mlp.biases)
+        others += len(mixer.extra) + len(mlp.extra)
+        fp8 += dense[at : at + weights]
+        rest += dense[at + weights : at + weights + others]
+        at += weights + others
+    rest += dense[at:]
+    return tuple(rest), tuple(fp8)
+
+
+def transpose_bytes(weights: Sequence[int], compute_capability: int) -> int:
+    """The FP8 weights' transposes (1 B per element, each in whole 512 B blocks), where the
+    device needs them."""
+    if compute_capability >= TRANSPOSE_BEFORE_CC:
+        return 0
+    return sum(-(-n * FP8_BYTES // BLOCK) * BLOCK for n in weights)
+
+
+def scale_inverse_bytes(weights: Sequence[int]) -> int:
+    return SCALE_INV_BYTES * len(weights)

@@ -1,0 +1,54 @@
+"""What FP8 training (``StepSettings.fp8``) changes in the saved sets of the layer kinds it
+is priced for, in elements of the step's dtype per token (the unit of ``tight``'s widths).
+
+Transformer Engine's linears save their input for the weight gradient quantized, 1 B per
+element, when the recipe runs them in FP8 (TE b9d690e0 ``module/linear.py:530-554``,
+``module/layernorm_linear.py:230-285``): each linear's saved input drops from the dtype's
+bytes to 1 B where no other module keeps the high-precision tensor, and is kept beside it
+where one does.
+
+- attention: the QKV projection's normed input (``H/s`` on the rank's sequence shard)
+  loses ``b - 1`` bytes per element; the output projection's input, the core
+  attention's output, stays in the dtype (the attention kernel saves its output for its
+  backward) and gains an FP8 copy (``attention_output_width/t`` at 1 B);
+- the dense MLP: fc1's normed input (``H/s``) and fc2's input, the activation's output
+  (``F/t``, which only fc2 keeps), lose ``b - 1`` bytes per element.
+
+A byte change is turned into elements rounding towards the larger figure, so an odd byte
+is never priced away.
+"""
+
+from __future__ import annotations
+
+from cpmem.pricing.kinds.spec import TightContext
+from cpmem.pricing.widths import sp_divisor
+
+FP8_BYTES = 1
+
+
+def _elements(delta_bytes: int, dtype_bytes: int) -> int:
+    """``delta_bytes`` in elements of ``dtype_bytes``, rounded up (towards more memory)."""
+    return -(-delta_bytes // dtype_bytes)
+
+
+def _active(ctx: TightContext) -> bool:
+    return ctx.step.settings.fp8 is not None
+
+
+def attention_fp8_width(ctx: TightContext) -> int:
+    """The attention layer's saved set under FP8 less its saved set without (0 without FP8)."""
+    if not _active(ctx):
+        return 0
+    g, b = ctx.geometry, ctx.step.dtype_bytes
+    normed = g.hidden // sp_divisor(ctx.tp, ctx.sp)
+    proj_copy = g.attention_output_width // ctx.tp
+    return _elements(-normed * (b - FP8_BYTES) + proj_copy * FP8_BYTES, b)
+
+
+def dense_fp8_width(ctx: TightContext) -> int:
+    """The dense MLP's saved set under FP8 less its saved set without (0 without FP8)."""
+    if not _active(ctx):
+        return 0
+    g, b = ctx.geometry, ctx.step.dtype_bytes
+    normed = g.hidden // sp_divisor(ctx.tp, ctx.sp)
+    return _elements(-(normed + g.ffn // ctx.tp) * (b - FP8_BYTES), b)
