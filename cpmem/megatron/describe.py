@@ -38,7 +38,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.batch_schedule import schedule_batch
 from cpmem.megatron.fp8_rules import megatron_fp8
-from cpmem.megatron.fsdp_rules import fsdp_grad_bytes, fsdp_strategy
+from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
 from cpmem.megatron.recompute_modules import selective, selective_modules
@@ -360,7 +360,7 @@ def megatron_run(
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
     if args.use_megatron_fsdp:
-        grad_bytes = fsdp_grad_bytes(args)
+        grad_bytes = fsdp_grad_element_size(args)
     arguments: dict[str, Any] = {
         "lengths": [args.seq_length] * mbs,
         "tp": tp,

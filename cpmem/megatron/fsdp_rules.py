@@ -1,6 +1,6 @@
 """Megatron FSDP's arguments (``--use-megatron-fsdp``): what cpmem prices of it and the
 values it refuses (``fsdp_problems``, one of ``rules.rule_problems``' rules), and the step's
-settings it becomes (``fsdp_strategy``, ``fsdp_grad_bytes``).
+settings it becomes (``fsdp_strategy``, ``fsdp_grad_element_size``).
 
 Priced (``cpmem.pricing.fsdp``): Megatron FSDP v1 (``--megatron-fsdp-version 1``, the
 default) under each ``--data-parallel-sharding-strategy``, with fp32 main weights
@@ -31,7 +31,7 @@ def _param_dtype(args: MegatronArgs) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
-def fsdp_grad_bytes(args: MegatronArgs) -> int:
+def fsdp_grad_element_size(args: MegatronArgs) -> int:
     """The element of Megatron FSDP's gradient buffer: ``--megatron-fsdp-main-grads-dtype``,
     the parameters' dtype under ``auto``."""
     dtype = args.megatron_fsdp_main_grads_dtype
@@ -64,7 +64,7 @@ def fsdp_problems(args: MegatronArgs) -> list[Problem]:
             )
         )
     comm = args.megatron_fsdp_grad_comm_dtype
-    if comm != "auto" and DTYPE_BYTES[comm] != fsdp_grad_bytes(args):
+    if comm != "auto" and DTYPE_BYTES[comm] != fsdp_grad_element_size(args):
         out.append(
             (
                 f"--megatron-fsdp-grad-comm-dtype {comm}",

@@ -10,7 +10,7 @@ import pytest
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args, read_megatron_args
-from cpmem.megatron.fsdp_rules import fsdp_grad_bytes, fsdp_strategy
+from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
 
 ROOT = Path(__file__).resolve().parents[3]
 CASES = ROOT / "golden/megatron/cases"
@@ -37,7 +37,7 @@ def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
     args = parse_megatron_args(BASE)
     # --data-parallel-sharding-strategy's default (arguments.py), the gradient buffer in
     # the parameters' bf16 under --megatron-fsdp-main-grads-dtype auto
-    assert (fsdp_strategy(args), fsdp_grad_bytes(args)) == ("optim_grads_params", 2)
+    assert (fsdp_strategy(args), fsdp_grad_element_size(args)) == ("optim_grads_params", 2)
     args = parse_megatron_args(
         {
             **BASE,
@@ -45,7 +45,7 @@ def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
             "--megatron-fsdp-main-grads-dtype": "fp32",
         }
     )
-    assert (fsdp_strategy(args), fsdp_grad_bytes(args)) == ("optim", 4)
+    assert (fsdp_strategy(args), fsdp_grad_element_size(args)) == ("optim", 4)
     no_fsdp = {k: v for k, v in BASE.items() if k not in ("--use-megatron-fsdp", "--ckpt-format")}
     assert fsdp_strategy(parse_megatron_args(no_fsdp)) == "none"
 
@@ -100,7 +100,7 @@ def test_a_matching_grad_comm_dtype_is_read() -> None:
             "--megatron-fsdp-grad-comm-dtype": "fp32",
         }
     )
-    assert fsdp_grad_bytes(args) == 4
+    assert fsdp_grad_element_size(args) == 4
 
 
 @pytest.mark.parametrize(
