@@ -72,7 +72,7 @@ class MegatronArgs:
     fp8: str | None = None  # --fp8-format, transformer_config.py:587 (None: no FP8)
     fp8_recipe: str = "delayed"  # transformer_config.py:594
     fp8_param_gather: bool = False
-    fp8_amax_history_len: int = 1  # transformer_config.py:590
+    fp8_amax_history_len: int = 1  # transformer_config.py:621
     tp_comm_overlap: bool = False  # model_parallel_config.py:265
     hidden_dropout: float = 0.1  # transformer_config.py:188
     attention_dropout: float = 0.1  # transformer_config.py:191

@@ -8,7 +8,7 @@ changes no byte: both keep 1 B per element.
 
 Priced: ``tensorwise`` (current scaling) and ``delayed`` (delayed scaling, with its amax
 history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 1,
-transformer_config.py:590) with ``param-gather`` (``--fp8-param-gather``),
+transformer_config.py:621 at d98e8a64) with ``param-gather`` (``--fp8-param-gather``),
 on full training of attention and dense-MLP layers under Transformer Engine's modules, on
 a device of compute capability 9 or later, with bf16 or fp16 parameters and nothing
 recomputed. What it changes is priced where each term lives: the weights in the
@@ -27,7 +27,7 @@ from cpmem.errors import InputError
 
 PRICED_RECIPES = ("tensorwise", "delayed")
 DEFAULT_HISTORY = 1
-"""Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:590)."""
+"""Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:621 at d98e8a64)."""
 RECIPE_REASONS = {
     "mxfp8": "its per-32-element block scales and the columnwise copies it keeps are not "
     "counted from source",

@@ -29,6 +29,7 @@ At history 100 (not a whole number of blocks): a linear 512 + 1,536 (1,200 B) + 
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,9 @@ from cpmem.golden.megatron import Recording, load_recordings
 from cpmem.megatron.args import read_megatron_args
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.fp8_rules import megatron_fp8
+from cpmem.megatron.snapshot import arguments
 from cpmem.pricing.fp8_static import scaling_state_bytes
-from cpmem.step.fp8 import Fp8
+from cpmem.step.fp8 import DEFAULT_HISTORY, Fp8
 
 GOLDEN = default_golden_dir()
 CASE = "gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap"
@@ -69,11 +71,11 @@ def _priced(device: str, tmp: Path, history: int | None) -> TierRow:
 
 
 def test_the_hand_figures() -> None:
-    assert LAYERS * (4 + 1) * 4 * 512 == STATE[1]
+    assert STATE[1] == LAYERS * (4 + 1) * 4 * 512
     linear = 512 + 1024 * 3 * 4 + 512 + 1024 * 2 * 4
     attention = 512 + 1024 * 9 * 4 + 512 + 1024 * 6 * 4
     assert LAYERS * (4 * linear + attention) == STATE[1024]
-    assert LAYERS * (4 * 3_584 + 7_680) == STATE[100]
+    assert STATE[100] == LAYERS * (4 * 3_584 + 7_680)
 
 
 @pytest.mark.parametrize("history", sorted(STATE))
@@ -120,3 +122,12 @@ def test_the_margin_algorithm_and_interval_are_ignored_not_refused(tmp_path: Pat
     args = _args(tmp_path, "delayed", extra)
     for flag in ("--fp8-margin", "--fp8-amax-compute-algo", "--fp8-interval"):
         assert flag in args.ignored
+
+
+def test_the_default_history_is_the_snapshots() -> None:
+    # transformer_config.py:621 (d98e8a64): fp8_amax_history_len: int = 1, as the
+    # snapshot's parser records it
+    default = arguments()["--fp8-amax-history-len"].default
+    assert default == DEFAULT_HISTORY == 1
+    (field,) = [f for f in fields(MegatronArgs) if f.name == "fp8_amax_history_len"]
+    assert field.default == default
