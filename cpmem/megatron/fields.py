@@ -72,6 +72,7 @@ class MegatronArgs:
     fp8: str | None = None  # --fp8-format, transformer_config.py:587 (None: no FP8)
     fp8_recipe: str = "delayed"  # transformer_config.py:594
     fp8_param_gather: bool = False
+    fp8_amax_history_len: int = 1  # transformer_config.py:621
     tp_comm_overlap: bool = False  # model_parallel_config.py:265
     hidden_dropout: float = 0.1  # transformer_config.py:188
     attention_dropout: float = 0.1  # transformer_config.py:191
@@ -234,6 +235,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("grad_reduce_in_bf16", "bool"),
             ("fp8_recipe", "str"),
             ("fp8_param_gather", "bool"),
+            ("fp8_amax_history_len", "int"),
             ("tp_comm_overlap", "bool"),
             ("hidden_dropout", "float"),
             ("attention_dropout", "float"),

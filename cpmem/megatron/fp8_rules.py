@@ -1,5 +1,6 @@
 """FP8's arguments at the door (``fp8_problems``, one of ``rules.rule_problems``' rules):
-the recipe (``--fp8-recipe``, default ``delayed``) and ``--fp8-param-gather``, each
+the recipe (``--fp8-recipe``, default ``delayed``, with its ``--fp8-amax-history-len``,
+default 1, under ``delayed``) and ``--fp8-param-gather``, each
 refused with the reason ``cpmem.step.fp8`` gives where cpmem does not price it, so a run
 learns them with its other refused flags; what the step decides beyond them (training,
 layer kinds, device) is checked where the step is built. ``--fp8-param-gather`` without
@@ -32,7 +33,9 @@ def megatron_fp8(args: MegatronArgs) -> Fp8 | None:
     """The step's FP8 setting for ``args`` (None without ``--fp8-format``)."""
     if args.fp8 is None:
         return None
-    return Fp8(args.fp8_recipe, args.fp8_param_gather)
+    if args.fp8_recipe != "delayed":
+        return Fp8(args.fp8_recipe, args.fp8_param_gather)
+    return Fp8(args.fp8_recipe, args.fp8_param_gather, args.fp8_amax_history_len)
 
 
 def fp8_problems(args: MegatronArgs) -> list[Problem]:

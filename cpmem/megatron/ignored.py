@@ -244,11 +244,17 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--muon-use-syrk --muon-extra-scale-factor",
     ),
     (
-        "read only by the FP8 recipes cpmem refuses (delayed scaling's amax history and "
-        "margin, the custom recipe's quantizer factory), by FP4 training (--fp4-format, "
-        "refused) or by MoE routing under FP8 (MoE layers under FP8 are refused)",
-        "--fp8-quantizer-factory --fp8-margin --fp8-interval --fp8-amax-history-len "
-        "--fp8-amax-compute-algo --fp4-recipe "
+        "delayed scaling's margin and amax reduction (max or most recent of the history): "
+        "scalars its fused update reads, no tensor (TE quantization.py:668-675); "
+        "--fp8-interval is ignored by Transformer Engine since 1.8 (Megatron-LM "
+        "transformer_engine.py:3033-3034)",
+        "--fp8-margin --fp8-interval --fp8-amax-compute-algo",
+    ),
+    (
+        "read only by the FP8 recipe cpmem refuses (the custom recipe's quantizer factory), "
+        "by FP4 training (--fp4-format, refused) or by MoE routing under FP8 (MoE layers "
+        "under FP8 are refused)",
+        "--fp8-quantizer-factory --fp4-recipe "
         "--fp4-quantizer-factory --moe-router-padding-for-quantization "
         "--moe-router-padding-for-fp8",
     ),

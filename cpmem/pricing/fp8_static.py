@@ -17,6 +17,22 @@ Under ``--fp8-param-gather`` every Transformer Engine linear's weight is built a
 - one fp32 ``_scale_inv`` per weight (``tensor/float8_tensor.py:318-340``), one 512 B block
   of PyTorch's caching allocator (``SCALE_INV_BYTES``).
 
+Under the ``delayed`` recipe every Transformer Engine module that runs in FP8 keeps, per
+direction, a ``DelayedScalingRecipeState`` (TE ``quantization.py:1409-1418``): ``scale``,
+``[n]`` fp32, and ``amax_history``, ``[history, n]`` fp32, each a tensor of its own, with
+``n`` = 3 quantizers per GEMM forward and 2 backward (``module/base.py:979-981``). A
+linear (``Linear``, ``LayerNormLinear``) has one GEMM, ``LayerNormMLP`` two
+(``layernorm_mlp.py:2066``), ``DotProductAttention`` three (its forward's
+``prepare_forward_ctx(num_gemms=3)``, ``dot_product_attention.py:1208-1209``, which keeps
+the linears' recipe unless ``NVTE_DPA_FP8_RECIPE`` is set, ``:627-631``, whether or not
+attention itself runs in FP8). Megatron-LM's layers use the linears and
+``DotProductAttention``: attention's QKV and output projections and its core attention, the
+dense MLP's fc1 and fc2 (``SCALING_GEMMS``). ``FP8GlobalStateManager``'s reduction buffers
+hold views of these tensors, no copy (``quantization.py:528-538``); the quantizers hold
+views too (``:1424-1427``). Each tensor is priced in whole 512 B blocks (``BLOCK``). The
+reduction concatenates the stage's forward (or backward) amaxes into one transient tensor
+(``quantization.py:652``, 4 B per quantizer, freed at once), not priced.
+
 The layers' weights are the TE linears' (a layer kind's ``trained_tensors().weights``:
 attention's QKV and output projections, the dense MLP's fc1 and fc2); the embedding, the
 output layer (megatron-core's own ``ColumnParallelLinear``), norms and biases stay in the
@@ -37,6 +53,34 @@ FP8 GEMMs)."""
 SCALE_INV_BYTES = 512
 """One fp32 scale inverse, in PyTorch's caching allocator's smallest block."""
 BLOCK = 512
+
+
+SCALING_GEMMS = {"attention": (1, 1, 3), "dense": (1, 1)}
+"""The GEMMs of each Transformer Engine module a layer kind runs under FP8: attention's
+QKV and output projections (one each) and its ``DotProductAttention`` (three); the dense
+MLP's fc1 and fc2 (one each)."""
+FWD_QUANTIZERS = 3
+BWD_QUANTIZERS = 2
+"""Quantizers per GEMM, forward (input, weight, output) and backward (the output's and the
+input's gradients), ``module/base.py:979-981``."""
+AMAX_BYTES = 4
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // BLOCK) * BLOCK
+
+
+def scaling_state_bytes(kinds: Sequence[str], history: int) -> int:
+    """Delayed scaling's ``scale`` and ``amax_history`` tensors of the modules of the
+    layer kinds in ``kinds`` (one entry per layer part, e.g. a layer's mixer and its MLP),
+    with an amax history of ``history`` steps, each tensor in whole 512 B blocks."""
+    total = 0
+    for kind in kinds:
+        for gemms in SCALING_GEMMS[kind]:
+            for per_gemm in (FWD_QUANTIZERS, BWD_QUANTIZERS):
+                n = gemms * per_gemm
+                total += _blocks(n * AMAX_BYTES) + _blocks(history * n * AMAX_BYTES)
+    return total
 
 
 def split_fp8(

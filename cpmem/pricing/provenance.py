@@ -288,6 +288,7 @@ TERMS: dict[str, Term] = {
     "te_userbuffer_workspace": Term("none", True, static=True),
     "fp8_transposes": Term("none", True, static=True),
     "fp8_scale_inverses": Term("none", True, static=True),
+    "fp8_scaling_state": Term("none", True, static=True),
     "global_memory_buffer": Term("none", True, static=True),
     "pipeline_received": Term("none", True, static=True),
     "dummy_wgrad": Term("none", True, static=True),

@@ -45,7 +45,8 @@ stage's MTP depths and their embedding copy included (``weights.stage_tensors``)
 - under FP8 with ``--fp8-param-gather`` (``StepSettings.fp8``, ``cpmem.pricing.fp8_static``)
   the layers' Transformer Engine weights in a ``uint8`` buffer of their own (1 B, in
   ``weights``), ``fp8_transposes`` (before compute capability 10) and
-  ``fp8_scale_inverses``.
+  ``fp8_scale_inverses``; under its ``delayed`` recipe, ``fp8_scaling_state`` (each TE
+  module's amax histories and scales).
 
 The measured runtime's baselines (its own rank-8 adapters, trained by megatron's
 optimizer, never stepped, beside the harness's rank-1 slot) are checked against this
@@ -62,7 +63,13 @@ from functools import lru_cache
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
-from cpmem.pricing.fp8_static import FP8_BYTES, scale_inverse_bytes, split_fp8, transpose_bytes
+from cpmem.pricing.fp8_static import (
+    FP8_BYTES,
+    scale_inverse_bytes,
+    scaling_state_bytes,
+    split_fp8,
+    transpose_bytes,
+)
 from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
@@ -97,6 +104,7 @@ class StaticComponent(StrEnum):
     TE_USERBUFFER_WORKSPACE = "te_userbuffer_workspace"
     FP8_TRANSPOSES = "fp8_transposes"
     FP8_SCALE_INVERSES = "fp8_scale_inverses"
+    FP8_SCALING_STATE = "fp8_scaling_state"
     GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
     PIPELINE_RECEIVED = "pipeline_received"
     DUMMY_WGRAD = "dummy_wgrad"
@@ -116,6 +124,7 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.TE_USERBUFFER_WORKSPACE: "TE's userbuffer GEMMs' 3-stream workspace",
     StaticComponent.FP8_TRANSPOSES: "each FP8 weight's transpose where the GEMM needs TN",
     StaticComponent.FP8_SCALE_INVERSES: "each FP8 weight's fp32 scale inverse",
+    StaticComponent.FP8_SCALING_STATE: "delayed scaling's amax histories and scales per TE module",
     StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
     StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
     StaticComponent.DUMMY_WGRAD: "the output layer's cached dummy weight gradient (fused accumulation)",
@@ -383,6 +392,10 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     if fp8:
         out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8, compute_capability(settings))
         out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8)
+    if settings.fp8 is not None and settings.fp8.recipe == "delayed":
+        layers = _stage_layers(settings, stage)
+        kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
+        out[StaticComponent.FP8_SCALING_STATE] = scaling_state_bytes(kinds, settings.fp8.history)
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out

@@ -6,13 +6,17 @@ Sources: Megatron-LM 4828d651 (``--fp8-recipe`` choices ``tensorwise``, ``delaye
 the Transformer Engine it builds, b9d690e0. The format (``--fp8-format`` e4m3 or hybrid)
 changes no byte: both keep 1 B per element.
 
-Priced: ``tensorwise`` (current scaling) with ``param-gather`` (``--fp8-param-gather``),
+Priced: ``tensorwise`` (current scaling) and ``delayed`` (delayed scaling, with its amax
+history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 1,
+transformer_config.py:621 at d98e8a64) with ``param-gather`` (``--fp8-param-gather``),
 on full training of attention and dense-MLP layers under Transformer Engine's modules, on
 a device of compute capability 9 or later, with bf16 or fp16 parameters and nothing
 recomputed. What it changes is priced where each term lives: the weights in the
 ``uint8`` parameter buffer, their transposes and scale inverses
-(``cpmem.pricing.static``), the TE linears' saved inputs (the layer kinds' tight widths,
-``cpmem.pricing.kinds.fp8``). Everything else is refused by name (``fp8_problems``).
+(``cpmem.pricing.static``), delayed scaling's amax histories and scales
+(``cpmem.pricing.fp8_static``), the TE linears' saved inputs (the layer kinds' tight widths,
+``cpmem.pricing.kinds.fp8``: the same 1 B copies under both recipes). Everything else is
+refused by name (``fp8_problems``).
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ from dataclasses import dataclass
 
 from cpmem.errors import InputError
 
-PRICED_RECIPES = ("tensorwise",)
+PRICED_RECIPES = ("tensorwise", "delayed")
+DEFAULT_HISTORY = 1
+"""Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:621 at d98e8a64)."""
 RECIPE_REASONS = {
-    "delayed": "its amax histories and scales (per module, per quantizer, and the global "
-    "reduction buffers) are not counted from source",
     "mxfp8": "its per-32-element block scales and the columnwise copies it keeps are not "
     "counted from source",
     "blockwise": "its 128-element block scales and the columnwise copies it keeps are not "
@@ -40,30 +44,44 @@ WITHOUT_PARAM_GATHER = (
 
 @dataclass(frozen=True)
 class Fp8:
-    """FP8 training: its ``recipe`` and whether the parameters are FP8 tensors gathered as
-    such (``param_gather``)."""
+    """FP8 training: its ``recipe``, whether the parameters are FP8 tensors gathered as
+    such (``param_gather``) and, under ``delayed``, the amax history's length in steps
+    (``history``; the other recipes keep none)."""
 
     recipe: str
     param_gather: bool = False
+    history: int = DEFAULT_HISTORY
 
     @property
     def label(self) -> str:
-        return self.recipe + (":param-gather" if self.param_gather else "")
+        text = self.recipe + (":param-gather" if self.param_gather else "")
+        if self.recipe == "delayed" and self.history != DEFAULT_HISTORY:
+            text += f":history={self.history}"
+        return text
 
     @classmethod
     def parse(cls, value: str | Fp8 | None) -> Fp8 | None:
-        """``RECIPE`` or ``RECIPE:param-gather``; None, ``""`` and ``none``: bf16 training."""
+        """``RECIPE`` followed by ``:param-gather`` and, for ``delayed``, ``:history=N``
+        (default ``DEFAULT_HISTORY``), in any order; None, ``""`` and ``none``: bf16."""
         if value is None or isinstance(value, Fp8):
             return value
+        usage = "must be RECIPE[:param-gather][:history=N] (history: delayed only)"
         if not isinstance(value, str):
-            raise InputError("fp8", value, "must be RECIPE or RECIPE:param-gather")
+            raise InputError("fp8", value, usage)
         text = value.strip().lower()
         if text in ("", "none"):
             return None
-        recipe, _, rest = text.partition(":")
-        if rest not in ("", "param-gather"):
-            raise InputError("fp8", value, "must be RECIPE or RECIPE:param-gather")
-        return cls(recipe, rest == "param-gather")
+        recipe, *parts = text.split(":")
+        gather = "param-gather" in parts
+        history = [p.removeprefix("history=") for p in parts if p.startswith("history=")]
+        other = [p for p in parts if p != "param-gather" and not p.startswith("history=")]
+        if other or parts.count("param-gather") > 1 or len(history) > 1:
+            raise InputError("fp8", value, usage)
+        if not history:
+            return cls(recipe, gather)
+        if recipe != "delayed" or not history[0].isdigit() or int(history[0]) < 1:
+            raise InputError("fp8", value, usage + ", a whole number of steps from 1")
+        return cls(recipe, gather, int(history[0]))
 
 
 def fp8_problems(

@@ -360,7 +360,8 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             None,
             "--fp8",
-            "FP8 training, RECIPE[:param-gather] (priced: tensorwise:param-gather)",
+            "FP8 training, RECIPE[:param-gather][:history=N] (priced: tensorwise:param-gather, "
+            "delayed:param-gather with its amax history, default 1)",
             group="process",
             export=lambda s: None if s.settings.fp8 is None else s.settings.fp8.label,
         ),

@@ -3,8 +3,8 @@ copied unedited from NVIDIA/Megatron-LM at d98e8a64, its source path in its head
 
 Each prices as written with at most ``--world-size`` / ``--vocab-size`` given, or is
 refused with every problem in one refusal: Megatron-LM's own reason where Megatron-LM
-would reject the run, else the feature cpmem does not price yet (FP8, Megatron FSDP's
-double buffer).
+would reject the run, else the feature cpmem does not price yet (FP8 in Megatron FSDP's
+buffers, Megatron FSDP's double buffer).
 Expected figures are worked out by hand from the script text:
 
 - world: torchrun's ``--nproc_per_node x --nnodes``; DP = world / (TP x PP x CP);
@@ -83,12 +83,18 @@ def test_mamba_800m_names_its_tokenizer_then_prices_with_a_vocabulary() -> None:
     assert step.plan.busiest_tokens == 4 * 4096  # micro-batch 4 of --seq-length 4096
 
 
-def test_llama3_8b_is_refused_for_its_fp8_recipe_alone() -> None:
-    # the script gives --fp8-format hybrid --fp8-param-gather and no --fp8-recipe: the
-    # snapshot's default, delayed scaling, whose amax state cpmem does not count
-    err = _refused("llama__train_llama3_8b_h100_fp8.sh")
-    assert err.value == "--fp8-recipe delayed (Megatron-LM's default)"
-    assert "amax histories" in err.reason
+def test_llama3_8b_prices_as_written_with_megatrons_default_recipe() -> None:
+    """The script gives ``--fp8-format hybrid --fp8-param-gather`` and no ``--fp8-recipe``:
+    the snapshot's default, delayed scaling, with its ``--fp8-amax-history-len 1024``; its
+    ``--fp8-amax-compute-algo max`` changes no memory."""
+    step = describe_megatron(EXAMPLES / "llama__train_llama3_8b_h100_fp8.sh")
+    assert step.settings.fp8 == Fp8("delayed", param_gather=True, history=1024)
+    s = step.settings
+    # GPUS_PER_NODE=8 x NUM_NODES=1; TP 1 PP 1 CP 1: DP 8; 128 / (1 x 8) micro-batches
+    assert (s.world_size, s.layout.dp, s.pipeline.microbatches) == (8, 8, 16)
+    assert step.geometry.vocab == 128_256  # its MOCK default: NullTokenizer --vocab-size 128256
+    args = read_megatron_args(EXAMPLES / "llama__train_llama3_8b_h100_fp8.sh")
+    assert "--fp8-amax-compute-algo" in args.ignored
 
 
 def test_llama3_8b_without_its_fp8_branch_prices_as_the_rest_is_written() -> None:
@@ -120,20 +126,19 @@ def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not
     err = _refused("gptoss__02_train.sh")
     assert "--num-layers 12" in err.value  # PP_SIZE=${WORLD_SIZE}: 8 stages for 12 layers
     assert "does not split evenly over 8 pipeline stages" in err.reason
-    for unpriced in ("--quick-geglu", "--softmax-type learnable", "--fp8-recipe delayed"):
+    for unpriced in ("--quick-geglu", "--softmax-type learnable"):
         assert unpriced in err.value
-    for harmless in ("--enable-gpt-oss", "--accumulate-allreduce-grads-in-fp32"):
+    # the delayed recipe it runs by default is priced
+    for harmless in ("--enable-gpt-oss", "--accumulate-allreduce-grads-in-fp32", "--fp8-recipe"):
         assert harmless not in err.value
 
 
 def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_and_fp8_alone() -> None:
-    # Megatron FSDP and FP8's tensorwise recipe are priced; its NCCL user buffers, its
-    # double buffer, the default delayed recipe the script runs and FP8 parameters in
-    # Megatron FSDP's buffers are not
+    # Megatron FSDP and FP8's tensorwise and delayed recipes are priced; its NCCL user
+    # buffers, its double buffer and FP8 parameters in Megatron FSDP's buffers are not
     err = _refused("megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
     assert err.value == (
-        "--use-nccl-ub, --fsdp-double-buffer, --fp8-recipe delayed (Megatron-LM's default), "
-        "--fp8-format hybrid with --use-megatron-fsdp"
+        "--use-nccl-ub, --fsdp-double-buffer, --fp8-format hybrid with --use-megatron-fsdp"
     )
 
 

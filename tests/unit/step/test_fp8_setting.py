@@ -19,6 +19,8 @@ FULL = {"runtime": "megatron-lm", "training": "full"}
     [
         ("tensorwise:param-gather", Fp8("tensorwise", True)),
         ("Delayed", Fp8("delayed", False)),
+        ("delayed:param-gather", Fp8("delayed", True, 1)),  # Megatron-LM's default history
+        ("delayed:history=1024:param-gather", Fp8("delayed", True, 1024)),
         ("none", None),
         (None, None),
     ],
@@ -27,24 +29,42 @@ def test_the_setting_reads_recipe_and_param_gather(text: str | None, parsed: Fp8
     assert Fp8.parse(text) == parsed
 
 
-def test_a_malformed_setting_names_the_field() -> None:
+@pytest.mark.parametrize(
+    "text",
+    ["tensorwise:gather", "tensorwise:history=16", "delayed:history=0", "delayed:history=x"],
+)
+def test_a_malformed_setting_names_the_field(text: str) -> None:
+    # a history belongs to delayed scaling alone, a whole number of steps from 1
     with pytest.raises(InputError) as err:
-        Fp8.parse("tensorwise:gather")
-    assert (err.value.field, err.value.value) == ("fp8", "tensorwise:gather")
+        Fp8.parse(text)
+    assert (err.value.field, err.value.value) == ("fp8", text)
 
 
-def test_the_priced_recipe_prices_on_a_dense_model() -> None:
-    step = describe_step("qwen3-1.7b", [4096], fp8="tensorwise:param-gather", **FULL)
-    assert step.settings.fp8 == Fp8("tensorwise", True)
+def test_the_label_names_a_history_other_than_megatrons_default() -> None:
+    assert Fp8("delayed", True, 1024).label == "delayed:param-gather:history=1024"
+    assert Fp8("delayed", True).label == "delayed:param-gather"
+    assert Fp8.parse(Fp8("delayed", True, 1024).label) == Fp8("delayed", True, 1024)
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("tensorwise:param-gather", Fp8("tensorwise", True)),
+        ("delayed:param-gather:history=1024", Fp8("delayed", True, 1024)),
+    ],
+)
+def test_the_priced_recipes_price_on_a_dense_model(text: str, parsed: Fp8) -> None:
+    step = describe_step("qwen3-1.7b", [4096], fp8=text, **FULL)
+    assert step.settings.fp8 == parsed
 
 
 def test_every_reason_is_named_at_once() -> None:
     with pytest.raises(InputError) as err:
-        describe_step("qwen3-1.7b", [4096], fp8="delayed", device="a100-80gb")
+        describe_step("qwen3-1.7b", [4096], fp8="mxfp8", device="a100-80gb")
     reason = err.value.reason
-    assert err.value.field == "fp8" and err.value.value == "delayed"
+    assert err.value.field == "fp8" and err.value.value == "mxfp8"
     for part in (
-        "recipe delayed: its amax histories",
+        "recipe mxfp8: its per-32-element block scales",
         "module/base.py:712-722",
         "full training (--training full) only",
         "compute capability 8.9 or later",
