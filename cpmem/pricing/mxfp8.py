@@ -38,8 +38,9 @@ def _roundup(n: int, m: int) -> int:
 
 
 @dataclass(frozen=True)
-class Mxfp8Bytes:
-    """An MXFP8 tensor's allocations in bytes: each usage's data and scale inverse (0 for
+class BlockScaledBytes:
+    """A block-scaled FP8 tensor's allocations in bytes (MXFP8 here, blockwise in
+    ``cpmem.pricing.fp8_blockwise``): each usage's data and scale inverse (0 for
     a usage not kept)."""
 
     rowwise_data: int
@@ -72,7 +73,7 @@ def scale_shape(rows: int, cols: int, *, columnwise: bool) -> tuple[int, int]:
     return _roundup(rows, ROW_PAD), _roundup(cols // BLOCK, COL_PAD)
 
 
-def mxfp8_bytes(rows: int, cols: int, *, rowwise: bool, columnwise: bool) -> Mxfp8Bytes:
+def mxfp8_bytes(rows: int, cols: int, *, rowwise: bool, columnwise: bool) -> BlockScaledBytes:
     """The bytes of an MXFP8 tensor of ``rows`` x ``cols`` elements (``rows``: the product
     of the leading dimensions) keeping the usages asked for."""
     problems = [
@@ -85,7 +86,7 @@ def mxfp8_bytes(rows: int, cols: int, *, rowwise: bool, columnwise: bool) -> Mxf
     data = rows * cols
     row = scale_shape(rows, cols, columnwise=False)
     col = scale_shape(rows, cols, columnwise=True)
-    return Mxfp8Bytes(
+    return BlockScaledBytes(
         rowwise_data=data if rowwise else 0,
         rowwise_scales=row[0] * row[1] if rowwise else 0,
         columnwise_data=data if columnwise else 0,

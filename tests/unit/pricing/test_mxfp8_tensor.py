@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from cpmem.errors import InputError
-from cpmem.pricing.mxfp8 import Mxfp8Bytes, mxfp8_bytes, scale_shape
+from cpmem.pricing.mxfp8 import BlockScaledBytes, mxfp8_bytes, scale_shape
 
 
 def test_a_llama_qkv_weight_keeps_both_copies_and_their_scales() -> None:
@@ -20,7 +20,7 @@ def test_a_llama_qkv_weight_keeps_both_copies_and_their_scales() -> None:
     # rowwise scales: [roundup(6144, 128), roundup(4096 / 32, 4)] = [6144, 128] = 786,432 B;
     # columnwise scales: [roundup(6144 / 32, 4), roundup(4096, 128)] = [192, 4096] = 786,432 B.
     got = mxfp8_bytes(6144, 4096, rowwise=True, columnwise=True)
-    assert got == Mxfp8Bytes(25_165_824, 786_432, 25_165_824, 786_432)
+    assert got == BlockScaledBytes(25_165_824, 786_432, 25_165_824, 786_432)
     assert got.total == 51_904_512
 
 
@@ -31,8 +31,12 @@ def test_the_scale_tensor_is_padded_to_128_by_4() -> None:
     assert scale_shape(32, 32, columnwise=True) == (4, 128)
     # [96, 160]: rowwise [roundup(96, 128), roundup(5, 4)] = [128, 8] = 1,024 B;
     # columnwise [roundup(3, 4), roundup(160, 128)] = [4, 256] = 1,024 B.
-    assert mxfp8_bytes(96, 160, rowwise=True, columnwise=False) == Mxfp8Bytes(15_360, 1_024, 0, 0)
-    assert mxfp8_bytes(96, 160, rowwise=False, columnwise=True) == Mxfp8Bytes(0, 0, 15_360, 1_024)
+    assert mxfp8_bytes(96, 160, rowwise=True, columnwise=False) == BlockScaledBytes(
+        15_360, 1_024, 0, 0
+    )
+    assert mxfp8_bytes(96, 160, rowwise=False, columnwise=True) == BlockScaledBytes(
+        0, 0, 15_360, 1_024
+    )
 
 
 def test_a_usage_not_kept_allocates_nothing() -> None:
