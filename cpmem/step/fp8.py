@@ -29,10 +29,11 @@ PRICED_RECIPES = ("tensorwise", "delayed")
 DEFAULT_HISTORY = 1
 """Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:621 at d98e8a64)."""
 RECIPE_REASONS = {
-    "mxfp8": "its weights are MXFP8 tensors kept outside the parameter buffer (rowwise and "
-    "columnwise copies, each with a 1 B scale per 32 elements, cpmem.pricing.mxfp8), and "
-    "under the distributed optimizer their all-gather runs in the gradient buffer "
-    "(Megatron-LM param_and_grad_buffer.py:1102-1117): not priced",
+    "mxfp8": "its weights are MXFP8 tensors (rowwise and columnwise copies, each with a 1 B "
+    "scale per 32 elements, cpmem.pricing.mxfp8) that megatron-core's DDP does not keep in a "
+    "uint8 buffer: under the distributed optimizer their buffer is the gradient buffer, "
+    "all-gathered in bf16 (Megatron-LM param_and_grad_buffer.py:1102-1117), and with "
+    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced",
     "blockwise": "its 128-element block scales and the columnwise copies it keeps are not "
     "counted from source",
     "custom": "a user's quantizer factory keeps what it builds",
@@ -120,7 +121,7 @@ def fp8_problems(
     if fp8.recipe in RECIPE_CAPABILITY:
         low, high, why = RECIPE_CAPABILITY[fp8.recipe]
         if not low <= compute_capability < high:
-            out.append(f"{why}, not {compute_capability}")
+            out.append(f"{why}; this device: {compute_capability}")
     if not fp8.param_gather:
         out.append(WITHOUT_PARAM_GATHER)
     if training != "full":
