@@ -29,13 +29,28 @@ PRICED_RECIPES = ("tensorwise", "delayed")
 DEFAULT_HISTORY = 1
 """Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:621 at d98e8a64)."""
 RECIPE_REASONS = {
-    "mxfp8": "its per-32-element block scales and the columnwise copies it keeps are not "
-    "counted from source",
+    "mxfp8": "its weights are MXFP8 tensors (rowwise and columnwise copies, each with a 1 B "
+    "scale per 32 elements, cpmem.pricing.mxfp8) that megatron-core's DDP does not keep in a "
+    "uint8 buffer: under the distributed optimizer their buffer is the gradient buffer, "
+    "all-gathered in bf16 (Megatron-LM param_and_grad_buffer.py:1102-1117), and with "
+    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced",
     "blockwise": "its 128-element block scales and the columnwise copies it keeps are not "
     "counted from source",
     "custom": "a user's quantizer factory keeps what it builds",
 }
 """Why each recipe cpmem does not price is refused."""
+RECIPE_CAPABILITY = {
+    "mxfp8": (
+        10,
+        12,
+        "Transformer Engine runs MXFP8 on compute capability 10 and 11 only "
+        "(quantization.py:162-168: 10.0 or higher, not yet 12.0+)",
+    ),
+}
+"""Recipes whose Transformer Engine support check (``check_recipe_support``,
+quantization.py:224-238 at b9d690e0) asks more than FP8's compute capability 8.9: the
+lowest major it accepts, the first major it refuses again and why. (``blockwise`` asks
+9.0 and CUDA 12.9, quantization.py:178-185: the general check's major 9 already holds it.)"""
 WITHOUT_PARAM_GATHER = (
     "FP8 without --fp8-param-gather keeps Transformer Engine's cached FP8 copies of the bf16 "
     "weights (module/base.py:712-722, _fp8_workspaces), not priced: give it with param-gather"
@@ -103,6 +118,10 @@ def fp8_problems(
     elif fp8.recipe not in PRICED_RECIPES:
         known = [*PRICED_RECIPES, *RECIPE_REASONS]
         out.append(f"recipe {fp8.recipe!r} is not one of Megatron-LM's {known}")
+    if fp8.recipe in RECIPE_CAPABILITY:
+        low, high, why = RECIPE_CAPABILITY[fp8.recipe]
+        if not low <= compute_capability < high:
+            out.append(f"{why}; this device: {compute_capability}")
     if not fp8.param_gather:
         out.append(WITHOUT_PARAM_GATHER)
     if training != "full":

@@ -9,7 +9,7 @@ import pytest
 
 from cpmem.api import describe_step
 from cpmem.errors import InputError
-from cpmem.step.fp8 import Fp8
+from cpmem.step.fp8 import Fp8, fp8_problems
 
 FULL = {"runtime": "megatron-lm", "training": "full"}
 
@@ -64,7 +64,8 @@ def test_every_reason_is_named_at_once() -> None:
     reason = err.value.reason
     assert err.value.field == "fp8" and err.value.value == "mxfp8"
     for part in (
-        "recipe mxfp8: its per-32-element block scales",
+        "recipe mxfp8: its weights are MXFP8 tensors (rowwise and columnwise copies",
+        "MXFP8 on compute capability 10 and 11 only (quantization.py:162-168",
         "module/base.py:712-722",
         "full training (--training full) only",
         "compute capability 8.9 or later",
@@ -103,3 +104,36 @@ def test_fp8_parameters_in_other_buffers_are_refused(given: dict[str, str], reas
         describe_step("qwen3-1.7b", [4096], fp8="tensorwise:param-gather", dp=4, **FULL, **given)
     assert err.value.field == "fp8"
     assert reason in err.value.reason
+
+
+FACTS = {
+    "training": "full",
+    "kinds": ("attention", "dense"),
+    "transformer_te": True,
+    "dtype_bytes": 2,
+    "recompute_none": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("recipe", "major", "refused"),
+    [
+        # TE b9d690e0 quantization.py:162-168, _compute_mxfp8_support: False below (10, 0),
+        # True from (10, 0), False again from (12, 0) ("not supported on 12.0+ yet")
+        ("mxfp8", 9, True),
+        ("mxfp8", 10, False),
+        ("mxfp8", 11, False),
+        ("mxfp8", 12, True),
+        # quantization.py:178-185: block scaling from 9.0, as every FP8 recipe's major 9
+        ("blockwise", 9, False),
+        ("tensorwise", 12, False),
+    ],
+)
+def test_each_recipe_runs_where_transformer_engine_supports_it(
+    recipe: str, major: int, refused: bool
+) -> None:
+    problems = fp8_problems(Fp8(recipe, True), compute_capability=major, **FACTS)  # type: ignore[arg-type]
+    said = any("MXFP8 on compute capability 10 and 11 only" in p for p in problems)
+    assert said == refused
+    if refused:
+        assert any(p.endswith(f"; this device: {major}") for p in problems)
