@@ -144,10 +144,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--experimental-attention-variant",
     ),
     (
-        UNPRICED + "sliding-window attention (a window mask, per-layer skips)",
-        "--window-size --window-attn-skip-freq",
-    ),
-    (
         UNPRICED + "the attention's softmax variant, output gate, QK L2 norm, QK clip or "
         "max-logit tracking (tensors and parameters of their own)",
         "--softmax-type --attention-output-gate --qk-l2-norm --qk-clip --log-max-attention-logit",
