@@ -117,3 +117,15 @@ def test_gpt_oss_example_with_a_valid_pipeline_windows_its_layers() -> None:
     # its FP8 on MoE layers is refused at the step (cpmem.step.fp8): the model is read here
     geometry = megatron_geometry(read_megatron_args(text))
     assert geometry.windows == (128, 0) * 6
+
+
+def test_gpt_oss_softmax_and_z_loss_stay_refused_naming_what_is_not_priced() -> None:
+    with pytest.raises(InputError) as err:
+        _args("--softmax-type learnable --num-experts 4 --moe-z-loss-coeff 1e-3")
+    # dot_product_attention.py:126-138 (a heads / TP parameter) at the snapshot; the
+    # backend TE would select is not read for it
+    assert "--softmax-type learnable: " in err.value.reason
+    assert "backend selection" in err.value.reason
+    # moe_utils.py:169-170: logsumexp of the logits, then its square
+    assert "--moe-z-loss-coeff 1e-3: " in err.value.reason
+    assert "logsumexp of its router logits" in err.value.reason
