@@ -180,9 +180,17 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (UNPRICED + "the residual stream held in fp32", "--fp32-residual-connection"),
     (
-        UNPRICED + "an activation other than cpmem's (quick GeGLU, a GLU offset or clamp, "
-        "Transformer Engine's activation, the fused weighted squared ReLU)",
-        "--quick-geglu --glu-linear-offset --activation-func-clamp-value --use-te-activation-func",
+        UNPRICED + "quick GeGLU with its linear offset and clamp as this door does not yet "
+        "read them: bias-activation fusion follows --bias-gelu-fusion under it "
+        "(argument_utils.py:318-326); fused, the experts save the clamped halves' 2F-wide "
+        "concatenation beside fc1's output (fused_bias_geglu.py:410-440); unfused "
+        "(--no-bias-gelu-fusion) they run the GLU (experts.py:998-1011) whose saved set the "
+        "Hugging Face door prices for gpt-oss (activation_clamp)",
+        "--quick-geglu --glu-linear-offset --activation-func-clamp-value",
+    ),
+    (
+        UNPRICED + "Transformer Engine's activation function in place of megatron-core's",
+        "--use-te-activation-func",
     ),
     (
         UNPRICED + "an unfused bias + SwiGLU or bias + dropout + add (the unfused ops' "

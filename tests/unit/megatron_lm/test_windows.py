@@ -129,3 +129,15 @@ def test_gpt_oss_softmax_and_z_loss_stay_refused_naming_what_is_not_priced() -> 
     # moe_utils.py:169-170: logsumexp of the logits, then its square
     assert "--moe-z-loss-coeff 1e-3: " in err.value.reason
     assert "logsumexp of its router logits" in err.value.reason
+
+
+def test_quick_geglu_stays_refused_naming_both_of_its_paths() -> None:
+    with pytest.raises(InputError) as err:
+        _args("--quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0")
+    assert err.value.value == (
+        "--quick-geglu, --glu-linear-offset 1.0, --activation-func-clamp-value 7.0"
+    )
+    # argument_utils.py:318-319: under quick_geglu the fusion is --bias-gelu-fusion's
+    assert "follows --bias-gelu-fusion" in err.value.reason
+    assert "fused_bias_geglu.py:410-440" in err.value.reason
+    assert "experts.py:998-1011" in err.value.reason
