@@ -52,6 +52,7 @@ from cpmem.megatron.rules import Problem, refusal, rule_problems
 from cpmem.megatron.snapshot import arguments as snapshot_arguments
 from cpmem.megatron.snapshot import is_default, snapshot
 from cpmem.megatron.vocab import DEFAULT_TOKENIZER, GPT2_BPE_VOCAB
+from cpmem.megatron.windows import parse_window_size
 
 __all__ = [
     "ENV_PRICED",
@@ -131,7 +132,9 @@ def _convert(flag: str, kind: str, value: object) -> ArgValue | tuple[int, ...] 
         return str(value).strip()
     if kind == "freq":  # moe_freq_type: an integer or a list expression, as written
         raw = value if isinstance(value, str) else _text(value)
-        return parse_layer_freq(str(raw))
+        return parse_layer_freq(str(raw), flag)
+    if kind == "window":
+        return parse_window_size(flag, _text(value))
     text = _text(value)
     try:
         if kind == "int":

@@ -45,6 +45,7 @@ from cpmem.megatron.recompute_modules import selective, selective_modules
 from cpmem.megatron.rules import check_megatron_args
 from cpmem.megatron.stack import kind_shapes, latent, megatron_stack
 from cpmem.megatron.vocab import resolved_vocab_size
+from cpmem.megatron.windows import megatron_windows
 from cpmem.model.geometry import ModelGeometry
 from cpmem.step.backend_choice import BackendChoice, container_named
 from cpmem.step.describe import StepArguments, describe_step
@@ -148,6 +149,7 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         else 0,
         hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout,
+        windows=megatron_windows(args),
         vocab_multiple=args.make_vocab_size_divisible_by if args.pad_vocab_size else 1,
         family="megatron-gpt",
         max_position_embeddings=args.max_position_embeddings,

@@ -98,6 +98,11 @@ class MegatronArgs:
     # layer an MoE layer, from the first), or a Python list expression of 0/1 per layer,
     # read by ``layer_freq.parse_layer_freq``
     moe_layer_freq: int | tuple[int, ...] = 1
+    # transformer_config.py:247-258: the sliding window (left, right) given to every
+    # windowed layer's Transformer Engine attention, and which layers are windowed
+    # (moe_freq_type; ``cpmem.megatron.windows``); None: no window
+    window_size: tuple[int, ...] | None = None
+    window_attn_skip_freq: int | tuple[int, ...] | None = None
     moe_ffn_hidden_size: int | None = None  # None: --ffn-hidden-size (arguments.py:1650-1651)
     moe_router_topk: int = 2  # transformer_config.py:760
     moe_router_load_balancing_type: str = "aux_loss"  # arguments.py:3532-3534
@@ -182,7 +187,8 @@ def _flag(dest: str) -> str:
 
 # flag -> (field, kind); kind "bool" is a store_true flag, "not" a store_false flag
 # (``--no-X`` / ``--disable-X`` turning the field off), "selective" --recompute-
-# activations, "freq" --moe-layer-freq (an integer or a per-layer list expression), "raw"
+# activations, "freq" --moe-layer-freq and --window-attn-skip-freq (an integer or a per-layer list
+# expression), "window" --window-size (Megatron-LM's tuple_type), "raw"
 # a value kept as written (a hybrid pattern), else the value's type.
 PRICED: dict[str, tuple[str, str]] = {
     **{
@@ -252,6 +258,8 @@ PRICED: dict[str, tuple[str, str]] = {
             ("deterministic_mode", "bool"),
             ("num_experts", "int"),
             ("moe_layer_freq", "freq"),
+            ("window_size", "window"),
+            ("window_attn_skip_freq", "freq"),
             ("moe_ffn_hidden_size", "int"),
             ("moe_router_topk", "int"),
             ("moe_router_load_balancing_type", "str"),

@@ -25,13 +25,15 @@ ALLOWED = re.compile(r"[^,\d\[\]\(\)\+\*]")
 Value = int | list[int]
 
 
-def parse_layer_freq(text: str) -> int | tuple[int, ...]:
-    """``--moe-layer-freq``'s value: an integer, or the per-layer tuple of 0s and 1s its
-    list expression makes. Raises ``InputError`` (field ``megatron_args``) naming the
-    value where Megatron-LM would raise, or where the expression is not a list of 0s and
-    1s (``get_gpt_decoder_block_spec``'s "Invalid layer pattern")."""
+def parse_layer_freq(text: str, flag: str = "--moe-layer-freq") -> int | tuple[int, ...]:
+    """A ``moe_freq_type`` value (``--moe-layer-freq``, ``--window-attn-skip-freq``): an
+    integer, or the per-layer tuple of 0s and 1s its list expression makes. Raises
+    ``InputError`` (field ``megatron_args``) naming ``flag`` and the value where
+    Megatron-LM would raise, or where the expression is not a list of 0s and 1s
+    (``get_gpt_decoder_block_spec``'s "Invalid layer pattern"; ``is_layer_window_attention``
+    reads each entry as a truth value, and cpmem accepts only 0 and 1 there too)."""
     text = text.strip()
-    shown = f"--moe-layer-freq {text}"
+    shown = f"{flag} {text}"
     if "[" not in text:
         try:
             return int(text)
@@ -55,7 +57,10 @@ def parse_layer_freq(text: str) -> int | tuple[int, ...]:
         raise InputError(
             "megatron_args",
             shown,
-            "every layer must be 0 (dense) or 1 (MoE) (gpt_layer_specs.py:665-671)",
+            "every layer must be 0 (dense) or 1 (MoE) (gpt_layer_specs.py:665-671)"
+            if flag == "--moe-layer-freq"
+            else "every layer must be 0 (full attention) or 1 (windowed) "
+            "(transformer/utils.py:541-542)",
         )
     return tuple(value)
 

@@ -144,13 +144,18 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--experimental-attention-variant",
     ),
     (
-        UNPRICED + "sliding-window attention (a window mask, per-layer skips)",
-        "--window-size --window-attn-skip-freq",
+        UNPRICED + "Transformer Engine's attention under a softmax offset: the offset is "
+        "heads / TP values a layer (a parameter under learnable, dot_product_attention.py:"
+        "118-140: the Hugging Face door's attention_sinks), but TE's backend selection "
+        "under a softmax type other than vanilla (FlashAttention off, cuDNN 9.13.1 or "
+        "later for the fused backend) is not handed the type, so the backend and its "
+        "saved tensors would be read for vanilla",
+        "--softmax-type",
     ),
     (
-        UNPRICED + "the attention's softmax variant, output gate, QK L2 norm, QK clip or "
-        "max-logit tracking (tensors and parameters of their own)",
-        "--softmax-type --attention-output-gate --qk-l2-norm --qk-clip --log-max-attention-logit",
+        UNPRICED + "the attention's output gate, QK L2 norm, QK clip or max-logit tracking "
+        "(tensors and parameters of their own)",
+        "--attention-output-gate --qk-l2-norm --qk-clip --log-max-attention-logit",
     ),
     (
         UNPRICED + "a FlashAttention generation pinned (FA3 and FA4 keep their own saved tensors)",
@@ -175,9 +180,17 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (UNPRICED + "the residual stream held in fp32", "--fp32-residual-connection"),
     (
-        UNPRICED + "an activation other than cpmem's (quick GeGLU, a GLU offset or clamp, "
-        "Transformer Engine's activation, the fused weighted squared ReLU)",
-        "--quick-geglu --glu-linear-offset --activation-func-clamp-value --use-te-activation-func",
+        UNPRICED + "quick GeGLU with its linear offset and clamp as this door does not yet "
+        "read them: bias-activation fusion follows --bias-gelu-fusion under it "
+        "(argument_utils.py:318-326); fused, the experts save the clamped halves' 2F-wide "
+        "concatenation beside fc1's output (fused_bias_geglu.py:410-440); unfused "
+        "(--no-bias-gelu-fusion) they run the GLU (experts.py:998-1011) whose saved set the "
+        "Hugging Face door prices for gpt-oss (activation_clamp)",
+        "--quick-geglu --glu-linear-offset --activation-func-clamp-value",
+    ),
+    (
+        UNPRICED + "Transformer Engine's activation function in place of megatron-core's",
+        "--use-te-activation-func",
     ),
     (
         UNPRICED + "an unfused bias + SwiGLU or bias + dropout + add (the unfused ops' "
@@ -216,7 +229,12 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "layer's logit dtype)",
         "--fp16-lm-cross-entropy --output-logit-dtype",
     ),
-    (UNPRICED + "the router's z-loss", "--moe-z-loss-coeff"),
+    (
+        UNPRICED + "the router's z-loss: each token's logsumexp of its router logits, kept "
+        "with the logits for the backward of logsumexp and of its square (moe_utils.py:"
+        "169-170, router.py:642-679)",
+        "--moe-z-loss-coeff",
+    ),
     (UNPRICED + "the router's input jitter", "--moe-input-jitter-eps"),
     (
         UNPRICED + "forced, biased or quantile load balancing (the router's own states)",

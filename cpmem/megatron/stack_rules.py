@@ -10,6 +10,7 @@ from __future__ import annotations
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.hybrid_pattern import HybridPattern, parse_hybrid_pattern
 from cpmem.megatron.stack import latent, mamba_heads
+from cpmem.megatron.windows import window_problems
 
 Problem = tuple[str, str]
 
@@ -257,4 +258,5 @@ def stack_problems(args: MegatronArgs) -> list[Problem]:
         + _latent_problems(args)
         + _mamba_problems(args)
         + _router_problems(args)
+        + window_problems(args)
     )

@@ -126,11 +126,11 @@ def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not
     err = _refused("gptoss__02_train.sh")
     assert "--num-layers 12" in err.value  # PP_SIZE=${WORLD_SIZE}: 8 stages for 12 layers
     assert "does not split evenly over 8 pipeline stages" in err.reason
-    for unpriced in ("--quick-geglu", "--softmax-type learnable"):
-        assert unpriced in err.value
-    # the delayed recipe it runs by default is priced
-    for harmless in ("--enable-gpt-oss", "--accumulate-allreduce-grads-in-fp32", "--fp8-recipe"):
-        assert harmless not in err.value
+    assert err.value == (
+        "--no-bias-dropout-fusion, --quick-geglu, --glu-linear-offset 1.0, --softmax-type "
+        "learnable, --activation-func-clamp-value 7.0, --moe-z-loss-coeff 1e-3, --num-layers 12"
+    )
+    # priced: the delayed recipe it runs by default, its sliding windows (test_windows.py)
 
 
 def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_and_fp8_alone() -> None:
