@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND
-from cpmem.step.fp8 import PRICED_RECIPES, RECIPE_REASONS, WITHOUT_PARAM_GATHER, Fp8
+from cpmem.step.fp8 import (
+    BESIDE_MUON,
+    IN_FSDP,
+    PRICED_RECIPES,
+    RECIPE_REASONS,
+    WITHOUT_PARAM_GATHER,
+    Fp8,
+)
 
 Problem = tuple[str, str]
 
@@ -55,17 +62,14 @@ def fp8_problems(args: MegatronArgs) -> list[Problem]:
         out.append(
             (
                 f"--fp8-format {args.fp8} with --use-megatron-fsdp",
-                "changes memory cpmem does not price: FP8 parameters in Megatron FSDP's "
-                "buffers (the uint8 buffer, transposes and scale inverses are priced in "
-                "megatron-core's DDP buffers only)",
+                "changes memory cpmem does not price: " + IN_FSDP,
             )
         )
     if OPTIMIZER_KIND.get(args.optimizer) == "muon":
         out.append(
             (
                 f"--fp8-format {args.fp8} with --optimizer {args.optimizer}",
-                "changes memory cpmem does not price: FP8 parameters beside Muon's buffers "
-                "(priced in megatron-core's DDP buffers under Adam only)",
+                "changes memory cpmem does not price: " + BESIDE_MUON,
             )
         )
     given = [f for f in FP8_ONLY if f in args.flag_values]

@@ -51,6 +51,16 @@ RECIPE_CAPABILITY = {
 quantization.py:224-238 at b9d690e0) asks more than FP8's compute capability 8.9: the
 lowest major it accepts, the first major it refuses again and why. (``blockwise`` asks
 9.0 and CUDA 12.9, quantization.py:178-185: the general check's major 9 already holds it.)"""
+IN_FSDP = (
+    "FP8 parameters in Megatron FSDP's buffers are not priced: the uint8 buffer, transposes "
+    "and scale inverses are priced in megatron-core's DDP buffers only"
+)
+BESIDE_MUON = (
+    "FP8 parameters beside Muon's layer-wise buffers are not priced: Muon's buffers are not "
+    "megatron-core's DDP buffers, where FP8's are priced"
+)
+"""Why FP8 parameters are refused where another mechanism keeps the parameters (both doors
+give these reasons)."""
 WITHOUT_PARAM_GATHER = (
     "FP8 without --fp8-param-gather keeps Transformer Engine's cached FP8 copies of the bf16 "
     "weights (module/base.py:712-722, _fp8_workspaces), not priced: give it with param-gather"
@@ -138,11 +148,9 @@ def fp8_problems(
     if not recompute_none:
         out.append("what a recomputed layer keeps under FP8 is not priced (recompute none)")
     if fsdp:
-        out.append("FP8 parameters in Megatron FSDP's buffers are not priced (--fsdp none)")
+        out.append(f"{IN_FSDP} (--fsdp none)")
     if muon:
-        out.append(
-            "FP8 parameters beside Muon's layer-wise buffers are not priced (--optimizer adam)"
-        )
+        out.append(f"{BESIDE_MUON} (--optimizer adam)")
     return out
 
 
