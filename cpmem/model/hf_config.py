@@ -7,7 +7,8 @@ the post-norm ``olmo2`` / ``olmo3``; the hybrids ``qwen3_5`` /
 MoE ``qwen3_moe``, ``qwen2_moe`` (a sigmoid-gated shared expert), ``olmoe``, ``mixtral``,
 ``gpt_oss`` and ``glm4_moe`` (DeepSeek-V3's experts under
 plain attention, with its MTP layer); ``gemma2`` and ``gemma3_text``; and multi-head latent
-attention with DeepSeek-V3's experts, ``deepseek_v3`` / ``kimi_k2``. Any other
+attention with DeepSeek-V3's experts, ``deepseek_v3`` / ``kimi_k2``, and with
+DeepSeek-V2's (a softmax router), ``deepseek_v2``. Any other
 ``model_type`` is refused, with or without ``layer_types`` (the surveyed ones whose layers
 cpmem's kinds do not express with the reason, ``hf_families.UNPRICED``), and so is every
 field a family's reader does not read and that is not known to change no memory
@@ -47,8 +48,8 @@ from cpmem.model.vision import unpriced_vision
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 DENSE_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
-MLA_FAMILIES = ("deepseek_v3", "kimi_k2")
-NEXTN_FAMILIES = (*MLA_FAMILIES, "glm4_moe")
+MLA_FAMILIES = ("deepseek_v3", "kimi_k2", "deepseek_v2")
+NEXTN_FAMILIES = ("deepseek_v3", "kimi_k2", "glm4_moe")
 """DeepSeek-V3's experts (``first_k_dense_replace``, ``n_routed_experts``, ungated
 ``n_shared_experts``, sigmoid router) and its ``num_nextn_predict_layers`` MTP layer."""
 CLASS_DEFAULTS: dict[str, dict[str, int]] = {
@@ -67,9 +68,18 @@ CLASS_DEFAULTS: dict[str, dict[str, int]] = {
         "shared_expert_intermediate_size": 5632,
     },
     "olmoe": {"num_experts": 64, "num_experts_per_tok": 8, "intermediate_size": 2048},
+    "deepseek_v2": {
+        "q_lora_rank": 1536,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "moe_intermediate_size": 1407,
+        "first_k_dense_replace": 0,
+    },
 }
 """The configuration classes' defaults of the expert fields a config may leave out
-(``Glm4MoeConfig``, ``MixtralConfig``, ``Qwen2MoeConfig``, ``OlmoeConfig``;
+(``Glm4MoeConfig``, ``MixtralConfig``, ``Qwen2MoeConfig``, ``OlmoeConfig``,
+``DeepseekV2Config``, whose absent ``q_lora_rank`` is 1,536 too, and whose
+``num_experts_per_tok`` has no default a model can be built with;
 ``hf_families.SOURCE_COMMITS``); the DeepSeek-V3 and Qwen3 families' absent fields keep
 the readers' own defaults (Qwen3-MoE's absent ``num_experts``: a dense model)."""
 FUSED_BY_DEFAULT = HYBRID_FAMILIES
@@ -189,8 +199,11 @@ def _read(
     head_dim = reader.int("head_dim", default=arch.head_dim or hidden // max(q_heads, 1))
     mla_dims: dict[str, int] = {}
     if mla:
+        q_lora_absent = CLASS_DEFAULTS.get(family, {}).get("q_lora_rank", 0)
         mla_dims = {
-            "q_lora_rank": reader.int("q_lora_rank", default=0, nullable=True),
+            "q_lora_rank": 0
+            if "q_lora_rank" in text and text["q_lora_rank"] is None
+            else reader.int("q_lora_rank", default=q_lora_absent),
             "kv_lora_rank": reader.int("kv_lora_rank"),
             "qk_rope_head_dim": reader.int("qk_rope_head_dim"),
             "qk_nope_head_dim": reader.int("qk_nope_head_dim"),
@@ -402,8 +415,9 @@ def _windows(reader: _Fields, layers: int, family: str) -> tuple[int, ...]:
 def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
     """Each layer's feed-forward kind, by the family's rule: Qwen's ``mlp_only_layers``
     and ``decoder_sparse_step``; DeepSeek-V3's ``first_k_dense_replace`` dense layers and
-    ``moe_layer_freq``; GLM-4.5's ``first_k_dense_replace`` (``Glm4MoeDecoderLayer``: MoE
-    from that layer on, no frequency); gpt-oss's, Mixtral's and OLMoE's experts in every
+    ``moe_layer_freq``; GLM-4.5's and DeepSeek-V2's ``first_k_dense_replace``
+    (``Glm4MoeDecoderLayer``, ``DeepseekV2DecoderLayer``: MoE from that layer on, no
+    frequency); gpt-oss's, Mixtral's and OLMoE's experts in every
     layer (Qwen2-MoE's rule is Qwen3-MoE's, ``Qwen2MoeDecoderLayer``)."""
     text = reader.text
     dense: MlpKind = "dense"
@@ -414,6 +428,9 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
     if family == "mixtral":
         _expert_int(reader, family, "num_local_experts")
         return (moe,) * layers
+    if family == "deepseek_v2":
+        first = _expert_int(reader, family, "first_k_dense_replace")
+        return tuple(moe if i >= first else dense for i in range(layers))
     if family in MLA_FAMILIES:
         if not text.get("n_routed_experts"):
             return (dense,) * layers
@@ -451,7 +468,10 @@ def _mlps(reader: _Fields, layers: int, family: str) -> tuple[MlpKind, ...]:
 
 def _router_scoring(text: dict[str, Any], family: str) -> RouterScoring:
     """How the router scores the experts: DeepSeek's and GLM-4.5's sigmoid of every
-    logit; Qwen3-MoE's, Qwen2-MoE's and OLMoE's softmax over every expert, which with
+    logit; DeepSeek-V2's softmax over every expert, never renormalised
+    (``DeepseekV2Moe`` reads no ``norm_topk_prob``; its group-limited top-k masks groups
+    of those scores, which changes values, not the tensors kept); Qwen3-MoE's, Qwen2-MoE's
+    and OLMoE's softmax over every expert, which with
     ``norm_topk_prob`` (renormalised over the top-k) is the softmax of the top-k logits, as
     megatron computes it (no ``moe_router_pre_softmax``); Mixtral's the same, always renormalised
     (``MixtralSparseMoeBlock``); the others (Qwen3.5-MoE, gpt-oss) the top-k logits'
@@ -459,6 +479,8 @@ def _router_scoring(text: dict[str, Any], family: str) -> RouterScoring:
     if family in NEXTN_FAMILIES:
         return "sigmoid"
     if family in ("qwen3_moe", "qwen2_moe", "olmoe") and not text.get("norm_topk_prob", False):
+        return "softmax_topk"
+    if family == "deepseek_v2":
         return "softmax_topk"
     return "topk_softmax"
 
@@ -478,6 +500,14 @@ def _experts(reader: _Fields, family: str) -> dict[str, Any]:
             "num_experts": _expert_int(reader, family, "num_local_experts"),
             "moe_top_k": _expert_int(reader, family, "num_experts_per_tok"),
             "expert_ffn": reader.int("intermediate_size"),
+        }
+    if family == "deepseek_v2":
+        expert_ffn = _expert_int(reader, family, "moe_intermediate_size")
+        return {
+            "num_experts": _expert_int(reader, family, "n_routed_experts"),
+            "moe_top_k": reader.int("num_experts_per_tok"),
+            "expert_ffn": expert_ffn,
+            "shared_expert_ffn": _expert_int(reader, family, "n_shared_experts") * expert_ffn,
         }
     if family in MLA_FAMILIES:
         expert_ffn = reader.int("moe_intermediate_size")

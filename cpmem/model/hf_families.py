@@ -12,9 +12,10 @@ the classes they were read from (huggingface/transformers, ``src/transformers/mo
   ``Qwen3_5Attention`` (``q_norm``/``k_norm``, ``RMSNorm(head_dim)``) and
   ``Gemma3Attention`` have one; ``LlamaAttention``, ``MistralAttention``,
   ``Qwen2Attention``, ``Qwen2MoeAttention``, ``GemmaAttention``, ``Gemma2Attention``,
-  ``Starcoder2Attention`` and ``GptOssAttention`` have none; latent
-  attention (``DeepseekV3Attention``) normalises its compressed query and KV instead
-  (``q_a_layernorm``, ``kv_a_layernorm``: ``cpmem.pricing.weights``' MLA parameters).
+  ``Starcoder2Attention`` and ``GptOssAttention`` have none; latent attention
+  (``DeepseekV3Attention``, ``DeepseekV2Attention``) normalises its compressed query and
+  KV instead (``q_a_layernorm``, ``kv_a_layernorm``: ``cpmem.pricing.weights``' MLA
+  parameters; a null ``q_lora_rank`` is a plain ``q_proj`` without ``q_a_layernorm``).
 - biases: ``bias=config.attention_bias`` on q, k, v and o for Llama, Qwen3, Qwen3-MoE, the
   hybrids, Gemma 2/3 and gpt-oss (``GptOssConfig`` defaults it to true); ``Qwen2Attention``
   has q/k/v biases always and none on o, ``Qwen2MoeAttention`` q/k/v by ``qkv_bias``
@@ -77,6 +78,7 @@ SOURCE_COMMITS = {
     "configuration_gemma.py": "008e574391258935f3ecc3035c882e73bbcac419",
     "modeling_starcoder2.py": "00d4b3d2142cb4ced2f51b90614b5d26bc045015",
     "configuration_starcoder2.py": "008e574391258935f3ecc3035c882e73bbcac419",
+    "modular_deepseek_v2.py": "000c33fdfde12e1ffafbfcdb3c926df5727a00b6",
 }
 """The huggingface/transformers commits the facts below were read at."""
 
@@ -305,6 +307,22 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
             slides=True,
             norm="layernorm",
             gated_mlp=False,
+        ),
+        "deepseek_v2": Family(
+            "modular_deepseek_v2.py DeepseekV2Attention (q_proj where q_lora_rank is null, "
+            "else q_a_proj, q_a_layernorm and q_b_proj; kv_a_proj_with_mqa, kv_a_layernorm, "
+            "kv_b_proj; bias=config.attention_bias on q_a, kv_a and o), DeepseekV2Moe (gate "
+            "Linear(H, E, bias=False), no e_score_correction_bias; softmax over every expert "
+            "in fp32, top-k, scaled by routed_scaling_factor, not renormalised: "
+            "norm_topk_prob is not read; one ungated shared DeepseekV2MLP of "
+            "moe_intermediate_size x n_shared_experts; Qwen2MoeExperts' fused gate_up_proj "
+            "and down_proj, no biases), DeepseekV2DecoderLayer (LlamaDecoderLayer's "
+            "pre-norms; the MoE block from first_k_dense_replace on, moe_layer_freq not "
+            "read); DeepseekV2Config (q_lora_rank=1536, n_routed_experts=64, "
+            "n_shared_experts=2, moe_intermediate_size=1407, first_k_dense_replace=0, "
+            "tie_word_embeddings=False)",
+            qk_norm=False,
+            shared_expert_gate=False,
         ),
         "nemotron_h": Family(
             "modeling_nemotron_h.py NemotronHAttention (Jamba's: no q/k norm, no rope), "

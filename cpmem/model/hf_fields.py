@@ -148,15 +148,16 @@ READ: dict[str, frozenset[str]] = {
     | {"num_experts", "num_experts_per_tok", "norm_topk_prob"},
     "gemma": _NO_LAYER_TYPES | _BIAS | {"hidden_activation"},
     "starcoder2": _NO_LAYER_TYPES | {"use_bias", "sliding_window"},
+    "deepseek_v2": _NO_LAYER_TYPES | _BIAS | (_MLA_MOE - {"moe_layer_freq"}),
 }
 """Per ``model_type``: the fields its reader reads. ``attention_bias`` is not read for
 Qwen2, Mistral and Mixtral, whose attention classes fix their biases
 (``cpmem.model.hf_families``): a config that sets it is refused rather than priced as
 something the model is not (Phi-3's is accepted at false, ``FAMILY_HARMLESS_AT``).
 ``layer_types`` is read only where the family's model reads it (not Mistral, Mixtral,
-Phi-3, GLM-4.5, OLMo 2, OLMoE, Gemma 1 or StarCoder 2, whose configuration classes have no
-such field). Qwen2-MoE's biases are read from ``qkv_bias``, StarCoder 2's from ``use_bias``
-(their attention classes' fields), and OLMoE's ``head_dim`` is not read: ``OlmoeAttention``'s
+Phi-3, GLM-4.5, OLMo 2, OLMoE, Gemma 1, StarCoder 2 or DeepSeek-V2, whose configuration
+classes have no such field). Qwen2-MoE's biases are read from ``qkv_bias``, StarCoder 2's
+from ``use_bias`` (their attention classes' fields), and OLMoE's ``head_dim`` is not read: ``OlmoeAttention``'s
 q norm is ``hidden_size`` wide, so a head width other than ``hidden_size / heads`` is
 refused by name rather than priced as a model transformers cannot build."""
 
@@ -264,6 +265,14 @@ FAMILY_HARMLESS_AT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
             ("layer_norm",),
             "a field Starcoder2Config does not define (the original checkpoints carry it); "
             "Starcoder2DecoderLayer builds nn.LayerNorm, which cpmem prices",
+        ),
+    },
+    "deepseek_v2": {
+        "moe_layer_freq": (
+            (1,),
+            "DeepseekV2DecoderLayer builds the MoE block in every layer from "
+            "first_k_dense_replace on and does not read moe_layer_freq (the published "
+            "DeepSeek-V2 configs set 1)",
         ),
     },
     "nemotron_h": {

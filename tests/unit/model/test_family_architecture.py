@@ -76,6 +76,8 @@ def _config(family: str) -> dict[str, Any]:
         return {**DENSE, "num_local_experts": 8, "num_experts_per_tok": 2, "model_type": family}
     if family in ("deepseek_v3", "kimi_k2"):
         return {**MLA, "model_type": family}
+    if family == "deepseek_v2":
+        return {**MLA, "num_experts_per_tok": 2, "model_type": family}
     if family == "nemotron_h":
         return {**NEMOTRON_H, "model_type": family}
     return {**DENSE, "model_type": family}
@@ -116,6 +118,10 @@ PUBLISHED = {
     # no per-head q/k norm; attention_bias=False
     "deepseek_v3": (False, False, False, False, False, False),
     "kimi_k2": (False, False, False, False, False, False),
+    # DeepseekV2Attention: the same compressed-query and KV norms, bias=config.attention_bias
+    # (DeepseekV2Config: False); DeepseekV2MLP (LlamaMLP's) bias=config.mlp_bias (False);
+    # tie_word_embeddings=False
+    "deepseek_v2": (False, False, False, False, False, False),
     # NemotronHAttention (Jamba's): q/k/v/o Linear(bias=config.attention_bias), no q/k
     # norm; NemotronHMLP: bias=config.mlp_bias (NemotronHConfig: False, and the experts
     # have none); NemotronHConfig tie_word_embeddings=False
@@ -175,7 +181,7 @@ def test_gpt_oss_router_and_sinks() -> None:
     assert not other.router_bias and not other.attention_sinks
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2", "deepseek_v2"])
 def test_latent_attention_shared_experts_are_ungated(family: str) -> None:
     """DeepseekV3MoE adds its shared experts' output ungated (Qwen's shared expert has a
     sigmoid gate)."""

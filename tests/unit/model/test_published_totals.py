@@ -308,6 +308,27 @@ ROWS: list[tuple[str, Callable[[], ModelGeometry], float, float | None, bool, st
         False,
         "bigcode/starcoder2-7b's Hugging Face model page: 7.17B params (safetensors)",
     ),
+    (
+        "DeepSeek-V2-Lite",
+        _example("deepseek-v2-lite"),
+        15.7e9,
+        0.05e9,
+        False,
+        "DeepSeek-V2 paper (arXiv 2405.04434), appendix B, and the deepseek-ai/"
+        "DeepSeek-V2-Lite card: 15.7B total parameters, 2.4B activated (the card's "
+        "download table rounds it to 16B)",
+    ),
+    (
+        "DeepSeek-V2.5",
+        _example("deepseek-v2.5"),
+        236e9,
+        0.5e9,
+        False,
+        "DeepSeek-V2 paper (arXiv 2405.04434), section 3.1.2: 236B total parameters, 21B "
+        "activated, for the hyper-parameters DeepSeek-V2.5's config holds (60 layers, "
+        "hidden 5,120, 128 heads, KV rank 512, query rank 1,536, 2 shared and 160 routed "
+        "experts of 1,536, 6 active, the first layer dense)",
+    ),
 ]
 
 
