@@ -1,7 +1,8 @@
 """Geometry from a Hugging Face ``config.json`` (a path or an already-parsed dict).
 
 Families (``cpmem.model.hf_fields.FAMILIES``): dense ``qwen3``, ``qwen2``, ``llama``,
-``mistral``, ``phi3``, ``gemma`` and ``starcoder2`` (LayerNorm, a plain GeLU MLP, biases);
+``mistral``, ``phi3``, ``ernie4_5``, ``gemma`` and ``starcoder2`` (LayerNorm, a plain GeLU
+MLP, biases);
 the post-norm ``olmo2`` / ``olmo3``; the hybrids ``qwen3_5`` /
 ``qwen3_5_moe`` (text config nested under ``text_config`` or not) and ``qwen3_next``; the
 MoE ``qwen3_moe``, ``qwen2_moe`` (a sigmoid-gated shared expert), ``olmoe``, ``mixtral``,

@@ -12,7 +12,7 @@ the classes they were read from (huggingface/transformers, ``src/transformers/mo
   ``Qwen3_5Attention`` (``q_norm``/``k_norm``, ``RMSNorm(head_dim)``) and
   ``Gemma3Attention`` have one; ``LlamaAttention``, ``MistralAttention``,
   ``Qwen2Attention``, ``Qwen2MoeAttention``, ``GemmaAttention``, ``Gemma2Attention``,
-  ``Starcoder2Attention`` and ``GptOssAttention`` have none; latent attention
+  ``Starcoder2Attention``, ``Ernie4_5Attention`` and ``GptOssAttention`` have none; latent attention
   (``DeepseekV3Attention``, ``DeepseekV2Attention``) normalises its compressed query and
   KV instead (``q_a_layernorm``, ``kv_a_layernorm``: ``cpmem.pricing.weights``' MLA
   parameters; a null ``q_lora_rank`` is a plain ``q_proj`` without ``q_a_layernorm``).
@@ -20,8 +20,10 @@ the classes they were read from (huggingface/transformers, ``src/transformers/mo
   hybrids, Gemma 2/3 and gpt-oss (``GptOssConfig`` defaults it to true); ``Qwen2Attention``
   has q/k/v biases always and none on o, ``Qwen2MoeAttention`` q/k/v by ``qkv_bias``
   (true) and none on o; ``MistralAttention`` none ever; ``Starcoder2Attention`` q/k/v/o
-  and ``Starcoder2MLP`` by ``use_bias`` (true). ``LlamaMLP`` reads ``mlp_bias``; gpt-oss's experts and router always carry biases (``GptOssExperts``'
-  ``gate_up_proj_bias``/``down_proj_bias``, ``GptOssTopKRouter.bias``); no other MLP has one.
+  and ``Starcoder2MLP`` by ``use_bias`` (true), ``Ernie4_5Attention``'s q/k/v/o and
+  ``Ernie4_5MLP`` by ``use_bias`` (false). ``LlamaMLP`` reads ``mlp_bias``; gpt-oss's
+  experts and router always carry biases (``GptOssExperts``' ``gate_up_proj_bias``/
+  ``down_proj_bias``, ``GptOssTopKRouter.bias``); no other MLP has one.
 - norms: every family normalises each sub-layer's input; Gemma 2/3 also its output
   (``post_attention_layernorm``, ``post_feedforward_layernorm``), OLMo 2/3 its output
   only (``Olmo2DecoderLayer``: no input norm), with q/k norms over the whole projection
@@ -79,6 +81,8 @@ SOURCE_COMMITS = {
     "modeling_starcoder2.py": "00d4b3d2142cb4ced2f51b90614b5d26bc045015",
     "configuration_starcoder2.py": "008e574391258935f3ecc3035c882e73bbcac419",
     "modular_deepseek_v2.py": "000c33fdfde12e1ffafbfcdb3c926df5727a00b6",
+    "modular_ernie4_5.py": "7abb76c59ed6042dde3b0046841dfa69643e96cd",
+    "configuration_ernie4_5.py": "2b6c089d5a0b18d59a08c36b91404ece60915cf3",
 }
 """The huggingface/transformers commits the facts below were read at."""
 
@@ -323,6 +327,18 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
             "tie_word_embeddings=False)",
             qk_norm=False,
             shared_expert_gate=False,
+        ),
+        "ernie4_5": Family(
+            "modular_ernie4_5.py Ernie4_5Attention (LlamaAttention's, no q/k norm; q/k/v/o "
+            "bias=config.use_bias), Ernie4_5MLP (LlamaMLP's gate/up/down, "
+            "bias=config.use_bias), LlamaDecoderLayer's pre-norms; configuration_ernie4_5.py "
+            "Ernie4_5Config (use_bias=False, head_dim=128, tie_word_embeddings=True)",
+            qk_norm=False,
+            bias_field="use_bias",
+            mlp_bias=None,
+            mlp_bias_field="use_bias",
+            tied=True,
+            head_dim=128,
         ),
         "nemotron_h": Family(
             "modeling_nemotron_h.py NemotronHAttention (Jamba's: no q/k norm, no rope), "

@@ -149,15 +149,16 @@ READ: dict[str, frozenset[str]] = {
     "gemma": _NO_LAYER_TYPES | _BIAS | {"hidden_activation"},
     "starcoder2": _NO_LAYER_TYPES | {"use_bias", "sliding_window"},
     "deepseek_v2": _NO_LAYER_TYPES | _BIAS | (_MLA_MOE - {"moe_layer_freq"}),
+    "ernie4_5": _NO_LAYER_TYPES | {"use_bias"},
 }
 """Per ``model_type``: the fields its reader reads. ``attention_bias`` is not read for
 Qwen2, Mistral and Mixtral, whose attention classes fix their biases
 (``cpmem.model.hf_families``): a config that sets it is refused rather than priced as
 something the model is not (Phi-3's is accepted at false, ``FAMILY_HARMLESS_AT``).
 ``layer_types`` is read only where the family's model reads it (not Mistral, Mixtral,
-Phi-3, GLM-4.5, OLMo 2, OLMoE, Gemma 1, StarCoder 2 or DeepSeek-V2, whose configuration
-classes have no such field). Qwen2-MoE's biases are read from ``qkv_bias``, StarCoder 2's
-from ``use_bias`` (their attention classes' fields), and OLMoE's ``head_dim`` is not read: ``OlmoeAttention``'s
+Phi-3, GLM-4.5, OLMo 2, OLMoE, Gemma 1, StarCoder 2, DeepSeek-V2 or ERNIE 4.5, whose
+configuration classes have no such field). Qwen2-MoE's biases are read from ``qkv_bias``,
+StarCoder 2's and ERNIE 4.5's from ``use_bias`` (their attention classes' fields), and OLMoE's ``head_dim`` is not read: ``OlmoeAttention``'s
 q norm is ``hidden_size`` wide, so a head width other than ``hidden_size / heads`` is
 refused by name rather than priced as a model transformers cannot build."""
 

@@ -1,4 +1,5 @@
-"""Rank simulator against ``tight`` for the layers of OLMoE, Gemma 1 and Qwen2-MoE.
+"""Rank simulator against ``tight`` for the layers of OLMoE, Gemma 1, Qwen2-MoE and ERNIE
+4.5.
 
 The simulator reads none of these ``model_type`` values, but each layer is one it runs
 with its existing switches (``oracles/rank_sim/geometry.py``' ``SimModel``), set here on
@@ -10,7 +11,10 @@ the model of the nearest family it reads:
   and windows (GeGLU, no q/k norm, the scaled embedding);
 - Qwen2-MoE (``Qwen2MoeSparseMoeBlock``): Qwen3-MoE's block with q/k/v biases and no q/k
   norm, the sigmoid-gated shared expert and the softmax over every expert before the top-k
-  (``router_pre_softmax``, ``norm_topk_prob`` false).
+  (``router_pre_softmax``, ``norm_topk_prob`` false);
+- ERNIE 4.5 (``Ernie4_5DecoderLayer``): Llama's layer (no q/k norm, SwiGLU), its biases
+  off as published (``use_bias`` false; a frozen bias keeps nothing either way): Qwen3's
+  layer without its q/k norm.
 
 StarCoder 2's LayerNorm and plain GeLU MLP with biases are not simulated (``SimModel`` has
 neither a norm kind nor a plain MLP with biases on the HF side): its layer is held by the
@@ -160,3 +164,25 @@ def test_qwen2_moe_block_is_within_a_fifth_of_a_percent_of_the_simulated_one() -
     simulated, priced = _per_token(sim, "moe", 1), _tight(g, 1).of("moe")
     assert (simulated, priced) == (16_453, 16_432)
     assert 0 <= simulated - priced <= 0.002 * simulated
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_ernie_4_5_layer_is_the_simulated_one(tp: int) -> None:
+    """Attention: 2R, the input norm's rstd (2, 1 under SP), lse 2 hq/t, tight's runtime
+    query copy set aside. SwiGLU MLP: 2R and the pre-MLP norm's rstd."""
+    small = dict(
+        hidden_size=1024,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=2048,
+    )
+    sim = replace(from_hf_config(_cfg("qwen3-1.7b", **small)), qk_norm=False)
+    g = load_config(_cfg("ernie-4.5-0.3b", **small), name="ernie-small")
+    assert not g.qk_norm and not g.attention_bias and g.tied_embeddings
+    widths = _tight(g, tp)
+    rstd = 2 // tp
+    runtime_q = UNGATED_RUNTIME_Q * g.q_width // tp
+    attention_rest = 2 * R + rstd + 2 * g.q_heads // tp
+    assert _per_token(sim, "attention", tp) == widths.of("attention") - runtime_q + attention_rest
+    assert _per_token(sim, "mlp", tp) == widths.of("dense") + 2 * R + rstd

@@ -122,6 +122,9 @@ PUBLISHED = {
     # (DeepseekV2Config: False); DeepseekV2MLP (LlamaMLP's) bias=config.mlp_bias (False);
     # tie_word_embeddings=False
     "deepseek_v2": (False, False, False, False, False, False),
+    # Ernie4_5Attention (LlamaAttention's): q/k/v/o bias=config.use_bias (Ernie4_5Config:
+    # False), no q/k norm; Ernie4_5MLP bias=config.use_bias; tie_word_embeddings=True
+    "ernie4_5": (False, False, False, False, False, True),
     # NemotronHAttention (Jamba's): q/k/v/o Linear(bias=config.attention_bias), no q/k
     # norm; NemotronHMLP: bias=config.mlp_bias (NemotronHConfig: False, and the experts
     # have none); NemotronHConfig tie_word_embeddings=False
@@ -222,7 +225,8 @@ def test_the_hybrids_gate_is_not_a_switch(family: str) -> None:
 # head_dim where a config omits it: Qwen3Config head_dim=128, Gemma2Config/Gemma3TextConfig
 # head_dim=256, GptOssConfig head_dim=64, Qwen3NextConfig/Qwen3_5TextConfig head_dim=256;
 # LlamaAttention/MistralConfig/Qwen2Attention: hidden_size // num_attention_heads
-# GemmaConfig head_dim=256; Qwen2MoeAttention / Starcoder2Attention: hidden // heads
+# GemmaConfig head_dim=256; Qwen2MoeAttention / Starcoder2Attention: hidden // heads;
+# Ernie4_5Config head_dim=128 (here hidden // heads as well)
 HEAD_DIM = {
     "qwen3": 128,
     "gemma2": 256,
@@ -232,6 +236,7 @@ HEAD_DIM = {
     "gemma": 256,
     "qwen2_moe": 128,
     "starcoder2": 128,
+    "ernie4_5": 128,
 }
 
 

@@ -309,6 +309,14 @@ ROWS: list[tuple[str, Callable[[], ModelGeometry], float, float | None, bool, st
         "bigcode/starcoder2-7b's Hugging Face model page: 7.17B params (safetensors)",
     ),
     (
+        "ERNIE-4.5-0.3B",
+        _example("ernie-4.5-0.3b"),
+        0.36e9,
+        0.005e9,
+        False,
+        "baidu/ERNIE-4.5-0.3B-Base-PT's model card, Model Overview: Params 0.36B",
+    ),
+    (
         "DeepSeek-V2-Lite",
         _example("deepseek-v2-lite"),
         15.7e9,
