@@ -83,6 +83,7 @@ SOURCE_COMMITS = {
     "modular_deepseek_v2.py": "000c33fdfde12e1ffafbfcdb3c926df5727a00b6",
     "modular_ernie4_5.py": "7abb76c59ed6042dde3b0046841dfa69643e96cd",
     "configuration_ernie4_5.py": "2b6c089d5a0b18d59a08c36b91404ece60915cf3",
+    "modular_ernie4_5_moe.py": "a4d4492db0a8bea16dce21574473fd3809d40bc3",
 }
 """The huggingface/transformers commits the facts below were read at."""
 
@@ -377,6 +378,11 @@ UNPRICED: Mapping[str, str] = MappingProxyType(
         "attends without rope and keeps fewer tensors than the rope layers cpmem prices",
         "mistral3": "a multimodal wrapper whose pixtral vision tower cpmem does not count; "
         "its text_config (model_type mistral) prices as a config of its own",
+        "ernie4_5_moe": "Ernie4_5_MoeSparseMoeBlock's router keeps the fp32 softmax of every "
+        "expert, picks the top-k on those scores plus moe_statics.e_score_correction_bias "
+        "and divides the gathered weights by their sum clamped at moe_norm_min: a softmax "
+        "normalised like DeepSeek-V3's sigmoid, which none of cpmem's router kinds is "
+        "(modular_ernie4_5_moe.py)",
     }
 )
 """``model_type`` values surveyed and not priced, with the reason (``load_config`` names

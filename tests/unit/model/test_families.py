@@ -174,11 +174,17 @@ def test_gemma3_text_config_nested_without_a_vision_tower_reads():
 
 @pytest.mark.parametrize(
     ("family", "reason"),
-    [("smollm3", "no_rope_layers"), ("llama4_text", "no_rope_layers"), ("granite", "logits")],
+    [
+        ("smollm3", "no_rope_layers"),
+        ("llama4_text", "no_rope_layers"),
+        ("granite", "logits"),
+        ("ernie4_5_moe", "e_score_correction_bias"),
+    ],
 )
 def test_a_surveyed_family_cpmem_does_not_price_is_refused_with_its_reason(family, reason):
-    """SmolLM3Config's and Llama4TextConfig's no_rope_layers, Granite's logits_scaling:
-    layers no kind of cpmem's expresses; the refusal names the family and why."""
+    """SmolLM3Config's and Llama4TextConfig's no_rope_layers, Granite's logits_scaling,
+    ERNIE 4.5 MoE's bias-chosen, renormalised softmax router: layers no kind of cpmem's
+    expresses; the refusal names the family and why."""
     cfg = {**_example("llama-3.1-8b-style"), "model_type": family}
     with pytest.raises(ConfigError) as err:
         load_config(cfg)
