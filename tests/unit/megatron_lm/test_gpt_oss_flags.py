@@ -14,8 +14,9 @@ numbers, d98e8a64, where the flag is read; megatron-core 0.16's where it runs):
   ``[tokens, E]`` logits and its ``[tokens]`` result (which ``square`` keeps again), in
   the router's dtype (``--moe-router-dtype fp32``: 4 B): ``(E + 1) x 4`` bytes per token
   and MoE layer.
-- the learnable softmax (dot_product_attention.py:126-138 at the snapshot): one
-  parameter per head and layer (``heads / TP``), and Transformer Engine's selection
+- the learnable softmax: ``heads / TP`` parameters a layer (Transformer Engine's
+  ``softmax_offset``, attention/dot_product_attention/dot_product_attention.py:471-476 at
+  b9d690e0), and Transformer Engine's selection
   under it (utils.py:708-742 at TE v2.11): FlashAttention off; fused from cuDNN 9.13.1,
   under CP only with a2a; unfused not under CP.
 
