@@ -102,6 +102,20 @@ FUSED_SQUARED_RELU_NOTE = (
 )
 
 
+def z_loss(args: MegatronArgs) -> bool:
+    """Whether the router's z-loss runs: any ``--moe-z-loss-coeff`` (router.py:655 tests
+    for None)."""
+    return args.moe_z_loss_coeff is not None
+
+
+def router_logit_bytes(args: MegatronArgs) -> int:
+    """The bytes of one router logit: ``--moe-router-dtype`` fp32 or fp64, else the
+    input's dtype, the run's parameters' (router.py:106-111)."""
+    if args.moe_router_dtype in ("fp32", "fp64"):
+        return 4 if args.moe_router_dtype == "fp32" else 8
+    return 2 if args.bf16 or args.fp16 else 4
+
+
 def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeometry:
     """The model Megatron-LM builds from ``args``: a GPT (dense, MoE, or both by
     ``--moe-layer-freq``) or a hybrid stack, with any MTP depths (``cpmem.megatron.
@@ -136,7 +150,10 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         router_scoring="sigmoid" if args.moe_router_score_function == "sigmoid" else "topk_softmax",
         **kind_shapes(args, stack),
         fused_swiglu=True,
-        gated_mlp=args.swiglu,
+        gated_mlp=args.swiglu or args.quick_geglu,
+        activation_clamp=args.activation_func_clamp_value if args.quick_geglu else None,
+        attention_sinks=args.softmax_type == "learnable",
+        router_z_loss_bytes=router_logit_bytes(args) if moe and z_loss(args) else 0,
         tied_embeddings=not args.untie_embeddings_and_output_weights,
         qk_norm=args.qk_layernorm,
         attention_bias=args.add_bias_linear,
@@ -186,6 +203,7 @@ def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str =
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
         masked_softmax_fusion=args.masked_softmax_fusion,
         softmax_in_fp32=args.attention_softmax_in_fp32 or args.apply_query_key_layer_scaling,
+        softmax_type=args.softmax_type,
         moe_dispatcher=args.moe_token_dispatcher_type,
         moe_grouped_gemm=args.moe_grouped_gemm,
         overlap_moe_comm=args.overlap_moe_expert_parallel_comm,

@@ -121,6 +121,18 @@ class MegatronArgs:
     moe_router_num_groups: int | None = None  # transformer_config.py:780
     moe_router_group_topk: int | None = None  # transformer_config.py:796
     use_fused_weighted_squared_relu: bool = False  # transformer_config.py:516
+    # the router's z-loss (transformer_config.py:880; None: off; any value turns it on,
+    # router.py's apply_z_loss tests for None)
+    moe_z_loss_coeff: float | None = None
+    # quick GeGLU (arguments.py:2452: a gated MLP of quick_gelu, argument_utils.py:322-325)
+    # with the offset added to its linear half and the clamp of both halves
+    # (transformer_config.py:231, 235)
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    activation_func_clamp_value: float | None = None
+    # Transformer Engine's softmax: vanilla, off-by-one or learnable (a sink logit per
+    # head; transformer_config.py:170)
+    softmax_type: str = "vanilla"
     # a hybrid (Mamba-2) stack: the pattern (arguments.py:3652; the deprecated
     # --hybrid-override-pattern, arguments.py:3660, is copied into it, arguments.py:
     # 743-755), read by ``hybrid_pattern.parse_hybrid_pattern``; the layer spec module
@@ -278,6 +290,11 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_router_num_groups", "int"),
             ("moe_router_group_topk", "int"),
             ("use_fused_weighted_squared_relu", "bool"),
+            ("moe_z_loss_coeff", "float"),
+            ("quick_geglu", "bool"),
+            ("glu_linear_offset", "float"),
+            ("activation_func_clamp_value", "float"),
+            ("softmax_type", "str"),
             ("hybrid_layer_pattern", "raw"),
             ("hybrid_override_pattern", "raw"),
             ("mtp_hybrid_override_pattern", "raw"),

@@ -170,9 +170,11 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "implementation, the unfused bias + GeLU (mlp.py keeps the fc1-wide activation input "
         "either way), LayerNorm's weight read as 1 + gamma in Transformer Engine's kernel "
         "(zero_centered_gamma), the router's softmax before or after the top-k (the same "
-        "[tokens, experts] scores, router.py)",
+        "[tokens, experts] scores, router.py), the unfused bias + dropout + add (eager, "
+        "fused_bias_dropout.py:39-58: the bias add and the residual add save nothing, the "
+        "dropout keeps its bool mask, the one priced; at probability 0 it returns its input)",
         "--no-persist-layer-norm --no-bias-gelu-fusion --apply-layernorm-1p "
-        "--moe-router-pre-softmax",
+        "--moe-router-pre-softmax --no-bias-dropout-fusion",
     ),
     (
         "the pipeline's sends and receives overlapped, batched or by ring exchange (the same "

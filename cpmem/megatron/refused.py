@@ -144,15 +144,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--experimental-attention-variant",
     ),
     (
-        UNPRICED + "Transformer Engine's attention under a softmax offset: the offset is "
-        "heads / TP values a layer (a parameter under learnable, dot_product_attention.py:"
-        "118-140: the Hugging Face door's attention_sinks), but TE's backend selection "
-        "under a softmax type other than vanilla (FlashAttention off, cuDNN 9.13.1 or "
-        "later for the fused backend) is not handed the type, so the backend and its "
-        "saved tensors would be read for vanilla",
-        "--softmax-type",
-    ),
-    (
         UNPRICED + "the attention's output gate, QK L2 norm, QK clip or max-logit tracking "
         "(tensors and parameters of their own)",
         "--attention-output-gate --qk-l2-norm --qk-clip --log-max-attention-logit",
@@ -180,22 +171,12 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (UNPRICED + "the residual stream held in fp32", "--fp32-residual-connection"),
     (
-        UNPRICED + "quick GeGLU with its linear offset and clamp as this door does not yet "
-        "read them: bias-activation fusion follows --bias-gelu-fusion under it "
-        "(argument_utils.py:318-326); fused, the experts save the clamped halves' 2F-wide "
-        "concatenation beside fc1's output (fused_bias_geglu.py:410-440); unfused "
-        "(--no-bias-gelu-fusion) they run the GLU (experts.py:998-1011) whose saved set the "
-        "Hugging Face door prices for gpt-oss (activation_clamp)",
-        "--quick-geglu --glu-linear-offset --activation-func-clamp-value",
-    ),
-    (
         UNPRICED + "Transformer Engine's activation function in place of megatron-core's",
         "--use-te-activation-func",
     ),
     (
-        UNPRICED + "an unfused bias + SwiGLU or bias + dropout + add (the unfused ops' "
-        "saved tensors)",
-        "--no-bias-swiglu-fusion --no-bias-dropout-fusion",
+        UNPRICED + "an unfused bias + SwiGLU (the unfused op's saved tensors)",
+        "--no-bias-swiglu-fusion",
     ),
     (
         UNPRICED + "Transformer Engine's fused operations in the MLP or the fused residual "
@@ -228,12 +209,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         UNPRICED + "logits and the loss in another dtype (fp16 cross entropy, the output "
         "layer's logit dtype)",
         "--fp16-lm-cross-entropy --output-logit-dtype",
-    ),
-    (
-        UNPRICED + "the router's z-loss: each token's logsumexp of its router logits, kept "
-        "with the logits for the backward of logsumexp and of its square (moe_utils.py:"
-        "169-170, router.py:642-679)",
-        "--moe-z-loss-coeff",
     ),
     (UNPRICED + "the router's input jitter", "--moe-input-jitter-eps"),
     (

@@ -23,6 +23,7 @@ from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.optimizer_rules import optimizer_problems
 from cpmem.megatron.recompute_modules import module_problems
 from cpmem.megatron.stack_rules import stack_problems
+from cpmem.megatron.variant_rules import variant_problems
 from cpmem.megatron.vocab import resolved_vocab_size
 from cpmem.megatron.world_rules import world_problems
 
@@ -548,6 +549,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += fp8_problems(args)
     out += _experts(args)
     out += stack_problems(args)
+    out += variant_problems(args)
     family = _family(args)
     out += family or _vocabulary(args)
     return out

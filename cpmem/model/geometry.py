@@ -129,6 +129,11 @@ class ModelGeometry:
     # (Qwen3.5-MoE, gpt-oss), a softmax over every expert then top-k (Qwen3-MoE), or a
     # sigmoid per expert (DeepSeek-V3); the latter two keep an E-wide fp32 score per token
     router_scoring: RouterScoring = "topk_softmax"
+    # the router's z-loss (megatron-core's ``--moe-z-loss-coeff``): the bytes of one router
+    # logit where it is on, 0 where it is off. ``logsumexp`` keeps the ``[tokens, E]``
+    # logits and its ``[tokens]`` result, which ``square`` keeps too (moe_utils.py
+    # ``z_loss_func``), in the router's dtype; no Hugging Face family trains with it
+    router_z_loss_bytes: int = 0
     # whether the shared expert's output is scaled by a sigmoid gate (Qwen3.5-MoE,
     # Qwen3-Next) or added as is (DeepSeek-V3's shared experts)
     shared_expert_gate: bool = True
@@ -196,6 +201,7 @@ class ModelGeometry:
             "mamba_conv_kernel",
             "mamba_chunk",
             "mtp_depths",
+            "router_z_loss_bytes",
         ):
             require_nonnegative_int(name, getattr(self, name))
         if self.windows and len(self.windows) != len(self.mixers):

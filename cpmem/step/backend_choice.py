@@ -101,6 +101,7 @@ def choose_backend(
     env: Mapping[str, str],
     container: str = "dev",
     window: int = 0,
+    softmax_type: str = "vanilla",
 ) -> BackendChoice:
     """The backend a Megatron-core step prices for ``asked`` (``auto`` or a backend)."""
     query = _query(
@@ -119,6 +120,7 @@ def choose_backend(
         tuple(sorted(env.items())),
         asked,
         window,
+        softmax_type,
     )
     selection = _select(query, tuple(sorted(env.items())), container)
     if selection.backend is None:
@@ -147,6 +149,7 @@ def _query(
     env: tuple[tuple[str, str], ...],
     asked: str,
     window: int,
+    softmax_type: str,
 ) -> AttentionQuery:
     return AttentionQuery(
         compute_capability=compute_capability,
@@ -163,6 +166,7 @@ def _query(
         cp_comm_type=cp_comm,
         window_size=(window, 0) if window else None,
         deterministic_mode=deterministic,
+        softmax_type=softmax_type,
         attention_backend=asked,
         env=dict(env),
     )
@@ -184,3 +188,22 @@ def _select(
         named = container_named(container)
         _SELECTIONS[key] = select_attention_backend(query, named, (*CONTAINERS, NGC_2401_CONTAINER))
     return _SELECTIONS[key]
+
+
+def check_softmax_backend(softmax_type: str, backend: str, cp: int, cp_comm: str) -> None:
+    """A backend named for a softmax other than vanilla that Transformer Engine does not
+    run under it is refused (``auto`` never picks one: ``choose_backend`` hands the type
+    to the selection): FlashAttention at all, the fused backend under CP other than a2a
+    (utils.py:708-710 and 735-742 at TE v2.11, ``cpmem.step.attention_backend``)."""
+    if softmax_type == "vanilla":
+        return
+    if backend == "flash":
+        why = "Transformer Engine turns FlashAttention off under it (utils.py:708-710 at TE v2.11)"
+    elif backend == "fused" and cp > 1 and cp_comm != "a2a":
+        why = (
+            f"Transformer Engine's fused attention runs it under CP only with a2a, not "
+            f"{cp_comm} (utils.py:735-742 at TE v2.11)"
+        )
+    else:
+        return
+    raise InputError("attention_backend", backend, f"softmax_type {softmax_type}: {why}")

@@ -58,6 +58,11 @@ class Runtime:
       gradient inside the GEMM (no bf16 weight gradient is made).
     - ``masked_softmax_fusion``, ``softmax_in_fp32``: the unfused softmax's kernel choice
       (``--no-masked-softmax-fusion``, ``--attention-softmax-in-fp32``).
+    - ``softmax_type``: Transformer Engine's softmax (``vanilla``, or ``learnable``: a sink
+      logit per head, megatron's ``--softmax-type``), which its backend selection reads
+      (FlashAttention off, the fused backend only from cuDNN 9.13.1 and under CP only with
+      a2a: ``cpmem.step.attention_backend``). The Hugging Face door's runtime runs
+      ``vanilla`` whatever the model's ``attention_sinks``.
     - ``moe_dispatcher``, ``moe_grouped_gemm``, ``overlap_moe_comm``: the MoE token
       dispatcher, grouped expert GEMMs, the combined 1F1B schedule's overlap.
     """
@@ -73,6 +78,7 @@ class Runtime:
     gradient_accumulation_fusion: bool = True
     masked_softmax_fusion: bool = True
     softmax_in_fp32: bool = False
+    softmax_type: str = "vanilla"
     moe_dispatcher: MoeDispatcher = "alltoall"
     moe_grouped_gemm: bool = False
     overlap_moe_comm: bool = False

@@ -22,7 +22,7 @@ from cpmem.plan.layout import ParallelLayout, expert_problems
 from cpmem.plan.plan import Plan
 from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
-from cpmem.step.backend_choice import choose_backend
+from cpmem.step.backend_choice import check_softmax_backend, choose_backend
 from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8, check_fp8
 from cpmem.step.pipeline import Pipeline
@@ -203,6 +203,9 @@ class StepSettings:
                 f"full and the logits or fused head (here {self.training}, {self.head.kind})",
             )
         self._check_dtype_backend()
+        if self.runtime.backend_resolved and self.geometry.attention_layers:
+            r = self.runtime
+            check_softmax_backend(r.softmax_type, r.attention_backend, self.layout.cp, self.cp_comm)
         check_cp_comm(self.cp_comm)
         if self.cp_comm == "a2a" and self.layout.cp > 1:
             self._check_a2a_heads()
@@ -448,6 +451,7 @@ class StepSettings:
             env=runtime.environment(),
             container=runtime.container,
             window=max(g.windows) if g.windows and all(g.windows) else 0,
+            softmax_type=runtime.softmax_type,
         )
         resolved = runtime.with_backend(choice.backend, "auto", choice.spread)
         return self.replace(runtime=resolved)

@@ -91,6 +91,20 @@ transformers' ``Qwen3MoeSparseMoeBlock``; megatron's ``moe_router_pre_softmax``)
 fp32 sigmoid scores (DeepSeek-V3's ``DeepseekV3TopkRouter``), which the gather of the
 chosen experts' weights saves for backward."""
 
+
+def z_loss_width(geometry: ModelGeometry, s: int) -> int:
+    """bf16-equivalent elements per token one MoE layer's router z-loss keeps on the rank
+    (0 without it): ``torch.logsumexp`` saves its input, the rank's ``[tokens / s, E]``
+    router logits, and its ``[tokens / s]`` result, which ``torch.square`` saves again
+    (megatron-core 0.16 moe_utils.py:152-153, ``z_loss_func``, called by router.py:484-487
+    in training with gradients), each element ``router_z_loss_bytes`` wide. Nothing else
+    keeps the logits: the gating saves its input, the top-k its indices, the aux loss its
+    own softmax."""
+    if not geometry.router_z_loss_bytes:
+        return 0
+    return (geometry.num_experts + 1) * geometry.router_z_loss_bytes // 2 // s
+
+
 MOE_DISPATCH_ROW_H = 3
 """H-multiples per expert row an MoE layer holds at its forward peak beyond its saved set
 (megatron's ``MoELayer.forward`` as oracles/rank_sim/moe.py restates it): during the
@@ -191,7 +205,8 @@ def saved_width(
       ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
       ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
       ``MOE_ROW_SMALL``;
-    - the router per local token: ``MOE_ROUTER_PER_TOPK·top_k + E/2``;
+    - the router per local token: ``MOE_ROUTER_PER_TOPK·top_k + E/2``, and its z-loss's
+      logits and logsumexp (``z_loss_width``);
     - the shared expert (``shared_width``).
 
     The reference's ``moe_width`` keeps ``2H + c·F_e`` per row (a second H-wide copy the
@@ -208,6 +223,7 @@ def saved_width(
     router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
     if geometry.router_scoring != "topk_softmax":
         router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
+    router += z_loss_width(geometry, s)
     shared = shared_width(geometry, tp, sp, compiled, lora)
     return kept_width(geometry, tp, sp) + routed + router + shared
 

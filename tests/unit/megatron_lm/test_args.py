@@ -319,13 +319,13 @@ def test_harmless_flags_are_ignored(flag: str, value: object) -> None:
 
 
 def test_a_refused_flag_at_its_snapshot_default_is_read_as_absent() -> None:
-    # --softmax-type: Literal['vanilla', 'off-by-one', 'learnable'] = 'vanilla' (its row)
-    assert snapshot_arguments()["--softmax-type"].default == "vanilla"
-    args = parse_megatron_args({**REQUIRED, "--softmax-type": "vanilla"})
-    assert args.ignored == ("--softmax-type",)
+    # --exp-avg-dtype: choices fp32, fp16, bf16, fp8, default 'fp32' (its row)
+    assert snapshot_arguments()["--exp-avg-dtype"].default == "fp32"
+    args = parse_megatron_args({**REQUIRED, "--exp-avg-dtype": "fp32"})
+    assert args.ignored == ("--exp-avg-dtype",)
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--softmax-type": "learnable"})
-    assert err.value.value == "--softmax-type learnable"
+        parse_megatron_args({**REQUIRED, "--exp-avg-dtype": "bf16"})
+    assert err.value.value == "--exp-avg-dtype bf16"
 
 
 def test_a_refused_flag_at_a_harmless_value_is_read_as_absent() -> None:

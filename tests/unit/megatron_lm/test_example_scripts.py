@@ -122,15 +122,26 @@ def test_llama3_8b_with_the_tensorwise_recipe_prices_its_fp8_branch() -> None:
     assert step.settings.world_size == 8
 
 
-def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not_price() -> None:
+def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_alone() -> None:
     err = _refused("gptoss__02_train.sh")
-    assert "--num-layers 12" in err.value  # PP_SIZE=${WORLD_SIZE}: 8 stages for 12 layers
+    # PP_SIZE=${WORLD_SIZE}: 8 stages for 12 layers; its gpt-oss flags (quick GeGLU with
+    # its offset and clamp, the learnable softmax, the router's z-loss, the unfused
+    # bias-dropout-add) are read (test_gpt_oss_flags.py)
+    assert err.value == "--num-layers 12"
     assert "does not split evenly over 8 pipeline stages" in err.reason
-    assert err.value == (
-        "--no-bias-dropout-fusion, --quick-geglu, --glu-linear-offset 1.0, --softmax-type "
-        "learnable, --activation-func-clamp-value 7.0, --moe-z-loss-coeff 1e-3, --num-layers 12"
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_gpt_oss_with_a_pipeline_megatron_accepts_is_refused_for_fp8_on_moe_alone(pp: int) -> None:
+    # the layout given beside the script; its FP8 (hybrid, delayed, --fp8-param-gather) is
+    # priced on attention and dense-MLP layers without recompute only (cpmem.step.fp8):
+    # gpt-oss's layers are MoE and it runs --recompute-activations
+    err = _refused("gptoss__02_train.sh", pp=pp)
+    assert err.field == "fp8"
+    assert err.reason == (
+        "priced for attention and dense-MLP layers only, not ['moe']; what a recomputed "
+        "layer keeps under FP8 is not priced (recompute none)"
     )
-    # priced: the delayed recipe it runs by default, its sliding windows (test_windows.py)
 
 
 def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_and_fp8_alone() -> None:
