@@ -16,6 +16,7 @@ from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.fsdp import in_flight_bytes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
+from cpmem.pricing.offload import offload_notes
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
 from cpmem.step.recompute import Mode, Module
@@ -374,6 +375,7 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
         unpriced=unpriced_options(inputs, policy) | {o.partition(":")[0] for o in ignored},
         static=static,
         device_budget=None if device is None else device_budget(device, static),
+        notes=(*est.notes, *offload_notes(inputs)),
     )
 
 
