@@ -178,9 +178,10 @@ def offloaded_bytes(
     - the last group (in commit order) of every chunk, which the manager may reload
       ahead of the chunk's backward (``pre_reload_last_layer``);
     - a chunk's last group of each module where the next backward after its forward
-      holding that module is its own (``should_bulk_offload``);
-    - the last group of each module in the first backward chunk holding that module
-      (the offload margin, ``post_warmup_callback``)."""
+      holding that module is its own (``should_bulk_offload``). The offload margin (the
+      last group of each module in the first backward chunk holding it,
+      ``post_warmup_callback``) is one of these: that chunk's forward ran before every
+      backward holding the module, so the next such backward is its own."""
     kept: dict[Key, set[tuple[int, str]]] = {}
     last_of: dict[Key, dict[str, int]] = {}
     for key, chunk in layers.items():
@@ -190,12 +191,6 @@ def offloaded_bytes(
     backwards = [
         (i, (op.microbatch, op.chunk)) for i, op in enumerate(schedule) if op.kind == "backward"
     ]
-    margin_done: set[str] = set()
-    for _, key in backwards:
-        for module, i in last_of.get(key, {}).items():
-            if module not in margin_done:
-                margin_done.add(module)
-                kept[key].add((i, module))
     for at, op in enumerate(schedule):
         key = (op.microbatch, op.chunk)
         if op.kind != "forward" or key not in last_of:
