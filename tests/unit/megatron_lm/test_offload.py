@@ -37,6 +37,7 @@ from cpmem.megatron.offload_rules import offload, offload_problems
 from cpmem.pricing.offload import LayerOffload, layer_offloads, merged_partners, offloaded_bytes
 from cpmem.pricing.pipeline import chunk_step, stage_peak
 from cpmem.pricing.registry import POLICIES, price
+from cpmem.reports.cli_render import render_basis
 from cpmem.step.offload import MIN_OFFLOADED_ELEMENTS, Offload
 from cpmem.step.pipeline import Op
 from cpmem.step.step import Step
@@ -237,3 +238,9 @@ def test_the_combined_schedule_holds_the_partners_offloaded_groups() -> None:
     partner = SCORES + PROJ + 2 * NORM + FC1["balanced"] + ACT["balanced"]
     assert partner == 612_368_384
     assert combined.kept - alone.kept == partner
+
+
+def test_the_answer_says_host_memory_is_outside_the_figure() -> None:
+    lines = render_basis(price(_case_step("balanced")))
+    outside = [line for line in lines if line.startswith("outside the figure: offload=")]
+    assert len(outside) == 1 and "Pinned host memory is not device memory" in outside[0]
