@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from cpmem.api import estimate
 from cpmem.errors import InputError
 from cpmem.gate.megatron_tier import read_case
 from cpmem.megatron.describe import describe_megatron
@@ -244,3 +245,22 @@ def test_the_answer_says_host_memory_is_outside_the_figure() -> None:
     lines = render_basis(price(_case_step("balanced")))
     outside = [line for line in lines if line.startswith("outside the figure: offload=")]
     assert len(outside) == 1 and "Pinned host memory is not device memory" in outside[0]
+
+
+def test_the_reference_prices_every_saved_tensor_on_the_device_and_says_so() -> None:
+    """The reference's widths name no tensor to take off: its figure does not move, and
+    the estimate lists ``offload`` among what it does not price."""
+    kwargs = {
+        "model": "Qwen/Qwen3-1.7B",
+        "lengths": [4096],
+        "pp": 2,
+        "microbatches": 4,
+        "attention_backend": "unfused",
+        "recompute": "none",
+    }
+    off = estimate(**kwargs, policy="reference")
+    on = estimate(**kwargs, offload="core_attn", policy="reference")
+    assert on.peak_bytes == off.peak_bytes
+    assert any(o.startswith("offload:") for o in on.ignored_options)
+    tight = estimate(**kwargs, offload="core_attn", policy="tight")
+    assert tight.peak_bytes < estimate(**kwargs, policy="tight").peak_bytes
