@@ -33,7 +33,8 @@ the module offloads is priced on the device, a bound):
   ``core_attn`` checkpoint, which opens no group; the query, key and value it also
   offloads are priced on the device;
 - ``attn_proj``: the output projection's input, the core's output
-  ``heads x d_v / t`` (multi_latent_attention.py:461-464, attention.py:1577-1580);
+  ``heads x d_v / t`` (multi_latent_attention.py:461-464, attention.py:1577-1580), a
+  ``core_attn`` checkpoint's output too (the projection runs outside it);
 - ``expert_fc1``: the routed experts' fc1 input, ``H`` per routed row, saved whole
   (``set_save_original_input``, moe/experts.py:271-274, 701-712), under Transformer
   Engine's grouped experts;
@@ -104,8 +105,9 @@ def _attention(step: Step, rank: int) -> dict[str, int]:
         scores = attention_scores_bytes(step)
         elements = sum((g.q_heads // tp) * (n // layout.cp) ** 2 for n in _lengths(step))
         out["core_attn"] = scores if elements >= step.settings.offload.min_elements else 0
-        v_dim = g.v_head_dim if g.is_mla else g.head_dim
-        out["attn_proj"] = _tensor(rows * (g.q_heads * v_dim // tp), step)
+    # the projection's group opens after the core, checkpointed or not
+    v_dim = g.v_head_dim if g.is_mla else g.head_dim
+    out["attn_proj"] = _tensor(rows * (g.q_heads * v_dim // tp), step)
     if norm_is_module(g, step, "attention"):
         out["attn_norm"] = _tensor(rows * g.hidden // sp_divisor(tp, layout.sp), step)
     return out
