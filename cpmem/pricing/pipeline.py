@@ -23,6 +23,11 @@ head and the returned outputs; every other chunk returns nothing (its output lea
 stage). Per CP rank, an in-flight chunk's retained bytes are its busiest rank's scaled by
 that rank's share of the chunk's figure (exact on the busiest rank).
 
+Under fine-grained activation offloading (the step's ``offload``) an in-flight chunk keeps
+its retained bytes less what the manager holds on the host (``cpmem.pricing.offload``);
+the op's own chunk keeps all of it, and under the combined 1F1B schedule so does the chunk
+whose backward runs beside the op's forward (or whose forward runs beside its backward).
+
 With ``pp = 1`` nothing here runs: ``cpmem.pricing.registry.price`` prices the step as
 it always has.
 """
