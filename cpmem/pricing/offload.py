@@ -11,16 +11,17 @@ layer: the group opens at the module's forward (``on_group_start_forward``), eve
 autograd saves inside it is pushed to it (``tensor_push``), and at its commit
 (``on_group_commit_forward``, after the module's consumer) each pushed tensor of at least
 ``min_offloaded_tensor_size`` elements that is not a parameter is copied to the host
-(``bulk_offload_group``, 985-997) and the commit's ``forced_released_tensors`` are freed
-(``bulk_offload``, 1114-1122). In backward a group is reloaded when the group after it
-finishes its backward (``on_group_start_backward`` -> ``bulk_reload``), a tensor not yet
-reloaded when autograd asks for it is reloaded then (``tensor_pop``), and once a chunk's
-groups are all reloaded the next backward chunk's last group is reloaded ahead
-(``pre_reload_last_layer``, 1153-1168). From the second iteration (``post_warmup_
-callback``, 562-583) the last group of each module in the first backward chunk holding
-that module stays on the device (the "offload margin"), and a group whose module's next
-backward chunk is its own chunk and that is the chunk's last of that module is not
-offloaded (``should_bulk_offload``, 1089-1100).
+(``tensor_need_offloading_checker``, ``bulk_offload_group``: 986-1030) and the commit's
+``forced_released_tensors`` are freed (``bulk_offload``, 1089-1108). In backward a group
+is reloaded when the group after it finishes its backward (``on_group_start_backward``
+-> ``bulk_reload``), a tensor not yet reloaded when autograd asks for it is reloaded then
+(``tensor_pop``), and once a chunk's groups are all reloaded the next backward chunk's
+last group is reloaded ahead (``bulk_reload``, ``pre_reload_last_layer``: 1131-1146,
+1058-1064). From the second iteration (``post_warmup_callback``, 566-596) the last group
+of each module in the first backward chunk holding that module stays on the device (the
+"offload margin"), and a group whose module's next backward chunk is its own chunk and
+that is the chunk's last of that module is not offloaded (``should_bulk_offload``,
+1066-1087).
 
 What each module sends, as priced (tensors cpmem's saved sets hold; every other tensor
 the module offloads is priced on the device, a bound):

@@ -35,7 +35,7 @@ commit after their sub-layer's residual add (transformer_layer.py:689-693, 930-9
 
 MIN_OFFLOADED_ELEMENTS = 1024 * 1024
 """transformer_config.py:1180 ``min_offloaded_tensor_size``: a saved tensor with fewer
-elements stays on the device (fine_grained_activation_offload.py:985-986,
+elements stays on the device (fine_grained_activation_offload.py:993-994,
 ``tensor_need_offloading_checker``)."""
 
 

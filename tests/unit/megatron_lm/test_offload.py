@@ -110,7 +110,7 @@ def test_a_dense_layers_fused_norm_opens_no_mlp_norm_group() -> None:
 def test_a_tensor_below_the_smallest_size_stays() -> None:
     """One element above the norm input's 2,097,152: the norms send nothing; at exactly
     its size they are sent (``numel() < min_offloaded_tensor_size`` stays,
-    fine_grained_activation_offload.py:985-986)."""
+    fine_grained_activation_offload.py:993-994)."""
     at_size = _case_step("balanced", min_elements=2_097_152)
     layer = layer_offloads(chunk_step(at_size, at_size.microbatch_steps[0], 1, 0))[0]
     assert dict(zip(layer.groups, (s[0] for s in layer.sent), strict=True))["attn_norm"] == NORM
