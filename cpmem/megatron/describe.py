@@ -40,6 +40,7 @@ from cpmem.megatron.batch_schedule import schedule_batch
 from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
+from cpmem.megatron.offload_rules import offload
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
 from cpmem.megatron.recompute_modules import selective, selective_modules
 from cpmem.megatron.rules import check_megatron_args
@@ -399,6 +400,7 @@ def megatron_run(
             args.wgrad_deferral_limit if args.defer_embedding_wgrad_compute else None
         ),
         "recompute": megatron_recompute(args),
+        "offload": offload(args),
         "head": "fused" if args.cross_entropy_loss_fusion else "logits",
         "cp_comm": args.cp_comm_type,
         "step": "steady",

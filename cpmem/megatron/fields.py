@@ -84,6 +84,13 @@ class MegatronArgs:
     # transformer_config.py:560 (None: core_attn), as written; read by recompute_modules.py
     recompute_modules: str | None = None
     moe_layer_recompute: bool = False  # transformer_config.py:938 (deprecated: adds moe)
+    # fine-grained activation offloading (transformer_config.py:1162-1223; offload_rules.py)
+    fine_grained_activation_offloading: bool = False
+    offload_modules: str | None = None  # as written, read by offload_rules.read_modules
+    min_offloaded_tensor_size: int = 1024 * 1024  # transformer_config.py:1180
+    delta_offload_bytes_across_pp_ranks: int = 0  # transformer_config.py:1189
+    activation_offload_fraction: float = 1.0  # transformer_config.py:1195
+    delay_offload_until_cuda_graph: bool = False  # transformer_config.py:1183
     cross_entropy_loss_fusion: bool = False  # model_parallel_config.py:320-325
     gradient_accumulation_fusion: bool = True  # arguments.py:2944 (--no-gradient-...)
     create_attention_mask_in_dataloader: bool = True  # arguments.py:3332
@@ -264,6 +271,12 @@ PRICED: dict[str, tuple[str, str]] = {
             ("recompute_num_layers", "int"),
             ("recompute_modules", "raw"),
             ("moe_layer_recompute", "bool"),
+            ("fine_grained_activation_offloading", "bool"),
+            ("offload_modules", "raw"),
+            ("min_offloaded_tensor_size", "int"),
+            ("delta_offload_bytes_across_pp_ranks", "int"),
+            ("activation_offload_fraction", "float"),
+            ("delay_offload_until_cuda_graph", "bool"),
             ("cross_entropy_loss_fusion", "bool"),
             ("apply_query_key_layer_scaling", "bool"),
             ("attention_softmax_in_fp32", "bool"),

@@ -289,12 +289,15 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-ncclep-zero-copy",
     ),
     (
-        "read only by CUDA graphs or activation offloading (--cuda-graph-impl, "
-        "--fine-grained-activation-offloading, --cpu-offloading-num-layers, refused)",
+        "paces fine-grained offloading's copies to the host (the main stream waits on older "
+        "ones, fine_grained_activation_offload.py _drain_offload_pending): no tensor kept",
+        "--fine-grained-offloading-max-inflight-offloads",
+    ),
+    (
+        "read only by CUDA graphs, whole-layer offloading or the paged stash "
+        "(--cuda-graph-impl, --cpu-offloading-num-layers, --moe-paged-stash, refused)",
         "--cuda-graph-warmup-steps --cpu-offloading-retain-pinned-cpu-buffers "
-        "--min-offloaded-tensor-size --delay-offload-until-cuda-graph "
-        "--delta-offload-bytes-across-pp-ranks --activation-offload-fraction "
-        "--fine-grained-offloading-max-inflight-offloads --moe-paged-stash-page-size "
+        "--moe-paged-stash-page-size "
         "--moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-buffer-size-factor-cpu",
     ),
     (

@@ -104,9 +104,10 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--distribute-saved-activations",
     ),
     (
-        UNPRICED + "activations offloaded to the host, or the experts' stashed in pages",
-        "--cpu-offloading-num-layers --fine-grained-activation-offloading --offload-modules "
-        "--moe-paged-stash",
+        UNPRICED + "whole layers' activations offloaded to the host (--cpu-offloading-num-layers; "
+        "the fine-grained offloading of --offload-modules is priced), or the experts' stashed "
+        "in pages",
+        "--cpu-offloading-num-layers --moe-paged-stash",
     ),
     (
         UNPRICED + "CUDA graphs (static input, output and workspace buffers per graph)",

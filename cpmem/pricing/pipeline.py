@@ -23,6 +23,11 @@ head and the returned outputs; every other chunk returns nothing (its output lea
 stage). Per CP rank, an in-flight chunk's retained bytes are its busiest rank's scaled by
 that rank's share of the chunk's figure (exact on the busiest rank).
 
+Under fine-grained activation offloading (the step's ``offload``) an in-flight chunk keeps
+its retained bytes less what the manager holds on the host (``cpmem.pricing.offload``);
+the op's own chunk keeps all of it, and under the combined 1F1B schedule so does the chunk
+whose backward runs beside the op's forward (or whose forward runs beside its backward).
+
 With ``pp = 1`` nothing here runs: ``cpmem.pricing.registry.price`` prices the step as
 it always has.
 """
@@ -35,6 +40,7 @@ from dataclasses import dataclass, replace
 from cpmem.pricing.components import Component, retained_bytes
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.head import keeps_norm_input, vocab_shard
+from cpmem.pricing.offload import LayerOffload, layer_offloads, merged_partners, offloaded_bytes
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.pipeline import Op
 from cpmem.step.step import Step
@@ -230,6 +236,10 @@ def stage_peak(
                 [stage_activation(mb, r) for r in ranks],
             )
     kept_of = {(m, c): once[(id(microbatches[m]), c)][0] for m, c in priced}
+    schedule = pipe.schedule(stage)
+    back: dict[int, tuple[int, ...]] = {}
+    if step.settings.offload.active:
+        kept_of, back = _less_offloaded(step, microbatches, stage, kept_of, schedule)
     input_of = {(m, c): once[(id(microbatches[m]), c)][1] for m, c in priced}
     activation = [once[(id(mb), 0)][2] for mb in microbatches]
     live_kept, live_inputs, live_deferred = [0] * cp, [0] * cp, [0] * cp
@@ -238,7 +248,7 @@ def stage_peak(
     best: dict[str, Moment] = {}
     live: list[tuple[int, int]] = []
     sends_on = [not pipe.is_last(stage, c) for c in range(pipe.vpp)]
-    for op in pipe.schedule(stage):
+    for at, op in enumerate(schedule):
         key = (op.microbatch, op.chunk)
         est = priced[key]
         forward = op.kind == "forward"
@@ -248,7 +258,11 @@ def stage_peak(
         held = len(live) - is_live
         figures = ("forward", "forward_backward") if forward else ("forward_backward",)
         for r in ranks:
-            kept = live_kept[r] - (chunk_kept[r] if is_live else 0)
+            kept = (
+                live_kept[r]
+                - (chunk_kept[r] if is_live else 0)
+                + (back[at][r] if at in back else 0)
+            )
             inputs = live_inputs[r] - (chunk_input[r] if is_live else 0) + chunk_input[r]
             buffer = buffers[r] if buffers is not None else 0
             own = est.per_rank_bytes[r]
@@ -284,6 +298,37 @@ def stage_peak(
         best["forward"],
         best.get("forward_backward") if with_backward else None,
     )
+
+
+def _less_offloaded(
+    step: Step,
+    microbatches: list[Step],
+    stage: int,
+    kept_of: dict[tuple[int, int], list[int]],
+    schedule: list[Op],
+) -> tuple[dict[tuple[int, int], list[int]], dict[int, tuple[int, ...]]]:
+    """Under activation offloading (``cpmem.pricing.offload``): what each in-flight chunk
+    keeps on the device (its retained bytes less what the manager holds on the host), and
+    per op of the schedule the offloaded bytes back on the device there: those of the
+    chunk the combined 1F1B schedule runs beside it (``merged_partners``)."""
+    chunks: dict[tuple[int, int], list[LayerOffload]] = {}
+    for m, c in kept_of:
+        mb = microbatches[m]
+        found = next((v for (n, d), v in chunks.items() if d == c and microbatches[n] is mb), None)
+        chunks[(m, c)] = (
+            found if found is not None else layer_offloads(chunk_step(step, mb, stage, c))
+        )
+    sent = offloaded_bytes(chunks, schedule, step.plan.layout.cp)
+    less = {}
+    for key, kept in kept_of.items():
+        left = [k - s for k, s in zip(kept, sent[key], strict=True)]
+        # what is offloaded is a part of what the chunk keeps: a negative is a wrong term
+        assert min(left) >= 0, f"offloaded bytes above the kept bytes of chunk {key}"
+        less[key] = left
+    back: dict[int, tuple[int, ...]] = {}
+    if step.settings.runtime.overlap_moe_comm:
+        back = {at: sent[key] for at, key in merged_partners(schedule).items()}
+    return less, back
 
 
 def price_pipeline(step: Step, policy: Policy) -> Estimate:

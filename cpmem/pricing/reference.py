@@ -256,6 +256,8 @@ REFERENCE_IGNORES: dict[str, str | Ignore] = {
         "and a2a keep alike there (tight prices each type's in-flight buffers)",
         where=lambda step: step.plan.layout.cp <= CALIBRATED_CP and alike_at_cp2(step),
     ),
+    "offload": "the reference's widths name no saved tensor: every one is priced on the "
+    "device (tight prices what fine-grained offloading sends to the host)",
     "planner": Ignore(
         "the reference charges every CP rank the packed count on this step (busiest-rank "
         "pricing is for dense CP with gradients and partial recompute: cp_discounted)",

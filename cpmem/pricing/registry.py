@@ -16,8 +16,10 @@ from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.fsdp import in_flight_bytes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
+from cpmem.pricing.offload import offload_notes
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
+from cpmem.step.offload import Offload
 from cpmem.step.recompute import Mode, Module
 from cpmem.step.routing import routing_kind
 from cpmem.step.runtime import DEV_CONTAINER
@@ -105,6 +107,7 @@ SETTABLE: dict[str, Callable[[Step], bool]] = {
     "recompute": lambda s: s.recompute.mode != _runtime_recompute(s),
     "cp_comm": lambda s: s.cp_comm != runtime_cp_comm(s),
     "planner": lambda s: s.settings.planner is not None,
+    "offload": lambda s: s.settings.offload.active,
 }
 """The options a policy may leave unpriced, each with whether a step sets it (away from
 its default)."""
@@ -348,6 +351,10 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
         raise InputError(
             "policy", policy, f"unknown policy; choose one of {sorted(POLICIES)}"
         ) from None
+    asked = inputs
+    if inputs.settings.offload.active and "offload" in unpriced_options(inputs, policy):
+        # a policy whose widths name no saved tensor prices every one on the device
+        inputs = replace(inputs, settings=inputs.settings.replace(offload=Offload()))
     if inputs.settings.pipeline.active:
         est = price_pipeline(inputs, fn)
     elif inputs.microbatches:  # gradient accumulation: one micro-batch after another
@@ -365,15 +372,16 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
     else:
         static = static_memory(settings, step=inputs)
     device = settings.device
-    ignored = ignored_options(inputs, policy)
+    ignored = ignored_options(asked, policy)
     return replace(
         est,
         stage_statics=statics,
         answered_stage=answered if statics else None,
         ignored_options=ignored,
-        unpriced=unpriced_options(inputs, policy) | {o.partition(":")[0] for o in ignored},
+        unpriced=unpriced_options(asked, policy) | {o.partition(":")[0] for o in ignored},
         static=static,
         device_budget=None if device is None else device_budget(device, static),
+        notes=(*est.notes, *offload_notes(inputs)),
     )
 
 

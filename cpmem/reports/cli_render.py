@@ -124,14 +124,15 @@ def routing_line(est: Estimate) -> str | None:
     return line
 
 
-OUTSIDE = "tp_comm_overlap:"
-"""The notes that name device memory outside PyTorch's allocator
-(``cpmem.pricing.workspaces.outside_allocator_notes``)."""
+OUTSIDE = ("tp_comm_overlap:", "offload=")
+"""The notes that name memory outside the figure: device memory outside PyTorch's
+allocator (``cpmem.pricing.workspaces.outside_allocator_notes``) and the pinned host
+memory activation offloading copies to (``cpmem.pricing.offload.offload_notes``)."""
 
 
 def render_basis(est: Estimate) -> list[str]:
-    """The margin, the MoE routing, each assumption and the device memory outside the
-    figure, one line each."""
+    """The margin, the MoE routing, each assumption and the memory outside the figure,
+    one line each."""
     lines = [line for line in (margin_line(est), routing_line(est)) if line is not None]
     lines += [f"assumes {name}: {text}" for name, text in est.assumptions.items()]
     return lines + [f"outside the figure: {n}" for n in est.notes if n.startswith(OUTSIDE)]

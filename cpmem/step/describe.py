@@ -22,6 +22,7 @@ from cpmem.plan.request import Request
 from cpmem.step.backend_choice import container_named
 from cpmem.step.device import resolve_device
 from cpmem.step.fp8 import Fp8
+from cpmem.step.offload import Offload
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import parse_rank
@@ -203,6 +204,7 @@ def describe_settings(
         rank=parse_rank(a["rank"]),
         fp8=Fp8.parse(a["fp8"]),
         tp_comm_overlap=bool(a["tp_comm_overlap"]),
+        offload=Offload.parse(a["offload"]),
         fused_swiglu_asked=fused_swiglu_asked,
     )
 

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, TypedDict, get_type_hints
 
 from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8
+from cpmem.step.offload import Offload
 from cpmem.step.profiles import ProfileStore
 from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
@@ -561,6 +562,10 @@ class SettingsArguments(TypedDict, total=False):
     deferred_wgrad: Annotated[
         int | None,
         Setting(None, None, group="api", export=lambda s: s.settings.pipeline.deferred_wgrad),
+    ]
+    offload: Annotated[
+        Offload | str | Sequence[str] | None,
+        Setting(None, None, group="api", export=lambda s: list(s.settings.offload.modules)),
     ]
 
 

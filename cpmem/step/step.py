@@ -25,6 +25,7 @@ from cpmem.plan.request import Request
 from cpmem.step.backend_choice import check_softmax_backend, choose_backend
 from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8, check_fp8
+from cpmem.step.offload import Offload
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore
 from cpmem.step.ranks import RankChoice, check_rank
@@ -146,6 +147,9 @@ class StepSettings:
     (``--tp-comm-overlap``): its GEMMs' cuBLASLt workspace is priced
     (``cpmem.pricing.workspaces``); the userbuffers are device memory outside PyTorch's
     allocator, named in the answer, not priced."""
+    offload: Offload = Offload()
+    """Fine-grained activation offloading (``cpmem.step.offload``; priced by
+    ``cpmem.pricing.offload``): none by default."""
     fused_swiglu_asked: bool = False
     """Whether the caller named the activation's fusion (``fused_swiglu``), rather than
     the model's or the runtime's default: a policy that does not price it on the step

@@ -29,6 +29,7 @@ from cpmem.samples.rows import load_rows, simulated_dir
 from cpmem.step.describe import describe_step
 from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8
+from cpmem.step.offload import Offload
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.recompute import Module, Recompute
 from cpmem.step.runtime import Runtime
@@ -468,6 +469,7 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         ),
         {"deferred_wgrad"},
     ),
+    (StepSettings, "offload"): (_same, _set(offload=Offload(("core_attn",))), {"offload"}),
     (Optimizer, "grad_bytes"): (_same, _nested("optimizer", grad_bytes=2), {"grad_bytes"}),
     # Megatron FSDP lays out full training of dense GPT layers on one stage
     (Optimizer, "fsdp"): (

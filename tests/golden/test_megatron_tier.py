@@ -180,10 +180,20 @@ PRICED_BY_FEATURE = {
         "gpt/gpt3_mcore_te_tp2_pp2_mla_1node/dev_dgx_gb200",
         # its layout string and recompute modules, read
         "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental/dev_dgx_h100",
+        # fine-grained activation offloading (cpmem.pricing.offload), read
+        "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_h100",
     },
     "mtp": {
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
         "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental/dev_dgx_h100",
+        # fine-grained activation offloading (cpmem.pricing.offload), read
+        "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_h100",
+    },
+    "offloading": {
+        "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_h100",
     },
 }
 
@@ -200,7 +210,6 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     assert {f"{r.family}/{r.case}" for r in featured} >= set(SECOND_EXTRACTION)
     unpriced = {
         "fsdp": ("--use-megatron-fsdp",),
-        "offloading": ("--fine-grained-activation-offloading",),
         "cudagraph": ("--cuda-graph-impl",),
         "release-15b": ("world_size=None: unknown",),
     }

@@ -172,6 +172,16 @@ ROWS = [
         0,
         policy="tight",
     ),
+    # fine-grained offloading: the in-flight chunks' unfused s x s probabilities on the
+    # host (cpmem.pricing.offload)
+    Row(
+        "offload",
+        M17,
+        {"pp": 2, "microbatches": 4, "attention_backend": "unfused", "recompute": "none"},
+        None,
+        "core_attn",
+        policy="tight",
+    ),
     # the process: Megatron-LM's runs carry no fitted margin (tight's calibrated.py)
     Row("runtime", M17, {}, "art", "megatron-lm", policy="tight"),
     # full training: no SP-gathered adapter inputs, the trained output layer's inputs

@@ -45,6 +45,8 @@ CHANGES: dict[str, Case] = {
     "recompute": (M17, {"tp": 2, "cp": 2, "head": "hidden"}, {"recompute": "none"}, "tight"),
     # tight prices p2p's padded in-flight ring buffers
     "cp_comm": (M17, {"tp": 2, "cp": 2, "head": "hidden"}, {"cp_comm": "p2p"}, "tight"),
+    # the in-flight chunks' output-projection inputs on the host under tight
+    "offload": (M17, {"pp": 2, "microbatches": 4}, {"offload": "core_attn+attn_proj"}, "tight"),
     # an MoE model: the reference charges the packed count, tight the busiest rank's
     "planner": (
         MOE,
