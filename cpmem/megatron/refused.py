@@ -260,8 +260,12 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (UNPRICED + "the fused router kernels' saved set", "--moe-router-fusion"),
     (
-        UNPRICED + "the flex dispatcher (DeepEP, HybridEP, NCCL EP buffers) or its dtypes",
-        "--moe-enable-deepep --moe-dispatch-fwd-dtype --moe-combine-bwd-dtype",
+        UNPRICED + "the flex dispatcher's DeepEP backend (its handle and megatron's "
+        "permutation after it), NCCL EP's dispatch dtypes, or HybridEP's inputs padded to "
+        "the group's largest token count (a padded copy of the tokens, routing map and "
+        "probabilities, token_dispatcher.py:1068-1094,1145-1149)",
+        "--moe-enable-deepep --moe-dispatch-fwd-dtype --moe-combine-bwd-dtype "
+        "--moe-hybridep-pad-uneven-dispatch-inputs",
     ),
     (UNPRICED + "a dense checkpoint upcycled into experts", "--moe-use-upcycling"),
     (

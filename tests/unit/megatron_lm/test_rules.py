@@ -355,7 +355,6 @@ def test_check_megatron_args_raises_on_arguments_built_directly() -> None:
         ("--position-embedding-type", "yarn", "yarn, mrope and relative position embeddings"),
         ("--transformer-impl", "inference_optimized", "not a training run's"),
         ("--attention-backend", "magic", "must be one of"),
-        ("--moe-token-dispatcher-type", "flex", "is not priced (priced: allgather, alltoall)"),
     ],
 )
 def test_values_cpmem_does_not_price_are_refused(flag: str, value: str, says: str) -> None:
