@@ -179,7 +179,9 @@ def outside_allocator_notes(settings: StepSettings) -> tuple[str, ...]:
     """What the step keeps on the device outside PyTorch's allocator, which no figure
     holds: the userbuffers of ``--tp-comm-overlap``, the HybridEP dispatcher's buffers
     (``cpmem.pricing.kinds.moe_dispatch``)."""
-    notes = (USERBUFFERS_NOTE,) if settings.tp_comm_overlap and uses_te_gemm(settings) else ()
+    notes: tuple[str, ...] = ()
+    if settings.tp_comm_overlap and uses_te_gemm(settings):
+        notes += (USERBUFFERS_NOTE,)
     if settings.runtime.moe_dispatcher == "hybridep":
         notes += (HYBRIDEP_BUFFERS_NOTE,)
     return notes
