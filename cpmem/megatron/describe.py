@@ -37,6 +37,7 @@ from typing import Any
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.batch_schedule import schedule_batch
+from cpmem.megatron.flex_rules import flex_dispatcher
 from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
@@ -205,7 +206,7 @@ def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str =
         masked_softmax_fusion=args.masked_softmax_fusion,
         softmax_in_fp32=args.attention_softmax_in_fp32 or args.apply_query_key_layer_scaling,
         softmax_type=args.softmax_type,
-        moe_dispatcher=args.moe_token_dispatcher_type,
+        moe_dispatcher=flex_dispatcher(args),
         moe_grouped_gemm=args.moe_grouped_gemm,
         overlap_moe_comm=args.overlap_moe_expert_parallel_comm,
     )

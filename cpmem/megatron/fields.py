@@ -117,6 +117,7 @@ class MegatronArgs:
     moe_router_dtype: str | None = None  # transformer_config.py:811 (None: the params' dtype)
     moe_grouped_gemm: bool = False  # transformer_config.py:850
     moe_token_dispatcher_type: str = "allgather"  # transformer_config.py:891
+    moe_flex_dispatcher_backend: str = "deepep"  # transformer_config.py:898
     moe_shared_expert_intermediate_size: int | None = None  # transformer_config.py:701
     moe_permute_fusion: bool = False  # transformer_config.py:941
     moe_expert_capacity_factor: float | None = None  # transformer_config.py:917 (None: none)
@@ -292,6 +293,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_router_dtype", "str"),
             ("moe_grouped_gemm", "bool"),
             ("moe_token_dispatcher_type", "str"),
+            ("moe_flex_dispatcher_backend", "str"),
             ("moe_shared_expert_intermediate_size", "int"),
             ("moe_permute_fusion", "bool"),
             ("moe_expert_capacity_factor", "float"),

@@ -280,10 +280,11 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-token-drop-policy",
     ),
     (
-        "read only by the flex token dispatcher (--moe-token-dispatcher-type flex, refused by "
-        "a rule)",
-        "--moe-flex-dispatcher-backend --moe-permute-fusion-into-hybridep "
-        "--moe-hybridep-pad-uneven-dispatch-inputs --moe-flex-dispatcher-num-sms "
+        "the flex token dispatcher's SMs and thread blocks (no tensor), or HybridEP's "
+        "permutation fused into its dispatch kernel, whose output rows and handle are "
+        "allocated the same either way (DeepEP hybrid-ep 17cfb81 hybrid_ep.cu:312-317); or "
+        "read only by the DeepEP and NCCL EP backends (refused, cpmem.megatron.flex_rules)",
+        "--moe-permute-fusion-into-hybridep --moe-flex-dispatcher-num-sms "
         "--moe-deepep-num-sms --moe-hybridep-num-sms --moe-hybridep-num-blocks-permute "
         "--moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms-preprocessing "
         "--moe-ncclep-zero-copy",

@@ -180,9 +180,18 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--no-bias-swiglu-fusion",
     ),
     (
-        UNPRICED + "Transformer Engine's fused operations in the MLP or the fused residual "
-        "RMSNorm (saved sets of their own, not read)",
-        "--use-transformer-engine-op-fuser --fused-residual-rmsnorm",
+        UNPRICED + "the grouped experts' rows padded to 256-token segments a local expert: "
+        "with --moe-grouped-gemm the op fuser turns on moe_use_grouped_tensor "
+        "(transformer_config.py:1410-1411), whose GroupedMLP pads the permuted tokens and "
+        "probabilities into new tensors fc1 saves (Fp8Padding, experts.py:305-314,736-748); "
+        "the fused ops' own saved set (GroupedLinear's input, ScaledSwiGLU's input and a bf16 "
+        "copy of the probabilities, fc2's input; Transformer Engine b9d690e0 "
+        "ops/basic/grouped_linear.py:1048, swiglu.py:469-472) is the fused SwiGLU's, priced",
+        "--use-transformer-engine-op-fuser",
+    ),
+    (
+        UNPRICED + "the fused residual RMSNorm (a saved set of its own, not read)",
+        "--fused-residual-rmsnorm",
     ),
     (
         UNPRICED + "hyper-connections (several residual streams per layer)",
@@ -236,8 +245,12 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (UNPRICED + "the fused router kernels' saved set", "--moe-router-fusion"),
     (
-        UNPRICED + "the flex dispatcher (DeepEP, HybridEP, NCCL EP buffers) or its dtypes",
-        "--moe-enable-deepep --moe-dispatch-fwd-dtype --moe-combine-bwd-dtype",
+        UNPRICED + "the flex dispatcher's DeepEP backend (its handle and megatron's "
+        "permutation after it), NCCL EP's dispatch dtypes, or HybridEP's inputs padded to "
+        "the group's largest token count (a padded copy of the tokens, routing map and "
+        "probabilities, token_dispatcher.py:1068-1094,1145-1149)",
+        "--moe-enable-deepep --moe-dispatch-fwd-dtype --moe-combine-bwd-dtype "
+        "--moe-hybridep-pad-uneven-dispatch-inputs",
     ),
     (UNPRICED + "a dense checkpoint upcycled into experts", "--moe-use-upcycling"),
     (

@@ -17,6 +17,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.batch_schedule import schedule_problems
 from cpmem.megatron.defer_rules import defer_problems
 from cpmem.megatron.fields import MegatronArgs
+from cpmem.megatron.flex_rules import flex_problems
 from cpmem.megatron.fp8_rules import fp8_problems
 from cpmem.megatron.fsdp_rules import fsdp_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
@@ -33,8 +34,9 @@ Problem = tuple[str, str]
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local")
 """What ``--attention-backend`` names (``AttnBackend``) and cpmem prices, besides auto."""
-MOE_DISPATCHERS = ("allgather", "alltoall")
-"""The token dispatchers priced; ``flex`` (DeepEP, HybridEP) keeps buffers of its own."""
+MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
+"""The token dispatchers priced; ``flex`` with its HybridEP backend only
+(``cpmem.megatron.flex_rules``)."""
 MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
 CAPACITY_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 """The load balancing a capacity factor works with (transformer_config.py)."""
@@ -550,6 +552,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += fsdp_problems(args)
     out += fp8_problems(args)
     out += _experts(args)
+    out += flex_problems(args)
     out += stack_problems(args)
     out += variant_problems(args)
     family = _family(args)

@@ -36,6 +36,7 @@ GB200 (``cpmem.gate.megatron_tier``).
 from __future__ import annotations
 
 from cpmem.errors import InputError
+from cpmem.pricing.kinds.moe_dispatch import HYBRIDEP_BUFFERS_NOTE
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.step import Step, StepSettings
 from cpmem.units import MIB
@@ -176,5 +177,11 @@ USERBUFFERS_NOTE = (
 
 def outside_allocator_notes(settings: StepSettings) -> tuple[str, ...]:
     """What the step keeps on the device outside PyTorch's allocator, which no figure
-    holds: the userbuffers of ``--tp-comm-overlap``."""
-    return (USERBUFFERS_NOTE,) if settings.tp_comm_overlap and uses_te_gemm(settings) else ()
+    holds: the userbuffers of ``--tp-comm-overlap``, the HybridEP dispatcher's buffers
+    (``cpmem.pricing.kinds.moe_dispatch``)."""
+    notes: tuple[str, ...] = ()
+    if settings.tp_comm_overlap and uses_te_gemm(settings):
+        notes += (USERBUFFERS_NOTE,)
+    if settings.runtime.moe_dispatcher == "hybridep":
+        notes += (HYBRIDEP_BUFFERS_NOTE,)
+    return notes

@@ -33,7 +33,7 @@ QUANTIZED_WEIGHTS: tuple[QuantizedWeights, ...] = get_args(QuantizedWeights)
 AttentionBackend = Literal["flash", "fused", "unfused", "local"]
 ATTENTION_BACKENDS: tuple[AttentionBackend, ...] = get_args(AttentionBackend)
 TransformerImpl = Literal["transformer_engine", "local"]
-MoeDispatcher = Literal["alltoall", "allgather"]
+MoeDispatcher = Literal["alltoall", "allgather", "hybridep"]
 DEV_CONTAINER = "dev"
 """The container Transformer Engine's choice is made in where none is named
 (``backend_choice.NAMED_CONTAINERS``)."""
@@ -64,7 +64,9 @@ class Runtime:
       a2a: ``cpmem.step.attention_backend``). The Hugging Face door's runtime runs
       ``vanilla`` whatever the model's ``attention_sinks``.
     - ``moe_dispatcher``, ``moe_grouped_gemm``, ``overlap_moe_comm``: the MoE token
-      dispatcher, grouped expert GEMMs, the combined 1F1B schedule's overlap.
+      dispatcher (``hybridep``: megatron's flex dispatcher with the HybridEP backend,
+      ``cpmem.pricing.kinds.moe_dispatch``), grouped expert GEMMs, the combined 1F1B
+      schedule's overlap.
     """
 
     name: RuntimeName = "art"

@@ -150,6 +150,8 @@ PRICED_BY_FEATURE = {
         "hybrid/hybrid_mr_mcore_te_tp1_pp4_cp1_dgx_a100_1N8G/lts_dgx_a100",
         "hybrid/hybrid_mr_mcore_te_tp2_pp1_cp1_dgx_a100_1N8G/dev_dgx_h100",
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
+        # the nightly Nemotron 3 on the flex dispatcher's HybridEP backend, priced
+        "nemotron/nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200/dev_dgx_gb200",
     },
     # Megatron FSDP of dense GPT layers (the zp_z3 fsdp_dtensor cases): every recording;
     # the DeepSeek proxies stay refused (FP8, delayed wgrad, FSDP of MoE and MLA layers)
@@ -186,6 +188,8 @@ PRICED_BY_FEATURE = {
     },
     "mtp": {
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
+        # the nightly Nemotron 3 on the flex dispatcher's HybridEP backend, priced
+        "nemotron/nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200/dev_dgx_gb200",
         "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental/dev_dgx_h100",
         # fine-grained activation offloading (cpmem.pricing.offload), read
         "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_gb200",

@@ -16,6 +16,7 @@ from cpmem.pricing import adapters
 from cpmem.pricing.kinds.discarded import layernorm_dropped, moe_act_dropped
 from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
+from cpmem.pricing.kinds.moe_dispatch import after_forward_rows, saved_beyond_alltoall
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
     LayerParameters,
@@ -482,6 +483,7 @@ class MoeSpec(MlpSpec):
         rows = step.expert_rows_per_token(tp, sp)
         etp = step.plan.layout.etp
         width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora, etp) + ctx.sandwich
+        width += saved_beyond_alltoall(g, step, tp, sp)
         expert = adapters.extra_width(g, step.adapter, tp, "expert", sp=sp)
         width += math.ceil(rows * expert)
         if g.shared_expert_ffn:
@@ -495,7 +497,7 @@ class MoeSpec(MlpSpec):
     def after_forward(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         layout = step.plan.layout
         s = sp_divisor(w.tp, layout.sp and w.tp > 1)
-        return int(DISPATCHER_STATE_E * g.num_experts) // s
+        return int(DISPATCHER_STATE_E * g.num_experts) // s + after_forward_rows(step, w.tp)
 
     def nograd_width(self, g: ModelGeometry, w: TightWidths, step: Step) -> int:
         return nograd_width(g, w, step)
