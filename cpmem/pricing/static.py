@@ -70,7 +70,7 @@ from cpmem.pricing.fp8_static import (
     split_fp8,
     transpose_bytes,
 )
-from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
+from cpmem.pricing.fsdp import fsdp_buckets, fsdp_sharding, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
@@ -108,6 +108,7 @@ class StaticComponent(StrEnum):
     GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
     PIPELINE_RECEIVED = "pipeline_received"
     DUMMY_WGRAD = "dummy_wgrad"
+    FSDP_KEPT_GATHERED = "fsdp_kept_gathered"
 
 
 SOURCES: dict[StaticComponent, str] = {
@@ -405,20 +406,26 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
     """Every parameter trained under Megatron FSDP (``cpmem.pricing.fsdp``): the weights'
     buffer, the gradient buffer and the fp32 main weights of the rank, each its shard of
     every bucket where the strategy shards it, and the optimizer's moments (and an fp32
-    copy of a narrower gradient) on the real elements it steps. The rank's shard is its
-    data-parallel index (``dp_slice``); the last holds each bucket's end padding."""
-    layout, opt = settings.layout, settings.optimizer
-    dp = layout.dp * layout.cp
-    buckets = fsdp_buckets(settings.geometry, layout.tp, dp, opt.fsdp)
-    held = fsdp_static(buckets, dp, opt.fsdp, dp_slice(settings, dp))
+    copy of a narrower gradient) on the real elements it steps, and the outside-unit
+    buckets it keeps gathered (``fsdp_kept_gathered``). The rank's shard is its
+    data-parallel index (``dp_slice``, its expert data-parallel index for an expert
+    bucket); the last holds each bucket's end padding."""
+    opt = settings.optimizer
+    sharding = fsdp_sharding(settings)
+    buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
+    index = dp_slice(settings, sharding.dp)
+    expert_index = dp_slice(settings, sharding.expert_dp, experts=True)
+    held = fsdp_static(buckets, sharding, opt.fsdp, index, expert_index)
     moments = MOMENT_BYTES[opt.kind] * held.stepped if stepped else 0
     out = {
-        StaticComponent.WEIGHTS: settings.dtype_bytes * held.weights,
+        StaticComponent.WEIGHTS: settings.dtype_bytes * held.weights + FP8_BYTES * held.fp8_weights,
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.gradients,
         StaticComponent.OPTIMIZER_STATES: MASTER_BYTES * held.main_weights + moments,
     }
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.stepped
+    if held.kept_gathered:
+        out[StaticComponent.FSDP_KEPT_GATHERED] = settings.dtype_bytes * held.kept_gathered
     return out
 
 

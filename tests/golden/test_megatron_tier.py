@@ -199,7 +199,9 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     featured = [r for r in tier.recordings if r.features]
     assert {f"{r.family}/{r.case}" for r in featured} >= set(SECOND_EXTRACTION)
     unpriced = {
-        "fsdp": ("--use-megatron-fsdp",),
+        # the EP-overlap proxy's Megatron FSDP of MoE and latent attention is priced: its
+        # --delay-wgrad-compute alone refuses it
+        "fsdp": ("--use-megatron-fsdp", "--delay-wgrad-compute"),
         "offloading": ("--fine-grained-activation-offloading",),
         "cudagraph": ("--cuda-graph-impl",),
         "release-15b": ("world_size=None: unknown",),

@@ -69,9 +69,9 @@ def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
             "Megatron FSDP v2",
         ),
         (
-            {"--num-experts": 8, "--disable-bias-linear": True},
-            "--use-megatron-fsdp with --num-experts",
-            "Megatron FSDP's buckets of MoE experts",
+            {"--mtp-num-layers": 1},
+            "--use-megatron-fsdp with --mtp-num-layers",
+            "Megatron FSDP's buckets of hybrid or MTP layers",
         ),
         (
             {"--fsdp-double-buffer": True},
@@ -106,23 +106,12 @@ def test_a_matching_grad_comm_dtype_is_read() -> None:
 @pytest.mark.parametrize(
     ("case", "value"),
     [
-        # FP8 (--fp8-format e4m3 --fp8-param-gather) and Megatron FSDP of its MoE and
-        # latent-attention layers: Megatron FSDP itself is not named
-        (
-            "moe/deepseek_proxy_fsdp_ep2_fsdp2",
-            "--use-megatron-fsdp with --num-experts, --multi-latent-attention, "
-            "--fp8-format e4m3 with --use-megatron-fsdp",
-        ),
-        (
-            "moe/deepseek_proxy_fsdp_ep2_fsdp2_1node",
-            "--use-megatron-fsdp with --num-experts, --multi-latent-attention, "
-            "--fp8-format e4m3 with --use-megatron-fsdp",
-        ),
-        (
-            "moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap",
-            "--delay-wgrad-compute, --use-megatron-fsdp with --num-experts, "
-            "--multi-latent-attention",
-        ),
+        # FP8 (--fp8-format e4m3 --fp8-param-gather) in Megatron FSDP's buffers; the
+        # EP-overlap case's --delay-wgrad-compute: Megatron FSDP of their MoE and latent-
+        # attention layers is not named
+        ("moe/deepseek_proxy_fsdp_ep2_fsdp2", "--fp8-format e4m3 with --use-megatron-fsdp"),
+        ("moe/deepseek_proxy_fsdp_ep2_fsdp2_1node", "--fp8-format e4m3 with --use-megatron-fsdp"),
+        ("moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap", "--delay-wgrad-compute"),
     ],
 )
 def test_the_deepseek_proxies_name_only_what_remains(case: str, value: str) -> None:
