@@ -72,7 +72,8 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         UNPRICED + "DDP buffers allocated from an NCCL memory pool (user buffers, symmetric "
-        "windows)",
+        "windows; under Megatron FSDP its double buffers, which NCCL user buffers require, "
+        "param_and_grad_buffer.py:2515-2519)",
         "--use-nccl-ub --disable-symmetric-registration --gtp-remat-nccl-ub "
         "--gtp-expert-remat-nccl-ub",
     ),
@@ -82,10 +83,23 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--use-torch-fsdp2",
     ),
     (
-        UNPRICED + "Megatron FSDP's hybrid sharding (outer data-parallel groups), its "
-        "double buffers, or its all-gathers and reduce-scatters sized or split otherwise",
-        "--outer-dp-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer "
-        "--megatron-fsdp-max-pool-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail "
+        UNPRICED + "Megatron FSDP's double buffers: two units' gathered weights and two "
+        "units' gradient buckets taken from megatron's global memory buffer and kept between "
+        "steps, the prefetch held to two units, other units allocated as without it "
+        "(FixedPoolAllocator or MaxPoolAllocator, param_and_grad_buffer.py:647-885, "
+        "2524-2560)",
+        "--fsdp-double-buffer --megatron-fsdp-max-pool-double-buffer "
+        "--fsdp-db-use-persist-buf-on-alloc-fail",
+    ),
+    (
+        UNPRICED + "Megatron FSDP's FP8 weights' transposes kept after each unit's backward "
+        "(priced freed with the unit's gathered weights, megatron_fsdp.py:627-634)",
+        "--keep-fp8-transpose-cache",
+    ),
+    (
+        UNPRICED + "Megatron FSDP's hybrid sharding (outer data-parallel groups), or its "
+        "all-gathers and reduce-scatters sized or split otherwise",
+        "--outer-dp-sharding-strategy --enable-full-sharding-in-hsdp "
         "--suggested-communication-unit-size --megatron-fsdp-enable-fine-grained-param-gather",
     ),
     (

@@ -61,7 +61,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
 from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_tensors
+from cpmem.pricing.workspaces import compute_capability
 from cpmem.step.step import StepSettings
 
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -300,7 +302,11 @@ class FsdpInFlight:
 
 
 def fsdp_in_flight(
-    buckets: Sequence[Bucket], strategy: str, param_bytes: int = 1, grad_bytes: int = 1
+    buckets: Sequence[Bucket],
+    strategy: str,
+    param_bytes: int = 1,
+    grad_bytes: int = 1,
+    transposes: bool = False,
 ) -> FsdpInFlight:
     """A bound on what is in flight, added to the activations' peak: under
     ``optim_grads_params`` the units one gather brings (the first unit's bucket groups and
@@ -310,7 +316,11 @@ def fsdp_in_flight(
     embedding's, the last) and the units' the reduce-scatter queue holds (the first
     unit's and up to the queue's capacity after them). Each term is at most every bucket;
     they are not all live at once (the units' gradients grow as their activations are
-    freed), so the sum is a bound. A gathered FP8 bucket is 1 B an element."""
+    freed), so the sum is a bound. A gathered FP8 bucket is 1 B an element; where
+    ``transposes`` (compute capability below 10) the backward's gather makes each FP8
+    weight's transpose beside it, 1 B an element (``fp8_create_transpose_cache`` after
+    ``wait_bucket_ready(bwd=True)``, mfsdp:493-498; freed with the unit's weights after its
+    backward, ``release_params_fp8_transpose_cache``, mfsdp:627-634)."""
     groups = _unit_groups(buckets)
     first = sum(1 for grp in groups if grp[0].layer == groups[0][0].layer) if groups else 0
 
@@ -321,13 +331,18 @@ def fsdp_in_flight(
         return b.size * grad_bytes
 
     outside = [b for b in buckets if not b.unit]
-    gathered = 0
+
+    def weight_and_transpose(b: Bucket) -> int:
+        return weight(b) + (b.size if b.fp8 and transposes else 0)
+
+    forward = backward = 0
     if strategy == "optim_grads_params":  # the outside-unit buckets: static (kept_gathered)
-        gathered = _window(groups, first, PREFETCH_ELEMENTS, weight)
+        forward = _window(groups, first, PREFETCH_ELEMENTS, weight)
+        backward = _window(groups, first, PREFETCH_ELEMENTS, weight_and_transpose)
     gradients = 0
     if strategy in ("optim_grads", "optim_grads_params"):
         gradients = sum(map(grad, outside)) + _window(groups, first, REDUCE_QUEUE_ELEMENTS, grad)
-    return FsdpInFlight(gathered, gathered, gradients)
+    return FsdpInFlight(forward, backward, gradients)
 
 
 def fsdp_sharding(settings: StepSettings) -> Sharding:
@@ -346,6 +361,19 @@ def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
     opt = settings.optimizer
     if opt.fsdp == "none":
         return 0, 0
-    buckets = fsdp_buckets(settings.geometry, fsdp_sharding(settings), opt.fsdp)
-    flight = fsdp_in_flight(buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes)
+    sharding = fsdp_sharding(settings)
+    buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
+    transposes = sharding.fp8 and compute_capability(settings) < TRANSPOSE_BEFORE_CC
+    flight = fsdp_in_flight(buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes, transposes)
     return flight.forward_gathered, flight.gathered + flight.gradients
+
+
+def fp8_weight_count(g: ModelGeometry, sharding: Sharding) -> int:
+    """The FP8 weights on the rank, each a ``Float8Tensor`` with its own fp32
+    ``_scale_inv`` whatever buffer holds its data (``cpmem.pricing.fp8_static``)."""
+    if not sharding.fp8:
+        return 0
+    s = sharding
+    return sum(
+        1 for i in range(g.layers) for t in unit_tensors(g, i, s.tp, s.ep, s.etp, True) if t.fp8
+    )

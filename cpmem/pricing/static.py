@@ -65,12 +65,13 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
+    SCALE_INV_BYTES,
     scale_inverse_bytes,
     scaling_state_bytes,
     split_fp8,
     transpose_bytes,
 )
-from cpmem.pricing.fsdp import fsdp_buckets, fsdp_sharding, fsdp_static
+from cpmem.pricing.fsdp import fp8_weight_count, fsdp_buckets, fsdp_sharding, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
@@ -393,10 +394,7 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     if fp8:
         out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8, compute_capability(settings))
         out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8)
-    if settings.fp8 is not None and settings.fp8.recipe == "delayed":
-        layers = _stage_layers(settings, stage)
-        kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
-        out[StaticComponent.FP8_SCALING_STATE] = scaling_state_bytes(kinds, settings.fp8.history)
+    out.update(_scaling_state(settings, _stage_layers(settings, stage)))
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out
@@ -426,7 +424,22 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.stepped
     if held.kept_gathered:
         out[StaticComponent.FSDP_KEPT_GATHERED] = settings.dtype_bytes * held.kept_gathered
+    if sharding.fp8:
+        count = fp8_weight_count(settings.geometry, sharding)
+        out[StaticComponent.FP8_SCALE_INVERSES] = SCALE_INV_BYTES * count
+    out.update(_scaling_state(settings, _stage_layers(settings, 0)))
     return out
+
+
+def _scaling_state(settings: StepSettings, layers: list[int]) -> dict[StaticComponent, int]:
+    """Delayed scaling's state of the ``layers``' Transformer Engine modules (none under
+    another recipe or without FP8)."""
+    fp8 = settings.fp8
+    if fp8 is None or fp8.recipe != "delayed":
+        return {}
+    g = settings.geometry
+    kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
+    return {StaticComponent.FP8_SCALING_STATE: scaling_state_bytes(kinds, fp8.history)}
 
 
 def _muon_training(

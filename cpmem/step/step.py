@@ -232,7 +232,7 @@ class StepSettings:
             compute_capability=9 if major is None else major,
             dtype_bytes=self.dtype_bytes,
             recompute_none=self.recompute.keeps_everything,
-            fsdp=self.optimizer.fsdp != "none",
+            fsdp=self.optimizer.fsdp not in ("none", "optim_grads_params"),
             muon=self.optimizer.kind == "muon",
         )
 

@@ -133,13 +133,13 @@ def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_and_what_cpmem_does_not
     # priced: the delayed recipe it runs by default, its sliding windows (test_windows.py)
 
 
-def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_and_fp8_alone() -> None:
-    # Megatron FSDP and FP8's tensorwise and delayed recipes are priced; its NCCL user
-    # buffers, its double buffer and FP8 parameters in Megatron FSDP's buffers are not
+def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_alone() -> None:
+    # Megatron FSDP, FP8's tensorwise and delayed recipes and FP8 parameters in Megatron
+    # FSDP's optim_grads_params buffers are priced; its NCCL user buffers and its double
+    # buffer are not
     err = _refused("megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
-    assert err.value == (
-        "--use-nccl-ub, --fsdp-double-buffer, --fp8-format hybrid with --use-megatron-fsdp"
-    )
+    assert err.value == "--use-nccl-ub, --fsdp-double-buffer"
+    assert "global memory buffer and kept between steps" in err.reason
 
 
 def test_the_deepseek_v3_sbatch_script_is_read_from_the_command_it_hands_srun() -> None:

@@ -188,3 +188,35 @@ def test_megatron_fsdp_refuses_what_it_does_not_lay_out() -> None:
         Optimizer("muon", fsdp="optim")
     with pytest.raises(InputError, match="fsdp='zero3'"):
         Optimizer("adam", fsdp="zero3")
+
+
+@pytest.mark.parametrize(
+    ("device", "in_flight"),
+    [
+        # Hopper: the backward's gather makes each FP8 weight's transpose, 1 B an element
+        ("h100", 12 * (2 * 1_572_864 + 2 * 4_864) + 129_478_656),
+        ("gb200", 12 * (1_572_864 + 2 * 4_864) + 129_478_656),  # no transposes
+    ],
+)
+def test_fp8_weights_are_a_uint8_bucket_of_their_own(tmp_path: Path, device, in_flight) -> None:  # type: ignore[no-untyped-def]
+    # --fp8-param-gather: a layer's four TE linears' weights (131,072 + 393,216 + 524,288
+    # + 524,288 = 1,572,864, chunk 1024: 384 x 4,096 at DP 4) are one group, uint8; its
+    # norms and biases (4,864, rows of 1: no padding at DP 4) another. The last rank of
+    # DP 4: bf16 3,359,232 + 12 x 1,216, uint8 12 x 393,216; fp32 gradients and main
+    # weights 3,359,232 + 12 x 394,432 = 8,092,416; Adam on 3,358,208 + 12 x 394,432
+    # = 8,091,392; 48 FP8 weights' scale inverses, 512 B each. In flight: every unit
+    # gathered (1 B an FP8 element, 2 B the others) and every bucket's fp32 gradients,
+    # 4 x (13,436,928 + 12 x 1,577,728) = 129,478,656
+    text = CASE.read_text().replace(
+        "--bf16: true",
+        "--bf16: true\n  --fp8-format: hybrid\n  --fp8-recipe: tensorwise\n  --fp8-param-gather: true",
+    )
+    config = tmp_path / "model_config.yaml"
+    config.write_text(text)
+    est = price_step(describe_megatron(config, world_size=8, device=device, rank="last"), "tight")
+    c = est.static.components
+    assert c["weights"] == 2 * (3_359_232 + 12 * 1_216) + 12 * 393_216
+    assert (c["gradient_buffer"], c["fp8_scale_inverses"]) == (4 * 8_092_416, 48 * 512)
+    assert c["optimizer_states"] == 4 * 8_092_416 + 8 * 8_091_392
+    assert "fp8_transposes" not in c and c["fsdp_kept_gathered"] == 2 * 13_436_928
+    assert est.forward_backward_components["fsdp_in_flight"] == in_flight
