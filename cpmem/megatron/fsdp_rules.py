@@ -38,6 +38,19 @@ def fsdp_grad_element_size(args: MegatronArgs) -> int:
     return DTYPE_BYTES[_param_dtype(args) if dtype == "auto" else dtype]
 
 
+def fsdp_buffers(args: MegatronArgs) -> str:
+    """The step's ``fsdp_buffers``: ``nccl-ub`` under ``--use-nccl-ub`` (which turns the
+    double buffer on, arguments.py:1172-1176), ``double-buffer`` under
+    ``--fsdp-double-buffer``, else ``dynamic`` (and without Megatron FSDP, or under
+    ``no_shard``, whose units the double buffer needs: mcore_fsdp_adapter.py:163-173,
+    param_and_grad_buffer.py:2524)."""
+    if not args.use_megatron_fsdp or args.data_parallel_sharding_strategy == "no_shard":
+        return "dynamic"
+    if args.nccl_ub:
+        return "nccl-ub"
+    return "double-buffer" if args.fsdp_double_buffer else "dynamic"
+
+
 def fsdp_strategy(args: MegatronArgs) -> str:
     """The step's ``fsdp`` setting: the sharding strategy under Megatron FSDP, else none."""
     return args.data_parallel_sharding_strategy if args.use_megatron_fsdp else "none"

@@ -74,8 +74,7 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         UNPRICED + "DDP buffers allocated from an NCCL memory pool (user buffers, symmetric "
         "windows; under Megatron FSDP its double buffers, which NCCL user buffers require, "
         "param_and_grad_buffer.py:2515-2519)",
-        "--use-nccl-ub --disable-symmetric-registration --gtp-remat-nccl-ub "
-        "--gtp-expert-remat-nccl-ub",
+        "--disable-symmetric-registration --gtp-remat-nccl-ub --gtp-expert-remat-nccl-ub",
     ),
     (
         UNPRICED + "Torch FSDP2 (PyTorch's fully_shard: its own sharded parameters, "
@@ -88,8 +87,7 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "steps, the prefetch held to two units, other units allocated as without it "
         "(FixedPoolAllocator or MaxPoolAllocator, param_and_grad_buffer.py:647-885, "
         "2524-2560)",
-        "--fsdp-double-buffer --megatron-fsdp-max-pool-double-buffer "
-        "--fsdp-db-use-persist-buf-on-alloc-fail",
+        "--megatron-fsdp-max-pool-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail",
     ),
     (
         UNPRICED + "Megatron FSDP's FP8 weights' transposes kept after each unit's backward "

@@ -301,12 +301,51 @@ class FsdpInFlight:
     gradients: int
 
 
+def pooled_layers(buckets: Sequence[Bucket]) -> set[int]:
+    """The units the double buffer serves (``FixedPoolAllocator``, pgb:647-745): the largest
+    set of units alike, each with the same buckets in order, of the same dtype and real
+    elements (``_is_two_bucket_group_equal``, pgb:735-747), the first such set where
+    several are as large (pgb:680-688)."""
+    units: dict[int, list[Bucket]] = {}
+    for b in buckets:
+        if b.unit:
+            units.setdefault(b.layer, []).append(b)
+    alike = {layer: tuple((b.real, b.fp8) for b in bs) for layer, bs in units.items()}
+    best: list[int] = []
+    for layer in units:
+        same = [other for other in units if alike[other] == alike[layer]]
+        if len(same) > len(best):
+            best = same
+    return set(best)
+
+
+def double_buffer_bytes(
+    buckets: Sequence[Bucket], strategy: str, param_bytes: int, grad_bytes: int
+) -> int:
+    """What the double buffer keeps (``--fsdp-double-buffer``): two buffers per bucket of a
+    served unit (``UB_BUFFER_NUM = 2``, pgb:2526), taken from megatron's global memory
+    buffer and kept for the process (``get_global_memory_buffer().get_tensor``,
+    pgb:857-859): the gathered weights' under ``optim_grads_params``, the gradients' under
+    ``optim_grads`` and ``optim_grads_params``, each bucket whole."""
+    pooled = pooled_layers(buckets)
+    if not pooled:
+        return 0
+    unit = [b for b in buckets if b.unit and b.layer == min(pooled)]
+    weights = sum(b.size * (1 if b.fp8 else param_bytes) for b in unit)
+    grads = sum(b.size * grad_bytes for b in unit)
+    held = (weights if strategy == "optim_grads_params" else 0) + (
+        grads if strategy in ("optim_grads", "optim_grads_params") else 0
+    )
+    return 2 * held
+
+
 def fsdp_in_flight(
     buckets: Sequence[Bucket],
     strategy: str,
     param_bytes: int = 1,
     grad_bytes: int = 1,
     transposes: bool = False,
+    pooled: frozenset[int] = frozenset(),
 ) -> FsdpInFlight:
     """A bound on what is in flight, added to the activations' peak: under
     ``optim_grads_params`` the units one gather brings (the first unit's bucket groups and
@@ -320,8 +359,9 @@ def fsdp_in_flight(
     ``transposes`` (compute capability below 10) the backward's gather makes each FP8
     weight's transpose beside it, 1 B an element (``fp8_create_transpose_cache`` after
     ``wait_bucket_ready(bwd=True)``, mfsdp:493-498; freed with the unit's weights after its
-    backward, ``release_params_fp8_transpose_cache``, mfsdp:627-634)."""
-    groups = _unit_groups(buckets)
+    backward, ``release_params_fp8_transpose_cache``, mfsdp:627-634). The ``pooled`` units'
+    buckets are the double buffer's, static (``double_buffer_bytes``): not in flight."""
+    groups = _unit_groups([b for b in buckets if b.layer not in pooled])
     first = sum(1 for grp in groups if grp[0].layer == groups[0][0].layer) if groups else 0
 
     def weight(b: Bucket) -> int:
@@ -364,7 +404,10 @@ def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
     sharding = fsdp_sharding(settings)
     buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
     transposes = sharding.fp8 and compute_capability(settings) < TRANSPOSE_BEFORE_CC
-    flight = fsdp_in_flight(buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes, transposes)
+    pooled = frozenset(pooled_layers(buckets)) if opt.fsdp_buffers != "dynamic" else frozenset()
+    flight = fsdp_in_flight(
+        buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes, transposes, pooled
+    )
     return flight.forward_gathered, flight.gathered + flight.gradients
 
 

@@ -71,7 +71,13 @@ from cpmem.pricing.fp8_static import (
     split_fp8,
     transpose_bytes,
 )
-from cpmem.pricing.fsdp import fp8_weight_count, fsdp_buckets, fsdp_sharding, fsdp_static
+from cpmem.pricing.fsdp import (
+    double_buffer_bytes,
+    fp8_weight_count,
+    fsdp_buckets,
+    fsdp_sharding,
+    fsdp_static,
+)
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
@@ -110,6 +116,7 @@ class StaticComponent(StrEnum):
     PIPELINE_RECEIVED = "pipeline_received"
     DUMMY_WGRAD = "dummy_wgrad"
     FSDP_KEPT_GATHERED = "fsdp_kept_gathered"
+    FSDP_DOUBLE_BUFFER = "fsdp_double_buffer"
 
 
 SOURCES: dict[StaticComponent, str] = {
@@ -424,6 +431,9 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.stepped
     if held.kept_gathered:
         out[StaticComponent.FSDP_KEPT_GATHERED] = settings.dtype_bytes * held.kept_gathered
+    if opt.fsdp_buffers != "dynamic":
+        p, g = settings.dtype_bytes, opt.grad_bytes
+        out[StaticComponent.FSDP_DOUBLE_BUFFER] = double_buffer_bytes(buckets, opt.fsdp, p, g)
     if sharding.fp8:
         count = fp8_weight_count(settings.geometry, sharding)
         out[StaticComponent.FP8_SCALE_INVERSES] = SCALE_INV_BYTES * count

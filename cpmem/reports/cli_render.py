@@ -124,7 +124,7 @@ def routing_line(est: Estimate) -> str | None:
     return line
 
 
-OUTSIDE = "tp_comm_overlap:"
+OUTSIDE = ("tp_comm_overlap:", "fsdp_buffers:")
 """The notes that name device memory outside PyTorch's allocator
 (``cpmem.pricing.workspaces.outside_allocator_notes``)."""
 

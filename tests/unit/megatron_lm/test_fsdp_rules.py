@@ -75,8 +75,8 @@ def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
             "Megatron FSDP's buckets of hybrid or MTP layers",
         ),
         (
-            {"--fsdp-double-buffer": True},
-            "--fsdp-double-buffer",
+            {"--megatron-fsdp-max-pool-double-buffer": True},
+            "--megatron-fsdp-max-pool-double-buffer",
             "Megatron FSDP's double buffers: two units' gathered weights",
         ),
         (

@@ -220,3 +220,18 @@ def test_fp8_weights_are_a_uint8_bucket_of_their_own(tmp_path: Path, device, in_
     assert c["optimizer_states"] == 4 * 8_092_416 + 8 * 8_091_392
     assert "fp8_transposes" not in c and c["fsdp_kept_gathered"] == 2 * 13_436_928
     assert est.forward_backward_components["fsdp_in_flight"] == in_flight
+
+
+def test_the_double_buffer_keeps_two_units_buckets(tmp_path: Path) -> None:
+    # --fsdp-double-buffer: the 12 alike units are served by two buffers per bucket kept
+    # between steps (FixedPoolAllocator, pgb:647-745, 2524-2560): a unit is one bucket of
+    # 1,581,056 elements at DP 4, gathered in bf16 and its gradients in fp32:
+    # 2 x (2 + 4) x 1,581,056. In flight only the outside bucket's fp32 gradients remain
+    text = CASE.read_text().replace("--bf16: true", "--bf16: true\n  --fsdp-double-buffer: true")
+    config = tmp_path / "model_config.yaml"
+    config.write_text(text)
+    step = describe_megatron(config, world_size=8, device="h100", rank="last")
+    assert step.settings.optimizer.fsdp_buffers == "double-buffer"
+    est = price_step(step, "tight")
+    assert est.static.components["fsdp_double_buffer"] == 2 * 6 * 1_581_056 == 18_972_672
+    assert est.forward_backward_components["fsdp_in_flight"] == 4 * 13_436_928

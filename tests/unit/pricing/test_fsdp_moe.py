@@ -29,7 +29,14 @@ from cpmem.api import describe_megatron, price_step
 from cpmem.megatron.args import read_megatron_args
 from cpmem.megatron.describe import megatron_geometry
 from cpmem.model.presets import PRESETS
-from cpmem.pricing.fsdp import Sharding, fsdp_buckets, fsdp_static
+from cpmem.pricing.fsdp import (
+    Sharding,
+    double_buffer_bytes,
+    fsdp_buckets,
+    fsdp_in_flight,
+    fsdp_static,
+    pooled_layers,
+)
 from cpmem.pricing.fsdp_units import unit_tensors
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 
@@ -123,3 +130,15 @@ def test_an_expert_bucket_is_padded_to_its_own_group(config: Path) -> None:
     assert (experts.real, experts.size) == (1_572_864, 1_576_960)
     held = fsdp_static([experts], Sharding(1, 40, 8, 1, 5), "optim_grads_params", 0, 4)
     assert held.weights == 1_576_960 // 5 == 315_392
+
+
+def test_the_double_buffer_serves_the_largest_set_of_alike_units(config: Path) -> None:
+    # a dense unit and an MoE unit: two sets of one; the first found serves (pgb:680-688)
+    g = megatron_geometry(read_megatron_args(config))
+    buckets = fsdp_buckets(g, Sharding(1, 8, 2, 1, 4), "optim_grads_params")
+    assert pooled_layers(buckets) == {0}
+    # two buffers of layer 0's bucket: its 4,571,136 elements in bf16 and fp32
+    assert double_buffer_bytes(buckets, "optim_grads_params", 2, 4) == 2 * 6 * 4_571_136
+    # the MoE unit stays in flight: its two buckets gathered, 2 x (2,990,080 + 6,291,456)
+    flight = fsdp_in_flight(buckets, "optim_grads_params", 2, 4, pooled=frozenset({0}))
+    assert flight.gathered == 2 * (2_990_080 + 6_291_456)
