@@ -146,7 +146,11 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         UNPRICED + "weight gradients computed later, or tensors released earlier, in the "
-        "expert-parallel overlapped schedule",
+        "expert-parallel overlapped schedule (under --delay-wgrad-compute the combined 1F1B "
+        "step, model_chunk_schedule_plan.py:265-303, runs a layer's experts' weight "
+        "gradients after their input gradients and its attention's after the other "
+        "micro-batch's MoE forward and combine: that layer's saved inputs and output "
+        "gradients stay live across another micro-batch's forward)",
         "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "
         "--ep-overlap-early-attn-memory-release --high-priority-a2a-comm-stream",
     ),
