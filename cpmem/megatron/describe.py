@@ -39,7 +39,7 @@ from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.batch_schedule import schedule_batch
 from cpmem.megatron.flex_rules import flex_dispatcher
 from cpmem.megatron.fp8_rules import megatron_fp8
-from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
+from cpmem.megatron.fsdp_rules import fsdp_buffers, fsdp_grad_element_size, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.offload_rules import offload
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
@@ -411,6 +411,7 @@ def megatron_run(
         "distributed_optimizer": args.use_distributed_optimizer or layer_wise(args),
         "optimizer_instances": args.num_distributed_optimizer_instances,
         "fsdp": fsdp_strategy(args),
+        "fsdp_buffers": fsdp_buffers(args),
         "dtype": dtype,
         "grad_bytes": grad_bytes,
         "device": resolved,

@@ -64,6 +64,8 @@ class MegatronArgs:
     megatron_fsdp_main_params_dtype: str = "fp32"
     megatron_fsdp_main_grads_dtype: str = "auto"
     megatron_fsdp_grad_comm_dtype: str = "auto"
+    fsdp_double_buffer: bool = False  # arguments.py:3202 (--use-nccl-ub sets it, :1172-1176)
+    nccl_ub: bool = False  # arguments.py:3171
     overlap_param_gather: bool = False
     overlap_param_gather_with_optimizer_step: bool = False
     bf16: bool = False
@@ -254,6 +256,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("megatron_fsdp_main_params_dtype", "str"),
             ("megatron_fsdp_main_grads_dtype", "str"),
             ("megatron_fsdp_grad_comm_dtype", "str"),
+            ("fsdp_double_buffer", "bool"),
             ("overlap_param_gather", "bool"),
             ("overlap_param_gather_with_optimizer_step", "bool"),
             ("bf16", "bool"),
@@ -345,6 +348,7 @@ PRICED: dict[str, tuple[str, str]] = {
     "--encoder-num-layers": ("num_layers", "int"),
     "--encoder-seq-length": ("seq_length", "int"),
     "--fp8-format": ("fp8", "str"),
+    "--use-nccl-ub": ("nccl_ub", "bool"),
     "--no-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-bias-linear": ("add_bias_linear", "not"),

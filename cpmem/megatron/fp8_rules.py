@@ -58,10 +58,11 @@ def fp8_problems(args: MegatronArgs) -> list[Problem]:
         )
     if not args.fp8_param_gather:
         out.append((f"--fp8-format {args.fp8} without --fp8-param-gather", WITHOUT_PARAM_GATHER))
-    if args.use_megatron_fsdp:
+    strategy = args.data_parallel_sharding_strategy
+    if args.use_megatron_fsdp and strategy != "optim_grads_params":
         out.append(
             (
-                f"--fp8-format {args.fp8} with --use-megatron-fsdp",
+                f"--fp8-format {args.fp8} with --data-parallel-sharding-strategy {strategy}",
                 "changes memory cpmem does not price: " + IN_FSDP,
             )
         )

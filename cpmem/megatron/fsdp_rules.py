@@ -7,14 +7,14 @@ default) under each ``--data-parallel-sharding-strategy``, with fp32 main weight
 (``--megatron-fsdp-main-params-dtype fp32``, the default) and the gradient buffer in
 ``--megatron-fsdp-main-grads-dtype`` (``auto``: the parameters' dtype, mixed_precision.py,
 ``_resolve_group_grad_dtype`` in param_and_grad_buffer.py:2313-2322), reduced in that same
-dtype (``--megatron-fsdp-grad-comm-dtype`` ``auto`` or equal to it); dense GPT layers
-(every ``TransformerLayer`` an FSDP unit of attention and a dense MLP) on one pipeline
-stage. Refused, each with its reason: another main-weights dtype (no fp32 copy, or states
-in another dtype), a gradient reduced in another dtype (a buffer of its own per bucket,
-param_and_grad_buffer.py:4056-4073), v2 (``fully_shard``'s DTensor parameters), and the
-layers and stages whose buckets cpmem does not lay out (MoE experts in buckets of their
-own over the expert data-parallel group, latent attention, Mamba and other hybrid layers,
-MTP depths, pipeline stages).
+dtype (``--megatron-fsdp-grad-comm-dtype`` ``auto`` or equal to it); GPT layers (every
+``TransformerLayer`` an FSDP unit: attention, latent or not, and a dense MLP or an MoE
+block whose routed experts are buckets of their own over the expert data-parallel group)
+on one pipeline stage. Refused, each with its reason: another main-weights dtype (no fp32
+copy, or states in another dtype), a gradient reduced in another dtype (a buffer of its
+own per bucket, param_and_grad_buffer.py:4056-4073), v2 (``fully_shard``'s DTensor
+parameters), and the layers and stages whose buckets cpmem does not lay out (Mamba and
+other hybrid layers, MTP depths, pipeline stages).
 """
 
 from __future__ import annotations
@@ -36,6 +36,19 @@ def fsdp_grad_element_size(args: MegatronArgs) -> int:
     the parameters' dtype under ``auto``."""
     dtype = args.megatron_fsdp_main_grads_dtype
     return DTYPE_BYTES[_param_dtype(args) if dtype == "auto" else dtype]
+
+
+def fsdp_buffers(args: MegatronArgs) -> str:
+    """The step's ``fsdp_buffers``: ``nccl-ub`` under ``--use-nccl-ub`` (which turns the
+    double buffer on, arguments.py:1172-1176), ``double-buffer`` under
+    ``--fsdp-double-buffer``, else ``dynamic`` (and without Megatron FSDP, or under
+    ``no_shard``, whose units the double buffer needs: mcore_fsdp_adapter.py:163-173,
+    param_and_grad_buffer.py:2524)."""
+    if not args.use_megatron_fsdp or args.data_parallel_sharding_strategy == "no_shard":
+        return "dynamic"
+    if args.nccl_ub:
+        return "nccl-ub"
+    return "double-buffer" if args.fsdp_double_buffer else "dynamic"
 
 
 def fsdp_strategy(args: MegatronArgs) -> str:
@@ -73,10 +86,6 @@ def fsdp_problems(args: MegatronArgs) -> list[Problem]:
             )
         )
     layers = []
-    if args.num_experts is not None:
-        layers.append("--num-experts")
-    if args.multi_latent_attention:
-        layers.append("--multi-latent-attention")
     if args.hybrid_layer_pattern or args.hybrid_override_pattern:
         layers.append("--hybrid-layer-pattern")
     if args.mtp_num_layers:
@@ -87,9 +96,9 @@ def fsdp_problems(args: MegatronArgs) -> list[Problem]:
         out.append(
             (
                 "--use-megatron-fsdp with " + ", ".join(layers),
-                UNPRICED + "Megatron FSDP's buckets of MoE experts, latent attention, hybrid "
-                "or MTP layers, or over pipeline stages (cpmem lays out dense GPT layers on "
-                "one stage)",
+                UNPRICED + "Megatron FSDP's buckets of hybrid or MTP layers, or over pipeline "
+                "stages (cpmem lays out GPT layers, latent attention and MoE blocks "
+                "included, on one stage)",
             )
         )
     return out

@@ -72,9 +72,9 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         UNPRICED + "DDP buffers allocated from an NCCL memory pool (user buffers, symmetric "
-        "windows)",
-        "--use-nccl-ub --disable-symmetric-registration --gtp-remat-nccl-ub "
-        "--gtp-expert-remat-nccl-ub",
+        "windows; under Megatron FSDP its double buffers, which NCCL user buffers require, "
+        "param_and_grad_buffer.py:2515-2519)",
+        "--disable-symmetric-registration --gtp-remat-nccl-ub --gtp-expert-remat-nccl-ub",
     ),
     (
         UNPRICED + "Torch FSDP2 (PyTorch's fully_shard: its own sharded parameters, "
@@ -82,10 +82,22 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--use-torch-fsdp2",
     ),
     (
-        UNPRICED + "Megatron FSDP's hybrid sharding (outer data-parallel groups), its "
-        "double buffers, or its all-gathers and reduce-scatters sized or split otherwise",
-        "--outer-dp-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer "
-        "--megatron-fsdp-max-pool-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail "
+        UNPRICED + "Megatron FSDP's double buffers: two units' gathered weights and two "
+        "units' gradient buckets taken from megatron's global memory buffer and kept between "
+        "steps, the prefetch held to two units, other units allocated as without it "
+        "(FixedPoolAllocator or MaxPoolAllocator, param_and_grad_buffer.py:647-885, "
+        "2524-2560)",
+        "--megatron-fsdp-max-pool-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail",
+    ),
+    (
+        UNPRICED + "Megatron FSDP's FP8 weights' transposes kept after each unit's backward "
+        "(priced freed with the unit's gathered weights, megatron_fsdp.py:627-634)",
+        "--keep-fp8-transpose-cache",
+    ),
+    (
+        UNPRICED + "Megatron FSDP's hybrid sharding (outer data-parallel groups), or its "
+        "all-gathers and reduce-scatters sized or split otherwise",
+        "--outer-dp-sharding-strategy --enable-full-sharding-in-hsdp "
         "--suggested-communication-unit-size --megatron-fsdp-enable-fine-grained-param-gather",
     ),
     (
@@ -135,7 +147,11 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         UNPRICED + "weight gradients computed later, or tensors released earlier, in the "
-        "expert-parallel overlapped schedule",
+        "expert-parallel overlapped schedule (under --delay-wgrad-compute the combined 1F1B "
+        "step, model_chunk_schedule_plan.py:265-303, runs a layer's experts' weight "
+        "gradients after their input gradients and its attention's after the other "
+        "micro-batch's MoE forward and combine: that layer's saved inputs and output "
+        "gradients stay live across another micro-batch's forward)",
         "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "
         "--ep-overlap-early-attn-memory-release --high-priority-a2a-comm-stream",
     ),

@@ -41,21 +41,29 @@ gradients are accumulated in a whole bucket of their own until it is reduce-scat
 and the reduce-scatter queue frees the oldest only past the unit size (at least 1B
 elements, ``wait_for_previous_grad_reduce``, pgb:3924-3955).
 
-Between steps the gathered and gradient buckets are freed (``AllGatherPipeline.reset``
-and ``GradReducePipeline.reset`` as the recordings ran them, Megatron-LM 2aeaf56c). Since
-378d81fbd3 (after every recording) Megatron-LM keeps the outside-unit buckets gathered
-between steps; cpmem prices the recordings' behaviour.
+Between steps the units' gathered and gradient buckets are freed
+(``AllGatherPipeline.reset``, ``GradReducePipeline.reset``); the outside-unit buckets stay
+gathered (``reset(preserve_non_fsdp_units=True)``, pgb:4339-4371, since Megatron-LM
+378d81fbd3 of 2026-05-30; the recordings made before it hold them gathered only while a
+step runs: a declared miss of the tier, ``cpmem.gate.megatron_misses``).
+
+Routed experts (``.experts.`` in a parameter's name) and FP8 weights are parameter groups
+of their own within a unit, so buckets of their own (``cpmem.pricing.fsdp_units``); an
+expert bucket is padded to and sharded over the expert data-parallel group
+(``get_fsdp_group(is_expert_parallel=True)``, pgb:2580-2600); an FP8 bucket's weights are
+``uint8`` (pgb:2634-2635), its gradients bf16 under ``auto`` (pgb:2313-2322).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
-from cpmem.pricing.layer_parameters import fc1_width, qk_norm_widths, sublayer_norm_tensors
-from cpmem.pricing.weights import padded_vocab
+from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
+from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_tensors
+from cpmem.pricing.workspaces import compute_capability
 from cpmem.step.step import StepSettings
 
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -69,22 +77,18 @@ REDUCE_QUEUE_ELEMENTS = 1_000_000_000
 
 
 @dataclass(frozen=True)
-class Tensor:
-    """One parameter on the rank: ``numel`` elements, rows of ``width`` (``shape[1:]``'s
-    elements; 1 for a vector)."""
-
-    numel: int
-    width: int = 1
-
-
-@dataclass(frozen=True)
 class Bucket:
     """One bucket as laid out: ``size`` elements (padding included), each tensor's
-    ``(start, end)``, and whether it is an FSDP unit's."""
+    ``(start, end)``, whether it is an FSDP unit's (and which layer's: ``layer``), whether
+    it holds routed experts (sharded over the expert data-parallel group) and whether its
+    weights are FP8 (a ``uint8`` weight buffer)."""
 
     size: int
     spans: tuple[tuple[int, int], ...]
     unit: bool
+    layer: int = -1
+    expert: bool = False
+    fp8: bool = False
 
     def shard_real(self, shards: int, index: int) -> int:
         """The real (not padding) elements of shard ``index`` of ``shards``."""
@@ -110,10 +114,13 @@ def chunk_factor(tensors: Sequence[Tensor]) -> int:
     return chunk
 
 
-def lay_out(tensors: Sequence[Tensor], shards: int, padded: bool, unit: bool) -> Bucket:
-    """The bucket of ``tensors`` (in ``named_parameters`` order) laid out as
-    ``build_data_parallel_buffer_index`` does (pgb:258-383), its end on a multiple of
-    ``shards`` x chunk where ``padded`` (every strategy but ``no_shard``)."""
+def lay_out(
+    tensors: Sequence[Tensor], shards: int, padded: bool, unit: bool, layer: int = -1
+) -> Bucket:
+    """The bucket of ``tensors`` (in ``named_parameters`` order, one group's: all experts'
+    or none, all FP8 or none) laid out as ``build_data_parallel_buffer_index`` does
+    (pgb:258-383), its end on a multiple of ``shards`` x chunk where ``padded`` (every
+    strategy but ``no_shard``)."""
     chunk = chunk_factor(tensors)
     ordered = sorted(tensors, key=lambda t: -t.width)  # stable: the source's sort
     fragments = [t for t in ordered if t.numel < chunk]
@@ -149,144 +156,267 @@ def lay_out(tensors: Sequence[Tensor], shards: int, padded: bool, unit: bool) ->
         spans.append((at, at + f.numel))
         at += f.numel
     size = -(-at // (shards * chunk)) * shards * chunk if padded else at
-    return Bucket(size, tuple(spans), unit)
+    first = tensors[0]
+    return Bucket(size, tuple(spans), unit, layer, first.expert, first.fp8)
 
 
-def layer_tensors(g: ModelGeometry, tp: int) -> list[Tensor]:
-    """A dense GPT layer's parameters on one TP rank in megatron-core's Transformer Engine
-    spec's ``named_parameters`` order: the attention's output projection (row-parallel:
-    rows of the rank's ``q_width / TP`` inputs) and its bias, the QKV projection's fused
-    input norm, weight (rows of ``hidden``) and bias, the q/k norms, then the MLP's fc1
-    with its fused norm (rows of ``hidden``) and fc2 (rows of ``ffn / TP``), each with its
-    bias. Their sum is the layer's ``weights.layer_tensors`` (a test holds it)."""
-    h = g.hidden
-    q_out = g.q_width * (2 if g.attention_output_gate else 1)
-    qkv_out = q_out + 2 * g.kv_width
-    fc1 = fc1_width(g, g.ffn)
-    norms = [Tensor(n) for n in sublayer_norm_tensors(g)]
-    out = [Tensor(h * g.q_width // tp, g.q_width // tp)]
-    out += [Tensor(h)] if g.attention_bias else []
-    out += [*norms, Tensor(qkv_out * h // tp, h)]
-    out += [Tensor(qkv_out // tp)] if g.attention_bias else []
-    out += [Tensor(n) for n in qk_norm_widths(g)]
-    out += [*norms, Tensor(fc1 * h // tp, h)]
-    out += [Tensor(fc1 // tp)] if g.mlp_bias else []
-    out += [Tensor(h * g.ffn // tp, g.ffn // tp)]
-    out += [Tensor(h)] if g.mlp_bias else []
-    return out
+def _groups(tensors: Sequence[Tensor]) -> list[list[Tensor]]:
+    """``tensors`` split into megatron_fsdp's parameter groups, each in the order of its
+    first tensor (a new group per expert / FP8 kind, pgb:1791-1830)."""
+    groups: dict[tuple[bool, bool], list[Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.expert, t.fp8), []).append(t)
+    return list(groups.values())
 
 
-def outside_tensors(g: ModelGeometry, tp: int) -> list[Tensor]:
-    """The parameters outside every unit on a single stage: the word embedding (rows of
-    ``hidden``), a learned position table, the final norm, an untied output layer."""
-    h = g.hidden
-    vocab = Tensor(padded_vocab(g, tp) // tp * h, h)
-    out = [vocab]
-    if g.learned_position_rows:
-        out.append(Tensor(g.learned_position_rows * h, h))
-    out += [Tensor(h)] * (2 if g.norm == "layernorm" else 1)
-    if not g.tied_embeddings:
-        out.append(vocab)
-    return out
+@dataclass(frozen=True)
+class Sharding:
+    """The rank's groups: ``dp`` ranks (DP x CP) shard a dense bucket, ``expert_dp`` (the
+    expert data-parallel group, world / (ETP x EP x PP)) an expert one; TP, EP and ETP
+    divide the tensors; ``fp8``: the linears' weights are FP8."""
+
+    tp: int
+    dp: int
+    ep: int = 1
+    etp: int = 1
+    expert_dp: int = 1
+    fp8: bool = False
+
+    def shards(self, bucket: Bucket) -> int:
+        return self.expert_dp if bucket.expert else self.dp
 
 
-def fsdp_buckets(g: ModelGeometry, tp: int, dp: int, strategy: str) -> list[Bucket]:
+def fsdp_buckets(g: ModelGeometry, sharding: Sharding, strategy: str) -> list[Bucket]:
     """The rank's buckets: the outside-unit one first (the embedding is the first
-    parameter), then one per layer; under ``no_shard`` no units, so one bucket of all."""
+    parameter), then each layer's groups, each padded to its own group's ranks x chunk;
+    under ``no_shard`` no units, so one bucket per group of every tensor."""
+    s = sharding
     padded = strategy != "no_shard"
-    layer = layer_tensors(g, tp)
+    layers = [unit_tensors(g, i, s.tp, s.ep, s.etp, s.fp8) for i in range(g.layers)]
     if not padded:
-        everything = outside_tensors(g, tp) + layer * g.layers
-        return [lay_out(everything, dp, False, False)]
-    unit = lay_out(layer, dp, True, True)
-    return [lay_out(outside_tensors(g, tp), dp, True, False)] + [unit] * g.layers
+        everything = outside_tensors(g, s.tp) + [t for layer in layers for t in layer]
+        return [lay_out(group, 1, False, False) for group in _groups(everything)]
+    out = [lay_out(outside_tensors(g, s.tp), s.dp, True, False)]
+    laid: dict[tuple[Tensor, ...], list[Bucket]] = {}
+    for i, tensors in enumerate(layers):
+        key = tuple(tensors)
+        if key not in laid:  # alike layers lay out alike (the layout is slow at scale)
+            laid[key] = [
+                lay_out(grp, s.expert_dp if grp[0].expert else s.dp, True, True)
+                for grp in _groups(tensors)
+            ]
+        out += [Bucket(b.size, b.spans, True, i, b.expert, b.fp8) for b in laid[key]]
+    return out
 
 
 @dataclass(frozen=True)
 class FsdpStatic:
     """What one rank keeps between steps, in elements: the model weights' buffer
-    (``weights``: the module's own tensors under ``no_shard``), the gradient buffer, the
-    fp32 main weights, and the elements the optimizer steps (its states' and any fp32
-    gradient copy's)."""
+    (``weights``: the module's own tensors under ``no_shard``; ``fp8_weights`` those of
+    the FP8 buckets, ``uint8``), the gradient buffer, the fp32 main weights, and the
+    elements the optimizer steps (its states' and any fp32 gradient copy's)."""
 
     weights: int
     gradients: int
     main_weights: int
     stepped: int
+    fp8_weights: int = 0
+    kept_gathered: int = 0
+    """The outside-unit buckets, whole: under ``optim_grads_params`` kept gathered between
+    steps (``AllGatherPipeline.reset(preserve_non_fsdp_units=True)``, pgb:4339-4371: marked
+    ``PRESERVED``, their storage kept and gathered into again in place)."""
 
 
-def fsdp_static(buckets: Sequence[Bucket], dp: int, strategy: str, index: int) -> FsdpStatic:
-    """The buffers of data-parallel rank ``index``: a sharded buffer holds its shard of
-    each bucket (size / DP), an unsharded one the whole bucket; the optimizer steps its
+def fsdp_static(
+    buckets: Sequence[Bucket], sharding: Sharding, strategy: str, index: int, expert_index: int = 0
+) -> FsdpStatic:
+    """The buffers of the rank at ``index`` of its DP x CP group (``expert_index`` of its
+    expert data-parallel group): a sharded buffer holds its shard of each bucket (size /
+    the bucket's group), an unsharded one the whole bucket; the optimizer steps its
     shard's real elements (all of them under ``no_shard``)."""
     weights_sharded = strategy == "optim_grads_params"
     grads_sharded = strategy in ("optim_grads", "optim_grads_params")
     main_sharded = strategy != "no_shard"
 
-    def held(sharded: bool) -> int:
-        return sum(b.size // dp if sharded else b.size for b in buckets)
+    def held(b: Bucket, sharded: bool) -> int:
+        return b.size // sharding.shards(b) if sharded else b.size
 
-    weights = held(weights_sharded) if strategy != "no_shard" else sum(b.real for b in buckets)
-    stepped = sum(b.shard_real(dp, index) if main_sharded else b.real for b in buckets)
-    return FsdpStatic(weights, held(grads_sharded), held(main_sharded), stepped)
+    def weights(fp8: bool) -> int:
+        mine = [b for b in buckets if b.fp8 == fp8]
+        if strategy == "no_shard":
+            return sum(b.real for b in mine)
+        return sum(held(b, weights_sharded) for b in mine)
+
+    stepped = sum(
+        b.shard_real(sharding.shards(b), expert_index if b.expert else index)
+        if main_sharded
+        else b.real
+        for b in buckets
+    )
+    return FsdpStatic(
+        weights(False),
+        sum(held(b, grads_sharded) for b in buckets),
+        sum(held(b, main_sharded) for b in buckets),
+        stepped,
+        weights(True),
+        sum(b.size for b in buckets if not b.unit) if weights_sharded else 0,
+    )
 
 
-def _window(units: Sequence[Bucket], limit: int) -> int:
-    """Elements of the first unit and those after it taken while the ones taken beyond
-    the first are fewer than ``limit`` (the prefetch and queue loops, pgb:4495-4515,
-    3938-3948)."""
-    if not units:
-        return 0
-    taken = units[0].size
-    for b in units[1:]:
-        if taken - units[0].size >= limit:
+def _window(
+    groups: Sequence[Sequence[Bucket]], first: int, limit: int, nbytes: Callable[[Bucket], int]
+) -> int:
+    """Bytes of the first ``first`` groups and the groups after them taken while the
+    elements taken beyond those are fewer than ``limit`` (the prefetch and queue loops,
+    pgb:4495-4515, 3938-3948: a group at a time, counted in elements)."""
+    taken = [b for grp in groups[:first] for b in grp]
+    beyond = 0
+    for grp in groups[first:]:
+        if beyond >= limit:
             break
-        taken += b.size
-    return taken
+        beyond += sum(b.size for b in grp)
+        taken += grp
+    return sum(nbytes(b) for b in taken)
+
+
+def _unit_groups(buckets: Sequence[Bucket]) -> list[list[Bucket]]:
+    """The units' buckets in megatron_fsdp's bucket groups (a unit's expert buckets, its
+    others: ``bucket_to_bucket_group``, pgb:1938-1955), in order."""
+    groups: dict[tuple[int, bool], list[Bucket]] = {}
+    for b in buckets:
+        if b.unit:
+            groups.setdefault((b.layer, b.expert), []).append(b)
+    return list(groups.values())
 
 
 @dataclass(frozen=True)
 class FsdpInFlight:
-    """Elements in flight while a step runs: whole buckets of parameters gathered
-    (``gathered``, in the parameters' dtype) and of gradients not yet reduce-scattered
-    (``gradients``, in the gradient buffer's dtype), at the forward's and the backward's
-    worst moment."""
+    """What is in flight while a step runs (in the units ``fsdp_in_flight`` was given:
+    elements at 1 B each): whole buckets of parameters gathered (``gathered``, in each
+    bucket's weight dtype) and of gradients not yet reduce-scattered (``gradients``, in
+    the gradient buffer's dtype), at the forward's and the backward's worst moment."""
 
     forward_gathered: int
     gathered: int
     gradients: int
 
 
-def fsdp_in_flight(buckets: Sequence[Bucket], strategy: str) -> FsdpInFlight:
+def pooled_layers(buckets: Sequence[Bucket]) -> set[int]:
+    """The units the double buffer serves (``FixedPoolAllocator``, pgb:647-745): the largest
+    set of units alike, each with the same buckets in order, of the same dtype and real
+    elements (``_is_two_bucket_group_equal``, pgb:735-747), the first such set where
+    several are as large (pgb:680-688)."""
+    units: dict[int, list[Bucket]] = {}
+    for b in buckets:
+        if b.unit:
+            units.setdefault(b.layer, []).append(b)
+    alike = {layer: tuple((b.real, b.fp8) for b in bs) for layer, bs in units.items()}
+    best: list[int] = []
+    for layer in units:
+        same = [other for other in units if alike[other] == alike[layer]]
+        if len(same) > len(best):
+            best = same
+    return set(best)
+
+
+def double_buffer_bytes(
+    buckets: Sequence[Bucket], strategy: str, param_bytes: int, grad_bytes: int
+) -> int:
+    """What the double buffer keeps (``--fsdp-double-buffer``): two buffers per bucket of a
+    served unit (``UB_BUFFER_NUM = 2``, pgb:2526), taken from megatron's global memory
+    buffer and kept for the process (``get_global_memory_buffer().get_tensor``,
+    pgb:857-859): the gathered weights' under ``optim_grads_params``, the gradients' under
+    ``optim_grads`` and ``optim_grads_params``, each bucket whole."""
+    pooled = pooled_layers(buckets)
+    if not pooled:
+        return 0
+    unit = [b for b in buckets if b.unit and b.layer == min(pooled)]
+    weights = sum(b.size * (1 if b.fp8 else param_bytes) for b in unit)
+    grads = sum(b.size * grad_bytes for b in unit)
+    held = (weights if strategy == "optim_grads_params" else 0) + (
+        grads if strategy in ("optim_grads", "optim_grads_params") else 0
+    )
+    return 2 * held
+
+
+def fsdp_in_flight(
+    buckets: Sequence[Bucket],
+    strategy: str,
+    param_bytes: int = 1,
+    grad_bytes: int = 1,
+    transposes: bool = False,
+    pooled: frozenset[int] = frozenset(),
+) -> FsdpInFlight:
     """A bound on what is in flight, added to the activations' peak: under
-    ``optim_grads_params`` the outside-unit bucket gathered through forward and backward
-    and the units one gather brings (the first and the prefetch window after it); under
-    ``optim_grads`` and ``optim_grads_params`` the outside-unit bucket's gradients (from
-    the final norm's, right after the head's backward, to the embedding's, the last) and
-    the units' the reduce-scatter queue holds (the one filling and up to the queue's
-    capacity before it). Each term is at most every bucket; they are not all live at once
-    (the units' gradients grow as their activations are freed), so the sum is a bound."""
-    units = [b for b in buckets if b.unit]
-    outside = sum(b.size for b in buckets if not b.unit)
-    gathered = 0
-    if strategy == "optim_grads_params":
-        gathered = outside + _window(units, PREFETCH_ELEMENTS)
+    ``optim_grads_params`` the units one gather brings (the first unit's bucket groups and
+    the prefetch window after them; the outside-unit buckets stay gathered between steps,
+    ``FsdpStatic.kept_gathered``); under ``optim_grads`` and ``optim_grads_params`` the outside-unit
+    bucket's gradients (from the final norm's, right after the head's backward, to the
+    embedding's, the last) and the units' the reduce-scatter queue holds (the first
+    unit's and up to the queue's capacity after them). Each term is at most every bucket;
+    they are not all live at once (the units' gradients grow as their activations are
+    freed), so the sum is a bound. A gathered FP8 bucket is 1 B an element; where
+    ``transposes`` (compute capability below 10) the backward's gather makes each FP8
+    weight's transpose beside it, 1 B an element (``fp8_create_transpose_cache`` after
+    ``wait_bucket_ready(bwd=True)``, mfsdp:493-498; freed with the unit's weights after its
+    backward, ``release_params_fp8_transpose_cache``, mfsdp:627-634). The ``pooled`` units'
+    buckets are the double buffer's, static (``double_buffer_bytes``): not in flight."""
+    groups = _unit_groups([b for b in buckets if b.layer not in pooled])
+    first = sum(1 for grp in groups if grp[0].layer == groups[0][0].layer) if groups else 0
+
+    def weight(b: Bucket) -> int:
+        return b.size * (1 if b.fp8 else param_bytes)
+
+    def grad(b: Bucket) -> int:
+        return b.size * grad_bytes
+
+    outside = [b for b in buckets if not b.unit]
+
+    def weight_and_transpose(b: Bucket) -> int:
+        return weight(b) + (b.size if b.fp8 and transposes else 0)
+
+    forward = backward = 0
+    if strategy == "optim_grads_params":  # the outside-unit buckets: static (kept_gathered)
+        forward = _window(groups, first, PREFETCH_ELEMENTS, weight)
+        backward = _window(groups, first, PREFETCH_ELEMENTS, weight_and_transpose)
     gradients = 0
     if strategy in ("optim_grads", "optim_grads_params"):
-        gradients = outside + _window(units, REDUCE_QUEUE_ELEMENTS)
-    return FsdpInFlight(gathered, gathered, gradients)
+        gradients = sum(map(grad, outside)) + _window(groups, first, REDUCE_QUEUE_ELEMENTS, grad)
+    return FsdpInFlight(forward, backward, gradients)
+
+
+def fsdp_sharding(settings: StepSettings) -> Sharding:
+    """The settings' rank's ``Sharding``."""
+    layout = settings.layout
+    expert_dp = max(1, settings.world_size // (layout.etp * layout.ep * settings.pipeline.pp))
+    fp8 = settings.fp8 is not None and settings.fp8.param_gather
+    return Sharding(layout.tp, layout.dp * layout.cp, layout.ep, layout.etp, expert_dp, fp8)
 
 
 def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
     """What Megatron FSDP holds in flight on the settings' rank beyond the activations,
     at the forward's peak and at the backward's (``fsdp_in_flight``): gathered buckets
-    in the parameters' dtype, gradient buckets in the gradient buffer's; (0, 0) without
+    in their weights' dtype, gradient buckets in the gradient buffer's; (0, 0) without
     it."""
     opt = settings.optimizer
     if opt.fsdp == "none":
         return 0, 0
-    layout = settings.layout
-    buckets = fsdp_buckets(settings.geometry, layout.tp, layout.dp * layout.cp, opt.fsdp)
-    flight = fsdp_in_flight(buckets, opt.fsdp)
-    p = settings.dtype_bytes
-    return p * flight.forward_gathered, p * flight.gathered + opt.grad_bytes * flight.gradients
+    sharding = fsdp_sharding(settings)
+    buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
+    transposes = sharding.fp8 and compute_capability(settings) < TRANSPOSE_BEFORE_CC
+    pooled = frozenset(pooled_layers(buckets)) if opt.fsdp_buffers != "dynamic" else frozenset()
+    flight = fsdp_in_flight(
+        buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes, transposes, pooled
+    )
+    return flight.forward_gathered, flight.gathered + flight.gradients
+
+
+def fp8_weight_count(g: ModelGeometry, sharding: Sharding) -> int:
+    """The FP8 weights on the rank, each a ``Float8Tensor`` with its own fp32
+    ``_scale_inv`` whatever buffer holds its data (``cpmem.pricing.fp8_static``)."""
+    if not sharding.fp8:
+        return 0
+    s = sharding
+    return sum(
+        1 for i in range(g.layers) for t in unit_tensors(g, i, s.tp, s.ep, s.etp, True) if t.fp8
+    )

@@ -292,6 +292,8 @@ TERMS: dict[str, Term] = {
     "global_memory_buffer": Term("none", True, static=True),
     "pipeline_received": Term("none", True, static=True),
     "dummy_wgrad": Term("none", True, static=True),
+    "fsdp_double_buffer": Term("none", False, static=True),  # no recording runs it
+    "fsdp_kept_gathered": Term("none", True, static=True),  # the A100 custom-FSDP file holds it
 }
 """Every component name, activation and static, and the tier that measures it."""
 

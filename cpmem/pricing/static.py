@@ -65,12 +65,19 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
+    SCALE_INV_BYTES,
     scale_inverse_bytes,
     scaling_state_bytes,
     split_fp8,
     transpose_bytes,
 )
-from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
+from cpmem.pricing.fsdp import (
+    double_buffer_bytes,
+    fp8_weight_count,
+    fsdp_buckets,
+    fsdp_sharding,
+    fsdp_static,
+)
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
 from cpmem.pricing.param_buffers import buffer_shard
@@ -108,6 +115,8 @@ class StaticComponent(StrEnum):
     GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
     PIPELINE_RECEIVED = "pipeline_received"
     DUMMY_WGRAD = "dummy_wgrad"
+    FSDP_KEPT_GATHERED = "fsdp_kept_gathered"
+    FSDP_DOUBLE_BUFFER = "fsdp_double_buffer"
 
 
 SOURCES: dict[StaticComponent, str] = {
@@ -392,10 +401,7 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     if fp8:
         out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8, compute_capability(settings))
         out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8)
-    if settings.fp8 is not None and settings.fp8.recipe == "delayed":
-        layers = _stage_layers(settings, stage)
-        kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
-        out[StaticComponent.FP8_SCALING_STATE] = scaling_state_bytes(kinds, settings.fp8.history)
+    out.update(_scaling_state(settings, _stage_layers(settings, stage)))
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out
@@ -405,21 +411,45 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
     """Every parameter trained under Megatron FSDP (``cpmem.pricing.fsdp``): the weights'
     buffer, the gradient buffer and the fp32 main weights of the rank, each its shard of
     every bucket where the strategy shards it, and the optimizer's moments (and an fp32
-    copy of a narrower gradient) on the real elements it steps. The rank's shard is its
-    data-parallel index (``dp_slice``); the last holds each bucket's end padding."""
-    layout, opt = settings.layout, settings.optimizer
-    dp = layout.dp * layout.cp
-    buckets = fsdp_buckets(settings.geometry, layout.tp, dp, opt.fsdp)
-    held = fsdp_static(buckets, dp, opt.fsdp, dp_slice(settings, dp))
+    copy of a narrower gradient) on the real elements it steps, and the outside-unit
+    buckets it keeps gathered (``fsdp_kept_gathered``). The rank's shard is its
+    data-parallel index (``dp_slice``, its expert data-parallel index for an expert
+    bucket); the last holds each bucket's end padding."""
+    opt = settings.optimizer
+    sharding = fsdp_sharding(settings)
+    buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
+    index = dp_slice(settings, sharding.dp)
+    expert_index = dp_slice(settings, sharding.expert_dp, experts=True)
+    held = fsdp_static(buckets, sharding, opt.fsdp, index, expert_index)
     moments = MOMENT_BYTES[opt.kind] * held.stepped if stepped else 0
     out = {
-        StaticComponent.WEIGHTS: settings.dtype_bytes * held.weights,
+        StaticComponent.WEIGHTS: settings.dtype_bytes * held.weights + FP8_BYTES * held.fp8_weights,
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.gradients,
         StaticComponent.OPTIMIZER_STATES: MASTER_BYTES * held.main_weights + moments,
     }
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.stepped
+    if held.kept_gathered:
+        out[StaticComponent.FSDP_KEPT_GATHERED] = settings.dtype_bytes * held.kept_gathered
+    if opt.fsdp_buffers != "dynamic":
+        p, g = settings.dtype_bytes, opt.grad_bytes
+        out[StaticComponent.FSDP_DOUBLE_BUFFER] = double_buffer_bytes(buckets, opt.fsdp, p, g)
+    if sharding.fp8:
+        count = fp8_weight_count(settings.geometry, sharding)
+        out[StaticComponent.FP8_SCALE_INVERSES] = SCALE_INV_BYTES * count
+    out.update(_scaling_state(settings, _stage_layers(settings, 0)))
     return out
+
+
+def _scaling_state(settings: StepSettings, layers: list[int]) -> dict[StaticComponent, int]:
+    """Delayed scaling's state of the ``layers``' Transformer Engine modules (none under
+    another recipe or without FP8)."""
+    fp8 = settings.fp8
+    if fp8 is None or fp8.recipe != "delayed":
+        return {}
+    g = settings.geometry
+    kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
+    return {StaticComponent.FP8_SCALING_STATE: scaling_state_bytes(kinds, fp8.history)}
 
 
 def _muon_training(

@@ -175,13 +175,25 @@ USERBUFFERS_NOTE = (
 )
 
 
+NCCL_UB_NOTE = (
+    "fsdp_buffers: under --use-nccl-ub Megatron FSDP's buffers come from an NCCL memory "
+    "pool (ncclMemAlloc through a PyTorch MemPool, param_and_grad_buffer.py:2046-2060, "
+    "2163-2200: in this figure, kept apart from other tensors); NCCL's own resources for "
+    "the registered buffers and symmetric windows are device memory outside PyTorch's "
+    "allocator, not in this figure"
+)
+
+
 def outside_allocator_notes(settings: StepSettings) -> tuple[str, ...]:
     """What the step keeps on the device outside PyTorch's allocator, which no figure
     holds: the userbuffers of ``--tp-comm-overlap``, the HybridEP dispatcher's buffers
-    (``cpmem.pricing.kinds.moe_dispatch``)."""
+    (``cpmem.pricing.kinds.moe_dispatch``), NCCL's resources for Megatron FSDP's user
+    buffers (``--use-nccl-ub``)."""
     notes: tuple[str, ...] = ()
     if settings.tp_comm_overlap and uses_te_gemm(settings):
         notes += (USERBUFFERS_NOTE,)
     if settings.runtime.moe_dispatcher == "hybridep":
         notes += (HYBRIDEP_BUFFERS_NOTE,)
+    if settings.optimizer.fsdp_buffers == "nccl-ub":
+        notes += (NCCL_UB_NOTE,)
     return notes

@@ -124,7 +124,7 @@ def routing_line(est: Estimate) -> str | None:
     return line
 
 
-OUTSIDE = ("tp_comm_overlap:", "offload=")
+OUTSIDE = ("tp_comm_overlap:", "hybridep:", "fsdp_buffers:", "offload=")
 """The notes that name memory outside the figure: device memory outside PyTorch's
 allocator (``cpmem.pricing.workspaces.outside_allocator_notes``) and the pinned host
 memory activation offloading copies to (``cpmem.pricing.offload.offload_notes``)."""

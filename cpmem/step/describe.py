@@ -181,6 +181,7 @@ def describe_settings(
             grad_bytes,
             a["optimizer_instances"],
             a["fsdp"],
+            a["fsdp_buffers"],
         ),
         device=resolve_device(a["device"], a["device_total_bytes"]),
         pipeline=Pipeline(

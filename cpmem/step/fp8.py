@@ -52,8 +52,10 @@ quantization.py:224-238 at b9d690e0) asks more than FP8's compute capability 8.9
 lowest major it accepts, the first major it refuses again and why. (``blockwise`` asks
 9.0 and CUDA 12.9, quantization.py:178-185: the general check's major 9 already holds it.)"""
 IN_FSDP = (
-    "FP8 parameters in Megatron FSDP's buffers are not priced: the uint8 buffer, transposes "
-    "and scale inverses are priced in megatron-core's DDP buffers only"
+    "FP8 parameters in Megatron FSDP's buffers are priced under the optim_grads_params "
+    "strategy only (the uint8 weight shards, gathered per unit with their transposes for "
+    "the backward and freed after it); under the others the weights stay whole, their "
+    "transposes Transformer Engine's own, not laid out"
 )
 BESIDE_MUON = (
     "FP8 parameters beside Muon's layer-wise buffers are not priced: Muon's buffers are not "
@@ -148,7 +150,7 @@ def fp8_problems(
     if not recompute_none:
         out.append("what a recomputed layer keeps under FP8 is not priced (recompute none)")
     if fsdp:
-        out.append(f"{IN_FSDP} (--fsdp none)")
+        out.append(f"{IN_FSDP} (--fsdp none or optim_grads_params)")
     if muon:
         out.append(f"{BESIDE_MUON} (--optimizer adam)")
     return out

@@ -30,7 +30,7 @@ from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, QUANTIZED_WEIGHTS, RUNTIMES, TRAININGS, Runtime
 from cpmem.step.setting import Setting
-from cpmem.step.trainer import CP_COMMS, FSDP_STRATEGIES, Head
+from cpmem.step.trainer import CP_COMMS, FSDP_BUFFERS, FSDP_STRATEGIES, Head
 from cpmem.step.values import parse_int_list, whole_bytes
 
 
@@ -439,6 +439,19 @@ class SettingsArguments(TypedDict, total=False):
             group="whole",
             choices=FSDP_STRATEGIES,
             export=lambda s: s.settings.optimizer.fsdp,
+        ),
+    ]
+    fsdp_buffers: Annotated[
+        str,
+        Setting(
+            "dynamic",
+            "--fsdp-buffers",
+            "how Megatron FSDP allocates its units' gathered and gradient buckets: dynamic "
+            "(default: each when used), double-buffer (--fsdp-double-buffer: two of each "
+            "kept between steps), nccl-ub (--use-nccl-ub: those from an NCCL memory pool)",
+            group="whole",
+            choices=FSDP_BUFFERS,
+            export=lambda s: s.settings.optimizer.fsdp_buffers,
         ),
     ]
     optimizer_instances: Annotated[

@@ -239,7 +239,7 @@ class StepSettings:
             compute_capability=9 if major is None else major,
             dtype_bytes=self.dtype_bytes,
             recompute_none=self.recompute.keeps_everything,
-            fsdp=self.optimizer.fsdp != "none",
+            fsdp=self.optimizer.fsdp not in ("none", "optim_grads_params"),
             muon=self.optimizer.kind == "muon",
         )
 
@@ -260,9 +260,10 @@ class StepSettings:
         )
 
     def _fsdp_problems(self) -> list[InputError]:
-        """Megatron FSDP is priced for full training of dense GPT layers (attention, not
-        latent, and a dense MLP: each a ``TransformerLayer`` unit whose tensors'
-        shapes ``cpmem.pricing.fsdp`` lays out) on one pipeline stage, without MTP."""
+        """Megatron FSDP is priced for full training of GPT layers (attention, latent or
+        not, and a dense MLP or an MoE block: each a ``TransformerLayer`` unit whose
+        tensors' shapes ``cpmem.pricing.fsdp_units`` gives) on one pipeline stage,
+        without MTP."""
         strategy = self.optimizer.fsdp
         if strategy == "none":
             return []
@@ -276,14 +277,14 @@ class StepSettings:
                 InputError("fsdp", strategy, "Megatron FSDP over pipeline stages is not priced")
             )
         kinds = set(g.mixers) | set(g.mlps)
-        if kinds != {"attention", "dense"} or g.is_mla or g.attention_sinks or g.mtp_depths:
+        if not kinds <= {"attention", "dense", "moe"} or g.attention_sinks or g.mtp_depths:
             problems.append(
                 InputError(
                     "fsdp",
                     strategy,
-                    "Megatron FSDP's buckets are laid out for dense GPT layers (attention "
-                    "without latent attention or sinks, a dense MLP, no MTP); this model has "
-                    + ", ".join(sorted(kinds)),
+                    "Megatron FSDP's buckets are laid out for GPT layers (attention, latent "
+                    "or not, without sinks; a dense MLP or an MoE block; no MTP); this model "
+                    "has " + ", ".join(sorted(kinds)),
                 )
             )
         return problems

@@ -21,6 +21,10 @@ CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
 OptimizerKind = Literal["adam", "sgd", "muon", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
 FSDP_STRATEGIES = ("none", "no_shard", "optim", "optim_grads", "optim_grads_params")
+FSDP_BUFFERS = ("dynamic", "double-buffer", "nccl-ub")
+"""How Megatron FSDP allocates its units' gathered and gradient buckets: each when used
+(``dynamic``), from two persistent buffers per bucket (``--fsdp-double-buffer``), or those
+from an NCCL memory pool (``--use-nccl-ub``, which turns the double buffer on)."""
 """Megatron FSDP's sharding strategies (``--data-parallel-sharding-strategy``), or none."""
 
 ADAPTER_TARGETS: tuple[str, ...] = (
@@ -171,13 +175,15 @@ class Optimizer:
     ``fsdp``: Megatron FSDP's sharding strategy (``--data-parallel-sharding-strategy``
     under ``--use-megatron-fsdp``: ``no_shard``, ``optim``, ``optim_grads``,
     ``optim_grads_params``; ``cpmem.pricing.fsdp``), or ``none`` (megatron-core's DDP); its
-    gradient buffer's element is ``grad_bytes``, its main weights fp32."""
+    gradient buffer's element is ``grad_bytes``, its main weights fp32; ``fsdp_buffers``:
+    how it allocates its units' buckets (``FSDP_BUFFERS``)."""
 
     kind: OptimizerKind = "adam"
     distributed: bool = False
     grad_bytes: int = 4
     instances: int = 1
     fsdp: str = "none"
+    fsdp_buffers: str = "dynamic"
 
     def __post_init__(self) -> None:
         check_optimizer(self.kind)
@@ -198,6 +204,17 @@ class Optimizer:
             )
         if self.fsdp not in FSDP_STRATEGIES:
             raise InputError("fsdp", self.fsdp, f"must be one of {list(FSDP_STRATEGIES)}")
+        if self.fsdp_buffers not in FSDP_BUFFERS:
+            raise InputError(
+                "fsdp_buffers", self.fsdp_buffers, f"must be one of {list(FSDP_BUFFERS)}"
+            )
+        if self.fsdp_buffers != "dynamic" and self.fsdp in ("none", "no_shard"):
+            raise InputError(
+                "fsdp_buffers",
+                self.fsdp_buffers,
+                "Megatron FSDP's double buffer holds its units' buckets: give a sharding "
+                "strategy with units (--fsdp optim, optim_grads or optim_grads_params)",
+            )
         if self.fsdp != "none" and self.kind not in ("adam", "sgd"):
             raise InputError(
                 "fsdp",

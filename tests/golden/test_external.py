@@ -482,6 +482,17 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         _nested("optimizer", fsdp="optim"),
         {"fsdp"},
     ),
+    (Optimizer, "fsdp_buffers"): (
+        _set(
+            geometry=load_model("qwen3-1.7b"),
+            training="full",
+            adapter=Adapter(),
+            pipeline=Pipeline(),
+            optimizer=Optimizer(fsdp="optim"),
+        ),
+        _nested("optimizer", fsdp="optim", fsdp_buffers="double-buffer"),
+        {"fsdp_buffers"},
+    ),
     (ParallelLayout, "etp"): (_same, _nested("layout", etp=2), {"etp"}),
     (Recompute, "full_method"): (
         _nested("recompute", mode="full"),

@@ -123,8 +123,9 @@ def test_auto_is_transformer_engines_pick_in_the_image_each_recording_ran_in(
 
 def test_refusals_name_a_refused_flag(tier: MegatronTier) -> None:
     assert tier.refused
+    # the step's own refusals (FP8 on MoE layers, cpmem.step.fp8) name its setting
     assert all(
-        message.startswith(("megatron_args=", "world_size=", "recording="))
+        message.startswith(("megatron_args=", "world_size=", "recording=", "fp8="))
         for message in tier.refused
     )
     assert sum(len(ids) for ids in tier.refused.values()) == len(tier.refusals)
@@ -213,7 +214,10 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     featured = [r for r in tier.recordings if r.features]
     assert {f"{r.family}/{r.case}" for r in featured} >= set(SECOND_EXTRACTION)
     unpriced = {
-        "fsdp": ("--use-megatron-fsdp",),
+        # the DeepSeek proxies' Megatron FSDP of MoE and latent attention, and FP8 in its
+        # buffers, are priced: the EP-overlap one's --delay-wgrad-compute refuses it, the
+        # GB200 ones' FP8 on MoE layers in fp32
+        "fsdp": ("--use-megatron-fsdp", "--delay-wgrad-compute", "not ['moe']"),
         "cudagraph": ("--cuda-graph-impl",),
         "release-15b": ("world_size=None: unknown",),
     }

@@ -78,6 +78,7 @@ CHANGES: dict[str, list[str]] = {
     "--distributed-optimizer": ["--distributed-optimizer"],
     "--optimizer-instances": ["--optimizer-instances", "2"],
     "--fsdp": ["--fsdp", "optim_grads_params"],
+    "--fsdp-buffers": ["--fsdp-buffers", "double-buffer"],  # refused without --fsdp
     "--device": ["--device", "b200"],
     "--device-total-bytes": ["--device-total-bytes", "90000000000"],
     "--pp": ["--pp", "2"],

@@ -144,13 +144,19 @@ def test_gpt_oss_with_a_pipeline_megatron_accepts_is_refused_for_fp8_on_moe_alon
     )
 
 
-def test_megatron_fsdp_llama3_8b_is_refused_for_its_buffers_and_fp8_alone() -> None:
-    # Megatron FSDP and FP8's tensorwise and delayed recipes are priced; its NCCL user
-    # buffers, its double buffer and FP8 parameters in Megatron FSDP's buffers are not
-    err = _refused("megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
-    assert err.value == (
-        "--use-nccl-ub, --fsdp-double-buffer, --fp8-format hybrid with --use-megatron-fsdp"
+def test_megatron_fsdp_llama3_8b_prices_as_written() -> None:
+    # 8 GPUs (torchrun's 8 x 1), DP 8; its mock NullTokenizer's --vocab-size 128256.
+    # Megatron FSDP optim_grads_params with --use-nccl-ub (the double buffer on,
+    # arguments.py:1172-1176), FP8 delayed with --fp8-param-gather in its buffers
+    step = describe_megatron(EXAMPLES / "megatron_fsdp__train_llama3_8b_fsdp_h100_fp8.sh")
+    opt = step.settings.optimizer
+    assert (opt.fsdp, opt.fsdp_buffers, step.settings.layout.dp) == (
+        "optim_grads_params",
+        "nccl-ub",
+        8,
     )
+    assert step.geometry.vocab == 128_256
+    assert step.settings.fp8 == Fp8("delayed", True, 1024)
 
 
 def test_the_deepseek_v3_sbatch_script_is_read_from_the_command_it_hands_srun() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cpmem.api import describe_megatron
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args, read_megatron_args
 from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
@@ -69,14 +70,14 @@ def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
             "Megatron FSDP v2",
         ),
         (
-            {"--num-experts": 8, "--disable-bias-linear": True},
-            "--use-megatron-fsdp with --num-experts",
-            "Megatron FSDP's buckets of MoE experts",
+            {"--mtp-num-layers": 1},
+            "--use-megatron-fsdp with --mtp-num-layers",
+            "Megatron FSDP's buckets of hybrid or MTP layers",
         ),
         (
-            {"--fsdp-double-buffer": True},
-            "--fsdp-double-buffer",
-            "Megatron FSDP's hybrid sharding (outer data-parallel groups), its double buffers",
+            {"--megatron-fsdp-max-pool-double-buffer": True},
+            "--megatron-fsdp-max-pool-double-buffer",
+            "Megatron FSDP's double buffers: two units' gathered weights",
         ),
         (
             {"--use-torch-fsdp2": True, "--use-megatron-fsdp": False},
@@ -106,23 +107,10 @@ def test_a_matching_grad_comm_dtype_is_read() -> None:
 @pytest.mark.parametrize(
     ("case", "value"),
     [
-        # FP8 (--fp8-format e4m3 --fp8-param-gather) and Megatron FSDP of its MoE and
-        # latent-attention layers: Megatron FSDP itself is not named
-        (
-            "moe/deepseek_proxy_fsdp_ep2_fsdp2",
-            "--use-megatron-fsdp with --num-experts, --multi-latent-attention, "
-            "--fp8-format e4m3 with --use-megatron-fsdp",
-        ),
-        (
-            "moe/deepseek_proxy_fsdp_ep2_fsdp2_1node",
-            "--use-megatron-fsdp with --num-experts, --multi-latent-attention, "
-            "--fp8-format e4m3 with --use-megatron-fsdp",
-        ),
-        (
-            "moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap",
-            "--delay-wgrad-compute, --use-megatron-fsdp with --num-experts, "
-            "--multi-latent-attention",
-        ),
+        # the EP-overlap case's --delay-wgrad-compute: Megatron FSDP of their MoE and
+        # latent-attention layers, and FP8 in its buffers, is not named (the GB200 cases
+        # pass the door: the step refuses their FP8 MoE layers and fp32 parameters)
+        ("moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap", "--delay-wgrad-compute"),
     ],
 )
 def test_the_deepseek_proxies_name_only_what_remains(case: str, value: str) -> None:
@@ -134,12 +122,33 @@ def test_the_deepseek_proxies_name_only_what_remains(case: str, value: str) -> N
 
 def test_fp8_with_megatron_fsdp_or_muon_is_named_at_the_door() -> None:
     """FP8's uint8 buffer, transposes and scale inverses are priced in megatron-core's DDP
-    buffers only: a tensorwise FP8 run under Megatron FSDP, or beside Muon, is refused
-    with that reason, listed with the run's other problems."""
+    buffers and Megatron FSDP's under optim_grads_params: a tensorwise FP8 run under another
+    strategy, or beside Muon, is refused with that reason, listed with the run's other
+    problems."""
     fp8 = {"--fp8-format": "hybrid", "--fp8-recipe": "tensorwise", "--fp8-param-gather": True}
-    assert _refused(fp8).value == "--fp8-format hybrid with --use-megatron-fsdp"
+    parse_megatron_args({**BASE, **fp8})  # optim_grads_params, the default: read
+    zero2 = {**BASE, **fp8, "--data-parallel-sharding-strategy": "optim_grads"}
+    with pytest.raises(InputError) as err:
+        parse_megatron_args(zero2)
+    assert (
+        err.value.value == "--fp8-format hybrid with --data-parallel-sharding-strategy optim_grads"
+    )
     no_fsdp = {k: v for k, v in BASE.items() if k not in ("--use-megatron-fsdp", "--ckpt-format")}
     with pytest.raises(InputError) as err:
         parse_megatron_args({**no_fsdp, **fp8, "--optimizer": "muon"})
     assert err.value.value == "--fp8-format hybrid with --optimizer muon"
     assert "Muon's buffers" in err.value.reason
+
+
+@pytest.mark.parametrize(
+    "case", ["moe/deepseek_proxy_fsdp_ep2_fsdp2", "moe/deepseek_proxy_fsdp_ep2_fsdp2_1node"]
+)
+def test_the_gb200_proxies_are_refused_for_fp8_moe_layers_and_fp32_parameters(case: str) -> None:
+    # the door reads them (Megatron FSDP of their layers and FP8 in its buffers priced);
+    # the step refuses FP8 on MoE layers and in fp32 (no --bf16), cpmem.step.fp8
+    args = read_megatron_args(CASES / case / "model_config.yaml")
+    with pytest.raises(InputError) as err:
+        describe_megatron(args, world_size=8 if case.endswith("fsdp2") else 4, device="gb200")
+    assert err.value.field == "fp8"
+    assert "not ['moe']" in err.value.reason and "bf16 or fp16" in err.value.reason
+    assert "Megatron FSDP" not in err.value.reason

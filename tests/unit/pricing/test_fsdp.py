@@ -22,14 +22,14 @@ from cpmem.megatron.args import read_megatron_args
 from cpmem.megatron.describe import megatron_geometry
 from cpmem.pricing.fsdp import (
     Bucket,
-    Tensor,
+    Sharding,
     chunk_factor,
     fsdp_buckets,
     fsdp_in_flight,
     fsdp_static,
     lay_out,
-    layer_tensors,
 )
+from cpmem.pricing.fsdp_units import Tensor, unit_tensors
 from cpmem.step.trainer import Optimizer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,7 +46,7 @@ def geometry():  # type: ignore[no-untyped-def]
 
 
 def test_a_layer_is_its_tensors_and_its_chunk_is_fc2s_row(geometry) -> None:  # type: ignore[no-untyped-def]
-    tensors = layer_tensors(geometry, 2)
+    tensors = unit_tensors(geometry, 0, 2)
     assert LAYER == 1_577_728 and sum(t.numel for t in tensors) == LAYER
     # fc2's row of 2048 / 2 = 1024 is the widest; QKV's and fc1's 512 and linear_proj's 256
     # divide it with their tensors whole chunks; every vector is at most one chunk
@@ -64,12 +64,12 @@ def test_a_layer_is_its_tensors_and_its_chunk_is_fc2s_row(geometry) -> None:  # 
     ],
 )
 def test_buckets_end_on_dp_times_their_chunk(geometry, dp, unit, outside) -> None:  # type: ignore[no-untyped-def]
-    buckets = fsdp_buckets(geometry, 2, dp, "optim_grads_params")
+    buckets = fsdp_buckets(geometry, Sharding(2, dp), "optim_grads_params")
     assert OUTSIDE == 13_435_904
     assert [b.size for b in buckets] == [outside] + [unit] * 12
     assert [b.unit for b in buckets] == [False] + [True] * 12
     # no_shard: one bucket of every tensor, no end padding
-    (whole,) = fsdp_buckets(geometry, 2, dp, "no_shard")
+    (whole,) = fsdp_buckets(geometry, Sharding(2, dp), "no_shard")
     assert whole.size == whole.real == OUTSIDE + 12 * LAYER
 
 
@@ -101,7 +101,7 @@ BUCKET = Bucket(48, ((0, 18), (24, 32)), True)  # 26 real elements, 24 per shard
     ],
 )
 def test_each_strategy_shards_its_buffers(strategy, weights, gradients, main, stepped) -> None:  # type: ignore[no-untyped-def]
-    held = fsdp_static([BUCKET], 2, strategy, 1)
+    held = fsdp_static([BUCKET], Sharding(1, 2), strategy, 1)
     assert (held.weights, held.gradients, held.main_weights, held.stepped) == (
         weights,
         gradients,
@@ -113,33 +113,50 @@ def test_each_strategy_shards_its_buffers(strategy, weights, gradients, main, st
 def test_in_flight_the_prefetch_window_and_the_reduce_queue() -> None:
     # five units of 300M elements: a gather takes the first and prefetches while what it
     # prefetched is under 500M (0, then 300M: three units, 900M); the reduce-scatter queue
-    # holds while under 1B (0, 300M, 600M, 900M: all five, 1.5B); the outside bucket both
-    units = [Bucket(300_000_000, (), True)] * 5
+    # holds while under 1B (0, 300M, 600M, 900M: all five, 1.5B); the outside bucket's
+    # gradients too, its weights gathered between steps already (kept_gathered)
+    units = [Bucket(300_000_000, (), True, layer) for layer in range(5)]
     outside = Bucket(1_000, (), False)
     flight = fsdp_in_flight([outside, *units], "optim_grads_params")
-    assert (flight.gathered, flight.gradients) == (900_001_000, 1_500_001_000)
+    assert (flight.gathered, flight.gradients) == (900_000_000, 1_500_001_000)
     zero2 = fsdp_in_flight([outside, *units], "optim_grads")
     assert (zero2.gathered, zero2.gradients) == (0, 1_500_001_000)
     for unsharded in ("no_shard", "optim"):  # gradients accumulate in the persistent buffer
         assert fsdp_in_flight([outside, *units], unsharded) == type(flight)(0, 0, 0)
+    # a unit's expert and other buckets are gathered together (one unit), the prefetch
+    # then takes a bucket group (a unit's experts, or its others) at a time: 200M + 100M
+    # for layer 0, then layer 1's 200M others (200M < 500M), its 400M experts (600M), stop
+    split = [
+        Bucket(200_000_000, (), True, 0),
+        Bucket(100_000_000, (), True, 0, expert=True),
+        Bucket(200_000_000, (), True, 1),
+        Bucket(400_000_000, (), True, 1, expert=True),
+        Bucket(50_000_000, (), True, 2),
+    ]
+    assert fsdp_in_flight(split, "optim_grads_params").gathered == 900_000_000
+    # an FP8 bucket gathers at 1 B an element, the others at the parameters' 2 B
+    fp8 = [Bucket(10, (), True, 0), Bucket(30, (), True, 0, fp8=True)]
+    assert fsdp_in_flight(fp8, "optim_grads_params", 2, 4).gathered == 2 * 10 + 30
 
 
 @pytest.mark.parametrize(
-    ("world", "static", "in_flight"),
+    ("world", "static", "kept", "in_flight"),
     [
         # DP 4, the last rank: shards 3,359,232 + 12 x 395,264 = 8,102,400 elements;
         # real 13,435,904 - 3 x 3,359,232 + 12 x (1,577,728 - 3 x 395,264) = 8,061,440.
         # bf16 weights 2 x 8,102,400; fp32 gradients 4 x 8,102,400; fp32 main weights
-        # 4 x 8,102,400 + Adam's 8 x 8,061,440. In flight: every bucket (the prefetch
-        # window and the queue hold all 12 units) gathered in bf16 and its fp32
-        # gradients: 6 x (13,436,928 + 12 x 1,581,056) = 6 x 32,409,600
-        (8, (16_204_800, 32_409_600, 96_901_120), 194_457_600),
+        # 4 x 8,102,400 + Adam's 8 x 8,061,440. The outside bucket kept gathered in bf16:
+        # 2 x 13,436,928. In flight: every unit (the prefetch window and the queue hold
+        # all 12) gathered in bf16, and every bucket's fp32 gradients:
+        # 2 x 12 x 1,581,056 + 4 x (13,436,928 + 12 x 1,581,056)
+        (8, (16_204_800, 32_409_600, 96_901_120), 26_873_856, 167_583_744),
         # DP 2: shards 6,717,952 + 12 x 789,504 = 16,192,000; real 6,717,952 +
-        # 12 x (1,577,728 - 789,504) = 16,176,640; in flight 6 x 32,384,000
-        (4, (32_384_000, 64_768_000, 194_181_120), 194_304_000),
+        # 12 x (1,577,728 - 789,504) = 16,176,640; kept 2 x 13,435,904; in flight
+        # 2 x 12 x 1,579,008 + 4 x (13,435,904 + 12 x 1,579,008)
+        (4, (32_384_000, 64_768_000, 194_181_120), 26_871_808, 167_432_192),
     ],
 )
-def test_the_fsdp_case_static_and_in_flight(world, static, in_flight) -> None:  # type: ignore[no-untyped-def]
+def test_the_fsdp_case_static_and_in_flight(world, static, kept, in_flight) -> None:  # type: ignore[no-untyped-def]
     step = describe_megatron(CASE, world_size=world, device="h100", rank="last")
     assert step.settings.optimizer.fsdp == "optim_grads_params"
     assert step.settings.optimizer.grad_bytes == 4  # --megatron-fsdp-main-grads-dtype fp32
@@ -147,6 +164,7 @@ def test_the_fsdp_case_static_and_in_flight(world, static, in_flight) -> None:  
     c = est.static.components
     assert (c["weights"], c["gradient_buffer"], c["optimizer_states"]) == static
     assert "master_gradients" not in c
+    assert c["fsdp_kept_gathered"] == kept
     assert est.forward_backward_components["fsdp_in_flight"] == in_flight
 
 
@@ -170,3 +188,50 @@ def test_megatron_fsdp_refuses_what_it_does_not_lay_out() -> None:
         Optimizer("muon", fsdp="optim")
     with pytest.raises(InputError, match="fsdp='zero3'"):
         Optimizer("adam", fsdp="zero3")
+
+
+@pytest.mark.parametrize(
+    ("device", "in_flight"),
+    [
+        # Hopper: the backward's gather makes each FP8 weight's transpose, 1 B an element
+        ("h100", 12 * (2 * 1_572_864 + 2 * 4_864) + 129_478_656),
+        ("gb200", 12 * (1_572_864 + 2 * 4_864) + 129_478_656),  # no transposes
+    ],
+)
+def test_fp8_weights_are_a_uint8_bucket_of_their_own(tmp_path: Path, device, in_flight) -> None:  # type: ignore[no-untyped-def]
+    # --fp8-param-gather: a layer's four TE linears' weights (131,072 + 393,216 + 524,288
+    # + 524,288 = 1,572,864, chunk 1024: 384 x 4,096 at DP 4) are one group, uint8; its
+    # norms and biases (4,864, rows of 1: no padding at DP 4) another. The last rank of
+    # DP 4: bf16 3,359,232 + 12 x 1,216, uint8 12 x 393,216; fp32 gradients and main
+    # weights 3,359,232 + 12 x 394,432 = 8,092,416; Adam on 3,358,208 + 12 x 394,432
+    # = 8,091,392; 48 FP8 weights' scale inverses, 512 B each. In flight: every unit
+    # gathered (1 B an FP8 element, 2 B the others) and every bucket's fp32 gradients,
+    # 4 x (13,436,928 + 12 x 1,577,728) = 129,478,656
+    text = CASE.read_text().replace(
+        "--bf16: true",
+        "--bf16: true\n  --fp8-format: hybrid\n  --fp8-recipe: tensorwise\n  --fp8-param-gather: true",
+    )
+    config = tmp_path / "model_config.yaml"
+    config.write_text(text)
+    est = price_step(describe_megatron(config, world_size=8, device=device, rank="last"), "tight")
+    c = est.static.components
+    assert c["weights"] == 2 * (3_359_232 + 12 * 1_216) + 12 * 393_216
+    assert (c["gradient_buffer"], c["fp8_scale_inverses"]) == (4 * 8_092_416, 48 * 512)
+    assert c["optimizer_states"] == 4 * 8_092_416 + 8 * 8_091_392
+    assert "fp8_transposes" not in c and c["fsdp_kept_gathered"] == 2 * 13_436_928
+    assert est.forward_backward_components["fsdp_in_flight"] == in_flight
+
+
+def test_the_double_buffer_keeps_two_units_buckets(tmp_path: Path) -> None:
+    # --fsdp-double-buffer: the 12 alike units are served by two buffers per bucket kept
+    # between steps (FixedPoolAllocator, pgb:647-745, 2524-2560): a unit is one bucket of
+    # 1,581,056 elements at DP 4, gathered in bf16 and its gradients in fp32:
+    # 2 x (2 + 4) x 1,581,056. In flight only the outside bucket's fp32 gradients remain
+    text = CASE.read_text().replace("--bf16: true", "--bf16: true\n  --fsdp-double-buffer: true")
+    config = tmp_path / "model_config.yaml"
+    config.write_text(text)
+    step = describe_megatron(config, world_size=8, device="h100", rank="last")
+    assert step.settings.optimizer.fsdp_buffers == "double-buffer"
+    est = price_step(step, "tight")
+    assert est.static.components["fsdp_double_buffer"] == 2 * 6 * 1_581_056 == 18_972_672
+    assert est.forward_backward_components["fsdp_in_flight"] == 4 * 13_436_928

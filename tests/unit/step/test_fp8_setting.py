@@ -93,13 +93,14 @@ def test_tp_comm_overlap_needs_sequence_parallelism() -> None:
 @pytest.mark.parametrize(
     ("given", "reason"),
     [
-        ({"fsdp": "optim_grads_params"}, "Megatron FSDP's buffers are not priced"),
+        ({"fsdp": "optim_grads"}, "priced under the optim_grads_params strategy only"),
         ({"optimizer": "muon"}, "beside Muon's layer-wise buffers are not priced"),
     ],
 )
 def test_fp8_parameters_in_other_buffers_are_refused(given: dict[str, str], reason: str) -> None:
     """The uint8 buffer, transposes and scale inverses are priced in megatron-core's DDP
-    buffers only; Megatron FSDP and Muon keep their parameters in buffers of their own."""
+    buffers and Megatron FSDP's under optim_grads_params; Megatron FSDP's other strategies
+    and Muon keep their parameters in buffers of their own."""
     with pytest.raises(InputError) as err:
         describe_step("qwen3-1.7b", [4096], fp8="tensorwise:param-gather", dp=4, **FULL, **given)
     assert err.value.field == "fp8"
