@@ -1,6 +1,7 @@
 """FP8's arguments at the door (``fp8_problems``, one of ``rules.rule_problems``' rules):
 the recipe (``--fp8-recipe``, default ``delayed``, with its ``--fp8-amax-history-len``,
-default 1, under ``delayed``) and ``--fp8-param-gather``, each
+default 1, under ``delayed``) and ``--fp8-param-gather`` (given or not: without it the
+bf16 weights beside Transformer Engine's cached FP8 copies), each
 refused with the reason ``cpmem.step.fp8`` gives where cpmem does not price it, so a run
 learns them with its other refused flags; what the step decides beyond them (training,
 layer kinds, device) is checked where the step is built. ``--fp8-param-gather`` without
@@ -17,7 +18,6 @@ from cpmem.step.fp8 import (
     IN_FSDP,
     PRICED_RECIPES,
     RECIPE_REASONS,
-    WITHOUT_PARAM_GATHER,
     Fp8,
 )
 
@@ -56,8 +56,6 @@ def fp8_problems(args: MegatronArgs) -> list[Problem]:
         out.append(
             (f"--fp8-recipe {recipe}{default}", "changes memory cpmem does not price: " + reason)
         )
-    if not args.fp8_param_gather:
-        out.append((f"--fp8-format {args.fp8} without --fp8-param-gather", WITHOUT_PARAM_GATHER))
     if args.use_megatron_fsdp:
         out.append(
             (

@@ -1,5 +1,5 @@
-"""FP8 parameters' static memory (``StepSettings.fp8`` with ``param_gather``): which of a
-stage's tensors are FP8, and what each keeps beside its bytes.
+"""FP8 weights' static memory (``StepSettings.fp8``): which of a stage's tensors are FP8,
+and what each keeps beside its bytes.
 
 Under ``--fp8-param-gather`` every Transformer Engine linear's weight is built as a
 ``Float8Tensor`` (Megatron-LM 4828d651, TE b9d690e0):
@@ -32,6 +32,22 @@ hold views of these tensors, no copy (``quantization.py:528-538``); the quantize
 views too (``:1424-1427``). Each tensor is priced in whole 512 B blocks (``BLOCK``). The
 reduction concatenates the stage's forward (or backward) amaxes into one transient tensor
 (``quantization.py:652``, 4 B per quantizer, freed at once), not priced.
+
+Without ``--fp8-param-gather`` the weights stay bf16 parameters in megatron-core's bf16
+buffer and Transformer Engine casts them to FP8 in each forward. megatron-core's TE
+linears pass ``is_first_microbatch`` (``extensions/transformer_engine.py:671-678``: True
+on a step's first micro-batch, ``set_is_first_microbatch``, ``schedules.py:404-405``;
+None only under ``disable_parameter_transpose_cache``, a config field no argument sets),
+so TE keeps the cast in the module's ``_fp8_workspaces["weight"]``
+(``module/linear.py:1805-1809``, ``:1906-1909``; ``layernorm_linear.py`` the same),
+refreshed in place on each step's first micro-batch (``module/base.py:740-750``,
+``linear.py:421``) and never freed (it is cleared only when the recipe's class changes,
+``base.py:1384``). The cached copy is the quantizer's tensor of the weight's shape: a
+``uint8`` data tensor (1 B per element, ``cached_weight_bytes``), the transpose where
+the GEMM needs TN layouts (the weight's columnwise usage, asked in training,
+``linear.py:409-417``; ``_is_weight_workspace_valid``, ``base.py:642-652``) and one fp32
+scale inverse: the same transposes and scale inverses as the FP8 parameters', beside a
+bf16 weight rather than in place of it. The saved inputs are the same either way.
 
 The layers' weights are the TE linears' (a layer kind's ``trained_tensors().weights``:
 attention's QKV and output projections, the dense MLP's fc1 and fc2); the embedding, the
@@ -103,6 +119,12 @@ def split_fp8(
         at += weights + others
     rest += dense[at:]
     return tuple(rest), tuple(fp8)
+
+
+def cached_weight_bytes(weights: Sequence[int]) -> int:
+    """Transformer Engine's cached FP8 copies of the bf16 ``weights`` (without
+    ``--fp8-param-gather``): 1 B per element, each in whole 512 B blocks."""
+    return sum(_blocks(n * FP8_BYTES) for n in weights)
 
 
 def transpose_bytes(weights: Sequence[int], compute_capability: int) -> int:

@@ -42,11 +42,12 @@ stage's MTP depths and their embedding copy included (``weights.stage_tensors``)
   expert data-parallel group, the tied output copy in a buffer of its own);
 - ``master_gradients``: where ``main_grad`` is not fp32, the fp32 copy the optimizer
   makes of it (``master_gradient_bytes``);
-- under FP8 with ``--fp8-param-gather`` (``StepSettings.fp8``, ``cpmem.pricing.fp8_static``)
-  the layers' Transformer Engine weights in a ``uint8`` buffer of their own (1 B, in
-  ``weights``), ``fp8_transposes`` (before compute capability 10) and
-  ``fp8_scale_inverses``; under its ``delayed`` recipe, ``fp8_scaling_state`` (each TE
-  module's amax histories and scales).
+- under FP8 (``StepSettings.fp8``, ``cpmem.pricing.fp8_static``) the layers' Transformer
+  Engine weights in FP8: with ``--fp8-param-gather`` in a ``uint8`` buffer of their own
+  (1 B, in ``weights``), without it left in the bf16 buffer beside the FP8 copy TE caches
+  of each (``fp8_weight_cache``); either way ``fp8_transposes`` (before compute
+  capability 10) and ``fp8_scale_inverses``; under the ``delayed`` recipe,
+  ``fp8_scaling_state`` (each TE module's amax histories and scales).
 
 The measured runtime's baselines (its own rank-8 adapters, trained by megatron's
 optimizer, never stepped, beside the harness's rank-1 slot) are checked against this
@@ -65,6 +66,7 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
+    cached_weight_bytes,
     scale_inverse_bytes,
     scaling_state_bytes,
     split_fp8,
@@ -102,6 +104,7 @@ class StaticComponent(StrEnum):
     TE_CUBLASLT_WORKSPACE = "te_cublaslt_workspace"
     TE_GROUPED_GEMM_WORKSPACES = "te_grouped_gemm_workspaces"
     TE_USERBUFFER_WORKSPACE = "te_userbuffer_workspace"
+    FP8_WEIGHT_CACHE = "fp8_weight_cache"
     FP8_TRANSPOSES = "fp8_transposes"
     FP8_SCALE_INVERSES = "fp8_scale_inverses"
     FP8_SCALING_STATE = "fp8_scaling_state"
@@ -122,6 +125,7 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.TE_CUBLASLT_WORKSPACE: "Transformer Engine's cuBLASLt workspace",
     StaticComponent.TE_GROUPED_GEMM_WORKSPACES: "TE grouped GEMM's per-stream workspaces",
     StaticComponent.TE_USERBUFFER_WORKSPACE: "TE's userbuffer GEMMs' 3-stream workspace",
+    StaticComponent.FP8_WEIGHT_CACHE: "TE's cached FP8 copy of each bf16 weight (no param-gather)",
     StaticComponent.FP8_TRANSPOSES: "each FP8 weight's transpose where the GEMM needs TN",
     StaticComponent.FP8_SCALE_INVERSES: "each FP8 weight's fp32 scale inverse",
     StaticComponent.FP8_SCALING_STATE: "delayed scaling's amax histories and scales per TE module",
@@ -360,9 +364,12 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     dense = optimizer_shards(layout, opt.instances)
     p = settings.dtype_bytes
     bf16: tuple[int, ...] = tensors.dense
-    fp8: tuple[int, ...] = ()
-    if settings.fp8 is not None and settings.fp8.param_gather:
-        bf16, fp8 = split_fp8(g, tensors.dense, _stage_layers(settings, stage), layout.tp)
+    fp8: tuple[int, ...] = ()  # FP8 parameters, in the uint8 buffer
+    fp8_weights: tuple[int, ...] = ()  # every FP8 weight, a parameter or TE's cached copy
+    if settings.fp8 is not None:
+        rest, fp8_weights = split_fp8(g, tensors.dense, _stage_layers(settings, stage), layout.tp)
+        if settings.fp8.param_gather:
+            bf16, fp8 = rest, fp8_weights
     groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
         (bf16, dense, False, p),
         (fp8, dense, False, FP8_BYTES),
@@ -389,9 +396,12 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
-    if fp8:
-        out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8, compute_capability(settings))
-        out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8)
+    if fp8_weights and not fp8:
+        out[StaticComponent.FP8_WEIGHT_CACHE] = cached_weight_bytes(fp8_weights)
+    if fp8_weights:
+        cc = compute_capability(settings)
+        out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8_weights, cc)
+        out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8_weights)
     if settings.fp8 is not None and settings.fp8.recipe == "delayed":
         layers = _stage_layers(settings, stage)
         kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]

@@ -8,15 +8,17 @@ changes no byte: both keep 1 B per element.
 
 Priced: ``tensorwise`` (current scaling) and ``delayed`` (delayed scaling, with its amax
 history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 1,
-transformer_config.py:621 at d98e8a64) with ``param-gather`` (``--fp8-param-gather``),
-on full training of attention and dense-MLP layers under Transformer Engine's modules, on
-a device of compute capability 9 or later, with bf16 or fp16 parameters and nothing
-recomputed. What it changes is priced where each term lives: the weights in the
-``uint8`` parameter buffer, their transposes and scale inverses
-(``cpmem.pricing.static``), delayed scaling's amax histories and scales
-(``cpmem.pricing.fp8_static``), the TE linears' saved inputs (the layer kinds' tight widths,
-``cpmem.pricing.kinds.fp8``: the same 1 B copies under both recipes). Everything else is
-refused by name (``fp8_problems``).
+transformer_config.py:621 at d98e8a64), with or without ``param-gather``
+(``--fp8-param-gather``), on full training of attention and dense-MLP layers under
+Transformer Engine's modules, on a device of compute capability 9 or later, with bf16 or
+fp16 parameters and nothing recomputed. What it changes is priced where each term lives
+(``cpmem.pricing.static``, ``cpmem.pricing.fp8_static``): with ``param-gather`` the
+weights in the ``uint8`` parameter buffer; without it the weights left in the bf16 buffer
+and the FP8 copy of each that Transformer Engine caches across micro-batches and steps
+(``fp8_weight_cache``); either way their transposes and scale inverses, delayed
+scaling's amax histories and scales, and the TE linears' saved inputs (the layer kinds'
+tight widths, ``cpmem.pricing.kinds.fp8``: the same 1 B copies under both recipes and
+both modes). Everything else is refused by name (``fp8_problems``).
 """
 
 from __future__ import annotations
@@ -61,16 +63,13 @@ BESIDE_MUON = (
 )
 """Why FP8 parameters are refused where another mechanism keeps the parameters (both doors
 give these reasons)."""
-WITHOUT_PARAM_GATHER = (
-    "FP8 without --fp8-param-gather keeps Transformer Engine's cached FP8 copies of the bf16 "
-    "weights (module/base.py:712-722, _fp8_workspaces), not priced: give it with param-gather"
-)
 
 
 @dataclass(frozen=True)
 class Fp8:
     """FP8 training: its ``recipe``, whether the parameters are FP8 tensors gathered as
-    such (``param_gather``) and, under ``delayed``, the amax history's length in steps
+    such (``param_gather``; without it bf16 parameters beside Transformer Engine's cached
+    FP8 copies) and, under ``delayed``, the amax history's length in steps
     (``history``; the other recipes keep none)."""
 
     recipe: str
@@ -132,8 +131,6 @@ def fp8_problems(
         low, high, why = RECIPE_CAPABILITY[fp8.recipe]
         if not low <= compute_capability < high:
             out.append(f"{why}; this device: {compute_capability}")
-    if not fp8.param_gather:
-        out.append(WITHOUT_PARAM_GATHER)
     if training != "full":
         out.append("priced for full training (--training full) only")
     other = [k for k in kinds if k not in ("attention", "dense")]

@@ -140,11 +140,11 @@ def test_each_unpriced_recipe_is_refused_by_name(recipe: str) -> None:
     assert err.value.value == f"--fp8-recipe {recipe}"
 
 
-def test_fp8_without_param_gather_is_refused_for_the_cached_copies() -> None:
-    with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, "--fp8-format": "e4m3", "--fp8-recipe": "tensorwise"})
-    assert "without --fp8-param-gather" in str(err.value.value)
-    assert "module/base.py:712-722" in err.value.reason
+def test_fp8_without_param_gather_is_read_as_cached_copies() -> None:
+    """Without ``--fp8-param-gather`` the weights stay bf16 beside TE's cached FP8 copies,
+    priced (``test_fp8_weight_cache``), not refused."""
+    args = parse_megatron_args({**REQUIRED, "--fp8-format": "e4m3", "--fp8-recipe": "tensorwise"})
+    assert (args.fp8, args.fp8_param_gather) == ("e4m3", False)
 
 
 def test_a_flag_read_only_under_fp8_is_ignored_without_it_and_refused_with_it() -> None:

@@ -1,7 +1,6 @@
 """The FP8 step setting (``cpmem.step.fp8``): its text, and every combination it is not
 priced for refused with each reason at once (the reasons read from the module's sources:
-TE's cached FP8 weight copies without param-gather, base.py:712-722; FP8 GEMMs from
-compute capability 8.9)."""
+FP8 GEMMs from compute capability 8.9, MXFP8 on 10 and 11)."""
 
 from __future__ import annotations
 
@@ -51,6 +50,9 @@ def test_the_label_names_a_history_other_than_megatrons_default() -> None:
     [
         ("tensorwise:param-gather", Fp8("tensorwise", True)),
         ("delayed:param-gather:history=1024", Fp8("delayed", True, 1024)),
+        # without param-gather: bf16 weights beside TE's cached FP8 copies
+        ("tensorwise", Fp8("tensorwise", False)),
+        ("delayed", Fp8("delayed", False)),
     ],
 )
 def test_the_priced_recipes_price_on_a_dense_model(text: str, parsed: Fp8) -> None:
@@ -66,7 +68,6 @@ def test_every_reason_is_named_at_once() -> None:
     for part in (
         "recipe mxfp8: its weights are MXFP8 tensors (rowwise and columnwise copies",
         "MXFP8 on compute capability 10 and 11 only (quantization.py:162-168",
-        "module/base.py:712-722",
         "full training (--training full) only",
         "compute capability 8.9 or later",
     ):
