@@ -58,9 +58,12 @@ bf16 buffer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.fp8_blockwise import blockwise_bytes
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
+from cpmem.pricing.layer_parameters import fc1_width
 
 FP8_BYTES = 1
 TRANSPOSE_BEFORE_CC = 10
@@ -121,19 +124,68 @@ def split_fp8(
     return tuple(rest), tuple(fp8)
 
 
-def cached_weight_bytes(weights: Sequence[int]) -> int:
-    """Transformer Engine's cached FP8 copies of the bf16 ``weights`` (without
-    ``--fp8-param-gather``): 1 B per element, each in whole 512 B blocks."""
-    return sum(_blocks(n * FP8_BYTES) for n in weights)
+def fp8_weight_shapes(
+    geometry: ModelGeometry, layers: Sequence[int], tp: int
+) -> tuple[tuple[int, int], ...]:
+    """Each FP8 weight of ``layers`` as Transformer Engine holds it on one TP rank,
+    ``[rows, cols]`` = ``[out_features, in_features]``, in ``split_fp8``'s order:
+    attention's QKV ``[qkv_out/t, H]`` (the output gate's second Q included) and output
+    projection ``[H, q_width/t]``, the dense MLP's fc1 ``[fc1/t, H]`` (both halves of a
+    gated one) and fc2 ``[H, F/t]``."""
+    g, h = geometry, geometry.hidden
+    q_out = g.q_width * (2 if g.attention_output_gate else 1)
+    shapes: list[tuple[int, int]] = []
+    for i in layers:
+        if g.mixers[i] == "attention":
+            shapes += [((q_out + 2 * g.kv_width) // tp, h), (h, g.q_width // tp)]
+        if g.mlps[i] == "dense":
+            shapes += [(fc1_width(g, g.ffn) // tp, h), (h, g.ffn // tp)]
+    return tuple(shapes)
 
 
-def transpose_bytes(weights: Sequence[int], compute_capability: int) -> int:
-    """The FP8 weights' transposes (1 B per element, each in whole 512 B blocks), where the
-    device needs them."""
-    if compute_capability >= TRANSPOSE_BEFORE_CC:
-        return 0
-    return sum(-(-n * FP8_BYTES // BLOCK) * BLOCK for n in weights)
+@dataclass(frozen=True)
+class Fp8WeightBytes:
+    """What the FP8 weights keep beyond a parameter buffer: Transformer Engine's cached
+    copies of bf16 weights (``cache``, without ``--fp8-param-gather``), their columnwise
+    copies (``transposes``) and their scale inverses, each allocation in whole 512 B
+    blocks."""
+
+    cache: int
+    transposes: int
+    scale_inverses: int
 
 
-def scale_inverse_bytes(weights: Sequence[int]) -> int:
-    return SCALE_INV_BYTES * len(weights)
+def fp8_weight_bytes(
+    recipe: str, shapes: Sequence[tuple[int, int]], compute_capability: int, *, cached: bool
+) -> Fp8WeightBytes:
+    """The FP8 weights' ``shapes`` under ``recipe``, ``cached`` where they are
+    Transformer Engine's copies of bf16 parameters.
+
+    - ``tensorwise``, ``delayed``: a ``uint8`` copy (1 B per element), the transpose
+      before compute capability ``TRANSPOSE_BEFORE_CC`` and one fp32 scale inverse
+      (``SCALE_INV_BYTES``);
+    - ``blockwise``: the rowwise ``uint8`` data, the columnwise copy (the transpose) on
+      every device, and a rowwise and a columnwise fp32 scale tensor in 128 x 128 blocks
+      (``cpmem.pricing.fp8_blockwise``; ``Float8BlockQuantizer::create_tensor``,
+      ``csrc/quantizer.cpp:966-1020``, allocates the columnwise copy whenever the usage is
+      asked, with no TN-layout shortcut). With ``--fp8-param-gather`` the rowwise data
+      is the one mapped into the ``uint8`` buffer (``replace_raw_data``,
+      ``tensor/utils.py:48-57``) and megatron-core keeps the columnwise data the
+      all-gather's ``post_all_gather_processing`` makes (``_create_columnwise``,
+      ``tensor/utils.py:957-959``; ``manual_post_all_gather_processing``, Megatron-LM
+      ``fp8_utils.py:259-265``)."""
+    if recipe == "blockwise":
+        each = [blockwise_bytes(r, c, dims=2, rowwise=True, columnwise=True) for r, c in shapes]
+        return Fp8WeightBytes(
+            cache=sum(_blocks(b.rowwise_data) for b in each) if cached else 0,
+            transposes=sum(_blocks(b.columnwise_data) for b in each),
+            scale_inverses=sum(
+                _blocks(b.rowwise_scales) + _blocks(b.columnwise_scales) for b in each
+            ),
+        )
+    data = [_blocks(r * c * FP8_BYTES) for r, c in shapes]
+    return Fp8WeightBytes(
+        cache=sum(data) if cached else 0,
+        transposes=sum(data) if compute_capability < TRANSPOSE_BEFORE_CC else 0,
+        scale_inverses=SCALE_INV_BYTES * len(shapes),
+    )

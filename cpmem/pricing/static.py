@@ -66,11 +66,10 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
-    cached_weight_bytes,
-    scale_inverse_bytes,
+    fp8_weight_bytes,
+    fp8_weight_shapes,
     scaling_state_bytes,
     split_fp8,
-    transpose_bytes,
 )
 from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
@@ -396,12 +395,17 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
-    if fp8_weights and not fp8:
-        out[StaticComponent.FP8_WEIGHT_CACHE] = cached_weight_bytes(fp8_weights)
-    if fp8_weights:
-        cc = compute_capability(settings)
-        out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8_weights, cc)
-        out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8_weights)
+    if fp8_weights and settings.fp8 is not None:
+        shapes = fp8_weight_shapes(g, _stage_layers(settings, stage), layout.tp)
+        if [r * c for r, c in shapes] != list(fp8_weights):
+            raise AssertionError(f"FP8 weight shapes {shapes} are not the tensors {fp8_weights}")
+        kept = fp8_weight_bytes(
+            settings.fp8.recipe, shapes, compute_capability(settings), cached=not fp8
+        )
+        if kept.cache:
+            out[StaticComponent.FP8_WEIGHT_CACHE] = kept.cache
+        out[StaticComponent.FP8_TRANSPOSES] = kept.transposes
+        out[StaticComponent.FP8_SCALE_INVERSES] = kept.scale_inverses
     if settings.fp8 is not None and settings.fp8.recipe == "delayed":
         layers = _stage_layers(settings, stage)
         kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]

@@ -6,19 +6,21 @@ Sources: Megatron-LM 4828d651 (``--fp8-recipe`` choices ``tensorwise``, ``delaye
 the Transformer Engine it builds, b9d690e0. The format (``--fp8-format`` e4m3 or hybrid)
 changes no byte: both keep 1 B per element.
 
-Priced: ``tensorwise`` (current scaling) and ``delayed`` (delayed scaling, with its amax
+Priced: ``tensorwise`` (current scaling), ``delayed`` (delayed scaling, with its amax
 history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 1,
-transformer_config.py:621 at d98e8a64), with or without ``param-gather``
+transformer_config.py:621 at d98e8a64) and ``blockwise`` (TE's ``Float8BlockScaling``:
+weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), with or without ``param-gather``
 (``--fp8-param-gather``), on full training of attention and dense-MLP layers under
 Transformer Engine's modules, on a device of compute capability 9 or later, with bf16 or
 fp16 parameters and nothing recomputed. What it changes is priced where each term lives
 (``cpmem.pricing.static``, ``cpmem.pricing.fp8_static``): with ``param-gather`` the
 weights in the ``uint8`` parameter buffer; without it the weights left in the bf16 buffer
 and the FP8 copy of each that Transformer Engine caches across micro-batches and steps
-(``fp8_weight_cache``); either way their transposes and scale inverses, delayed
-scaling's amax histories and scales, and the TE linears' saved inputs (the layer kinds'
-tight widths, ``cpmem.pricing.kinds.fp8``: the same 1 B copies under both recipes and
-both modes). Everything else is refused by name (``fp8_problems``).
+(``fp8_weight_cache``); either way their transposes (blockwise's columnwise copies) and
+scale inverses, delayed scaling's amax histories and scales, and the TE linears' saved
+inputs (the layer kinds' tight widths, ``cpmem.pricing.kinds.fp8``: the same 1 B copies
+under every recipe and both modes, with blockwise's 1 x 128 scales beside them).
+Everything else is refused by name (``fp8_problems``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from cpmem.errors import InputError
 
-PRICED_RECIPES = ("tensorwise", "delayed")
+PRICED_RECIPES = ("tensorwise", "delayed", "blockwise")
 DEFAULT_HISTORY = 1
 """Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:621 at d98e8a64)."""
 RECIPE_REASONS = {
@@ -36,8 +38,6 @@ RECIPE_REASONS = {
     "uint8 buffer: under the distributed optimizer their buffer is the gradient buffer, "
     "all-gathered in bf16 (Megatron-LM param_and_grad_buffer.py:1102-1117), and with "
     "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced",
-    "blockwise": "its 128-element block scales and the columnwise copies it keeps are not "
-    "counted from source",
     "custom": "a user's quantizer factory keeps what it builds",
 }
 """Why each recipe cpmem does not price is refused."""

@@ -360,8 +360,8 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             None,
             "--fp8",
-            "FP8 training, RECIPE[:param-gather][:history=N] (priced: tensorwise and "
-            "delayed, with its amax history, default 1; each with or without param-gather)",
+            "FP8 training, RECIPE[:param-gather][:history=N] (priced: tensorwise, blockwise "
+            "and delayed, with its amax history, default 1; each with or without param-gather)",
             group="process",
             export=lambda s: None if s.settings.fp8 is None else s.settings.fp8.label,
         ),

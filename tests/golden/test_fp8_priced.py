@@ -132,7 +132,7 @@ def test_the_default_recipe_is_priced_with_megatrons_default_history() -> None:
     assert (args.fp8_recipe, args.fp8_amax_history_len) == ("delayed", 1)
 
 
-@pytest.mark.parametrize("recipe", ["mxfp8", "blockwise", "custom"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "custom"])
 def test_each_unpriced_recipe_is_refused_by_name(recipe: str) -> None:
     flags = {"--fp8-format": "e4m3", "--fp8-recipe": recipe, "--fp8-param-gather": True}
     with pytest.raises(InputError) as err:
