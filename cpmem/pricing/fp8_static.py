@@ -103,11 +103,16 @@ def scaling_state_bytes(kinds: Sequence[str], history: int) -> int:
 
 
 def split_fp8(
-    geometry: ModelGeometry, dense: Sequence[int], layers: Sequence[int], tp: int
+    geometry: ModelGeometry,
+    dense: Sequence[int],
+    layers: Sequence[int],
+    tp: int,
+    bf16_layers: Sequence[int] = (),
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``dense`` (a stage's dense tensors, ``weights.stage_tensors``: each layer's
     ``kind_tensors`` in turn, weights first, then the stage's other tensors) as the tensors
-    left in the bf16 buffer and the layers' FP8 weights, each in its order."""
+    left in the bf16 buffer and the FP8 weights of the layers not in ``bf16_layers``,
+    each in its order."""
     rest: list[int] = []
     fp8: list[int] = []
     at = 0
@@ -117,7 +122,7 @@ def split_fp8(
         weights = len(mixer.weights) + len(mlp.weights)
         others = len(mixer.norms) + len(mlp.norms) + len(mixer.biases) + len(mlp.biases)
         others += len(mixer.extra) + len(mlp.extra)
-        fp8 += dense[at : at + weights]
+        (rest if i in bf16_layers else fp8).extend(dense[at : at + weights])
         rest += dense[at + weights : at + weights + others]
         at += weights + others
     rest += dense[at:]

@@ -365,8 +365,11 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     bf16: tuple[int, ...] = tensors.dense
     fp8: tuple[int, ...] = ()  # FP8 parameters, in the uint8 buffer
     fp8_weights: tuple[int, ...] = ()  # every FP8 weight, a parameter or TE's cached copy
+    layers = _stage_layers(settings, stage)
+    fp8_layers = [i for i in layers if settings.fp8 is not None and settings.fp8.in_fp8(i)]
     if settings.fp8 is not None:
-        rest, fp8_weights = split_fp8(g, tensors.dense, _stage_layers(settings, stage), layout.tp)
+        bf16_layers = settings.fp8.bf16_layers
+        rest, fp8_weights = split_fp8(g, tensors.dense, layers, layout.tp, bf16_layers)
         if settings.fp8.param_gather:
             bf16, fp8 = rest, fp8_weights
     groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
@@ -396,7 +399,7 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
     if fp8_weights and settings.fp8 is not None:
-        shapes = fp8_weight_shapes(g, _stage_layers(settings, stage), layout.tp)
+        shapes = fp8_weight_shapes(g, fp8_layers, layout.tp)
         if [r * c for r, c in shapes] != list(fp8_weights):
             raise AssertionError(f"FP8 weight shapes {shapes} are not the tensors {fp8_weights}")
         kept = fp8_weight_bytes(
@@ -407,8 +410,7 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         out[StaticComponent.FP8_TRANSPOSES] = kept.transposes
         out[StaticComponent.FP8_SCALE_INVERSES] = kept.scale_inverses
     if settings.fp8 is not None and settings.fp8.recipe == "delayed":
-        layers = _stage_layers(settings, stage)
-        kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
+        kinds = [k for i in fp8_layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
         out[StaticComponent.FP8_SCALING_STATE] = scaling_state_bytes(kinds, settings.fp8.history)
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements

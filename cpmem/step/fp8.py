@@ -25,7 +25,7 @@ Everything else is refused by name (``fp8_problems``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
 
@@ -63,6 +63,10 @@ BESIDE_MUON = (
 )
 """Why FP8 parameters are refused where another mechanism keeps the parameters (both doors
 give these reasons)."""
+DELAYED_BF16_LAYERS = (
+    "Delayed scaling does not support first / last layer in BF16 (Megatron-LM's "
+    "TransformerConfig raises it, transformer_config.py:1335-1336 at 4828d651)"
+)
 
 
 @dataclass(frozen=True)
@@ -75,21 +79,43 @@ class Fp8:
     recipe: str
     param_gather: bool = False
     history: int = DEFAULT_HISTORY
+    bf16_layers: tuple[int, ...] = ()
+    """The layers (0-based, of the stack the step prices) kept out of FP8: megatron-core's
+    ``--first-last-layers-bf16`` builds and runs them outside Transformer Engine's FP8
+    contexts (``is_first_last_bf16_layer``, Megatron-LM 4828d651 ``fp8_utils.py:513-531``;
+    ``transformer_block.py:342-343`` at build, ``:651`` in the forward), so they keep no
+    FP8 weight, cached copy, scale or FP8 saved input."""
 
     @property
     def label(self) -> str:
         text = self.recipe + (":param-gather" if self.param_gather else "")
         if self.recipe == "delayed" and self.history != DEFAULT_HISTORY:
             text += f":history={self.history}"
+        if self.bf16_layers:
+            text += ":bf16-layers=" + ",".join(str(i) for i in self.bf16_layers)
         return text
+
+    def in_fp8(self, layer: int) -> bool:
+        """Whether ``layer`` runs in FP8."""
+        return layer not in self.bf16_layers
+
+    def sliced(self, start: int, stop: int) -> Fp8:
+        """The setting for the layers ``start``..``stop - 1`` alone (a pipeline chunk),
+        renumbered from 0."""
+        kept = tuple(i - start for i in self.bf16_layers if start <= i < stop)
+        return replace(self, bf16_layers=kept)
 
     @classmethod
     def parse(cls, value: str | Fp8 | None) -> Fp8 | None:
-        """``RECIPE`` followed by ``:param-gather`` and, for ``delayed``, ``:history=N``
-        (default ``DEFAULT_HISTORY``), in any order; None, ``""`` and ``none``: bf16."""
+        """``RECIPE`` followed by ``:param-gather``, for ``delayed`` ``:history=N``
+        (default ``DEFAULT_HISTORY``) and ``:bf16-layers=I,J,...`` (0-based layers kept
+        in bf16), in any order; None, ``""`` and ``none``: bf16."""
         if value is None or isinstance(value, Fp8):
             return value
-        usage = "must be RECIPE[:param-gather][:history=N] (history: delayed only)"
+        usage = (
+            "must be RECIPE[:param-gather][:history=N][:bf16-layers=I,J,...] "
+            "(history: delayed only)"
+        )
         if not isinstance(value, str):
             raise InputError("fp8", value, usage)
         text = value.strip().lower()
@@ -98,14 +124,22 @@ class Fp8:
         recipe, *parts = text.split(":")
         gather = "param-gather" in parts
         history = [p.removeprefix("history=") for p in parts if p.startswith("history=")]
-        other = [p for p in parts if p != "param-gather" and not p.startswith("history=")]
-        if other or parts.count("param-gather") > 1 or len(history) > 1:
+        bf16 = [p.removeprefix("bf16-layers=") for p in parts if p.startswith("bf16-layers=")]
+        keyed = ("history=", "bf16-layers=")
+        other = [p for p in parts if p != "param-gather" and not p.startswith(keyed)]
+        if other or parts.count("param-gather") > 1 or len(history) > 1 or len(bf16) > 1:
             raise InputError("fp8", value, usage)
+        layers: tuple[int, ...] = ()
+        if bf16:
+            items = bf16[0].split(",")
+            if not all(i.isdigit() for i in items):
+                raise InputError("fp8", value, usage + ", bf16 layers whole numbers from 0")
+            layers = tuple(sorted({int(i) for i in items}))
         if not history:
-            return cls(recipe, gather)
+            return cls(recipe, gather, bf16_layers=layers)
         if recipe != "delayed" or not history[0].isdigit() or int(history[0]) < 1:
             raise InputError("fp8", value, usage + ", a whole number of steps from 1")
-        return cls(recipe, gather, int(history[0]))
+        return cls(recipe, gather, int(history[0]), layers)
 
 
 def fp8_problems(
@@ -119,9 +153,15 @@ def fp8_problems(
     recompute_none: bool,
     fsdp: bool = False,
     muon: bool = False,
+    layers: int | None = None,
 ) -> list[str]:
-    """Why ``fp8`` is not priced for this step, every reason (none: priced)."""
+    """Why ``fp8`` is not priced for this step, every reason (none: priced); ``layers``:
+    the stack's, which the bf16 layers must lie in."""
     out: list[str] = []
+    if layers is not None and any(i >= layers for i in fp8.bf16_layers):
+        out.append(f"bf16 layers {list(fp8.bf16_layers)} must lie in the {layers} layers")
+    if fp8.bf16_layers and fp8.recipe == "delayed":
+        out.append(DELAYED_BF16_LAYERS)
     if fp8.recipe in RECIPE_REASONS:
         out.append(f"recipe {fp8.recipe}: {RECIPE_REASONS[fp8.recipe]}")
     elif fp8.recipe not in PRICED_RECIPES:

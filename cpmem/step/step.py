@@ -234,6 +234,7 @@ class StepSettings:
             recompute_none=self.recompute.keeps_everything,
             fsdp=self.optimizer.fsdp != "none",
             muon=self.optimizer.kind == "muon",
+            layers=self.geometry.layers,
         )
 
     def _layout_problems(self) -> list[InputError]:

@@ -148,11 +148,8 @@ def test_fp8_without_param_gather_is_read_as_cached_copies() -> None:
 
 
 def test_a_flag_read_only_under_fp8_is_ignored_without_it_and_refused_with_it() -> None:
-    assert (
-        "--first-last-layers-bf16"
-        in parse_megatron_args({**REQUIRED, "--first-last-layers-bf16": True}).ignored
-    )
+    assert "--no-fp8-wgrad" in parse_megatron_args({**REQUIRED, "--no-fp8-wgrad": True}).ignored
     flags = {"--fp8-format": "e4m3", "--fp8-recipe": "tensorwise", "--fp8-param-gather": True}
     with pytest.raises(InputError) as err:
-        parse_megatron_args({**REQUIRED, **flags, "--first-last-layers-bf16": True})
-    assert err.value.value == "--first-last-layers-bf16"
+        parse_megatron_args({**REQUIRED, **flags, "--no-fp8-wgrad": True})
+    assert err.value.value == "--no-fp8-wgrad"
