@@ -138,3 +138,27 @@ def test_each_recipe_runs_where_transformer_engine_supports_it(
     assert said == refused
     if refused:
         assert any(p.endswith(f"; this device: {major}") for p in problems)
+
+
+def test_the_bf16_layers_read_label_and_slice() -> None:
+    parsed = Fp8.parse("blockwise:bf16-layers=11,0")
+    assert parsed == Fp8("blockwise", False, bf16_layers=(0, 11))
+    assert parsed.label == "blockwise:bf16-layers=0,11"
+    assert Fp8.parse(parsed.label) == parsed
+    # a pipeline chunk of layers 6..11 holds the last one, renumbered from 0
+    assert parsed.sliced(6, 12).bf16_layers == (5,)
+    assert parsed.sliced(1, 11).bf16_layers == ()
+    assert not parsed.in_fp8(11) and parsed.in_fp8(5)
+    with pytest.raises(InputError):
+        Fp8.parse("tensorwise:bf16-layers=first")
+
+
+def test_bf16_layers_outside_the_stack_and_under_delayed_scaling_are_refused() -> None:
+    with pytest.raises(InputError) as err:
+        describe_step("qwen3-1.7b", [4096], fp8="delayed:bf16-layers=0,40", **FULL)
+    # qwen3-1.7b has 28 layers; megatron-core's TransformerConfig rejects delayed scaling
+    # with layers in bf16 (transformer_config.py:1335-1336 at 4828d651)
+    assert "must lie in the 28 layers" in err.value.reason
+    assert "Delayed scaling does not support first / last layer in BF16" in err.value.reason
+    step = describe_step("qwen3-1.7b", [4096], fp8="tensorwise:bf16-layers=0,27", **FULL)
+    assert step.settings.fp8 is not None and step.settings.fp8.bf16_layers == (0, 27)
