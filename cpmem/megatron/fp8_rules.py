@@ -16,6 +16,7 @@ from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND
 from cpmem.step.fp8 import (
     BESIDE_MUON,
     DELAYED_BF16_LAYERS,
+    GATHER_REASONS,
     IN_FSDP,
     PRICED_RECIPES,
     RECIPE_REASONS,
@@ -62,6 +63,13 @@ def fp8_problems(args: MegatronArgs) -> list[Problem]:
         default = "" if "--fp8-recipe" in args.given else " (Megatron-LM's default)"
         out.append(
             (f"--fp8-recipe {recipe}{default}", "changes memory cpmem does not price: " + reason)
+        )
+    if args.fp8_param_gather and recipe in GATHER_REASONS:
+        out.append(
+            (
+                f"--fp8-recipe {recipe} with --fp8-param-gather",
+                "changes memory cpmem does not price: " + GATHER_REASONS[recipe],
+            )
         )
     if args.use_megatron_fsdp:
         out.append(

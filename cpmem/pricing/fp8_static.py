@@ -64,6 +64,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.fp8_blockwise import blockwise_bytes
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
 from cpmem.pricing.layer_parameters import fc1_width
+from cpmem.pricing.mxfp8 import mxfp8_bytes
 
 FP8_BYTES = 1
 TRANSPOSE_BEFORE_CC = 10
@@ -178,7 +179,23 @@ def fp8_weight_bytes(
       ``tensor/utils.py:48-57``) and megatron-core keeps the columnwise data the
       all-gather's ``post_all_gather_processing`` makes (``_create_columnwise``,
       ``tensor/utils.py:957-959``; ``manual_post_all_gather_processing``, Megatron-LM
-      ``fp8_utils.py:259-265``)."""
+      ``fp8_utils.py:259-265``);
+    - ``mxfp8`` (without ``--fp8-param-gather``): the cached copy keeps both usages
+      (``_is_weight_workspace_valid`` asks for the rowwise and the columnwise data a
+      training forward asks, ``module/base.py:654-658``), each a ``uint8`` tensor of the
+      weight's shape with its ``uint8`` e8m0 scales, one per 32 elements, padded
+      (``cpmem.pricing.mxfp8``; ``MXFP8Quantizer::create_tensor``,
+      ``csrc/quantizer.cpp:1383-1417``); the columnwise copy is counted in
+      ``transposes``."""
+    if recipe == "mxfp8":  # without --fp8-param-gather only (cpmem.step.fp8)
+        each = [mxfp8_bytes(r, c, rowwise=True, columnwise=True) for r, c in shapes]
+        return Fp8WeightBytes(
+            cache=sum(_blocks(b.rowwise_data) for b in each) if cached else 0,
+            transposes=sum(_blocks(b.columnwise_data) for b in each),
+            scale_inverses=sum(
+                _blocks(b.rowwise_scales) + _blocks(b.columnwise_scales) for b in each
+            ),
+        )
     if recipe == "blockwise":
         each = [blockwise_bytes(r, c, dims=2, rowwise=True, columnwise=True) for r, c in shapes]
         return Fp8WeightBytes(

@@ -9,17 +9,19 @@ changes no byte: both keep 1 B per element.
 Priced: ``tensorwise`` (current scaling), ``delayed`` (delayed scaling, with its amax
 history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 1,
 transformer_config.py:621 at d98e8a64) and ``blockwise`` (TE's ``Float8BlockScaling``:
-weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), with or without ``param-gather``
-(``--fp8-param-gather``), on full training of attention and dense-MLP layers under
-Transformer Engine's modules, on a device of compute capability 9 or later, with bf16 or
-fp16 parameters and nothing recomputed. What it changes is priced where each term lives
-(``cpmem.pricing.static``, ``cpmem.pricing.fp8_static``): with ``param-gather`` the
-weights in the ``uint8`` parameter buffer; without it the weights left in the bf16 buffer
-and the FP8 copy of each that Transformer Engine caches across micro-batches and steps
-(``fp8_weight_cache``); either way their transposes (blockwise's columnwise copies) and
-scale inverses, delayed scaling's amax histories and scales, and the TE linears' saved
-inputs (the layer kinds' tight widths, ``cpmem.pricing.kinds.fp8``: the same 1 B copies
-under every recipe and both modes, with blockwise's 1 x 128 scales beside them).
+weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), each with or without
+``param-gather`` (``--fp8-param-gather``), and ``mxfp8`` (1 x 32 blocks, e8m0 scales, on
+compute capability 10 and 11) without it, on full training of attention and dense-MLP
+layers under Transformer Engine's modules, on a device of compute capability 9 or later,
+with bf16 or fp16 parameters and nothing recomputed, the layers in ``bf16_layers`` out of
+FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
+``cpmem.pricing.fp8_static``): with ``param-gather`` the weights in the ``uint8``
+parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
+that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
+either way their transposes (the block-scaled recipes' columnwise copies) and scale
+inverses, delayed scaling's amax histories and scales, and the TE linears' saved inputs
+(the layer kinds' tight widths, ``cpmem.pricing.kinds.fp8``: the same 1 B copies under
+every recipe and both modes, with the block-scaled recipes' scales beside them).
 Everything else is refused by name (``fp8_problems``).
 """
 
@@ -29,18 +31,22 @@ from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
 
-PRICED_RECIPES = ("tensorwise", "delayed", "blockwise")
+PRICED_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 DEFAULT_HISTORY = 1
 """Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:621 at d98e8a64)."""
 RECIPE_REASONS = {
+    "custom": "a user's quantizer factory keeps what it builds",
+}
+"""Why each recipe cpmem does not price is refused."""
+GATHER_REASONS = {
     "mxfp8": "its weights are MXFP8 tensors (rowwise and columnwise copies, each with a 1 B "
     "scale per 32 elements, cpmem.pricing.mxfp8) that megatron-core's DDP does not keep in a "
     "uint8 buffer: under the distributed optimizer their buffer is the gradient buffer, "
     "all-gathered in bf16 (Megatron-LM param_and_grad_buffer.py:1102-1117), and with "
-    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced",
-    "custom": "a user's quantizer factory keeps what it builds",
+    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced "
+    "(without --fp8-param-gather it is)",
 }
-"""Why each recipe cpmem does not price is refused."""
+"""Why a recipe priced without ``param-gather`` is refused with it."""
 RECIPE_CAPABILITY = {
     "mxfp8": (
         10,
@@ -167,6 +173,8 @@ def fp8_problems(
     elif fp8.recipe not in PRICED_RECIPES:
         known = [*PRICED_RECIPES, *RECIPE_REASONS]
         out.append(f"recipe {fp8.recipe!r} is not one of Megatron-LM's {known}")
+    if fp8.param_gather and fp8.recipe in GATHER_REASONS:
+        out.append(f"recipe {fp8.recipe} with param-gather: {GATHER_REASONS[fp8.recipe]}")
     if fp8.recipe in RECIPE_CAPABILITY:
         low, high, why = RECIPE_CAPABILITY[fp8.recipe]
         if not low <= compute_capability < high:

@@ -25,6 +25,14 @@ token for the projections' inputs). Priced per token, exact where those rows are
 number of 128-token blocks; otherwise under by less than one block's row of scales
 (``4 roundup(cols, 4)`` B) per input and layer.
 
+Under ``mxfp8`` the saved inputs keep their columnwise copy too (TE drops an MXFP8
+input's rowwise data as a blockwise one's, the same lines) with its ``uint8`` e8m0 scales,
+one per 32 rows of each column, ``[roundup(rows/32, 4), roundup(cols, 128)]``
+(``cpmem.pricing.mxfp8.scale_shape``; ``csrc/quantizer.cpp:1710-1739``):
+``roundup(cols, 128) / 32`` B per token of the rank's rows, exact where those rows are a
+whole number of 128-token blocks, otherwise under by at most three rows of scales
+(``3 roundup(cols, 128)`` B) per input and layer.
+
 A byte change is turned into elements rounding towards the larger figure, so an odd byte
 is never priced away.
 """
@@ -36,6 +44,8 @@ from math import ceil
 
 from cpmem.pricing.fp8_blockwise import BLOCK, PAD, SCALE_BYTES
 from cpmem.pricing.kinds.spec import TightContext
+from cpmem.pricing.mxfp8 import BLOCK as MX_BLOCK
+from cpmem.pricing.mxfp8 import ROW_PAD as MX_ROW_PAD
 from cpmem.pricing.widths import sp_divisor
 
 FP8_BYTES = 1
@@ -51,16 +61,19 @@ def _active(ctx: TightContext) -> bool:
 
 
 def _block_scales(ctx: TightContext, inputs: list[tuple[int, int]]) -> Fraction:
-    """Bytes per token of the blockwise recipe's 1 x 128 scales of the saved FP8
+    """Bytes per token of the block-scaled recipes' columnwise scales of the saved FP8
     ``inputs``, each ``(cols, shard)``: ``cols`` columns on rows of ``1/shard`` of the
-    tokens (0 under the other recipes)."""
+    tokens (0 under the per-tensor recipes)."""
     fp8 = ctx.step.settings.fp8
-    if fp8 is None or fp8.recipe != "blockwise":
+    if fp8 is None or fp8.recipe not in ("blockwise", "mxfp8"):
         return Fraction(0)
-    return sum(
-        (Fraction(SCALE_BYTES * -(-cols // PAD) * PAD, BLOCK * shard) for cols, shard in inputs),
-        Fraction(0),
-    )
+    if fp8.recipe == "mxfp8":  # 1 B per 32 rows of each column, columns padded to 128
+        per_row = [
+            (-(-cols // MX_ROW_PAD) * MX_ROW_PAD, MX_BLOCK * shard) for cols, shard in inputs
+        ]
+    else:  # 4 B per 128 rows of each column, columns padded to 4
+        per_row = [(SCALE_BYTES * -(-cols // PAD) * PAD, BLOCK * shard) for cols, shard in inputs]
+    return sum((Fraction(n, d) for n, d in per_row), Fraction(0))
 
 
 def attention_fp8_width(ctx: TightContext) -> int:

@@ -62,11 +62,11 @@ def test_the_priced_recipes_price_on_a_dense_model(text: str, parsed: Fp8) -> No
 
 def test_every_reason_is_named_at_once() -> None:
     with pytest.raises(InputError) as err:
-        describe_step("qwen3-1.7b", [4096], fp8="mxfp8", device="a100-80gb")
+        describe_step("qwen3-1.7b", [4096], fp8="mxfp8:param-gather", device="a100-80gb")
     reason = err.value.reason
-    assert err.value.field == "fp8" and err.value.value == "mxfp8"
+    assert err.value.field == "fp8" and err.value.value == "mxfp8:param-gather"
     for part in (
-        "recipe mxfp8: its weights are MXFP8 tensors (rowwise and columnwise copies",
+        "recipe mxfp8 with param-gather: its weights are MXFP8 tensors (rowwise and columnwise",
         "MXFP8 on compute capability 10 and 11 only (quantization.py:162-168",
         "full training (--training full) only",
         "compute capability 8.9 or later",
