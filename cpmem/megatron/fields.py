@@ -75,6 +75,9 @@ class MegatronArgs:
     fp8_recipe: str = "delayed"  # transformer_config.py:594
     fp8_param_gather: bool = False
     fp8_amax_history_len: int = 1  # transformer_config.py:621
+    first_last_layers_bf16: bool = False  # transformer_config.py:618 (at 4828d651)
+    num_layers_at_start_in_bf16: int = 1  # transformer_config.py:621 (at 4828d651)
+    num_layers_at_end_in_bf16: int = 1  # transformer_config.py:625 (at 4828d651)
     tp_comm_overlap: bool = False  # model_parallel_config.py:265
     hidden_dropout: float = 0.1  # transformer_config.py:188
     attention_dropout: float = 0.1  # transformer_config.py:191
@@ -265,6 +268,9 @@ PRICED: dict[str, tuple[str, str]] = {
             ("fp8_recipe", "str"),
             ("fp8_param_gather", "bool"),
             ("fp8_amax_history_len", "int"),
+            ("first_last_layers_bf16", "bool"),
+            ("num_layers_at_start_in_bf16", "int"),
+            ("num_layers_at_end_in_bf16", "int"),
             ("tp_comm_overlap", "bool"),
             ("hidden_dropout", "float"),
             ("attention_dropout", "float"),

@@ -1,6 +1,7 @@
 """FP8's arguments at the door (``fp8_problems``, one of ``rules.rule_problems``' rules):
 the recipe (``--fp8-recipe``, default ``delayed``, with its ``--fp8-amax-history-len``,
-default 1, under ``delayed``) and ``--fp8-param-gather``, each
+default 1, under ``delayed``) and ``--fp8-param-gather`` (given or not: without it the
+bf16 weights beside Transformer Engine's cached FP8 copies), each
 refused with the reason ``cpmem.step.fp8`` gives where cpmem does not price it, so a run
 learns them with its other refused flags; what the step decides beyond them (training,
 layer kinds, device) is checked where the step is built. ``--fp8-param-gather`` without
@@ -14,35 +15,42 @@ from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND
 from cpmem.step.fp8 import (
     BESIDE_MUON,
+    DELAYED_BF16_LAYERS,
+    GATHER_REASONS,
     IN_FSDP,
     PRICED_RECIPES,
     RECIPE_REASONS,
-    WITHOUT_PARAM_GATHER,
     Fp8,
 )
 
 Problem = tuple[str, str]
 
-FP8_ONLY = (
-    "--no-fp8-wgrad",
-    "--disable-fp8-wgrad",
-    "--first-last-layers-bf16",
-    "--num-layers-at-start-in-bf16",
-    "--num-layers-at-end-in-bf16",
-)
+FP8_ONLY = ("--no-fp8-wgrad", "--disable-fp8-wgrad")
 """Flags read only under ``--fp8-format`` (ignored without it) whose memory cpmem does not
 price there: the weight gradients in high precision (TE then keeps the linears'
-high-precision inputs for them) and layers kept in bf16 (their weights, inputs and
-buffers out of FP8)."""
+high-precision inputs for them)."""
+
+
+def bf16_layers(args: MegatronArgs) -> tuple[int, ...]:
+    """The decoder layers ``--first-last-layers-bf16`` keeps out of FP8, 0-based: the first
+    ``--num-layers-at-start-in-bf16`` and the last ``--num-layers-at-end-in-bf16`` (1
+    each by default) of the whole stack, whatever stage holds them (megatron-core's
+    ``is_first_last_bf16_layer`` reads the global layer number, ``fp8_utils.py:513-531``
+    at 4828d651); the MTP depths run in FP8 (their context is asked with no layer
+    number, ``multi_token_prediction.py``)."""
+    if not args.first_last_layers_bf16:
+        return ()
+    n = args.num_layers
+    start, end = args.num_layers_at_start_in_bf16, args.num_layers_at_end_in_bf16
+    return tuple(i for i in range(n) if i < start or i >= n - end)
 
 
 def megatron_fp8(args: MegatronArgs) -> Fp8 | None:
     """The step's FP8 setting for ``args`` (None without ``--fp8-format``)."""
     if args.fp8 is None:
         return None
-    if args.fp8_recipe != "delayed":
-        return Fp8(args.fp8_recipe, args.fp8_param_gather)
-    return Fp8(args.fp8_recipe, args.fp8_param_gather, args.fp8_amax_history_len)
+    history = args.fp8_amax_history_len if args.fp8_recipe == "delayed" else 1
+    return Fp8(args.fp8_recipe, args.fp8_param_gather, history, bf16_layers(args))
 
 
 def fp8_problems(args: MegatronArgs) -> list[Problem]:
@@ -56,8 +64,13 @@ def fp8_problems(args: MegatronArgs) -> list[Problem]:
         out.append(
             (f"--fp8-recipe {recipe}{default}", "changes memory cpmem does not price: " + reason)
         )
-    if not args.fp8_param_gather:
-        out.append((f"--fp8-format {args.fp8} without --fp8-param-gather", WITHOUT_PARAM_GATHER))
+    if args.fp8_param_gather and recipe in GATHER_REASONS:
+        out.append(
+            (
+                f"--fp8-recipe {recipe} with --fp8-param-gather",
+                "changes memory cpmem does not price: " + GATHER_REASONS[recipe],
+            )
+        )
     strategy = args.data_parallel_sharding_strategy
     if args.use_megatron_fsdp and strategy != "optim_grads_params":
         out.append(
@@ -79,7 +92,33 @@ def fp8_problems(args: MegatronArgs) -> list[Problem]:
             (
                 ", ".join(given),
                 "changes memory cpmem does not price under FP8: weight gradients in high "
-                "precision (and the inputs kept for them), or layers kept in bf16",
+                "precision (and the inputs kept for them)",
             )
         )
+    if args.first_last_layers_bf16:
+        out += _bf16_layer_problems(args)
+    return out
+
+
+def _bf16_layer_problems(args: MegatronArgs) -> list[Problem]:
+    """What Megatron-LM's ``TransformerConfig`` rejects of ``--first-last-layers-bf16``
+    under FP8 (``transformer_config.py:1334-1363`` at 4828d651)."""
+    out: list[Problem] = []
+    if args.fp8_recipe == "delayed":
+        out.append(
+            (f"--first-last-layers-bf16 with --fp8-recipe {args.fp8_recipe}", DELAYED_BF16_LAYERS)
+        )
+    per_stage = args.num_layers // args.pipeline_model_parallel_size
+    for flag, count in (
+        ("--num-layers-at-start-in-bf16", args.num_layers_at_start_in_bf16),
+        ("--num-layers-at-end-in-bf16", args.num_layers_at_end_in_bf16),
+    ):
+        if not 0 <= count <= per_stage:
+            out.append(
+                (
+                    f"{flag} {count}",
+                    f"must be between 0 and number of layers per pipeline stage ({per_stage}) "
+                    "(transformer_config.py:1344-1363 at 4828d651)",
+                )
+            )
     return out

@@ -262,7 +262,7 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         "read only under --fp8-format, where cpmem refuses them (cpmem.megatron.fp8_rules: "
-        "weight gradients in high precision and the inputs kept for them, layers kept in bf16)",
+        "weight gradients in high precision and the inputs kept for them)",
         " ".join(FP8_ONLY),
     ),
     (

@@ -1,5 +1,5 @@
-"""FP8 parameters' static memory (``StepSettings.fp8`` with ``param_gather``): which of a
-stage's tensors are FP8, and what each keeps beside its bytes.
+"""FP8 weights' static memory (``StepSettings.fp8``): which of a stage's tensors are FP8,
+and what each keeps beside its bytes.
 
 Under ``--fp8-param-gather`` every Transformer Engine linear's weight is built as a
 ``Float8Tensor`` (Megatron-LM 4828d651, TE b9d690e0):
@@ -33,6 +33,22 @@ views too (``:1424-1427``). Each tensor is priced in whole 512 B blocks (``BLOCK
 reduction concatenates the stage's forward (or backward) amaxes into one transient tensor
 (``quantization.py:652``, 4 B per quantizer, freed at once), not priced.
 
+Without ``--fp8-param-gather`` the weights stay bf16 parameters in megatron-core's bf16
+buffer and Transformer Engine casts them to FP8 in each forward. megatron-core's TE
+linears pass ``is_first_microbatch`` (``extensions/transformer_engine.py:671-678``: True
+on a step's first micro-batch, ``set_is_first_microbatch``, ``schedules.py:404-405``;
+None only under ``disable_parameter_transpose_cache``, a config field no argument sets),
+so TE keeps the cast in the module's ``_fp8_workspaces["weight"]``
+(``module/linear.py:1805-1809``, ``:1906-1909``; ``layernorm_linear.py`` the same),
+refreshed in place on each step's first micro-batch (``module/base.py:740-750``,
+``linear.py:421``) and never freed (it is cleared only when the recipe's class changes,
+``base.py:1384``). The cached copy is the quantizer's tensor of the weight's shape: a
+``uint8`` data tensor (1 B per element, ``cached_weight_bytes``), the transpose where
+the GEMM needs TN layouts (the weight's columnwise usage, asked in training,
+``linear.py:409-417``; ``_is_weight_workspace_valid``, ``base.py:642-652``) and one fp32
+scale inverse: the same transposes and scale inverses as the FP8 parameters', beside a
+bf16 weight rather than in place of it. The saved inputs are the same either way.
+
 The layers' weights are the TE linears' (a layer kind's ``trained_tensors().weights``:
 attention's QKV and output projections, the dense MLP's fc1 and fc2); the embedding, the
 output layer (megatron-core's own ``ColumnParallelLinear``), norms and biases stay in the
@@ -42,9 +58,13 @@ bf16 buffer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.fp8_blockwise import blockwise_bytes
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
+from cpmem.pricing.layer_parameters import fc1_width
+from cpmem.pricing.mxfp8 import mxfp8_bytes
 
 FP8_BYTES = 1
 TRANSPOSE_BEFORE_CC = 10
@@ -84,11 +104,16 @@ def scaling_state_bytes(kinds: Sequence[str], history: int) -> int:
 
 
 def split_fp8(
-    geometry: ModelGeometry, dense: Sequence[int], layers: Sequence[int], tp: int
+    geometry: ModelGeometry,
+    dense: Sequence[int],
+    layers: Sequence[int],
+    tp: int,
+    bf16_layers: Sequence[int] = (),
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``dense`` (a stage's dense tensors, ``weights.stage_tensors``: each layer's
     ``kind_tensors`` in turn, weights first, then the stage's other tensors) as the tensors
-    left in the bf16 buffer and the layers' FP8 weights, each in its order."""
+    left in the bf16 buffer and the FP8 weights of the layers not in ``bf16_layers``,
+    each in its order."""
     rest: list[int] = []
     fp8: list[int] = []
     at = 0
@@ -98,20 +123,91 @@ def split_fp8(
         weights = len(mixer.weights) + len(mlp.weights)
         others = len(mixer.norms) + len(mlp.norms) + len(mixer.biases) + len(mlp.biases)
         others += len(mixer.extra) + len(mlp.extra)
-        fp8 += dense[at : at + weights]
+        (rest if i in bf16_layers else fp8).extend(dense[at : at + weights])
         rest += dense[at + weights : at + weights + others]
         at += weights + others
     rest += dense[at:]
     return tuple(rest), tuple(fp8)
 
 
-def transpose_bytes(weights: Sequence[int], compute_capability: int) -> int:
-    """The FP8 weights' transposes (1 B per element, each in whole 512 B blocks), where the
-    device needs them."""
-    if compute_capability >= TRANSPOSE_BEFORE_CC:
-        return 0
-    return sum(-(-n * FP8_BYTES // BLOCK) * BLOCK for n in weights)
+def fp8_weight_shapes(
+    geometry: ModelGeometry, layers: Sequence[int], tp: int
+) -> tuple[tuple[int, int], ...]:
+    """Each FP8 weight of ``layers`` as Transformer Engine holds it on one TP rank,
+    ``[rows, cols]`` = ``[out_features, in_features]``, in ``split_fp8``'s order:
+    attention's QKV ``[qkv_out/t, H]`` (the output gate's second Q included) and output
+    projection ``[H, q_width/t]``, the dense MLP's fc1 ``[fc1/t, H]`` (both halves of a
+    gated one) and fc2 ``[H, F/t]``."""
+    g, h = geometry, geometry.hidden
+    q_out = g.q_width * (2 if g.attention_output_gate else 1)
+    shapes: list[tuple[int, int]] = []
+    for i in layers:
+        if g.mixers[i] == "attention":
+            shapes += [((q_out + 2 * g.kv_width) // tp, h), (h, g.q_width // tp)]
+        if g.mlps[i] == "dense":
+            shapes += [(fc1_width(g, g.ffn) // tp, h), (h, g.ffn // tp)]
+    return tuple(shapes)
 
 
-def scale_inverse_bytes(weights: Sequence[int]) -> int:
-    return SCALE_INV_BYTES * len(weights)
+@dataclass(frozen=True)
+class Fp8WeightBytes:
+    """What the FP8 weights keep beyond a parameter buffer: Transformer Engine's cached
+    copies of bf16 weights (``cache``, without ``--fp8-param-gather``), their columnwise
+    copies (``transposes``) and their scale inverses, each allocation in whole 512 B
+    blocks."""
+
+    cache: int
+    transposes: int
+    scale_inverses: int
+
+
+def fp8_weight_bytes(
+    recipe: str, shapes: Sequence[tuple[int, int]], compute_capability: int, *, cached: bool
+) -> Fp8WeightBytes:
+    """The FP8 weights' ``shapes`` under ``recipe``, ``cached`` where they are
+    Transformer Engine's copies of bf16 parameters.
+
+    - ``tensorwise``, ``delayed``: a ``uint8`` copy (1 B per element), the transpose
+      before compute capability ``TRANSPOSE_BEFORE_CC`` and one fp32 scale inverse
+      (``SCALE_INV_BYTES``);
+    - ``blockwise``: the rowwise ``uint8`` data, the columnwise copy (the transpose) on
+      every device, and a rowwise and a columnwise fp32 scale tensor in 128 x 128 blocks
+      (``cpmem.pricing.fp8_blockwise``; ``Float8BlockQuantizer::create_tensor``,
+      ``csrc/quantizer.cpp:966-1020``, allocates the columnwise copy whenever the usage is
+      asked, with no TN-layout shortcut). With ``--fp8-param-gather`` the rowwise data
+      is the one mapped into the ``uint8`` buffer (``replace_raw_data``,
+      ``tensor/utils.py:48-57``) and megatron-core keeps the columnwise data the
+      all-gather's ``post_all_gather_processing`` makes (``_create_columnwise``,
+      ``tensor/utils.py:957-959``; ``manual_post_all_gather_processing``, Megatron-LM
+      ``fp8_utils.py:259-265``);
+    - ``mxfp8`` (without ``--fp8-param-gather``): the cached copy keeps both usages
+      (``_is_weight_workspace_valid`` asks for the rowwise and the columnwise data a
+      training forward asks, ``module/base.py:654-658``), each a ``uint8`` tensor of the
+      weight's shape with its ``uint8`` e8m0 scales, one per 32 elements, padded
+      (``cpmem.pricing.mxfp8``; ``MXFP8Quantizer::create_tensor``,
+      ``csrc/quantizer.cpp:1383-1417``); the columnwise copy is counted in
+      ``transposes``."""
+    if recipe == "mxfp8":  # without --fp8-param-gather only (cpmem.step.fp8)
+        each = [mxfp8_bytes(r, c, rowwise=True, columnwise=True) for r, c in shapes]
+        return Fp8WeightBytes(
+            cache=sum(_blocks(b.rowwise_data) for b in each) if cached else 0,
+            transposes=sum(_blocks(b.columnwise_data) for b in each),
+            scale_inverses=sum(
+                _blocks(b.rowwise_scales) + _blocks(b.columnwise_scales) for b in each
+            ),
+        )
+    if recipe == "blockwise":
+        each = [blockwise_bytes(r, c, dims=2, rowwise=True, columnwise=True) for r, c in shapes]
+        return Fp8WeightBytes(
+            cache=sum(_blocks(b.rowwise_data) for b in each) if cached else 0,
+            transposes=sum(_blocks(b.columnwise_data) for b in each),
+            scale_inverses=sum(
+                _blocks(b.rowwise_scales) + _blocks(b.columnwise_scales) for b in each
+            ),
+        )
+    data = [_blocks(r * c * FP8_BYTES) for r, c in shapes]
+    return Fp8WeightBytes(
+        cache=sum(data) if cached else 0,
+        transposes=sum(data) if compute_capability < TRANSPOSE_BEFORE_CC else 0,
+        scale_inverses=SCALE_INV_BYTES * len(shapes),
+    )

@@ -120,6 +120,9 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
         output_bytes=step.settings.output_bytes if last else 0,
         profiles=None,
         holds_embedding=pipe.is_first(stage, chunk),
+        fp8=None
+        if step.settings.fp8 is None
+        else step.settings.fp8.sliced(layers.start, layers.stop),
     )
     priced = replace(microbatch, settings=settings)
     if not step.profiles:

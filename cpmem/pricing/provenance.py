@@ -286,6 +286,8 @@ TERMS: dict[str, Term] = {
     "te_cublaslt_workspace": Term("process", True, static=True),
     "te_grouped_gemm_workspaces": Term("none", True, static=True),
     "te_userbuffer_workspace": Term("none", True, static=True),
+    "fp8_weight_cache": Term("none", False, static=True),  # no recording runs FP8 without
+    # --fp8-param-gather under tensorwise or delayed scaling
     "fp8_transposes": Term("none", True, static=True),
     "fp8_scale_inverses": Term("none", True, static=True),
     "fp8_scaling_state": Term("none", False, static=True),  # no recording runs delayed FP8

@@ -42,11 +42,12 @@ stage's MTP depths and their embedding copy included (``weights.stage_tensors``)
   expert data-parallel group, the tied output copy in a buffer of its own);
 - ``master_gradients``: where ``main_grad`` is not fp32, the fp32 copy the optimizer
   makes of it (``master_gradient_bytes``);
-- under FP8 with ``--fp8-param-gather`` (``StepSettings.fp8``, ``cpmem.pricing.fp8_static``)
-  the layers' Transformer Engine weights in a ``uint8`` buffer of their own (1 B, in
-  ``weights``), ``fp8_transposes`` (before compute capability 10) and
-  ``fp8_scale_inverses``; under its ``delayed`` recipe, ``fp8_scaling_state`` (each TE
-  module's amax histories and scales).
+- under FP8 (``StepSettings.fp8``, ``cpmem.pricing.fp8_static``) the layers' Transformer
+  Engine weights in FP8: with ``--fp8-param-gather`` in a ``uint8`` buffer of their own
+  (1 B, in ``weights``), without it left in the bf16 buffer beside the FP8 copy TE caches
+  of each (``fp8_weight_cache``); either way ``fp8_transposes`` (before compute
+  capability 10) and ``fp8_scale_inverses``; under the ``delayed`` recipe,
+  ``fp8_scaling_state`` (each TE module's amax histories and scales).
 
 The measured runtime's baselines (its own rank-8 adapters, trained by megatron's
 optimizer, never stepped, beside the harness's rank-1 slot) are checked against this
@@ -66,10 +67,10 @@ from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
     SCALE_INV_BYTES,
-    scale_inverse_bytes,
+    fp8_weight_bytes,
+    fp8_weight_shapes,
     scaling_state_bytes,
     split_fp8,
-    transpose_bytes,
 )
 from cpmem.pricing.fsdp import (
     double_buffer_bytes,
@@ -109,6 +110,7 @@ class StaticComponent(StrEnum):
     TE_CUBLASLT_WORKSPACE = "te_cublaslt_workspace"
     TE_GROUPED_GEMM_WORKSPACES = "te_grouped_gemm_workspaces"
     TE_USERBUFFER_WORKSPACE = "te_userbuffer_workspace"
+    FP8_WEIGHT_CACHE = "fp8_weight_cache"
     FP8_TRANSPOSES = "fp8_transposes"
     FP8_SCALE_INVERSES = "fp8_scale_inverses"
     FP8_SCALING_STATE = "fp8_scaling_state"
@@ -131,6 +133,7 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.TE_CUBLASLT_WORKSPACE: "Transformer Engine's cuBLASLt workspace",
     StaticComponent.TE_GROUPED_GEMM_WORKSPACES: "TE grouped GEMM's per-stream workspaces",
     StaticComponent.TE_USERBUFFER_WORKSPACE: "TE's userbuffer GEMMs' 3-stream workspace",
+    StaticComponent.FP8_WEIGHT_CACHE: "TE's cached FP8 copy of each bf16 weight (no param-gather)",
     StaticComponent.FP8_TRANSPOSES: "each FP8 weight's transpose where the GEMM needs TN",
     StaticComponent.FP8_SCALE_INVERSES: "each FP8 weight's fp32 scale inverse",
     StaticComponent.FP8_SCALING_STATE: "delayed scaling's amax histories and scales per TE module",
@@ -369,9 +372,15 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     dense = optimizer_shards(layout, opt.instances)
     p = settings.dtype_bytes
     bf16: tuple[int, ...] = tensors.dense
-    fp8: tuple[int, ...] = ()
-    if settings.fp8 is not None and settings.fp8.param_gather:
-        bf16, fp8 = split_fp8(g, tensors.dense, _stage_layers(settings, stage), layout.tp)
+    fp8: tuple[int, ...] = ()  # FP8 parameters, in the uint8 buffer
+    fp8_weights: tuple[int, ...] = ()  # every FP8 weight, a parameter or TE's cached copy
+    layers = _stage_layers(settings, stage)
+    fp8_layers = [i for i in layers if settings.fp8 is not None and settings.fp8.in_fp8(i)]
+    if settings.fp8 is not None:
+        bf16_layers = settings.fp8.bf16_layers
+        rest, fp8_weights = split_fp8(g, tensors.dense, layers, layout.tp, bf16_layers)
+        if settings.fp8.param_gather:
+            bf16, fp8 = rest, fp8_weights
     groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
         (bf16, dense, False, p),
         (fp8, dense, False, FP8_BYTES),
@@ -398,10 +407,18 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
-    if fp8:
-        out[StaticComponent.FP8_TRANSPOSES] = transpose_bytes(fp8, compute_capability(settings))
-        out[StaticComponent.FP8_SCALE_INVERSES] = scale_inverse_bytes(fp8)
-    out.update(_scaling_state(settings, _stage_layers(settings, stage)))
+    if fp8_weights and settings.fp8 is not None:
+        shapes = fp8_weight_shapes(g, fp8_layers, layout.tp)
+        if [r * c for r, c in shapes] != list(fp8_weights):
+            raise AssertionError(f"FP8 weight shapes {shapes} are not the tensors {fp8_weights}")
+        kept = fp8_weight_bytes(
+            settings.fp8.recipe, shapes, compute_capability(settings), cached=not fp8
+        )
+        if kept.cache:
+            out[StaticComponent.FP8_WEIGHT_CACHE] = kept.cache
+        out[StaticComponent.FP8_TRANSPOSES] = kept.transposes
+        out[StaticComponent.FP8_SCALE_INVERSES] = kept.scale_inverses
+    out.update(_scaling_state(settings, layers))
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out
@@ -448,7 +465,8 @@ def _scaling_state(settings: StepSettings, layers: list[int]) -> dict[StaticComp
     if fp8 is None or fp8.recipe != "delayed":
         return {}
     g = settings.geometry
-    kinds = [k for i in layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
+    fp8_layers = [i for i in layers if fp8.in_fp8(i)]
+    kinds = [k for i in fp8_layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
     return {StaticComponent.FP8_SCALING_STATE: scaling_state_bytes(kinds, fp8.history)}
 
 

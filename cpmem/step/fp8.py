@@ -6,39 +6,47 @@ Sources: Megatron-LM 4828d651 (``--fp8-recipe`` choices ``tensorwise``, ``delaye
 the Transformer Engine it builds, b9d690e0. The format (``--fp8-format`` e4m3 or hybrid)
 changes no byte: both keep 1 B per element.
 
-Priced: ``tensorwise`` (current scaling) and ``delayed`` (delayed scaling, with its amax
+Priced: ``tensorwise`` (current scaling), ``delayed`` (delayed scaling, with its amax
 history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 1,
-transformer_config.py:621 at d98e8a64) with ``param-gather`` (``--fp8-param-gather``),
-on full training of attention and dense-MLP layers under Transformer Engine's modules, on
-a device of compute capability 9 or later, with bf16 or fp16 parameters and nothing
-recomputed. What it changes is priced where each term lives: the weights in the
-``uint8`` parameter buffer, their transposes and scale inverses
-(``cpmem.pricing.static``), delayed scaling's amax histories and scales
-(``cpmem.pricing.fp8_static``), the TE linears' saved inputs (the layer kinds' tight widths,
-``cpmem.pricing.kinds.fp8``: the same 1 B copies under both recipes). Everything else is
-refused by name (``fp8_problems``).
+transformer_config.py:621 at d98e8a64) and ``blockwise`` (TE's ``Float8BlockScaling``:
+weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), each with or without
+``param-gather`` (``--fp8-param-gather``), and ``mxfp8`` (1 x 32 blocks, e8m0 scales, on
+compute capability 10 and 11) without it, on full training of attention and dense-MLP
+layers under Transformer Engine's modules, on a device of compute capability 9 or later,
+with bf16 or fp16 parameters and nothing recomputed, the layers in ``bf16_layers`` out of
+FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
+``cpmem.pricing.fp8_static``): with ``param-gather`` the weights in the ``uint8``
+parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
+that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
+either way their transposes (the block-scaled recipes' columnwise copies) and scale
+inverses, delayed scaling's amax histories and scales, and the TE linears' saved inputs
+(the layer kinds' tight widths, ``cpmem.pricing.kinds.fp8``: the same 1 B copies under
+every recipe and both modes, with the block-scaled recipes' scales beside them).
+Everything else is refused by name (``fp8_problems``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
 
-PRICED_RECIPES = ("tensorwise", "delayed")
+PRICED_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 DEFAULT_HISTORY = 1
 """Megatron-LM's ``--fp8-amax-history-len`` default (transformer_config.py:621 at d98e8a64)."""
 RECIPE_REASONS = {
+    "custom": "a user's quantizer factory keeps what it builds",
+}
+"""Why each recipe cpmem does not price is refused."""
+GATHER_REASONS = {
     "mxfp8": "its weights are MXFP8 tensors (rowwise and columnwise copies, each with a 1 B "
     "scale per 32 elements, cpmem.pricing.mxfp8) that megatron-core's DDP does not keep in a "
     "uint8 buffer: under the distributed optimizer their buffer is the gradient buffer, "
     "all-gathered in bf16 (Megatron-LM param_and_grad_buffer.py:1102-1117), and with "
-    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced",
-    "blockwise": "its 128-element block scales and the columnwise copies it keeps are not "
-    "counted from source",
-    "custom": "a user's quantizer factory keeps what it builds",
+    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced "
+    "(without --fp8-param-gather it is)",
 }
-"""Why each recipe cpmem does not price is refused."""
+"""Why a recipe priced without ``param-gather`` is refused with it."""
 RECIPE_CAPABILITY = {
     "mxfp8": (
         10,
@@ -57,42 +65,72 @@ IN_FSDP = (
     "the backward and freed after it); under the others the weights stay whole, their "
     "transposes Transformer Engine's own, not laid out"
 )
+FSDP_TERMS = (
+    "FP8 weights in Megatron FSDP's buffers are priced with param-gather under the "
+    "tensorwise and delayed recipes, every layer in FP8 (the uint8 shards and their "
+    "transposes); Transformer Engine's cached FP8 copies of gathered bf16 weights, the "
+    "block-scaled recipes' columnwise copies and scales, and bf16 layers are priced in "
+    "megatron-core's DDP buffers only"
+)
 BESIDE_MUON = (
     "FP8 parameters beside Muon's layer-wise buffers are not priced: Muon's buffers are not "
     "megatron-core's DDP buffers, where FP8's are priced"
 )
 """Why FP8 parameters are refused where another mechanism keeps the parameters (both doors
 give these reasons)."""
-WITHOUT_PARAM_GATHER = (
-    "FP8 without --fp8-param-gather keeps Transformer Engine's cached FP8 copies of the bf16 "
-    "weights (module/base.py:712-722, _fp8_workspaces), not priced: give it with param-gather"
+DELAYED_BF16_LAYERS = (
+    "Delayed scaling does not support first / last layer in BF16 (Megatron-LM's "
+    "TransformerConfig raises it, transformer_config.py:1335-1336 at 4828d651)"
 )
 
 
 @dataclass(frozen=True)
 class Fp8:
     """FP8 training: its ``recipe``, whether the parameters are FP8 tensors gathered as
-    such (``param_gather``) and, under ``delayed``, the amax history's length in steps
+    such (``param_gather``; without it bf16 parameters beside Transformer Engine's cached
+    FP8 copies) and, under ``delayed``, the amax history's length in steps
     (``history``; the other recipes keep none)."""
 
     recipe: str
     param_gather: bool = False
     history: int = DEFAULT_HISTORY
+    bf16_layers: tuple[int, ...] = ()
+    """The layers (0-based, of the stack the step prices) kept out of FP8: megatron-core's
+    ``--first-last-layers-bf16`` builds and runs them outside Transformer Engine's FP8
+    contexts (``is_first_last_bf16_layer``, Megatron-LM 4828d651 ``fp8_utils.py:513-531``;
+    ``transformer_block.py:342-343`` at build, ``:651`` in the forward), so they keep no
+    FP8 weight, cached copy, scale or FP8 saved input."""
 
     @property
     def label(self) -> str:
         text = self.recipe + (":param-gather" if self.param_gather else "")
         if self.recipe == "delayed" and self.history != DEFAULT_HISTORY:
             text += f":history={self.history}"
+        if self.bf16_layers:
+            text += ":bf16-layers=" + ",".join(str(i) for i in self.bf16_layers)
         return text
+
+    def in_fp8(self, layer: int) -> bool:
+        """Whether ``layer`` runs in FP8."""
+        return layer not in self.bf16_layers
+
+    def sliced(self, start: int, stop: int) -> Fp8:
+        """The setting for the layers ``start``..``stop - 1`` alone (a pipeline chunk),
+        renumbered from 0."""
+        kept = tuple(i - start for i in self.bf16_layers if start <= i < stop)
+        return replace(self, bf16_layers=kept)
 
     @classmethod
     def parse(cls, value: str | Fp8 | None) -> Fp8 | None:
-        """``RECIPE`` followed by ``:param-gather`` and, for ``delayed``, ``:history=N``
-        (default ``DEFAULT_HISTORY``), in any order; None, ``""`` and ``none``: bf16."""
+        """``RECIPE`` followed by ``:param-gather``, for ``delayed`` ``:history=N``
+        (default ``DEFAULT_HISTORY``) and ``:bf16-layers=I,J,...`` (0-based layers kept
+        in bf16), in any order; None, ``""`` and ``none``: bf16."""
         if value is None or isinstance(value, Fp8):
             return value
-        usage = "must be RECIPE[:param-gather][:history=N] (history: delayed only)"
+        usage = (
+            "must be RECIPE[:param-gather][:history=N][:bf16-layers=I,J,...] "
+            "(history: delayed only)"
+        )
         if not isinstance(value, str):
             raise InputError("fp8", value, usage)
         text = value.strip().lower()
@@ -101,14 +139,22 @@ class Fp8:
         recipe, *parts = text.split(":")
         gather = "param-gather" in parts
         history = [p.removeprefix("history=") for p in parts if p.startswith("history=")]
-        other = [p for p in parts if p != "param-gather" and not p.startswith("history=")]
-        if other or parts.count("param-gather") > 1 or len(history) > 1:
+        bf16 = [p.removeprefix("bf16-layers=") for p in parts if p.startswith("bf16-layers=")]
+        keyed = ("history=", "bf16-layers=")
+        other = [p for p in parts if p != "param-gather" and not p.startswith(keyed)]
+        if other or parts.count("param-gather") > 1 or len(history) > 1 or len(bf16) > 1:
             raise InputError("fp8", value, usage)
+        layers: tuple[int, ...] = ()
+        if bf16:
+            items = bf16[0].split(",")
+            if not all(i.isdigit() for i in items):
+                raise InputError("fp8", value, usage + ", bf16 layers whole numbers from 0")
+            layers = tuple(sorted({int(i) for i in items}))
         if not history:
-            return cls(recipe, gather)
+            return cls(recipe, gather, bf16_layers=layers)
         if recipe != "delayed" or not history[0].isdigit() or int(history[0]) < 1:
             raise InputError("fp8", value, usage + ", a whole number of steps from 1")
-        return cls(recipe, gather, int(history[0]))
+        return cls(recipe, gather, int(history[0]), layers)
 
 
 def fp8_problems(
@@ -120,22 +166,28 @@ def fp8_problems(
     compute_capability: int,
     dtype_bytes: int,
     recompute_none: bool,
-    fsdp: bool = False,
+    fsdp: str = "none",
     muon: bool = False,
+    layers: int | None = None,
 ) -> list[str]:
-    """Why ``fp8`` is not priced for this step, every reason (none: priced)."""
+    """Why ``fp8`` is not priced for this step, every reason (none: priced); ``layers``:
+    the stack's, which the bf16 layers must lie in."""
     out: list[str] = []
+    if layers is not None and any(i >= layers for i in fp8.bf16_layers):
+        out.append(f"bf16 layers {list(fp8.bf16_layers)} must lie in the {layers} layers")
+    if fp8.bf16_layers and fp8.recipe == "delayed":
+        out.append(DELAYED_BF16_LAYERS)
     if fp8.recipe in RECIPE_REASONS:
         out.append(f"recipe {fp8.recipe}: {RECIPE_REASONS[fp8.recipe]}")
     elif fp8.recipe not in PRICED_RECIPES:
         known = [*PRICED_RECIPES, *RECIPE_REASONS]
         out.append(f"recipe {fp8.recipe!r} is not one of Megatron-LM's {known}")
+    if fp8.param_gather and fp8.recipe in GATHER_REASONS:
+        out.append(f"recipe {fp8.recipe} with param-gather: {GATHER_REASONS[fp8.recipe]}")
     if fp8.recipe in RECIPE_CAPABILITY:
         low, high, why = RECIPE_CAPABILITY[fp8.recipe]
         if not low <= compute_capability < high:
             out.append(f"{why}; this device: {compute_capability}")
-    if not fp8.param_gather:
-        out.append(WITHOUT_PARAM_GATHER)
     if training != "full":
         out.append("priced for full training (--training full) only")
     other = [k for k in kinds if k not in ("attention", "dense")]
@@ -149,8 +201,12 @@ def fp8_problems(
         out.append("priced with bf16 or fp16 parameters")
     if not recompute_none:
         out.append("what a recomputed layer keeps under FP8 is not priced (recompute none)")
-    if fsdp:
+    if fsdp not in ("none", "optim_grads_params"):
         out.append(f"{IN_FSDP} (--fsdp none or optim_grads_params)")
+    elif fsdp == "optim_grads_params" and not (
+        fp8.param_gather and fp8.recipe in ("tensorwise", "delayed") and not fp8.bf16_layers
+    ):
+        out.append(FSDP_TERMS)
     if muon:
         out.append(f"{BESIDE_MUON} (--optimizer adam)")
     return out

@@ -361,8 +361,10 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             None,
             "--fp8",
-            "FP8 training, RECIPE[:param-gather][:history=N] (priced: tensorwise:param-gather, "
-            "delayed:param-gather with its amax history, default 1)",
+            "FP8 training, RECIPE[:param-gather][:history=N][:bf16-layers=I,J,...] (priced: "
+            "tensorwise, blockwise and delayed, with its amax history, default 1, each with or "
+            "without param-gather; mxfp8 without it; bf16-layers: 0-based layers kept out of "
+            "FP8)",
             group="process",
             export=lambda s: None if s.settings.fp8 is None else s.settings.fp8.label,
         ),

@@ -239,8 +239,9 @@ class StepSettings:
             compute_capability=9 if major is None else major,
             dtype_bytes=self.dtype_bytes,
             recompute_none=self.recompute.keeps_everything,
-            fsdp=self.optimizer.fsdp not in ("none", "optim_grads_params"),
+            fsdp=self.optimizer.fsdp,
             muon=self.optimizer.kind == "muon",
+            layers=self.geometry.layers,
         )
 
     def _layout_problems(self) -> list[InputError]:

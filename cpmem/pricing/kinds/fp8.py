@@ -14,13 +14,38 @@ where one does.
 - the dense MLP: fc1's normed input (``H/s``) and fc2's input, the activation's output
   (``F/t``, which only fc2 keeps), lose ``b - 1`` bytes per element.
 
+Under the ``blockwise`` recipe each of those 1 B inputs (its columnwise copy, the one the
+weight gradient reads: TE drops the rowwise data of a blockwise input it saves,
+``module/linear.py:536-549``, ``module/layernorm_linear.py:441-451``) also keeps its fp32
+scales in 1 x 128 blocks along the tokens: ``[ceil(rows/128), roundup(cols, 4)]``
+(``cpmem.pricing.fp8_blockwise.scale_shape``; ``csrc/quantizer.cpp:1323-1375``), 4 B per
+128 tokens of each column, ``4 roundup(cols, 4) / 128`` B per token of the rank's rows
+(``rows`` the tokens the input holds: the sequence shard for a normed input under SP, every
+token for the projections' inputs). Priced per token, exact where those rows are a whole
+number of 128-token blocks; otherwise under by less than one block's row of scales
+(``4 roundup(cols, 4)`` B) per input and layer.
+
+Under ``mxfp8`` the saved inputs keep their columnwise copy too (TE drops an MXFP8
+input's rowwise data as a blockwise one's, the same lines) with its ``uint8`` e8m0 scales,
+one per 32 rows of each column, ``[roundup(rows/32, 4), roundup(cols, 128)]``
+(``cpmem.pricing.mxfp8.scale_shape``; ``csrc/quantizer.cpp:1710-1739``):
+``roundup(cols, 128) / 32`` B per token of the rank's rows, exact where those rows are a
+whole number of 128-token blocks, otherwise under by at most three rows of scales
+(``3 roundup(cols, 128)`` B) per input and layer.
+
 A byte change is turned into elements rounding towards the larger figure, so an odd byte
 is never priced away.
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
+from math import ceil
+
+from cpmem.pricing.fp8_blockwise import BLOCK, PAD, SCALE_BYTES
 from cpmem.pricing.kinds.spec import TightContext
+from cpmem.pricing.mxfp8 import BLOCK as MX_BLOCK
+from cpmem.pricing.mxfp8 import ROW_PAD as MX_ROW_PAD
 from cpmem.pricing.widths import sp_divisor
 
 FP8_BYTES = 1
@@ -35,14 +60,32 @@ def _active(ctx: TightContext) -> bool:
     return ctx.step.settings.fp8 is not None
 
 
+def _block_scales(ctx: TightContext, inputs: list[tuple[int, int]]) -> Fraction:
+    """Bytes per token of the block-scaled recipes' columnwise scales of the saved FP8
+    ``inputs``, each ``(cols, shard)``: ``cols`` columns on rows of ``1/shard`` of the
+    tokens (0 under the per-tensor recipes)."""
+    fp8 = ctx.step.settings.fp8
+    if fp8 is None or fp8.recipe not in ("blockwise", "mxfp8"):
+        return Fraction(0)
+    if fp8.recipe == "mxfp8":  # 1 B per 32 rows of each column, columns padded to 128
+        per_row = [
+            (-(-cols // MX_ROW_PAD) * MX_ROW_PAD, MX_BLOCK * shard) for cols, shard in inputs
+        ]
+    else:  # 4 B per 128 rows of each column, columns padded to 4
+        per_row = [(SCALE_BYTES * -(-cols // PAD) * PAD, BLOCK * shard) for cols, shard in inputs]
+    return sum((Fraction(n, d) for n, d in per_row), Fraction(0))
+
+
 def attention_fp8_width(ctx: TightContext) -> int:
     """The attention layer's saved set under FP8 less its saved set without (0 without FP8)."""
     if not _active(ctx):
         return 0
     g, b = ctx.geometry, ctx.step.dtype_bytes
-    normed = g.hidden // sp_divisor(ctx.tp, ctx.sp)
+    s = sp_divisor(ctx.tp, ctx.sp)
+    normed = g.hidden // s
     proj_copy = g.attention_output_width // ctx.tp
-    return _elements(-normed * (b - FP8_BYTES) + proj_copy * FP8_BYTES, b)
+    scales = _block_scales(ctx, [(g.hidden, s), (proj_copy, 1)])
+    return _elements(-normed * (b - FP8_BYTES) + proj_copy * FP8_BYTES + ceil(scales), b)
 
 
 def dense_fp8_width(ctx: TightContext) -> int:
@@ -50,5 +93,7 @@ def dense_fp8_width(ctx: TightContext) -> int:
     if not _active(ctx):
         return 0
     g, b = ctx.geometry, ctx.step.dtype_bytes
-    normed = g.hidden // sp_divisor(ctx.tp, ctx.sp)
-    return _elements(-(normed + g.ffn // ctx.tp) * (b - FP8_BYTES), b)
+    s = sp_divisor(ctx.tp, ctx.sp)
+    normed = g.hidden // s
+    scales = _block_scales(ctx, [(g.hidden, s), (g.ffn // ctx.tp, 1)])
+    return _elements(-(normed + g.ffn // ctx.tp) * (b - FP8_BYTES) + ceil(scales), b)

@@ -17,6 +17,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import Component
 from cpmem.pricing.head import head_bytes
 from cpmem.pricing.kinds import attention, mixer_spec, mlp_spec
+from cpmem.pricing.kinds.fp8 import attention_fp8_width, dense_fp8_width
 from cpmem.pricing.kinds.spec import LayerKindSpec, TightContext
 from cpmem.pricing.tight.calibrated import COLD_SETUP, LOSS_BACKWARD_OUTPUTS, Margin
 from cpmem.pricing.tight.widths import TightWidths
@@ -71,8 +72,21 @@ def tight_widths(
         layer_input=geometry.hidden // sp_divisor(tp, sp),
         saved=saved,
         tp=tp,
+        fp8_attention=attention_fp8_width(ctx),
+        fp8_dense=dense_fp8_width(ctx),
         **parts,
     )
+
+
+def bf16_layer_width(geometry: ModelGeometry, w: TightWidths, step: Step, layer: int) -> int:
+    """What FP8 changes in ``layer``'s kept set that the layer does not have where it runs
+    in bf16 under FP8 (``Fp8.bf16_layers``): its kinds' FP8 widths; 0 for a layer in FP8
+    or without FP8."""
+    fp8 = step.settings.fp8
+    if fp8 is None or fp8.in_fp8(layer):
+        return 0
+    width = w.fp8_attention if geometry.mixers[layer] == "attention" else 0
+    return width + (w.fp8_dense if geometry.mlps[layer] == "dense" else 0)
 
 
 NAMED_PARTS = ("attention_core", "mlp_core", "moe_kept")
@@ -118,6 +132,8 @@ def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     if not rc.keeps_gradients:
         return w.layer_input + state
     total = sum((w.of(m) + w.of(f)) * n for m, f, n in geometry.layer_kinds)
+    if step.settings.fp8 is not None:
+        total -= sum(bf16_layer_width(geometry, w, step, i) for i in step.settings.fp8.bf16_layers)
     for k in geometry.mixer_kinds:
         total -= geometry.mixer_count(k) * mixer_spec(k).checkpoint_dropped(w, step)
     for k in geometry.mlp_kinds:
@@ -160,7 +176,7 @@ def kept_after(geometry: ModelGeometry, w: TightWidths, step: Step) -> list[int]
     out = [0] * (geometry.layers + 1)
     for i in range(geometry.layers - 1, -1, -1):
         mixer, mlp = mixer_spec(geometry.mixers[i]), mlp_spec(geometry.mlps[i])
-        kept = w.of(mixer.name) + w.of(mlp.name)
+        kept = w.of(mixer.name) + w.of(mlp.name) - bf16_layer_width(geometry, w, step, i)
         kept -= mixer.checkpoint_dropped(w, step) + mlp.checkpoint_dropped(w, step)
         out[i] = out[i + 1] + kept
     return out

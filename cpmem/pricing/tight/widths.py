@@ -33,3 +33,8 @@ class TightWidths(LayerWidths):
     moe_kept: int = 0
     """What an MoE sub-layer keeps outside its ``MoELayer`` (``moe.kept_width``): all a
     ``moe`` checkpoint keeps of it."""
+    fp8_attention: int = 0
+    fp8_dense: int = 0
+    """What FP8 changes in the attention and dense-MLP kinds' widths
+    (``cpmem.pricing.kinds.fp8``), part of ``saved``: what a layer kept in bf16 under FP8
+    (``Fp8.bf16_layers``) does not have."""

@@ -1,7 +1,6 @@
 """The FP8 step setting (``cpmem.step.fp8``): its text, and every combination it is not
 priced for refused with each reason at once (the reasons read from the module's sources:
-TE's cached FP8 weight copies without param-gather, base.py:712-722; FP8 GEMMs from
-compute capability 8.9)."""
+FP8 GEMMs from compute capability 8.9, MXFP8 on 10 and 11)."""
 
 from __future__ import annotations
 
@@ -51,6 +50,9 @@ def test_the_label_names_a_history_other_than_megatrons_default() -> None:
     [
         ("tensorwise:param-gather", Fp8("tensorwise", True)),
         ("delayed:param-gather:history=1024", Fp8("delayed", True, 1024)),
+        # without param-gather: bf16 weights beside TE's cached FP8 copies
+        ("tensorwise", Fp8("tensorwise", False)),
+        ("delayed", Fp8("delayed", False)),
     ],
 )
 def test_the_priced_recipes_price_on_a_dense_model(text: str, parsed: Fp8) -> None:
@@ -60,13 +62,12 @@ def test_the_priced_recipes_price_on_a_dense_model(text: str, parsed: Fp8) -> No
 
 def test_every_reason_is_named_at_once() -> None:
     with pytest.raises(InputError) as err:
-        describe_step("qwen3-1.7b", [4096], fp8="mxfp8", device="a100-80gb")
+        describe_step("qwen3-1.7b", [4096], fp8="mxfp8:param-gather", device="a100-80gb")
     reason = err.value.reason
-    assert err.value.field == "fp8" and err.value.value == "mxfp8"
+    assert err.value.field == "fp8" and err.value.value == "mxfp8:param-gather"
     for part in (
-        "recipe mxfp8: its weights are MXFP8 tensors (rowwise and columnwise copies",
+        "recipe mxfp8 with param-gather: its weights are MXFP8 tensors (rowwise and columnwise",
         "MXFP8 on compute capability 10 and 11 only (quantization.py:162-168",
-        "module/base.py:712-722",
         "full training (--training full) only",
         "compute capability 8.9 or later",
     ):
@@ -107,6 +108,28 @@ def test_fp8_parameters_in_other_buffers_are_refused(given: dict[str, str], reas
     assert reason in err.value.reason
 
 
+@pytest.mark.parametrize(
+    "fp8",
+    ["tensorwise", "delayed", "blockwise:param-gather", "tensorwise:param-gather:bf16-layers=0"],
+)
+def test_megatron_fsdps_fp8_weights_are_priced_for_gathered_tensorwise_and_delayed_only(
+    fp8: str,
+) -> None:
+    """Megatron FSDP's static memory lays out uint8 shards with one scale inverse each
+    (``cpmem.pricing.fsdp``); the terms priced in DDP's buffers for the other FP8 modes (TE's
+    cached copies without param-gather, blockwise's columnwise copies and scales, bf16
+    layers) are not laid out there, so those modes are refused under FSDP rather than priced
+    without them."""
+    with pytest.raises(InputError) as err:
+        describe_step("qwen3-1.7b", [4096], fp8=fp8, fsdp="optim_grads_params", dp=4, **FULL)
+    assert err.value.field == "fp8"
+    assert "priced with param-gather under the tensorwise and delayed recipes" in err.value.reason
+    step = describe_step(
+        "qwen3-1.7b", [4096], fp8="delayed:param-gather", fsdp="optim_grads_params", dp=4, **FULL
+    )
+    assert step.settings.fp8 is not None
+
+
 FACTS = {
     "training": "full",
     "kinds": ("attention", "dense"),
@@ -138,3 +161,27 @@ def test_each_recipe_runs_where_transformer_engine_supports_it(
     assert said == refused
     if refused:
         assert any(p.endswith(f"; this device: {major}") for p in problems)
+
+
+def test_the_bf16_layers_read_label_and_slice() -> None:
+    parsed = Fp8.parse("blockwise:bf16-layers=11,0")
+    assert parsed == Fp8("blockwise", False, bf16_layers=(0, 11))
+    assert parsed.label == "blockwise:bf16-layers=0,11"
+    assert Fp8.parse(parsed.label) == parsed
+    # a pipeline chunk of layers 6..11 holds the last one, renumbered from 0
+    assert parsed.sliced(6, 12).bf16_layers == (5,)
+    assert parsed.sliced(1, 11).bf16_layers == ()
+    assert not parsed.in_fp8(11) and parsed.in_fp8(5)
+    with pytest.raises(InputError):
+        Fp8.parse("tensorwise:bf16-layers=first")
+
+
+def test_bf16_layers_outside_the_stack_and_under_delayed_scaling_are_refused() -> None:
+    with pytest.raises(InputError) as err:
+        describe_step("qwen3-1.7b", [4096], fp8="delayed:bf16-layers=0,40", **FULL)
+    # qwen3-1.7b has 28 layers; megatron-core's TransformerConfig rejects delayed scaling
+    # with layers in bf16 (transformer_config.py:1335-1336 at 4828d651)
+    assert "must lie in the 28 layers" in err.value.reason
+    assert "Delayed scaling does not support first / last layer in BF16" in err.value.reason
+    step = describe_step("qwen3-1.7b", [4096], fp8="tensorwise:bf16-layers=0,27", **FULL)
+    assert step.settings.fp8 is not None and step.settings.fp8.bf16_layers == (0, 27)
