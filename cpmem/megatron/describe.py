@@ -389,6 +389,9 @@ def megatron_run(
         "optimizer": OPTIMIZER_KIND[args.optimizer],
         "distributed_optimizer": args.use_distributed_optimizer or layer_wise(args),
         "optimizer_instances": args.num_distributed_optimizer_instances,
+        "muon_layout": (
+            "precomputed" if layer_wise(args) and args.use_layer_wise_param_layout else "legacy"
+        ),
         "fsdp": fsdp_strategy(args),
         "dtype": dtype,
         "grad_bytes": grad_bytes,

@@ -180,6 +180,7 @@ def describe_settings(
             grad_bytes,
             a["optimizer_instances"],
             a["fsdp"],
+            a["muon_layout"],
         ),
         device=resolve_device(a["device"], a["device_total_bytes"]),
         pipeline=Pipeline(

@@ -29,7 +29,7 @@ from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, QUANTIZED_WEIGHTS, RUNTIMES, TRAININGS, Runtime
 from cpmem.step.setting import Setting
-from cpmem.step.trainer import CP_COMMS, FSDP_STRATEGIES, Head
+from cpmem.step.trainer import CP_COMMS, FSDP_STRATEGIES, MUON_LAYOUTS, Head
 from cpmem.step.values import parse_int_list, whole_bytes
 
 
@@ -426,6 +426,21 @@ class SettingsArguments(TypedDict, total=False):
             group="whole",
             switch=True,
             export=lambda s: s.settings.optimizer.distributed,
+        ),
+    ]
+    muon_layout: Annotated[
+        str,
+        Setting(
+            "legacy",
+            "--muon-layout",
+            "Muon's layer-wise distributed optimizer's buffers (with --optimizer muon "
+            "--distributed-optimizer): legacy (default; Megatron-LM's "
+            "--no-use-layer-wise-param-layout: whole unpadded buffers, tensors dealt by size) "
+            "or precomputed (Megatron-LM's default: matrices bin-packed into shard-aligned "
+            "buffers)",
+            group="whole",
+            choices=MUON_LAYOUTS,
+            export=lambda s: s.settings.optimizer.muon_layout,
         ),
     ]
     fsdp: Annotated[
