@@ -250,3 +250,18 @@ def test_instances_megatron_rejects_are_refused(
     with pytest.raises(InputError) as err:
         step_of(tiny(**changes), world_size=world)
     assert says in str(err.value)
+
+
+def test_the_precomputed_layouts_terms_are_read_from_source() -> None:
+    # the recordings' Muon runs all take --no-use-layer-wise-param-layout
+    # (golden/megatron/cases/moe/*muon*): the precomputed layout's buffers and shards are
+    # no recording's; the legacy path's are
+    labels = {
+        name: src.label
+        for name, src in priced(muon(use_distributed_optimizer=True)).provenance.items()
+    }
+    for term in ("weights", "gradient_buffer", "optimizer_states"):
+        assert labels[term] == "structure (source)", term
+    assert labels["cublas_workspaces"] == "measured (megatron-lm)"
+    legacy = muon(use_distributed_optimizer=True, use_layer_wise_param_layout=False)
+    assert priced(legacy).provenance["weights"].label == "measured (megatron-lm)"
