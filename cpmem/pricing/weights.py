@@ -171,8 +171,9 @@ class StageTensors:
     expert_matrices: tuple[bool, ...] = ()
     """Whether each ``experts`` tensor is a matrix (a weight, not a bias)."""
     dense_shapes: tuple[tuple[int, int], ...] | None = None
-    """The ``(rows, cols)`` of each dense matrix (``dense_matrices``), in order; None where
-    a layer kind of the stage lists no shapes (``TrainedTensors.shapes``)."""
+    """The ``(rows, cols)`` of each dense matrix (``dense_matrices``), in the order the
+    model registers them (the embedding's position table, the layers', the MTP depths');
+    None where a layer kind of the stage lists no shapes (``TrainedTensors.shapes``)."""
     expert_shapes: tuple[tuple[int, int], ...] = ()
     """The ``(rows, cols)`` of each routed-expert matrix (``expert_matrices``), in order."""
 
@@ -226,8 +227,9 @@ def kind_matrix_flags(
 def kind_matrix_shapes(
     geometry: ModelGeometry, mixer_kind: str, mlp_kind: str, tp: int
 ) -> list[tuple[int, int]] | None:
-    """The shapes of ``kind_tensors``' matrices in order (the mixer's weights come first,
-    and only weights are matrices), or None where either kind lists none."""
+    """The shapes of ``kind_tensors``' matrices in the order megatron-core registers them
+    (the mixer's, then the MLP's: ``TrainedTensors.shapes``), or None where either kind
+    lists none."""
     mixer = mixer_spec(mixer_kind).trained_tensors(geometry, tp)
     mlp = mlp_spec(mlp_kind).trained_tensors(geometry, tp)
     if mixer.shapes is None or mlp.shapes is None:
@@ -306,7 +308,8 @@ def stage_tensors(
         if g.learned_position_rows:
             dense.append(g.learned_position_rows * h)
             matrices.append(True)  # the position table: a 2-D weight, not tagged
-            add_shapes([(g.learned_position_rows, h)])
+            # registered before the layers (GPTModel's embedding comes first)
+            shapes = None if shapes is None else [(g.learned_position_rows, h), *shapes]
     tied: list[int] = []
     if last:
         final = [h, h] if g.norm == "layernorm" else [h]

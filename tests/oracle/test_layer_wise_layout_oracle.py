@@ -18,10 +18,10 @@ from oracles import layer_wise_layout as oracle
 if not oracle.available():
     pytest.skip("no git mirror of Megatron-LM at the snapshot", allow_module_level=True)
 
-from cpmem.api import load_model  # noqa: E402
-from cpmem.plan.layout import ParallelLayout  # noqa: E402
-from cpmem.pricing.layer_wise_layout import layer_wise_layout  # noqa: E402
-from cpmem.pricing.weights import stage_tensors  # noqa: E402
+from cpmem.api import load_model
+from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.layer_wise_layout import layer_wise_layout
+from cpmem.pricing.weights import stage_tensors
 
 
 def _agree(shapes: list[tuple[int, int]], shards: int, bucket: int | None) -> None:
@@ -57,9 +57,7 @@ def test_a_models_routed_experts_are_laid_out_as_megatron_lays_them() -> None:
     _agree(list(tensors.expert_shapes), 4, None)
 
 
-shapes = st.lists(
-    st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=40
-)
+shapes = st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=40)
 
 
 @settings(max_examples=200, deadline=None)

@@ -44,11 +44,11 @@ def mla_tensors(g: ModelGeometry, tp: int) -> TrainedTensors:
         weights=(*q_down, q_up, kv_down, kv_up, g.attention_output_width // tp * h),
         norms=(h, *((h,) if g.sandwich_norms else ())),
         extra=(*q_norm, g.kv_lora_rank),
-        shapes=(
+        shapes=(  # linear_proj first (Attention.__init__), then MLASelfAttention's
+            (h, g.attention_output_width // tp),
             *(((g.q_lora_rank, h),) if g.q_lora_rank else ()),
             (heads * g.head_dim // tp, g.q_lora_rank or h),
             (g.kv_lora_rank + g.qk_rope_head_dim, h),
             (nope_v, g.kv_lora_rank),
-            (h, g.attention_output_width // tp),
         ),
     )

@@ -414,11 +414,13 @@ class MoeSpec(MlpSpec):
         biases = [g.num_experts] if g.router_bias else []
         if f and g.shared_expert_gate:
             weights.append(h)
-            shapes.append((1, h))  # shared_experts.py: gate_weight [1, H]
         if f:
             weights += [fc1_width(g, f) * h // tp, h * f // tp]
             shapes += [(fc1_width(g, f) // tp, h), (h, f // tp)]
             biases += [fc1_width(g, f) // tp, h] if g.mlp_bias else []
+        if f and g.shared_expert_gate:
+            # shared_experts.py: gate_weight [1, H], registered after its MLP's linears
+            shapes.append((1, h))
         return TrainedTensors(
             tuple(weights), sublayer_norm_tensors(g), tuple(biases), shapes=tuple(shapes)
         )

@@ -56,10 +56,12 @@ class TrainedTensors:
     other weight is a 2-D matrix; norms, biases and ``extra`` are vectors."""
     shapes: tuple[tuple[int, int], ...] | None = None
     """The ``(rows, cols)`` on the rank of each matrix Muon steps (``weights`` but
-    ``not_matrices``, in order), as megatron-core's parameter holds it: a column-parallel
-    linear's ``[out / TP, in]``, a row-parallel one's ``[out, in / TP]``. The layer-wise
-    distributed optimizer's layout packs by them (``cpmem.pricing.layer_wise_layout``);
-    None where the kind does not list them."""
+    ``not_matrices``), as megatron-core's parameter holds it (a column-parallel linear's
+    ``[out / TP, in]``, a row-parallel one's ``[out, in / TP]``), in the order the module
+    registers them (``named_parameters``: attention's ``linear_proj`` before its
+    ``linear_qkv``, ``Attention.__init__`` building it before ``SelfAttention``'s). The
+    layer-wise distributed optimizer's layout walks and packs by them
+    (``cpmem.pricing.layer_wise_layout``); None where the kind does not list them."""
 
     def matrix_flags(self) -> list[bool]:
         """Whether each tensor, in the layout's order (weights, norms, biases, extra), is a

@@ -170,7 +170,8 @@ def test_every_kinds_matrix_shapes_hold_its_matrix_elements(model: str, tp: int)
             t = spec.trained_tensors(g, tp)
             matrices = [n for n, m in zip(t.weights, t.matrix_flags(), strict=False) if m]
             assert t.shapes is not None, spec.name
-            assert [r * c for r, c in t.shapes] == matrices, spec.name
+            # the same matrices; the shapes in the order megatron-core registers them
+            assert sorted(r * c for r, c in t.shapes) == sorted(matrices), spec.name
         mlp = mlp_spec(kinds[1])
         flags = mlp.expert_matrix_flags(g, 1, 1)
         tensors = mlp.expert_tensors(g, 1, 1)
@@ -182,7 +183,19 @@ def test_every_kinds_matrix_shapes_hold_its_matrix_elements(model: str, tp: int)
 def test_mamba_and_gdn_list_the_shapes_of_the_matrices_muon_steps() -> None:
     # mamba: out_proj [H, D / TP] alone (in_proj use_muon=False, the conv kernel 3-D)
     assert mixer_spec("mamba").trained_tensors(HYBRID, 2).shapes == ((H, D // 2),)
+    # attention: linear_proj [H, Q / TP] registered before linear_qkv [(Q + 2 KV) / TP, H]
+    # (attention.py: Attention.__init__ builds linear_proj, SelfAttention then linear_qkv)
     assert mixer_spec("attention").trained_tensors(HYBRID, 2).shapes == (
-        ((16 + 2 * 8) * 64 // 2, H),
         (H, 16 * 64 // 2),
+        ((16 + 2 * 8) * 64 // 2, H),
     )
+
+
+def test_a_moe_blocks_matrices_are_listed_router_first_and_shared_gate_last() -> None:
+    # moe_layer.py: the router registered before the shared experts; shared_experts.py:
+    # gate_weight [1, H] set after SharedExpertMLP's own linears (super().__init__)
+    g = load_model("qwen3.5-35b-a3b")
+    shapes = mlp_spec(g.mlps[0]).trained_tensors(g, 1).shapes
+    assert shapes is not None
+    f = g.shared_expert_ffn
+    assert shapes == ((g.num_experts, g.hidden), (2 * f, g.hidden), (g.hidden, f), (1, g.hidden))
