@@ -363,6 +363,7 @@ def megatron_run(
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
     if args.use_megatron_fsdp:
         grad_bytes = fsdp_grad_element_size(args)
+    precomputed = layer_wise(args) and args.use_layer_wise_param_layout
     arguments: dict[str, Any] = {
         "lengths": [args.seq_length] * mbs,
         "tp": tp,
@@ -390,7 +391,7 @@ def megatron_run(
         "distributed_optimizer": args.use_distributed_optimizer or layer_wise(args),
         "optimizer_instances": args.num_distributed_optimizer_instances,
         "muon_layout": (
-            "precomputed" if layer_wise(args) and args.use_layer_wise_param_layout else "legacy"
+            ("bucketed" if args.overlap_grad_reduce else "precomputed") if precomputed else "legacy"
         ),
         "fsdp": fsdp_strategy(args),
         "dtype": dtype,

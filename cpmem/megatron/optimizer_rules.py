@@ -11,9 +11,9 @@ them Megatron-LM rejects (``optimizer_problems``, one of ``rules.rule_problems``
   distributed optimizer's byte shards, ``cpmem.pricing.layer_wise_layout``) and the legacy
   path, ``--no-use-layer-wise-param-layout`` (every rank's whole, unpadded buffers and
   whole tensors assigned to ranks by size, ``cpmem.pricing.muon``). The precomputed
-  layout is refused with ``--overlap-grad-reduce`` (its buckets re-pack the first stage's
-  matrices bucket by bucket; cpmem packs one bucket) and where routed experts have
-  biases (Megatron-LM asserts, optimizer/__init__.py:917-926).
+  layout packs the first stage's matrices bucket by bucket under ``--overlap-grad-reduce``
+  (``cpmem.pricing.layer_wise_static``), and is refused where routed experts have biases
+  (Megatron-LM asserts, optimizer/__init__.py:918-926).
 - Muon with ``--fp16``: Megatron-LM raises (optimizer/__init__.py:774-775).
 - ``--num-distributed-optimizer-instances`` above 1: needs the distributed optimizer
   (``DistributedDataParallel`` asserts "Partial DistOpt cannot be used without DistOpt",
@@ -64,16 +64,6 @@ def optimizer_problems(args: MegatronArgs) -> list[Problem]:
         named = f"--optimizer {args.optimizer}" + (
             ", --use-distributed-optimizer" if args.use_distributed_optimizer else ""
         )
-        if args.overlap_grad_reduce:
-            out.append(
-                (
-                    f"{named}, --overlap-grad-reduce",
-                    "changes memory cpmem does not price: the precomputed layer-wise layout "
-                    "then packs the first stage's matrices bucket by bucket (40M elements or "
-                    "more, dist_utils.py:315-319), and cpmem packs one bucket; "
-                    "--no-use-layer-wise-param-layout prices its legacy path",
-                )
-            )
         if args.num_experts and args.add_bias_linear:
             out.append(
                 (

@@ -215,7 +215,7 @@ def facts_of(step: Step) -> Facts:
         base_weights=base_weights_held(step),
         layer_wise_layout=settings.optimizer.kind == "muon"
         and settings.optimizer.distributed
-        and settings.optimizer.muon_layout == "precomputed",
+        and settings.optimizer.muon_layout != "legacy",
     )
 
 

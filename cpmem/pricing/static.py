@@ -60,7 +60,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 
-from cpmem.errors import InputError
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
@@ -73,7 +72,7 @@ from cpmem.pricing.fp8_static import (
 )
 from cpmem.pricing.fsdp import fsdp_buckets, fsdp_static
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
-from cpmem.pricing.layer_wise_layout import layer_wise_layout
+from cpmem.pricing.layer_wise_static import LayoutChunk, grad_bucket_size, layer_wise_held
 from cpmem.pricing.muon import (
     ADAM_STATE_BYTES,
     MUON_STATE_BYTES,
@@ -363,7 +362,7 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         last=stage == settings.pipeline.pp - 1,
     )
     if opt.kind == "muon":
-        return _muon_training(settings, tensors, stepped)
+        return _muon_training(settings, tensors, stage, stepped)
     if opt.fsdp != "none":
         return _fsdp_training(settings, stepped)
     dense = optimizer_shards(layout, opt.instances)
@@ -432,7 +431,7 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
 
 
 def _muon_training(
-    settings: StepSettings, tensors: StageTensors, stepped: bool
+    settings: StepSettings, tensors: StageTensors, stage: int, stepped: bool
 ) -> dict[StaticComponent, int]:
     """Every parameter trained under Muon (``cpmem.pricing.muon``): the whole weights and
     gradient buffer (the layer-wise distributed optimizer all-reduces into an unpadded
@@ -443,8 +442,8 @@ def _muon_training(
     layout, opt = settings.layout, settings.optimizer
     p = settings.dtype_bytes
     master = master_bytes(p, opt)
-    if opt.distributed and opt.muon_layout == "precomputed":
-        return _muon_precomputed(settings, tensors, stepped)
+    if opt.distributed and opt.muon_layout != "legacy":
+        return _muon_precomputed(settings, stage, stepped)
     dense = (*tensors.dense, *tensors.tied_copy)
     dense_matrices = (*tensors.dense_matrices, *(False for _ in tensors.tied_copy))
     groups = [
@@ -474,70 +473,50 @@ def _muon_training(
 
 
 def _muon_precomputed(
-    settings: StepSettings, tensors: StageTensors, stepped: bool
+    settings: StepSettings, stage: int, stepped: bool
 ) -> dict[StaticComponent, int]:
     """Muon's layer-wise distributed optimizer with its precomputed layout
-    (``cpmem.pricing.layer_wise_layout``): every rank keeps the whole buffers (the
-    matrices' bin-packed ones, the distributed optimizer's for the rest), and steps the
-    matrices of its shard (a master copy and Muon's momentum) and the real elements of its
-    slice of the rest (a master copy and Adam's moments). ``busiest``: the data-parallel
-    index (and the expert one) whose share costs most."""
-    opt, p = settings.optimizer, settings.dtype_bytes
+    (``cpmem.pricing.layer_wise_static``), one layout per model chunk of the stage: the
+    whole buffers on every rank, and the master copy and states of the rank's share.
+    ``busiest``: the data-parallel index (and the expert one) whose share costs most."""
+    g, layout, opt, pipe = settings.geometry, settings.layout, settings.optimizer, settings.pipeline
+    p = settings.dtype_bytes
     master = master_bytes(p, opt)
-    muon = master + (MUON_STATE_BYTES if stepped else 0)
-    adam = master + (ADAM_STATE_BYTES if stepped else 0)
-    if tensors.dense_shapes is None:
-        raise InputError(
-            "optimizer",
-            "muon",
-            "the layer-wise distributed optimizer's precomputed layout packs Muon's matrices "
-            "by shape, and a layer kind of this model lists none (--muon-layout legacy "
-            "prices its legacy path)",
+    dense_shards = optimizer_shards(layout)
+    bucket = grad_bucket_size(dense_shards) if opt.muon_layout == "bucketed" else None
+    chunks = [
+        LayoutChunk(
+            stage_tensors(
+                g,
+                layout,
+                pipe.chunk_layers(g.layers, stage, c),
+                first=pipe.is_first(stage, c),
+                last=pipe.is_last(stage, c),
+            ),
+            # DDP buckets the first stage's first model chunk alone (dist_utils.py:360-373)
+            bucket if stage == 0 and c == 0 else None,
         )
-    if any(not m for m in tensors.expert_matrices):
-        raise InputError(
-            "optimizer",
-            "muon",
-            "Megatron-LM asserts: non-emerging expert-parallel param groups (the routed "
-            "experts' biases) are not yet supported on the layer-wise + "
-            "DistributedOptimizer path (optimizer/__init__.py:917-926; "
-            "--no-use-layer-wise-param-layout runs them)",
-        )
-    dense_shards = optimizer_shards(settings.layout)
-    adam_dense = [n for n, m in zip(tensors.dense, tensors.dense_matrices, strict=True) if not m]
-    matrices = layer_wise_layout(tensors.dense_shapes, dense_shards)
-    experts = layer_wise_layout(tensors.expert_shapes, expert_shards(settings))
-
-    def dense_share(r: int) -> tuple[int, int]:
-        """Rank ``r``'s stepped elements: Muon's, Adam's."""
-        real = sum(
-            buffer_shard(g, dense_shards, r).real for g in (adam_dense, tensors.tied_copy) if g
-        )
-        return matrices.shard_elements[r], real
-
-    def costliest(shares: list[tuple[int, int]]) -> tuple[int, int]:
-        return max(shares, key=lambda s: s[0] * muon + s[1] * adam)
-
-    if settings.rank == "busiest":
-        own = costliest([dense_share(r) for r in range(dense_shards)])
-        expert_own = max(experts.shard_elements)
-    else:
-        own = dense_share(dp_slice(settings, dense_shards))
-        expert_own = experts.shard_elements[dp_slice(settings, len(experts.shard_elements), True)]
-    numel = matrices.numel + experts.numel
-    for group in (adam_dense, tensors.tied_copy):
-        if group:
-            numel += buffer_shard(group, dense_shards, 0).numel
-    muon_elements, adam_elements = own[0] + expert_own, own[1]
+        for c in range(pipe.vpp)
+    ]
+    experts = expert_shards(settings)
+    own = (dp_slice(settings, dense_shards), dp_slice(settings, experts, True))
+    held = layer_wise_held(
+        chunks,
+        dense_shards,
+        experts,
+        None if settings.rank == "busiest" else own,
+        muon_bytes=master + (MUON_STATE_BYTES if stepped else 0),
+        adam_bytes=master + (ADAM_STATE_BYTES if stepped else 0),
+    )
+    stepped_elements = held.muon_elements + held.adam_elements
     out = {
-        StaticComponent.WEIGHTS: p * numel,
-        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * numel,
-        StaticComponent.OPTIMIZER_STATES: muon * muon_elements + adam * adam_elements,
+        StaticComponent.WEIGHTS: p * held.numel,
+        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.numel,
+        StaticComponent.OPTIMIZER_STATES: master * stepped_elements
+        + (MUON_STATE_BYTES * held.muon_elements + ADAM_STATE_BYTES * held.adam_elements) * stepped,
     }
     if master_gradient_bytes(opt):
-        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * (
-            muon_elements + adam_elements
-        )
+        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * stepped_elements
     return out
 
 

@@ -433,11 +433,9 @@ class SettingsArguments(TypedDict, total=False):
         Setting(
             "legacy",
             "--muon-layout",
-            "Muon's layer-wise distributed optimizer's buffers (with --optimizer muon "
-            "--distributed-optimizer): legacy (default; Megatron-LM's "
-            "--no-use-layer-wise-param-layout: whole unpadded buffers, tensors dealt by size) "
-            "or precomputed (Megatron-LM's default: matrices bin-packed into shard-aligned "
-            "buffers)",
+            "Muon's distributed buffers: legacy (default; --no-use-layer-wise-param-layout), "
+            "precomputed (Megatron-LM's default: matrices bin-packed by shard) or bucketed "
+            "(precomputed, in --overlap-grad-reduce's buckets)",
             group="whole",
             choices=MUON_LAYOUTS,
             export=lambda s: s.settings.optimizer.muon_layout,

@@ -20,7 +20,7 @@ CpComm = Literal["all_gather", "p2p", "a2a", "a2a+p2p"]
 CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
 OptimizerKind = Literal["adam", "sgd", "muon", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
-MUON_LAYOUTS = ("legacy", "precomputed")
+MUON_LAYOUTS = ("legacy", "precomputed", "bucketed")
 """Muon's layer-wise distributed optimizer's buffer layouts (``Optimizer.muon_layout``)."""
 FSDP_STRATEGIES = ("none", "no_shard", "optim", "optim_grads", "optim_grads_params")
 """Megatron FSDP's sharding strategies (``--data-parallel-sharding-strategy``), or none."""
@@ -178,7 +178,10 @@ class Optimizer:
     (Megatron-LM's ``--no-use-layer-wise-param-layout``: whole unpadded buffers, tensors
     dealt by size, ``cpmem.pricing.muon``) or ``precomputed`` (its default: Muon's
     matrices bin-packed into shard-aligned buffers, the rest in the distributed
-    optimizer's, ``cpmem.pricing.layer_wise_layout``)."""
+    optimizer's, ``cpmem.pricing.layer_wise_layout``), or ``bucketed``: the precomputed
+    layout under ``--overlap-grad-reduce``, whose DDP buckets it packs one by one
+    (``cpmem.pricing.layer_wise_static``; the distributed optimizer's own buffers are
+    priced as one bucket either way)."""
 
     kind: OptimizerKind = "adam"
     distributed: bool = False
@@ -245,8 +248,8 @@ class Optimizer:
         if not self.distributed or self.kind == "none":
             return self.kind
         if self.kind == "muon":
-            if self.muon_layout == "precomputed":
-                return "muon (layer-wise distributed, precomputed layout)"
+            if self.muon_layout != "legacy":
+                return f"muon (layer-wise distributed, {self.muon_layout} layout)"
             return "muon (layer-wise distributed)"
         copies = f", {self.instances} instances" if self.instances > 1 else ""
         return f"{self.kind} (distributed{copies})"

@@ -111,3 +111,10 @@ def test_costs_carry_over_between_buckets() -> None:
 def test_a_group_of_no_ranks_is_an_error() -> None:
     with pytest.raises(ValueError, match="shards"):
         layer_wise_layout([(2, 2)], 0)
+
+
+def test_ddps_bucket_is_40m_elements_or_1m_per_rank() -> None:
+    # dist_utils.py:316: max(40000000, 1000000 * dp_cp.size())
+    from cpmem.pricing.layer_wise_static import grad_bucket_size
+
+    assert [grad_bucket_size(n) for n in (1, 40, 64)] == [40_000_000, 40_000_000, 64_000_000]
