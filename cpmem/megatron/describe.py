@@ -383,6 +383,7 @@ def megatron_run(
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
     if args.use_megatron_fsdp:
         grad_bytes = fsdp_grad_element_size(args)
+    precomputed = layer_wise(args) and args.use_layer_wise_param_layout
     arguments: dict[str, Any] = {
         "lengths": [args.seq_length] * mbs,
         "tp": tp,
@@ -410,6 +411,9 @@ def megatron_run(
         "optimizer": OPTIMIZER_KIND[args.optimizer],
         "distributed_optimizer": args.use_distributed_optimizer or layer_wise(args),
         "optimizer_instances": args.num_distributed_optimizer_instances,
+        "muon_layout": (
+            ("bucketed" if args.overlap_grad_reduce else "precomputed") if precomputed else "legacy"
+        ),
         "fsdp": fsdp_strategy(args),
         "fsdp_buffers": fsdp_buffers(args),
         "dtype": dtype,

@@ -5,12 +5,15 @@ them Megatron-LM rejects (``optimizer_problems``, one of ``rules.rule_problems``
   deprecated name of ``muon`` with the layer-wise distributed optimizer,
   arguments.py:1727-1733); SGD, Lion, SOAP and adaptive Muon are not.
 - Muon under ``--use-distributed-optimizer`` (or ``dist_muon``) is the layer-wise
-  distributed optimizer (arguments.py:1735-1737); cpmem prices its legacy path,
-  ``--no-use-layer-wise-param-layout`` (every rank's whole, unpadded buffers and whole
-  tensors assigned to ranks by size, ``cpmem.pricing.muon``). The default precomputed
-  layout (bin-packed shard-aligned buffers for Muon's matrices, the distributed
-  optimizer's byte shards for the rest, ``LayerWiseDistributedOptimizer.
-  compute_full_param_layout``) is refused.
+  distributed optimizer (arguments.py:1735-1737). Both its layouts are priced: the
+  default precomputed one (``LayerWiseDistributedOptimizer.compute_full_param_layout``:
+  Muon's matrices bin-packed whole into shard-aligned buffers, the rest in the
+  distributed optimizer's byte shards, ``cpmem.pricing.layer_wise_layout``) and the legacy
+  path, ``--no-use-layer-wise-param-layout`` (every rank's whole, unpadded buffers and
+  whole tensors assigned to ranks by size, ``cpmem.pricing.muon``). The precomputed
+  layout packs the first stage's matrices bucket by bucket under ``--overlap-grad-reduce``
+  (``cpmem.pricing.layer_wise_static``), and is refused where routed experts have biases
+  (Megatron-LM asserts, optimizer/__init__.py:918-926).
 - Muon with ``--fp16``: Megatron-LM raises (optimizer/__init__.py:774-775).
 - ``--num-distributed-optimizer-instances`` above 1: needs the distributed optimizer
   (``DistributedDataParallel`` asserts "Partial DistOpt cannot be used without DistOpt",
@@ -58,16 +61,19 @@ def optimizer_problems(args: MegatronArgs) -> list[Problem]:
             )
         )
     if layer_wise(args) and args.use_layer_wise_param_layout:
-        out.append(
-            (
-                f"--optimizer {args.optimizer}"
-                + (", --use-distributed-optimizer" if args.use_distributed_optimizer else ""),
-                "changes memory cpmem does not price: the layer-wise distributed optimizer's "
-                "precomputed parameter layout (Muon's matrices bin-packed into shard-aligned "
-                "buffers, the rest in the distributed optimizer's byte shards); "
-                "--no-use-layer-wise-param-layout prices its legacy path",
-            )
+        named = f"--optimizer {args.optimizer}" + (
+            ", --use-distributed-optimizer" if args.use_distributed_optimizer else ""
         )
+        if args.num_experts and args.add_bias_linear:
+            out.append(
+                (
+                    f"{named}, --num-experts {args.num_experts} with biases",
+                    "Megatron-LM asserts: non-emerging expert-parallel param groups (the routed "
+                    "experts' biases) are not yet supported on the layer-wise + "
+                    "DistributedOptimizer path (optimizer/__init__.py:917-926); "
+                    "--no-use-layer-wise-param-layout or --disable-bias-linear runs",
+                )
+            )
     instances = args.num_distributed_optimizer_instances
     if isinstance(instances, bool) or instances < 1:
         out.append(

@@ -32,8 +32,11 @@ layout switch; cpmem follows the snapshot, which ran the recordings.
 
 ``--use-distributed-optimizer`` with Muon is the layer-wise distributed optimizer
 (``validate_args`` turns it into ``use_layer_wise_distributed_optimizer`` and turns the
-byte-sharded one off, arguments.py). With ``--no-use-layer-wise-param-layout`` it runs
-the legacy path (``LayerWiseDistributedOptimizer._shard_params_ping_pong``,
+byte-sharded one off, arguments.py). By default its buffers follow the precomputed
+layout, priced in ``cpmem.pricing.layer_wise_layout`` (the matrices bin-packed whole by
+their shapes: the fused QKV weight as one matrix, ``--muon-no-split-qkv`` only changes how
+Newton-Schulz splits it). With ``--no-use-layer-wise-param-layout`` it runs the legacy
+path (``LayerWiseDistributedOptimizer._shard_params_ping_pong``,
 layer_wise_optimizer.py): the gradients are all-reduced into the whole buffer every rank
 keeps (no distributed-optimizer padding), and each parameter is given whole to one rank
 of its data-parallel group, the dense ones over DP x CP and the routed experts' over the

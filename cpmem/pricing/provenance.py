@@ -140,6 +140,10 @@ class Facts:
     base_weights: str = ""
     """How a quantized checkpoint's weights are held, in words (``base_weights_held``);
     empty for a checkpoint of one float dtype."""
+    layer_wise_layout: bool = False
+    """Muon's layer-wise distributed optimizer with its precomputed layout
+    (``cpmem.pricing.layer_wise_layout``): its buffers and shards are read from source,
+    no recording runs them (the recordings' Muon runs take the legacy path)."""
 
 
 @lru_cache(maxsize=256)
@@ -209,6 +213,9 @@ def facts_of(step: Step) -> Facts:
         is_moe=g.is_moe,
         moe_routing=step.moe_routing,
         base_weights=base_weights_held(step),
+        layer_wise_layout=settings.optimizer.kind == "muon"
+        and settings.optimizer.distributed
+        and settings.optimizer.muon_layout != "legacy",
     )
 
 
@@ -299,6 +306,10 @@ TERMS: dict[str, Term] = {
 }
 """Every component name, activation and static, and the tier that measures it."""
 
+LAYER_WISE_TERMS = frozenset({"weights", "gradient_buffer", "optimizer_states", "master_gradients"})
+"""The static terms Muon's precomputed layer-wise layout lays out: its buffers (the
+weights and their gradients) and the rank's shard of what the optimizer keeps."""
+
 REFERENCE_POLICIES = frozenset({"reference", "global"})
 MARGINS: dict[str, Source] = {
     "published": Source(
@@ -326,6 +337,13 @@ def source_of(name: str, facts: Facts, policy: str) -> Source:
     if name == "profile_floor":
         return Source("measured", "profile", "the learned profile's recorded peak (--profiles)")
     term = TERMS[name]
+    if facts.layer_wise_layout and name in LAYER_WISE_TERMS:
+        return Source(
+            "structure",
+            "source",
+            "Muon's precomputed layer-wise layout, read from Megatron-LM's source "
+            "(layer_wise_optimizer.py at d98e8a64); no recording runs it",
+        )
     if facts.megatron and term.megatron:
         return Source("measured", "megatron-lm", "Megatron-LM's functional-test recordings")
     if facts.evidence == "art_cells" and _art_holds(term, facts):

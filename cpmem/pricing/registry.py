@@ -231,7 +231,8 @@ def _sharding_read(step: Step) -> bool:
     """Whether the distributed optimizer moves the step's static memory on any stage:
     its slices of the states, or its buffers' alignment padding (``param_buffers``)."""
     settings = step.settings
-    whole = replace(settings, optimizer=replace(settings.optimizer, distributed=False, instances=1))
+    unsharded = replace(settings.optimizer, distributed=False, instances=1, muon_layout="legacy")
+    whole = replace(settings, optimizer=unsharded)
     stages = range(settings.pipeline.pp)
     return any(
         static_memory(settings, stage=s, step=step) != static_memory(whole, stage=s, step=step)

@@ -80,7 +80,15 @@ from cpmem.pricing.fsdp import (
     fsdp_static,
 )
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
-from cpmem.pricing.muon import MUON_STATE_BYTES, MuonShare, busiest_share, layer_wise_share, whole
+from cpmem.pricing.layer_wise_static import LayoutChunk, grad_bucket_size, layer_wise_held
+from cpmem.pricing.muon import (
+    ADAM_STATE_BYTES,
+    MUON_STATE_BYTES,
+    MuonShare,
+    busiest_share,
+    layer_wise_share,
+    whole,
+)
 from cpmem.pricing.param_buffers import buffer_shard
 from cpmem.pricing.weights import StageTensors, mtp_depths_built, rank_weights, stage_tensors
 from cpmem.pricing.workspaces import compute_capability, workspace_components
@@ -366,7 +374,7 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         last=stage == settings.pipeline.pp - 1,
     )
     if opt.kind == "muon":
-        return _muon_training(settings, tensors, stepped)
+        return _muon_training(settings, tensors, stage, stepped)
     if opt.fsdp != "none":
         return _fsdp_training(settings, stepped)
     dense = optimizer_shards(layout, opt.instances)
@@ -471,7 +479,7 @@ def _scaling_state(settings: StepSettings, layers: list[int]) -> dict[StaticComp
 
 
 def _muon_training(
-    settings: StepSettings, tensors: StageTensors, stepped: bool
+    settings: StepSettings, tensors: StageTensors, stage: int, stepped: bool
 ) -> dict[StaticComponent, int]:
     """Every parameter trained under Muon (``cpmem.pricing.muon``): the whole weights and
     gradient buffer (the layer-wise distributed optimizer all-reduces into an unpadded
@@ -482,6 +490,8 @@ def _muon_training(
     layout, opt = settings.layout, settings.optimizer
     p = settings.dtype_bytes
     master = master_bytes(p, opt)
+    if opt.distributed and opt.muon_layout != "legacy":
+        return _muon_precomputed(settings, stage, stepped)
     dense = (*tensors.dense, *tensors.tied_copy)
     dense_matrices = (*tensors.dense_matrices, *(False for _ in tensors.tied_copy))
     groups = [
@@ -507,6 +517,54 @@ def _muon_training(
     }
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * share.elements
+    return out
+
+
+def _muon_precomputed(
+    settings: StepSettings, stage: int, stepped: bool
+) -> dict[StaticComponent, int]:
+    """Muon's layer-wise distributed optimizer with its precomputed layout
+    (``cpmem.pricing.layer_wise_static``), one layout per model chunk of the stage: the
+    whole buffers on every rank, and the master copy and states of the rank's share.
+    ``busiest``: the data-parallel index (and the expert one) whose share costs most."""
+    g, layout, opt, pipe = settings.geometry, settings.layout, settings.optimizer, settings.pipeline
+    p = settings.dtype_bytes
+    master = master_bytes(p, opt)
+    dense_shards = optimizer_shards(layout)
+    bucket = grad_bucket_size(dense_shards) if opt.muon_layout == "bucketed" else None
+    chunks = [
+        LayoutChunk(
+            stage_tensors(
+                g,
+                layout,
+                pipe.chunk_layers(g.layers, stage, c),
+                first=pipe.is_first(stage, c),
+                last=pipe.is_last(stage, c),
+            ),
+            # DDP buckets the first stage's first model chunk alone (dist_utils.py:360-373)
+            bucket if stage == 0 and c == 0 else None,
+        )
+        for c in range(pipe.vpp)
+    ]
+    experts = expert_shards(settings)
+    own = (dp_slice(settings, dense_shards), dp_slice(settings, experts, True))
+    held = layer_wise_held(
+        chunks,
+        dense_shards,
+        experts,
+        None if settings.rank == "busiest" else own,
+        muon_bytes=master + (MUON_STATE_BYTES if stepped else 0),
+        adam_bytes=master + (ADAM_STATE_BYTES if stepped else 0),
+    )
+    stepped_elements = held.muon_elements + held.adam_elements
+    out = {
+        StaticComponent.WEIGHTS: p * held.numel,
+        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.numel,
+        StaticComponent.OPTIMIZER_STATES: master * stepped_elements
+        + (MUON_STATE_BYTES * held.muon_elements + ADAM_STATE_BYTES * held.adam_elements) * stepped,
+    }
+    if master_gradient_bytes(opt):
+        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * stepped_elements
     return out
 
 

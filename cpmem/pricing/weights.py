@@ -170,6 +170,12 @@ class StageTensors:
     the tied copy never is (the output layer's weight)."""
     expert_matrices: tuple[bool, ...] = ()
     """Whether each ``experts`` tensor is a matrix (a weight, not a bias)."""
+    dense_shapes: tuple[tuple[int, int], ...] | None = None
+    """The ``(rows, cols)`` of each dense matrix (``dense_matrices``), in the order the
+    model registers them (the embedding's position table, the layers', the MTP depths');
+    None where a layer kind of the stage lists no shapes (``TrainedTensors.shapes``)."""
+    expert_shapes: tuple[tuple[int, int], ...] = ()
+    """The ``(rows, cols)`` of each routed-expert matrix (``expert_matrices``), in order."""
 
 
 def layer_tensors(geometry: ModelGeometry, layer: int, tp: int) -> list[int]:
@@ -216,6 +222,19 @@ def kind_matrix_flags(
         start_m += mixer_count
         start_f += mlp_count
     return roles
+
+
+def kind_matrix_shapes(
+    geometry: ModelGeometry, mixer_kind: str, mlp_kind: str, tp: int
+) -> list[tuple[int, int]] | None:
+    """The shapes of ``kind_tensors``' matrices in the order megatron-core registers them
+    (the mixer's, then the MLP's: ``TrainedTensors.shapes``), or None where either kind
+    lists none."""
+    mixer = mixer_spec(mixer_kind).trained_tensors(geometry, tp)
+    mlp = mlp_spec(mlp_kind).trained_tensors(geometry, tp)
+    if mixer.shapes is None or mlp.shapes is None:
+        return None
+    return [*mixer.shapes, *mlp.shapes]
 
 
 def expert_tensors(geometry: ModelGeometry, layer: int, ep: int, etp: int) -> list[int]:
@@ -268,11 +287,20 @@ def stage_tensors(
     matrices: list[bool] = []
     experts: list[int] = []
     expert_matrices: list[bool] = []
+    shapes: list[tuple[int, int]] | None = []
+    expert_shapes: list[tuple[int, int]] = []
+
+    def add_shapes(more: list[tuple[int, int]] | None) -> None:
+        nonlocal shapes
+        shapes = None if shapes is None or more is None else shapes + more
+
     for i in layers:
         dense += layer_tensors(g, i, tp)
         matrices += kind_matrix_flags(g, g.mixers[i], g.mlps[i], tp)
+        add_shapes(kind_matrix_shapes(g, g.mixers[i], g.mlps[i], tp))
         experts += expert_tensors(g, i, ep, etp)
         expert_matrices += mlp_spec(g.mlps[i]).expert_matrix_flags(g, ep, etp)
+        expert_shapes += mlp_spec(g.mlps[i]).expert_shapes(g, ep, etp)
     vocab_shard = padded_vocab(g, tp) // tp * h
     if first:
         dense.append(vocab_shard)
@@ -280,6 +308,8 @@ def stage_tensors(
         if g.learned_position_rows:
             dense.append(g.learned_position_rows * h)
             matrices.append(True)  # the position table: a 2-D weight, not tagged
+            # registered before the layers (GPTModel's embedding comes first)
+            shapes = None if shapes is None else [(g.learned_position_rows, h), *shapes]
     tied: list[int] = []
     if last:
         final = [h, h] if g.norm == "layernorm" else [h]
@@ -289,17 +319,27 @@ def stage_tensors(
         for _ in range(depths):
             dense += mtp_tensors(g, tp)
             matrices += mtp_matrix_flags(g, tp)
+            add_shapes([(h // tp, 2 * h)])  # eh_proj: column-parallel 2H -> H
+            for mixer, mlp in zip(g.mtp_mixers, g.mtp_mlps, strict=True):
+                add_shapes(kind_matrix_shapes(g, mixer, mlp, tp))
             experts += mtp_expert_tensors(g, ep, etp)
             expert_matrices += [
                 flag for m in g.mtp_mlps for flag in mlp_spec(m).expert_matrix_flags(g, ep, etp)
             ]
+            expert_shapes += [s for m in g.mtp_mlps for s in mlp_spec(m).expert_shapes(g, ep, etp)]
         if not g.tied_embeddings:
             dense.append(vocab_shard)
             matrices.append(False)  # the output layer: is_embedding_or_output_parameter
         if (g.tied_embeddings or depths) and not first:
             tied.append(vocab_shard)
     return StageTensors(
-        tuple(dense), tuple(tied), tuple(experts), tuple(matrices), tuple(expert_matrices)
+        tuple(dense),
+        tuple(tied),
+        tuple(experts),
+        tuple(matrices),
+        tuple(expert_matrices),
+        None if shapes is None else tuple(shapes),
+        tuple(expert_shapes),
     )
 
 

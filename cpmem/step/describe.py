@@ -181,7 +181,8 @@ def describe_settings(
             grad_bytes,
             a["optimizer_instances"],
             a["fsdp"],
-            a["fsdp_buffers"],
+            fsdp_buffers=a["fsdp_buffers"],
+            muon_layout=a["muon_layout"],
         ),
         device=resolve_device(a["device"], a["device_total_bytes"]),
         pipeline=Pipeline(

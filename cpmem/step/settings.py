@@ -30,7 +30,7 @@ from cpmem.step.ranks import RankChoice
 from cpmem.step.recompute import MODES, Recompute
 from cpmem.step.runtime import ATTENTION_BACKENDS, QUANTIZED_WEIGHTS, RUNTIMES, TRAININGS, Runtime
 from cpmem.step.setting import Setting
-from cpmem.step.trainer import CP_COMMS, FSDP_BUFFERS, FSDP_STRATEGIES, Head
+from cpmem.step.trainer import CP_COMMS, FSDP_BUFFERS, FSDP_STRATEGIES, MUON_LAYOUTS, Head
 from cpmem.step.values import parse_int_list, whole_bytes
 
 
@@ -429,6 +429,19 @@ class SettingsArguments(TypedDict, total=False):
             group="whole",
             switch=True,
             export=lambda s: s.settings.optimizer.distributed,
+        ),
+    ]
+    muon_layout: Annotated[
+        str,
+        Setting(
+            "legacy",
+            "--muon-layout",
+            "Muon's distributed buffers: legacy (default; --no-use-layer-wise-param-layout), "
+            "precomputed (Megatron-LM's default: matrices bin-packed by shard) or bucketed "
+            "(precomputed, in --overlap-grad-reduce's buckets)",
+            group="whole",
+            choices=MUON_LAYOUTS,
+            export=lambda s: s.settings.optimizer.muon_layout,
         ),
     ]
     fsdp: Annotated[

@@ -20,6 +20,8 @@ CpComm = Literal["all_gather", "p2p", "a2a", "a2a+p2p"]
 CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
 OptimizerKind = Literal["adam", "sgd", "muon", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
+MUON_LAYOUTS = ("legacy", "precomputed", "bucketed")
+"""Muon's layer-wise distributed optimizer's buffer layouts (``Optimizer.muon_layout``)."""
 FSDP_STRATEGIES = ("none", "no_shard", "optim", "optim_grads", "optim_grads_params")
 FSDP_BUFFERS = ("dynamic", "double-buffer", "nccl-ub")
 """How Megatron FSDP allocates its units' gathered and gradient buckets: each when used
@@ -176,7 +178,14 @@ class Optimizer:
     under ``--use-megatron-fsdp``: ``no_shard``, ``optim``, ``optim_grads``,
     ``optim_grads_params``; ``cpmem.pricing.fsdp``), or ``none`` (megatron-core's DDP); its
     gradient buffer's element is ``grad_bytes``, its main weights fp32; ``fsdp_buffers``:
-    how it allocates its units' buckets (``FSDP_BUFFERS``)."""
+    how it allocates its units' buckets (``FSDP_BUFFERS``). ``muon_layout``: how Muon's layer-wise distributed optimizer lays out its buffers, ``legacy``
+    (Megatron-LM's ``--no-use-layer-wise-param-layout``: whole unpadded buffers, tensors
+    dealt by size, ``cpmem.pricing.muon``) or ``precomputed`` (its default: Muon's
+    matrices bin-packed into shard-aligned buffers, the rest in the distributed
+    optimizer's, ``cpmem.pricing.layer_wise_layout``), or ``bucketed``: the precomputed
+    layout under ``--overlap-grad-reduce``, whose DDP buckets it packs one by one
+    (``cpmem.pricing.layer_wise_static``; the distributed optimizer's own buffers are
+    priced as one bucket either way)."""
 
     kind: OptimizerKind = "adam"
     distributed: bool = False
@@ -184,6 +193,7 @@ class Optimizer:
     instances: int = 1
     fsdp: str = "none"
     fsdp_buffers: str = "dynamic"
+    muon_layout: str = "legacy"
 
     def __post_init__(self) -> None:
         check_optimizer(self.kind)
@@ -228,6 +238,17 @@ class Optimizer:
                 "several optimizer instances under Megatron FSDP are its hybrid sharding "
                 "(outer data-parallel groups), which cpmem does not price",
             )
+        if self.muon_layout not in MUON_LAYOUTS:
+            raise InputError(
+                "muon_layout", self.muon_layout, f"must be one of {list(MUON_LAYOUTS)}"
+            )
+        if self.muon_layout != "legacy" and not (self.kind == "muon" and self.distributed):
+            raise InputError(
+                "muon_layout",
+                self.muon_layout,
+                "is the layout of Muon's layer-wise distributed optimizer: give --optimizer "
+                "muon --distributed-optimizer",
+            )
         if self.instances > 1 and self.kind == "muon":
             raise InputError(
                 "optimizer_instances",
@@ -243,6 +264,8 @@ class Optimizer:
         if not self.distributed or self.kind == "none":
             return self.kind
         if self.kind == "muon":
+            if self.muon_layout != "legacy":
+                return f"muon (layer-wise distributed, {self.muon_layout} layout)"
             return "muon (layer-wise distributed)"
         copies = f", {self.instances} instances" if self.instances > 1 else ""
         return f"{self.kind} (distributed{copies})"

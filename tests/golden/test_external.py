@@ -425,6 +425,12 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         _nested("optimizer", distributed=True, instances=2),
         {"optimizer_instances"},
     ),
+    # Muon's layer-wise distributed optimizer is priced for full training
+    (Optimizer, "muon_layout"): (
+        lambda s: FULL_DENSE(s).replace(optimizer=Optimizer("muon", True)),
+        _nested("optimizer", muon_layout="precomputed"),
+        {"muon_layout"},
+    ),
     (Device, "name"): (_same, _nested("device", name="another"), {"device"}),
     (Device, "total_bytes"): (
         _same,

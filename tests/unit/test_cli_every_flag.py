@@ -77,6 +77,7 @@ CHANGES: dict[str, list[str]] = {
     "--optimizer": ["--optimizer", "sgd"],
     "--distributed-optimizer": ["--distributed-optimizer"],
     "--optimizer-instances": ["--optimizer-instances", "2"],
+    "--muon-layout": ["--muon-layout", "precomputed"],
     "--fsdp": ["--fsdp", "optim_grads_params"],
     "--fsdp-buffers": ["--fsdp-buffers", "double-buffer"],  # refused without --fsdp
     "--device": ["--device", "b200"],

@@ -514,6 +514,7 @@ class AttentionSpec(MixerSpec):
             norms=sublayer_norm_tensors(g),
             biases=(qkv_out // tp, h) if g.attention_bias else (),
             extra=(*qk_norm_widths(g), *sinks),
+            shapes=((h, g.q_width // tp), (qkv_out // tp, h)),  # linear_proj, linear_qkv
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:

@@ -144,6 +144,7 @@ class GdnSpec(MixerSpec):
             norms=tuple(norm_tensors(g, h)),
             extra=(heads // tp, heads // tp, g.gdn_value_dim),
             not_matrices=(1,),  # the causal convolution's [C, 1, K] kernel
+            shapes=(((2 * k + 2 * v + 2 * heads) // tp, h), (h, v // tp)),
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:

@@ -39,8 +39,16 @@ def mla_tensors(g: ModelGeometry, tp: int) -> TrainedTensors:
     kv_down = h * (g.kv_lora_rank + g.qk_rope_head_dim)
     q_down = (h * g.q_lora_rank,) if g.q_lora_rank else ()
     q_norm = (g.q_lora_rank,) if g.q_lora_rank else ()
+    nope_v = heads * (g.qk_nope_head_dim + g.v_head_dim) // tp
     return TrainedTensors(
         weights=(*q_down, q_up, kv_down, kv_up, g.attention_output_width // tp * h),
         norms=(h, *((h,) if g.sandwich_norms else ())),
         extra=(*q_norm, g.kv_lora_rank),
+        shapes=(  # linear_proj first (Attention.__init__), then MLASelfAttention's
+            (h, g.attention_output_width // tp),
+            *(((g.q_lora_rank, h),) if g.q_lora_rank else ()),
+            (heads * g.head_dim // tp, g.q_lora_rank or h),
+            (g.kv_lora_rank + g.qk_rope_head_dim, h),
+            (nope_v, g.kv_lora_rank),
+        ),
     )

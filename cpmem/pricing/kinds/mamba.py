@@ -175,6 +175,7 @@ class MambaSpec(MixerSpec):
             extra=(channels, heads, heads, heads, d // tp),
             # in_proj marked use_muon=False (mamba_mixer.py:309), the [C, 1, K] conv kernel
             not_matrices=(0, 1),
+            shapes=((h, d // tp),),
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:

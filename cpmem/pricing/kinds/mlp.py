@@ -113,6 +113,7 @@ class DenseSpec(MlpSpec):
             weights=(fc1 * h // tp, h * g.ffn // tp),
             norms=sublayer_norm_tensors(g),
             biases=(fc1 // tp, h) if g.mlp_bias else (),
+            shapes=((fc1 // tp, h), (h, g.ffn // tp)),
         )
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:

@@ -427,13 +427,20 @@ class MoeSpec(MlpSpec):
         norm, the biases (the router's, the shared expert's; fc2's whole)."""
         h, f = g.hidden, g.shared_expert_ffn
         weights = [g.num_experts * h]
+        shapes = [(g.num_experts, h)]
         biases = [g.num_experts] if g.router_bias else []
         if f and g.shared_expert_gate:
             weights.append(h)
         if f:
             weights += [fc1_width(g, f) * h // tp, h * f // tp]
+            shapes += [(fc1_width(g, f) // tp, h), (h, f // tp)]
             biases += [fc1_width(g, f) // tp, h] if g.mlp_bias else []
-        return TrainedTensors(tuple(weights), sublayer_norm_tensors(g), tuple(biases))
+        if f and g.shared_expert_gate:
+            # shared_experts.py: gate_weight [1, H], registered after its MLP's linears
+            shapes.append((1, h))
+        return TrainedTensors(
+            tuple(weights), sublayer_norm_tensors(g), tuple(biases), shapes=tuple(shapes)
+        )
 
     def expert_tensors(self, g: ModelGeometry, ep: int, etp: int) -> list[int]:
         """``E / EP`` local experts, each an MLP of ``expert_ffn`` whose linears are split
@@ -450,6 +457,12 @@ class MoeSpec(MlpSpec):
         """Each expert's fc1 and fc2 weights are matrices, their biases vectors."""
         one = [True, True] + ([False, False] if g.mlp_bias else [])
         return one * (g.num_experts // ep)
+
+    def expert_shapes(self, g: ModelGeometry, ep: int, etp: int) -> list[tuple[int, int]]:
+        """Each local expert's fc1 ``[fc1 / ETP, H]`` and fc2 ``[H, F / ETP]``: one weight
+        per expert (``TEGroupedMLP``'s ``weight<i>``, ``SequentialMLP``'s linears)."""
+        h, f = g.hidden, g.expert_ffn
+        return [(fc1_width(g, f) // etp, h), (h, f // etp)] * (g.num_experts // ep)
 
     def adapter_parameters(self, g: ModelGeometry, adapter: Adapter, layout: ParallelLayout) -> int:
         """The shared expert's fc1 and fc2 as a dense MLP's; every local routed expert's

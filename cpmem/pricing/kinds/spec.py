@@ -54,6 +54,14 @@ class TrainedTensors:
     """Positions in ``weights`` that Muon does not step (``cpmem.pricing.muon``): a
     convolution's 3-D kernel, or a projection megatron-core marks ``use_muon=False``. Every
     other weight is a 2-D matrix; norms, biases and ``extra`` are vectors."""
+    shapes: tuple[tuple[int, int], ...] | None = None
+    """The ``(rows, cols)`` on the rank of each matrix Muon steps (``weights`` but
+    ``not_matrices``), as megatron-core's parameter holds it (a column-parallel linear's
+    ``[out / TP, in]``, a row-parallel one's ``[out, in / TP]``), in the order the module
+    registers them (``named_parameters``: attention's ``linear_proj`` before its
+    ``linear_qkv``, ``Attention.__init__`` building it before ``SelfAttention``'s). The
+    layer-wise distributed optimizer's layout walks and packs by them
+    (``cpmem.pricing.layer_wise_layout``); None where the kind does not list them."""
 
     def matrix_flags(self) -> list[bool]:
         """Whether each tensor, in the layout's order (weights, norms, biases, extra), is a
@@ -212,6 +220,11 @@ class MlpSpec(LayerKindSpec):
     def expert_matrix_flags(self, g: ModelGeometry, ep: int, etp: int) -> list[bool]:
         """Whether each of ``expert_tensors`` is a matrix Muon steps (its weights), not a
         vector (its biases)."""
+        return []
+
+    def expert_shapes(self, g: ModelGeometry, ep: int, etp: int) -> list[tuple[int, int]]:
+        """The ``(rows, cols)`` on the rank of each matrix of ``expert_tensors`` (those
+        ``expert_matrix_flags`` marks), in order (``TrainedTensors.shapes``)."""
         return []
 
     def reference_dropped(self, widths: LayerWidths, recompute: Recompute, layers: int) -> int:

@@ -260,6 +260,22 @@ DEVICE_ROWS = [
         "optim_grads_params",
         model=M17,
     ),
+    # Muon's layer-wise distributed optimizer: the precomputed layout's padded, bin-packed
+    # buffers and shards against the legacy path's whole unpadded buffers and dealt tensors
+    DeviceRow(
+        "muon_layout",
+        {
+            **H200,
+            "training": "full",
+            "optimizer": "muon",
+            "distributed_optimizer": True,
+            "dp": 8,
+            "policy": "tight",
+        },
+        "legacy",
+        "precomputed",
+        model=M17,
+    ),
     # without an optimizer no gradients or master copies exist
     DeviceRow("optimizer", {**H200, "lora_rank": 64}, "none", "adam"),
     DeviceRow("device", {}, "h100", "h200"),

@@ -154,3 +154,48 @@ def test_a_mamba_layer_keeps_its_in_proj_copy_three_inner_tensors_and_its_norm()
     assert w.of("mamba") == 2_048 + 512 + 6_176 + 6_144 + 16 + 2 + 2
     tp2 = tight_widths(g, describe_step(g, [4096], tp=2, sp=False))
     assert tp2.of("mamba") == 2_048 + 512 + (6_176 + 6_144 + 16 + 2) // 2 + 2
+
+
+@pytest.mark.parametrize(
+    "model", ["qwen3.5-4b", "moonlight-16b-a3b", "gpt-oss-20b", "gemma-3-12b", "deepseek-v3"]
+)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_every_kinds_matrix_shapes_hold_its_matrix_elements(model: str, tp: int) -> None:
+    """Each kind's listed ``(rows, cols)`` (``TrainedTensors.shapes``, ``expert_shapes``)
+    are the matrices its element counts give, one for one in order: the layer-wise
+    layout packs by the shapes, the buffers count the elements."""
+    g = load_model(model)
+    for kinds in {(g.mixers[i], g.mlps[i]) for i in range(g.layers)}:
+        for spec in (mixer_spec(kinds[0]), mlp_spec(kinds[1])):
+            t = spec.trained_tensors(g, tp)
+            matrices = [n for n, m in zip(t.weights, t.matrix_flags(), strict=False) if m]
+            assert t.shapes is not None, spec.name
+            # the same matrices; the shapes in the order megatron-core registers them
+            assert sorted(r * c for r, c in t.shapes) == sorted(matrices), spec.name
+        mlp = mlp_spec(kinds[1])
+        flags = mlp.expert_matrix_flags(g, 1, 1)
+        tensors = mlp.expert_tensors(g, 1, 1)
+        assert [r * c for r, c in mlp.expert_shapes(g, 1, 1)] == [
+            n for n, m in zip(tensors, flags, strict=True) if m
+        ]
+
+
+def test_mamba_and_gdn_list_the_shapes_of_the_matrices_muon_steps() -> None:
+    # mamba: out_proj [H, D / TP] alone (in_proj use_muon=False, the conv kernel 3-D)
+    assert mixer_spec("mamba").trained_tensors(HYBRID, 2).shapes == ((H, D // 2),)
+    # attention: linear_proj [H, Q / TP] registered before linear_qkv [(Q + 2 KV) / TP, H]
+    # (attention.py: Attention.__init__ builds linear_proj, SelfAttention then linear_qkv)
+    assert mixer_spec("attention").trained_tensors(HYBRID, 2).shapes == (
+        (H, 16 * 64 // 2),
+        ((16 + 2 * 8) * 64 // 2, H),
+    )
+
+
+def test_a_moe_blocks_matrices_are_listed_router_first_and_shared_gate_last() -> None:
+    # moe_layer.py: the router registered before the shared experts; shared_experts.py:
+    # gate_weight [1, H] set after SharedExpertMLP's own linears (super().__init__)
+    g = load_model("qwen3.5-35b-a3b")
+    shapes = mlp_spec(g.mlps[0]).trained_tensors(g, 1).shapes
+    assert shapes is not None
+    f = g.shared_expert_ffn
+    assert shapes == ((g.num_experts, g.hidden), (2 * f, g.hidden), (g.hidden, f), (1, g.hidden))

@@ -23,6 +23,7 @@ Expected values derived by hand from Megatron-LM at the recordings' snapshot (d9
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from megatron_lm.tiny import priced, static_of, step_of, tiny
@@ -31,6 +32,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs
 from cpmem.pricing.muon import layer_wise_share, ping_pong_rank
 from cpmem.pricing.registry import MUON_STEP_NOTE
+from cpmem.step.trainer import Optimizer
 
 H = 512
 V = 50304
@@ -98,6 +100,71 @@ def test_the_legacy_layer_wise_optimizer_gives_the_last_rank_its_dealt_tensors()
     assert parts["optimizer_states"] == 4 * (adam + matrices) + 8 * adam + 4 * matrices
 
 
+def test_the_precomputed_layout_bin_packs_the_tinys_matrices_over_8_ranks() -> None:
+    # Muon's matrices (layer_wise_optimizer.py:38-53), in h^2 = 262144 (a multiple of 64:
+    # no start padding) and cost units 512^3: fc1 [4h, h] and fc2 [h, 4h] 4h^2 cost 4 (x24),
+    # QKV [3h, h] 3h^2 cost 3 (x12), the position table [1024, h] 2h^2 cost 2, the
+    # projection [h, h] h^2 cost 1 (x12): 146 h^2, cap 146 / 8 x 1.3 = 23.7 h^2 (never
+    # reached). LPT over 8 ranks (ties to the lowest): the 24 fc's three rounds (12 each),
+    # the 12 QKVs one round then ranks 0-3 (18 | 15), the table to rank 4 (17), the 12
+    # projections to 5 6 7 5 6 7 4 5 6 7 0 1: ranks 0 and 1 hold 19 h^2, 2-7 18 h^2.
+    # Shards padded to 19 h^2 (divisor lcm(64, 128 / 8) = 64): a buffer of 152 h^2.
+    # The rest (Adam's, the distributed optimizer's byte shards): 12 x 13h + 2h + Vh =
+    # 25836544, a multiple of lcm(8, 128): unpadded, 3229568 per rank.
+    h2 = H * H
+    adam_total = 12 * 13 * H + 2 * H + V * H
+    assert adam_total == TINY_PARAMS - 146 * h2
+    buffer = 152 * h2 + adam_total
+    args = muon(use_distributed_optimizer=True)
+    for rank, matrices in (("last", 18 * h2), ("busiest", 19 * h2)):
+        parts = static_of(args, world_size=8, rank=rank)
+        assert parts["weights"] == 2 * buffer
+        assert parts["gradient_buffer"] == 4 * buffer
+        # a master copy (4 B) each; Muon's momentum 4 B, Adam's moments 8 B
+        assert parts["optimizer_states"] == 8 * matrices + 12 * (adam_total // 8)
+
+
+def test_the_tinys_matrices_fit_one_bucket() -> None:
+    # --overlap-grad-reduce: buckets of max(40M, 1M x 8) = 40M elements (dist_utils.py:316);
+    # a bucket closes only once it holds 40M, and the tiny's matrices are 146 h^2 = 38.3M
+    args = muon(use_distributed_optimizer=True)
+    assert static_of(replace(args, overlap_grad_reduce=True)) == static_of(args)
+
+
+def test_buckets_pack_the_first_stages_first_chunk_alone() -> None:
+    # h 1024: 146 x 1024^2 = 153M matrix elements, several 40M buckets on the first stage
+    # (dist_utils.py:360-373: a later stage's layout is one bucket). The buckets' packing
+    # is megatron-core's (tests/oracle/test_layer_wise_layout_oracle.py); here, that the
+    # run reaches it: the first stage's buffer moves, the last stage's does not.
+    wide = muon(
+        use_distributed_optimizer=True,
+        hidden_size=1024,
+        num_attention_heads=16,
+        global_batch_size=64,
+    )
+    piped = replace(wide, pipeline_model_parallel_size=2)
+    for args, rank, moves in ((wide, "last", True), (piped, 0, True), (piped, "last", False)):
+        one = static_of(args, world_size=16, rank=rank)
+        bucketed = static_of(replace(args, overlap_grad_reduce=True), world_size=16, rank=rank)
+        assert (one["weights"] != bucketed["weights"]) == moves, (rank, moves)
+
+
+def test_the_precomputed_layout_refuses_routed_experts_with_biases() -> None:
+    # optimizer/__init__.py:918-926: Adam's expert-parallel groups assert on this path
+    args = muon(use_distributed_optimizer=True, num_experts=8, expert_model_parallel_size=8)
+    with pytest.raises(InputError) as err:
+        step_of(args)
+    assert "non-emerging expert-parallel param groups" in str(err.value)
+    assert static_of(replace(args, add_bias_linear=False))["optimizer_states"] > 0
+
+
+def test_the_native_door_names_the_layout_only_with_muons_distributed_optimizer() -> None:
+    with pytest.raises(InputError) as err:
+        Optimizer("adam", True, muon_layout="precomputed")
+    assert "muon_layout" in str(err.value)
+    assert Optimizer("muon", True, muon_layout="precomputed").label.endswith("precomputed layout)")
+
+
 def test_dist_muon_is_muon_with_the_layer_wise_optimizer() -> None:
     # arguments.py:1727-1733: the deprecated name
     a = static_of(tiny(optimizer="dist_muon", use_layer_wise_param_layout=False))
@@ -108,7 +175,6 @@ def test_dist_muon_is_muon_with_the_layer_wise_optimizer() -> None:
 @pytest.mark.parametrize(
     ("changes", "says"),
     [
-        ({"use_distributed_optimizer": True}, "--no-use-layer-wise-param-layout prices"),
         ({"fp16": True, "bf16": False}, "emerging optimizer with fp16 is not supported"),
         (
             {"use_distributed_optimizer": True, "num_distributed_optimizer_instances": 2},
@@ -205,3 +271,18 @@ def test_instances_megatron_rejects_are_refused(
     with pytest.raises(InputError) as err:
         step_of(tiny(**changes), world_size=world)
     assert says in str(err.value)
+
+
+def test_the_precomputed_layouts_terms_are_read_from_source() -> None:
+    # the recordings' Muon runs all take --no-use-layer-wise-param-layout
+    # (golden/megatron/cases/moe/*muon*): the precomputed layout's buffers and shards are
+    # no recording's; the legacy path's are
+    labels = {
+        name: src.label
+        for name, src in priced(muon(use_distributed_optimizer=True)).provenance.items()
+    }
+    for term in ("weights", "gradient_buffer", "optimizer_states"):
+        assert labels[term] == "structure (source)", term
+    assert labels["cublas_workspaces"] == "measured (megatron-lm)"
+    legacy = muon(use_distributed_optimizer=True, use_layer_wise_param_layout=False)
+    assert priced(legacy).provenance["weights"].label == "measured (megatron-lm)"
