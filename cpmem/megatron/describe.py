@@ -102,6 +102,25 @@ FUSED_SQUARED_RELU_NOTE = (
 )
 
 
+GLOBAL_AUX_LOSS_NOTE = (
+    "global_aux_loss: two fp32 buffers per MoE layer's router, the tokens per expert "
+    "summed over the global batch (num_experts elements) and its micro-batch count (one), "
+    "registered under a positive --moe-aux-loss-coeff (router.py:204-220), not priced: "
+    "1 KiB a layer in the allocator's 512-byte blocks up to 128 experts"
+)
+
+
+def _unpriced_parts(args: MegatronArgs, moe: bool) -> tuple[str, ...]:
+    """What the model keeps that no term prices, named in every estimate of it."""
+    out: list[str] = []
+    if args.use_fused_weighted_squared_relu and args.squared_relu and moe:
+        out.append(FUSED_SQUARED_RELU_NOTE)
+    if moe and args.moe_router_load_balancing_type == "global_aux_loss":
+        if args.moe_aux_loss_coeff > 0:
+            out.append(GLOBAL_AUX_LOSS_NOTE)
+    return tuple(out)
+
+
 def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeometry:
     """The model Megatron-LM builds from ``args``: a GPT (dense, MoE, or both by
     ``--moe-layer-freq``) or a hybrid stack, with any MTP depths (``cpmem.megatron.
@@ -113,7 +132,6 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
     positions = {"rope": "rope", "learned_absolute": "learned", "none": "none"}
     position = positions[args.position_embedding_type]
     ffn = megatron_ffn(args)
-    fused_relu = args.use_fused_weighted_squared_relu and args.squared_relu and moe
     return ModelGeometry(
         name=name,
         hidden=args.hidden_size,
@@ -153,7 +171,7 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         vocab_multiple=args.make_vocab_size_divisible_by if args.pad_vocab_size else 1,
         family="megatron-gpt",
         max_position_embeddings=args.max_position_embeddings,
-        unpriced_parts=(FUSED_SQUARED_RELU_NOTE,) if fused_relu else (),
+        unpriced_parts=_unpriced_parts(args, moe),
     )
 
 

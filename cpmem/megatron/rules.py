@@ -33,10 +33,18 @@ ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local")
 """What ``--attention-backend`` names (``AttnBackend``) and cpmem prices, besides auto."""
 MOE_DISPATCHERS = ("allgather", "alltoall")
 """The token dispatchers priced; ``flex`` (DeepEP, HybridEP) keeps buffers of its own."""
-MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+"""The router's load-balancing types priced: each keeps [tokens, experts] scores.
+``global_aux_loss`` keeps the saved set ``aux_loss`` keeps: both run
+``compute_routing_scores_for_aux_loss`` once and ``switch_load_balancing_loss_func`` on
+its scores (megatron-core router.py:804-832, 410-448 and 507-551 at the snapshot); the
+global one reduces the tokens per expert over TP x DP x CP instead of TP x CP (an
+``E``-element all-reduce) and adds them into two fp32 buffers per router
+(``global_tokens_per_expert``, ``E`` elements, and ``ga_steps``, one), registered only
+under a positive ``--moe-aux-loss-coeff`` (router.py:204-220), named in the estimate
+where the run has them (``describe.GLOBAL_AUX_LOSS_NOTE``)."""
 CAPACITY_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 """The load balancing a capacity factor works with (transformer_config.py)."""
-"""The router's load-balancing types priced: each keeps [tokens, experts] scores."""
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
 
 POSITIVE = (
