@@ -207,6 +207,7 @@ def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str =
         moe_dispatcher=args.moe_token_dispatcher_type,
         moe_grouped_gemm=args.moe_grouped_gemm,
         overlap_moe_comm=args.overlap_moe_expert_parallel_comm,
+        moe_router_fusion=args.moe_router_fusion,
     )
 
 

@@ -112,6 +112,7 @@ class MegatronArgs:
     moe_token_dispatcher_type: str = "allgather"  # transformer_config.py:891
     moe_shared_expert_intermediate_size: int | None = None  # transformer_config.py:701
     moe_permute_fusion: bool = False  # transformer_config.py:941
+    moe_router_fusion: bool = False  # transformer_config.py:944
     moe_expert_capacity_factor: float | None = None  # transformer_config.py:917 (None: none)
     moe_pad_expert_input_to_capacity: bool = False  # transformer_config.py:921
     overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
@@ -269,6 +270,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_token_dispatcher_type", "str"),
             ("moe_shared_expert_intermediate_size", "int"),
             ("moe_permute_fusion", "bool"),
+            ("moe_router_fusion", "bool"),
             ("moe_expert_capacity_factor", "float"),
             ("moe_pad_expert_input_to_capacity", "bool"),
             ("overlap_moe_expert_parallel_comm", "bool"),

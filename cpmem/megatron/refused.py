@@ -258,7 +258,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-shared-expert-glu-interleave-size --moe-mlp-glu-interleave-size "
         "--moe-apply-probs-on-input",
     ),
-    (UNPRICED + "the fused router kernels' saved set", "--moe-router-fusion"),
     (
         UNPRICED + "the flex dispatcher (DeepEP, HybridEP, NCCL EP buffers) or its dtypes",
         "--moe-enable-deepep --moe-dispatch-fwd-dtype --moe-combine-bwd-dtype",

@@ -454,6 +454,14 @@ def _experts(args: MegatronArgs) -> list[Problem]:
         )
     if args.moe_router_dtype not in (None, "fp32", "fp64"):
         out.append((f"--moe-router-dtype {args.moe_router_dtype}", "must be fp32 or fp64"))
+    if args.moe_router_fusion and args.moe_router_dtype == "fp64":
+        out.append(
+            (
+                "--moe-router-fusion with --moe-router-dtype fp64",
+                "Transformer Engine's fused router raises 'Current TE does not support "
+                "float64 router type.' (transformer_engine/pytorch/router.py:130-131)",
+            )
+        )
     if tp > 1 and not args.sequence_parallel:
         out.append(
             (

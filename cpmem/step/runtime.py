@@ -60,6 +60,9 @@ class Runtime:
       (``--no-masked-softmax-fusion``, ``--attention-softmax-in-fp32``).
     - ``moe_dispatcher``, ``moe_grouped_gemm``, ``overlap_moe_comm``: the MoE token
       dispatcher, grouped expert GEMMs, the combined 1F1B schedule's overlap.
+    - ``moe_router_fusion``: the router's top-k and score function run as Transformer
+      Engine's fused kernel (``--moe-router-fusion``; ``cpmem.pricing.kinds.moe``,
+      ``FUSED_ROUTER_DROPS_PER_TOPK``).
     """
 
     name: RuntimeName = "art"
@@ -76,6 +79,7 @@ class Runtime:
     moe_dispatcher: MoeDispatcher = "alltoall"
     moe_grouped_gemm: bool = False
     overlap_moe_comm: bool = False
+    moe_router_fusion: bool = False
     backend_resolved: bool = True
     """False while ``auto`` waits for the request whose sequence Transformer Engine's
     selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""
