@@ -37,6 +37,7 @@ from typing import Any
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.batch_schedule import schedule_batch
+from cpmem.megatron.cuda_graph_rules import megatron_cuda_graphs
 from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
@@ -415,6 +416,7 @@ def megatron_run(
         "rank": rank,
         "moe_routing": megatron_routing(args),
         "fp8": megatron_fp8(args),
+        "cuda_graphs": megatron_cuda_graphs(args),
         "tp_comm_overlap": args.tp_comm_overlap,
     }
     return MegatronRun(args, geometry, arguments, world_size)  # type: ignore[arg-type]

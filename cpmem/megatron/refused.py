@@ -109,11 +109,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-paged-stash",
     ),
     (
-        UNPRICED + "CUDA graphs (static input, output and workspace buffers per graph)",
-        "--cuda-graph-impl --enable-cuda-graph --external-cuda-graph --cuda-graph-scope "
-        "--cuda-graph-modules",
-    ),
-    (
         UNPRICED + "the MLP run in chunks of the sequence (transformer_layer.py)",
         "--mlp-chunks-for-training",
     ),

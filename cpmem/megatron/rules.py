@@ -17,6 +17,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.batch_schedule import schedule_problems
 from cpmem.megatron.defer_rules import defer_problems
 from cpmem.megatron.fields import MegatronArgs
+from cpmem.megatron.cuda_graph_rules import cuda_graph_door_problems
 from cpmem.megatron.fp8_rules import fp8_problems
 from cpmem.megatron.fsdp_rules import fsdp_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
@@ -562,6 +563,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += optimizer_problems(args)
     out += fsdp_problems(args)
     out += fp8_problems(args)
+    out += cuda_graph_door_problems(args)
     out += _experts(args)
     out += stack_problems(args)
     family = _family(args)

@@ -292,6 +292,8 @@ TERMS: dict[str, Term] = {
     "global_memory_buffer": Term("none", True, static=True),
     "pipeline_received": Term("none", True, static=True),
     "dummy_wgrad": Term("none", True, static=True),
+    # the recordings that run CUDA graphs stay refused for their blockwise FP8
+    "cuda_graph_buffers": Term("none", False, static=True),
 }
 """Every component name, activation and static, and the tier that measures it."""
 

@@ -62,6 +62,7 @@ from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.cuda_graphs import cuda_graph_bytes
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
@@ -108,6 +109,7 @@ class StaticComponent(StrEnum):
     GLOBAL_MEMORY_BUFFER = "global_memory_buffer"
     PIPELINE_RECEIVED = "pipeline_received"
     DUMMY_WGRAD = "dummy_wgrad"
+    CUDA_GRAPH_BUFFERS = "cuda_graph_buffers"
 
 
 SOURCES: dict[StaticComponent, str] = {
@@ -128,6 +130,7 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
     StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
     StaticComponent.DUMMY_WGRAD: "the output layer's cached dummy weight gradient (fused accumulation)",
+    StaticComponent.CUDA_GRAPH_BUFFERS: "per-layer CUDA graphs' static inputs and output gradients",
 }
 
 
@@ -206,6 +209,9 @@ def static_memory(
     received = pipeline_received_bytes(settings, stage, step)
     if received:
         components[str(StaticComponent.PIPELINE_RECEIVED)] = received
+    graphs = cuda_graph_bytes(settings, stage, step)
+    if graphs:
+        components[str(StaticComponent.CUDA_GRAPH_BUFFERS)] = graphs
     return StaticMemory({k: int(v) for k, v in components.items()})
 
 

@@ -21,6 +21,7 @@ from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import container_named
 from cpmem.step.device import resolve_device
+from cpmem.step.cuda_graphs import CudaGraphs
 from cpmem.step.fp8 import Fp8
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore
@@ -202,6 +203,7 @@ def describe_settings(
         quantized_weights=check_quantized_weights(a["quantized_weights"]),
         rank=parse_rank(a["rank"]),
         fp8=Fp8.parse(a["fp8"]),
+        cuda_graphs=CudaGraphs.parse(a["cuda_graphs"]),
         tp_comm_overlap=bool(a["tp_comm_overlap"]),
         fused_swiglu_asked=fused_swiglu_asked,
     )

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict, get_type_hints
 
+from cpmem.step.cuda_graphs import CudaGraphs, graphs_label
 from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8
 from cpmem.step.profiles import ProfileStore
@@ -364,6 +365,18 @@ class SettingsArguments(TypedDict, total=False):
             "delayed:param-gather with its amax history, default 1)",
             group="process",
             export=lambda s: None if s.settings.fp8 is None else s.settings.fp8.label,
+        ),
+    ]
+    cuda_graphs: Annotated[
+        str | CudaGraphs | None,
+        Setting(
+            None,
+            "--cuda-graphs",
+            "per-layer CUDA graphs, IMPL[:MODULES] (priced: transformer_engine with modules "
+            "among attn, mlp, moe_router, moe_preprocess, mamba; their static inputs and "
+            "output gradients)",
+            group="process",
+            export=lambda s: graphs_label(s.settings.cuda_graphs),
         ),
     ]
     tp_comm_overlap: Annotated[

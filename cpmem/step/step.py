@@ -24,6 +24,7 @@ from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import choose_backend
 from cpmem.step.device import Device
+from cpmem.step.cuda_graphs import CudaGraphs, check_cuda_graphs
 from cpmem.step.fp8 import Fp8, check_fp8
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore
@@ -141,6 +142,8 @@ class StepSettings:
     virtual pipeline stage's chunk, or a step without stages), which keeps its token ids."""
     fp8: Fp8 | None = None
     """FP8 training as Transformer Engine runs it (``cpmem.step.fp8``); None: the dtype's."""
+    cuda_graphs: CudaGraphs | None = None
+    """Per-layer CUDA graphs (``cpmem.step.cuda_graphs``); None: the step runs eagerly."""
     tp_comm_overlap: bool = False
     """Transformer Engine's TP communication overlap through userbuffers
     (``--tp-comm-overlap``): its GEMMs' cuBLASLt workspace is priced
@@ -181,6 +184,15 @@ class StepSettings:
                 "muon without --distributed-optimizer)",
             )
         self._check_fp8()
+        g = self.geometry
+        check_cuda_graphs(  # on the model, not on a pipeline chunk's layers
+            None if g.pipeline_chunk else self.cuda_graphs,
+            moe=g.is_moe,
+            dense_mlp="dense" in g.mlp_kinds,
+            gdn="gdn" in (*g.mixers, *g.mtp_mixers),
+            mtp_shared=g.mtp_shared,
+            overlap_moe_comm=self.runtime.overlap_moe_comm,
+        )
         if self.tp_comm_overlap and not self.layout.sp_active:
             raise InputError(
                 "tp_comm_overlap",
