@@ -116,9 +116,9 @@ def _unpriced_parts(args: MegatronArgs, moe: bool) -> tuple[str, ...]:
     out: list[str] = []
     if args.use_fused_weighted_squared_relu and args.squared_relu and moe:
         out.append(FUSED_SQUARED_RELU_NOTE)
-    if moe and args.moe_router_load_balancing_type == "global_aux_loss":
-        if args.moe_aux_loss_coeff > 0:
-            out.append(GLOBAL_AUX_LOSS_NOTE)
+    balancing = args.moe_router_load_balancing_type
+    if moe and balancing == "global_aux_loss" and args.moe_aux_loss_coeff > 0:
+        out.append(GLOBAL_AUX_LOSS_NOTE)
     return tuple(out)
 
 

@@ -287,8 +287,9 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-ncclep-zero-copy",
     ),
     (
-        "read only by CUDA graphs or activation offloading (--cuda-graph-impl, "
-        "--fine-grained-activation-offloading, --cpu-offloading-num-layers, refused)",
+        "read only by CUDA graphs (the eager iterations before the capture: the eager "
+        "step's memory, which the peak prices) or activation offloading "
+        "(--fine-grained-activation-offloading, --cpu-offloading-num-layers, refused)",
         "--cuda-graph-warmup-steps --cpu-offloading-retain-pinned-cpu-buffers "
         "--min-offloaded-tensor-size --delay-offload-until-cuda-graph "
         "--delta-offload-bytes-across-pp-ranks --activation-offload-fraction "

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from cpmem.errors import InputError
 from cpmem.megatron.batch_schedule import schedule_problems
+from cpmem.megatron.cuda_graph_rules import cuda_graph_door_problems
 from cpmem.megatron.defer_rules import defer_problems
 from cpmem.megatron.fields import MegatronArgs
-from cpmem.megatron.cuda_graph_rules import cuda_graph_door_problems
 from cpmem.megatron.fp8_rules import fp8_problems
 from cpmem.megatron.fsdp_rules import fsdp_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size

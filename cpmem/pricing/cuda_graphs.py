@@ -85,9 +85,11 @@ def chunk_callables(settings: StepSettings, stage: int) -> list[list[Layer]]:
     (``_discover_layers``, cuda_graphs.py:2228-2301)."""
     g, pipe, graphs = settings.geometry, settings.pipeline, settings.cuda_graphs
     assert graphs is not None
-    out = []
+    out: list[list[Layer]] = []
     for chunk in range(pipe.vpp):
-        layers = [(g.mixers[i], g.mlps[i]) for i in pipe.chunk_layers(g.layers, stage, chunk)]
+        layers: list[Layer] = [
+            (g.mixers[i], g.mlps[i]) for i in pipe.chunk_layers(g.layers, stage, chunk)
+        ]
         if pipe.is_last(stage, chunk):
             one = list(zip(g.mtp_mixers, g.mtp_mlps, strict=True))
             layers += one * g.mtp_depths
@@ -138,6 +140,15 @@ def _output_grad_bytes(g: ModelGeometry, kind: str, rows: int, dtype_bytes: int)
     return permuted + dense_probs + shared + hidden
 
 
+def sequence_tokens(step: Step) -> int:
+    """The sequence length the static mask spans (``--seq-length``: a micro-batch's
+    longest sequence); a step planned from counts alone, without its sequences, spans the
+    whole request (its logical tokens: a bound)."""
+    if step.request is None:
+        return step.plan.logical_tokens
+    return max(tree.tokens for tree in step.request.trees)
+
+
 def cuda_graph_bytes(settings: StepSettings, stage: int, step: Step | None) -> int:
     """The bytes per-layer CUDA graphs keep allocated on ``stage`` (the module's
     docstring): their static inputs and output gradients; 0 without graphs or a step
@@ -148,7 +159,7 @@ def cuda_graph_bytes(settings: StepSettings, stage: int, step: Step | None) -> i
     g, layout = settings.geometry, step.plan.layout
     tokens = step.plan.busiest_tokens  # b x s / cp
     rows = tokens // (layout.tp if layout.sp_active else 1)
-    longest = max(tree.tokens for tree in step.request.trees)
+    longest = sequence_tokens(step)
     per_set = {False: rows * g.hidden * STATIC_INPUT_BYTES}
     per_set[True] = per_set[False] + tokens * longest * MASK_BYTES
     inputs = sum(n * per_set[key] for key, n in static_input_sets(settings, stage).items())

@@ -20,8 +20,8 @@ from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import container_named
-from cpmem.step.device import resolve_device
 from cpmem.step.cuda_graphs import CudaGraphs
+from cpmem.step.device import resolve_device
 from cpmem.step.fp8 import Fp8
 from cpmem.step.pipeline import Pipeline, stage_layer_counts
 from cpmem.step.profiles import ProfileStore

@@ -23,8 +23,8 @@ from cpmem.plan.plan import Plan
 from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import choose_backend
-from cpmem.step.device import Device
 from cpmem.step.cuda_graphs import CudaGraphs, check_cuda_graphs
+from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8, check_fp8
 from cpmem.step.pipeline import Pipeline
 from cpmem.step.profiles import ProfileSignature, ProfileStore

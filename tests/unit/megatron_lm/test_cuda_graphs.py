@@ -162,11 +162,14 @@ def test_the_deprecated_switch_and_scope_are_read_as_megatron_core_reads_them(
     """--external-cuda-graph is transformer_engine, --cuda-graph-scope the modules
     (transformer_config.py:2706-2739)."""
     path = _case(tmp_path, SCOPED, drop=("--cuda-graph",))
-    assert _graph_bytes(
-        path,
-        8,
-        **{
-            "--external-cuda-graph": True,
-            "--cuda-graph-scope": "[attn mlp moe_router moe_preprocess]",
-        },
-    ) == 14 * (HIDDEN + MASK) + LAYER_OUTPUT + MOE_OUTPUTS
+    assert (
+        _graph_bytes(
+            path,
+            8,
+            **{
+                "--external-cuda-graph": True,
+                "--cuda-graph-scope": "[attn mlp moe_router moe_preprocess]",
+            },
+        )
+        == 14 * (HIDDEN + MASK) + LAYER_OUTPUT + MOE_OUTPUTS
+    )

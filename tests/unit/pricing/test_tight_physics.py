@@ -51,7 +51,7 @@ def test_the_fused_router_drops_the_top_k_s_fp32_probability_and_int64_index() -
     sorted token indices of the permutation stay."""
     assert _elements(FP32, INT64) == 6
     assert _elements(FP32, INT64) == FUSED_ROUTER_DROPS_PER_TOPK
-    assert MOE_ROUTER_PER_TOPK - FUSED_ROUTER_DROPS_PER_TOPK == _elements(INT64)
+    assert _elements(INT64) == MOE_ROUTER_PER_TOPK - FUSED_ROUTER_DROPS_PER_TOPK
 
 
 def test_expert_row_small_terms_are_its_fp32_prob_and_two_rank_1_activations() -> None:
