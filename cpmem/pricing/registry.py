@@ -129,15 +129,6 @@ MUON_STEP_NOTE = (
 )
 
 
-CUDA_GRAPHS_NOTE = (
-    "cuda_graphs: the graphs' activations, outputs and input gradients live in their "
-    "private memory pool, which PyTorch reserves but does not count as allocated while "
-    "they replay; priced as the eager warm-up steps before the capture hold them (the "
-    "peak), with the graphs' static inputs and output gradients (cuda_graph_buffers); the "
-    "last backward graph's input and parameter gradients are not priced"
-)
-
-
 def inapplicable_options(step: Step) -> list[str]:
     """Options set on ``step`` that no policy prices for it, each with the reason, and the
     parts of the model's checkpoint no policy prices (``ModelGeometry.unpriced_parts``), and
@@ -181,8 +172,6 @@ def inapplicable_options(step: Step) -> list[str]:
     out.extend(g.unpriced_parts)
     if settings.optimizer.kind == "muon":
         out.append(MUON_STEP_NOTE)
-    if settings.cuda_graphs is not None:
-        out.append(CUDA_GRAPHS_NOTE)
     return out
 
 
