@@ -130,7 +130,8 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
     StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
     StaticComponent.DUMMY_WGRAD: "the output layer's cached dummy weight gradient (fused accumulation)",
-    StaticComponent.CUDA_GRAPH_BUFFERS: "per-layer CUDA graphs' static inputs and output gradients",
+    StaticComponent.CUDA_GRAPH_BUFFERS: "per-layer CUDA graphs' static inputs and output gradients "
+    "(their activations live in the graphs' pool, priced as the eager warm-up steps hold them)",
 }
 
 
