@@ -37,6 +37,7 @@ from typing import Any
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.batch_schedule import schedule_batch
+from cpmem.megatron.cuda_graph_rules import megatron_cuda_graphs
 from cpmem.megatron.flex_rules import flex_dispatcher
 from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.fsdp_rules import fsdp_buffers, fsdp_grad_element_size, fsdp_strategy
@@ -118,6 +119,25 @@ def router_logit_bytes(args: MegatronArgs) -> int:
     return 2 if args.bf16 or args.fp16 else 4
 
 
+GLOBAL_AUX_LOSS_NOTE = (
+    "global_aux_loss: two fp32 buffers per MoE layer's router, the tokens per expert "
+    "summed over the global batch (num_experts elements) and its micro-batch count (one), "
+    "registered under a positive --moe-aux-loss-coeff (router.py:204-220), not priced: "
+    "1 KiB a layer in the allocator's 512-byte blocks up to 128 experts"
+)
+
+
+def _unpriced_parts(args: MegatronArgs, moe: bool) -> tuple[str, ...]:
+    """What the model keeps that no term prices, named in every estimate of it."""
+    out: list[str] = []
+    if args.use_fused_weighted_squared_relu and args.squared_relu and moe:
+        out.append(FUSED_SQUARED_RELU_NOTE)
+    balancing = args.moe_router_load_balancing_type
+    if moe and balancing == "global_aux_loss" and args.moe_aux_loss_coeff > 0:
+        out.append(GLOBAL_AUX_LOSS_NOTE)
+    return tuple(out)
+
+
 def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeometry:
     """The model Megatron-LM builds from ``args``: a GPT (dense, MoE, or both by
     ``--moe-layer-freq``) or a hybrid stack, with any MTP depths (``cpmem.megatron.
@@ -129,7 +149,6 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
     positions = {"rope": "rope", "learned_absolute": "learned", "none": "none"}
     position = positions[args.position_embedding_type]
     ffn = megatron_ffn(args)
-    fused_relu = args.use_fused_weighted_squared_relu and args.squared_relu and moe
     return ModelGeometry(
         name=name,
         hidden=args.hidden_size,
@@ -172,7 +191,7 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         vocab_multiple=args.make_vocab_size_divisible_by if args.pad_vocab_size else 1,
         family="megatron-gpt",
         max_position_embeddings=args.max_position_embeddings,
-        unpriced_parts=(FUSED_SQUARED_RELU_NOTE,) if fused_relu else (),
+        unpriced_parts=_unpriced_parts(args, moe),
     )
 
 
@@ -209,6 +228,7 @@ def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str =
         moe_dispatcher=flex_dispatcher(args),
         moe_grouped_gemm=args.moe_grouped_gemm,
         overlap_moe_comm=args.overlap_moe_expert_parallel_comm,
+        moe_router_fusion=args.moe_router_fusion,
     )
 
 
@@ -422,6 +442,7 @@ def megatron_run(
         "rank": rank,
         "moe_routing": megatron_routing(args),
         "fp8": megatron_fp8(args),
+        "cuda_graphs": megatron_cuda_graphs(args),
         "tp_comm_overlap": args.tp_comm_overlap,
     }
     return MegatronRun(args, geometry, arguments, world_size)  # type: ignore[arg-type]

@@ -125,6 +125,14 @@ class MegatronArgs:
     moe_flex_dispatcher_backend: str = "deepep"  # transformer_config.py:898
     moe_shared_expert_intermediate_size: int | None = None  # transformer_config.py:701
     moe_permute_fusion: bool = False  # transformer_config.py:941
+    moe_router_fusion: bool = False  # transformer_config.py:944
+    # CUDA graphs (read by cuda_graph_rules.py): transformer_config.py:1049, 1071, 1075;
+    # the modules as written (arguments.py:2050) and the deprecated scope (arguments.py:2047)
+    cuda_graph_impl: str = "none"
+    enable_cuda_graph: bool = False
+    external_cuda_graph: bool = False
+    cuda_graph_modules: str | None = None
+    cuda_graph_scope_deprecated: str | None = None
     moe_expert_capacity_factor: float | None = None  # transformer_config.py:917 (None: none)
     moe_pad_expert_input_to_capacity: bool = False  # transformer_config.py:921
     overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
@@ -305,6 +313,11 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_flex_dispatcher_backend", "str"),
             ("moe_shared_expert_intermediate_size", "int"),
             ("moe_permute_fusion", "bool"),
+            ("moe_router_fusion", "bool"),
+            ("cuda_graph_impl", "str"),
+            ("enable_cuda_graph", "bool"),
+            ("external_cuda_graph", "bool"),
+            ("cuda_graph_modules", "raw"),
             ("moe_expert_capacity_factor", "float"),
             ("moe_pad_expert_input_to_capacity", "bool"),
             ("overlap_moe_expert_parallel_comm", "bool"),
@@ -355,6 +368,7 @@ PRICED: dict[str, tuple[str, str]] = {
     "--encoder-seq-length": ("seq_length", "int"),
     "--fp8-format": ("fp8", "str"),
     "--use-nccl-ub": ("nccl_ub", "bool"),
+    "--cuda-graph-scope": ("cuda_graph_scope_deprecated", "raw"),  # arguments.py:2047
     "--no-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-pad-vocab-size": ("pad_vocab_size", "not"),
     "--disable-bias-linear": ("add_bias_linear", "not"),

@@ -295,8 +295,9 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--fine-grained-offloading-max-inflight-offloads",
     ),
     (
-        "read only by CUDA graphs, whole-layer offloading or the paged stash "
-        "(--cuda-graph-impl, --cpu-offloading-num-layers, --moe-paged-stash, refused)",
+        "read only by CUDA graphs (the eager iterations before the capture: the eager "
+        "step's memory, which the peak prices), whole-layer offloading or the paged stash "
+        "(--cpu-offloading-num-layers, --moe-paged-stash, refused)",
         "--cuda-graph-warmup-steps --cpu-offloading-retain-pinned-cpu-buffers "
         "--moe-paged-stash-page-size "
         "--moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-buffer-size-factor-cpu",

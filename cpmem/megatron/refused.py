@@ -122,11 +122,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--cpu-offloading-num-layers --moe-paged-stash",
     ),
     (
-        UNPRICED + "CUDA graphs (static input, output and workspace buffers per graph)",
-        "--cuda-graph-impl --enable-cuda-graph --external-cuda-graph --cuda-graph-scope "
-        "--cuda-graph-modules",
-    ),
-    (
         UNPRICED + "the MLP run in chunks of the sequence (transformer_layer.py)",
         "--mlp-chunks-for-training",
     ),
@@ -259,7 +254,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-shared-expert-glu-interleave-size --moe-mlp-glu-interleave-size "
         "--moe-apply-probs-on-input",
     ),
-    (UNPRICED + "the fused router kernels' saved set", "--moe-router-fusion"),
     (
         UNPRICED + "the flex dispatcher's DeepEP backend (its handle and megatron's "
         "permutation after it), NCCL EP's dispatch dtypes, or HybridEP's inputs padded to "

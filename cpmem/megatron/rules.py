@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from cpmem.errors import InputError
 from cpmem.megatron.batch_schedule import schedule_problems
+from cpmem.megatron.cuda_graph_rules import cuda_graph_door_problems
 from cpmem.megatron.defer_rules import defer_problems
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.flex_rules import flex_problems
@@ -37,10 +38,18 @@ ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local")
 MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
 """The token dispatchers priced; ``flex`` with its HybridEP backend only
 (``cpmem.megatron.flex_rules``)."""
-MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+"""The router's load-balancing types priced: each keeps [tokens, experts] scores.
+``global_aux_loss`` keeps the saved set ``aux_loss`` keeps: both run
+``compute_routing_scores_for_aux_loss`` once and ``switch_load_balancing_loss_func`` on
+its scores (megatron-core router.py:804-832, 410-448 and 507-551 at the snapshot); the
+global one reduces the tokens per expert over TP x DP x CP instead of TP x CP (an
+``E``-element all-reduce) and adds them into two fp32 buffers per router
+(``global_tokens_per_expert``, ``E`` elements, and ``ga_steps``, one), registered only
+under a positive ``--moe-aux-loss-coeff`` (router.py:204-220), named in the estimate
+where the run has them (``describe.GLOBAL_AUX_LOSS_NOTE``)."""
 CAPACITY_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 """The load balancing a capacity factor works with (transformer_config.py)."""
-"""The router's load-balancing types priced: each keeps [tokens, experts] scores."""
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
 
 POSITIVE = (
@@ -450,6 +459,14 @@ def _experts(args: MegatronArgs) -> list[Problem]:
         )
     if args.moe_router_dtype not in (None, "fp32", "fp64"):
         out.append((f"--moe-router-dtype {args.moe_router_dtype}", "must be fp32 or fp64"))
+    if args.moe_router_fusion and args.moe_router_dtype == "fp64":
+        out.append(
+            (
+                "--moe-router-fusion with --moe-router-dtype fp64",
+                "Transformer Engine's fused router raises 'Current TE does not support "
+                "float64 router type.' (transformer_engine/pytorch/router.py:130-131)",
+            )
+        )
     if tp > 1 and not args.sequence_parallel:
         out.append(
             (
@@ -551,6 +568,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += optimizer_problems(args)
     out += fsdp_problems(args)
     out += fp8_problems(args)
+    out += cuda_graph_door_problems(args)
     out += _experts(args)
     out += flex_problems(args)
     out += stack_problems(args)

@@ -19,11 +19,12 @@ from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
 from cpmem.pricing.offload import offload_notes
 from cpmem.pricing.pipeline import price_pipeline
 from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
+from cpmem.step.cp_comm_rules import default_cp_comm
 from cpmem.step.offload import Offload
 from cpmem.step.recompute import Mode, Module
 from cpmem.step.routing import routing_kind
 from cpmem.step.runtime import DEV_CONTAINER
-from cpmem.step.step import Step, StepSettings, default_cp_comm
+from cpmem.step.step import Step, StepSettings
 
 Policy = Callable[[Step], Estimate]
 POLICIES: dict[str, Policy] = {}

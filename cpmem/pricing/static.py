@@ -63,6 +63,7 @@ from functools import lru_cache
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
+from cpmem.pricing.cuda_graphs import cuda_graph_bytes
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
@@ -127,6 +128,7 @@ class StaticComponent(StrEnum):
     DUMMY_WGRAD = "dummy_wgrad"
     FSDP_KEPT_GATHERED = "fsdp_kept_gathered"
     FSDP_DOUBLE_BUFFER = "fsdp_double_buffer"
+    CUDA_GRAPH_BUFFERS = "cuda_graph_buffers"
 
 
 SOURCES: dict[StaticComponent, str] = {
@@ -148,6 +150,8 @@ SOURCES: dict[StaticComponent, str] = {
     StaticComponent.GLOBAL_MEMORY_BUFFER: "megatron's persistent GlobalMemoryBuffer",
     StaticComponent.PIPELINE_RECEIVED: "each chunk's last received activation and its gradient",
     StaticComponent.DUMMY_WGRAD: "the output layer's cached dummy weight gradient (fused accumulation)",
+    StaticComponent.CUDA_GRAPH_BUFFERS: "per-layer CUDA graphs' static inputs and output gradients "
+    "(their activations live in the graphs' pool, priced as the eager warm-up steps hold them)",
 }
 
 
@@ -226,6 +230,9 @@ def static_memory(
     received = pipeline_received_bytes(settings, stage, step)
     if received:
         components[str(StaticComponent.PIPELINE_RECEIVED)] = received
+    graphs = cuda_graph_bytes(settings, stage, step)
+    if graphs:
+        components[str(StaticComponent.CUDA_GRAPH_BUFFERS)] = graphs
     return StaticMemory({k: int(v) for k, v in components.items()})
 
 

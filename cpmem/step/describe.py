@@ -20,6 +20,8 @@ from cpmem.plan.layout import ParallelLayout, round_up
 from cpmem.plan.plan import Plan, explicit_plan
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import container_named
+from cpmem.step.cp_comm_rules import default_cp_comm
+from cpmem.step.cuda_graphs import CudaGraphs
 from cpmem.step.device import resolve_device
 from cpmem.step.fp8 import Fp8
 from cpmem.step.offload import Offload
@@ -43,7 +45,6 @@ from cpmem.step.step import (
     Step,
     StepKind,
     StepSettings,
-    default_cp_comm,
 )
 from cpmem.step.trainer import (
     Adapter,
@@ -205,6 +206,7 @@ def describe_settings(
         quantized_weights=check_quantized_weights(a["quantized_weights"]),
         rank=parse_rank(a["rank"]),
         fp8=Fp8.parse(a["fp8"]),
+        cuda_graphs=CudaGraphs.parse(a["cuda_graphs"]),
         tp_comm_overlap=bool(a["tp_comm_overlap"]),
         offload=Offload.parse(a["offload"]),
         fused_swiglu_asked=fused_swiglu_asked,

@@ -67,6 +67,9 @@ class Runtime:
       dispatcher (``hybridep``: megatron's flex dispatcher with the HybridEP backend,
       ``cpmem.pricing.kinds.moe_dispatch``), grouped expert GEMMs, the combined 1F1B
       schedule's overlap.
+    - ``moe_router_fusion``: the router's top-k and score function run as Transformer
+      Engine's fused kernel (``--moe-router-fusion``; ``cpmem.pricing.kinds.moe``,
+      ``FUSED_ROUTER_DROPS_PER_TOPK``).
     """
 
     name: RuntimeName = "art"
@@ -84,6 +87,7 @@ class Runtime:
     moe_dispatcher: MoeDispatcher = "alltoall"
     moe_grouped_gemm: bool = False
     overlap_moe_comm: bool = False
+    moe_router_fusion: bool = False
     backend_resolved: bool = True
     """False while ``auto`` waits for the request whose sequence Transformer Engine's
     selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""
@@ -102,7 +106,7 @@ class Runtime:
     (its harness's core attention), Megatron-LM's ``none``."""
     default_cp_comm: str = "all_gather"
     """The CP comm type where none is named (moved to one Transformer Engine runs the
-    model's attention under: ``cpmem.step.step.default_cp_comm``): ART's ``all_gather``,
+    model's attention under: ``cpmem.step.cp_comm_rules.default_cp_comm``): ART's ``all_gather``,
     Megatron-LM's ``p2p`` (``--cp-comm-type``)."""
     default_backend: str = "fused"
     """The attention backend where none is named: ART's measured ``fused``; Megatron-LM's

@@ -23,6 +23,8 @@ from cpmem.plan.plan import Plan
 from cpmem.plan.planners import check_ranks, plan_request
 from cpmem.plan.request import Request
 from cpmem.step.backend_choice import check_softmax_backend, choose_backend
+from cpmem.step.cp_comm_rules import TE_MLA_CP_COMMS, TE_WINDOW_CP_COMMS
+from cpmem.step.cuda_graphs import CudaGraphs, check_cuda_graphs
 from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8, check_fp8
 from cpmem.step.offload import Offload
@@ -54,32 +56,6 @@ BF16_BYTES = 2
 FP32_BYTES = 4
 TE_HALF_BACKENDS = ("flash", "fused")
 """The attention backends Transformer Engine runs on 2-byte (bf16, fp16) tensors only."""
-
-
-TE_WINDOW_CP_COMMS = ("all_gather", "a2a")
-TE_MLA_CP_COMMS = ("p2p", "a2a+p2p")
-
-
-def te_cp_comms(geometry: ModelGeometry) -> tuple[str, ...] | None:
-    """The CP comm types Transformer Engine's CP attention runs ``geometry``'s layers
-    under (``Step._check_te_cp_comm``), or None where it runs every type."""
-    if geometry.windowed:
-        return TE_WINDOW_CP_COMMS
-    if geometry.is_mla and geometry.v_head_dim != geometry.head_dim:
-        return TE_MLA_CP_COMMS
-    return None
-
-
-def default_cp_comm(geometry: ModelGeometry, runtime_default: str) -> str:
-    """The CP comm type a step runs where none is asked: the runtime's own
-    (``runtime_default``) where Transformer Engine runs the model's attention under it,
-    else the first type TE does run it under (a latent-attention model under ART's
-    ``all_gather`` rides ``p2p``; a windowed one under Megatron-LM's ``p2p`` rides
-    ``all_gather``), so a default never names a type TE refuses."""
-    allowed = te_cp_comms(geometry)
-    if allowed is None or runtime_default in allowed:
-        return runtime_default
-    return allowed[0]
 
 
 AUTO_DEFAULT_CAPABILITY = (9, 0)
@@ -142,6 +118,8 @@ class StepSettings:
     virtual pipeline stage's chunk, or a step without stages), which keeps its token ids."""
     fp8: Fp8 | None = None
     """FP8 training as Transformer Engine runs it (``cpmem.step.fp8``); None: the dtype's."""
+    cuda_graphs: CudaGraphs | None = None
+    """Per-layer CUDA graphs (``cpmem.step.cuda_graphs``); None: the step runs eagerly."""
     tp_comm_overlap: bool = False
     """Transformer Engine's TP communication overlap through userbuffers
     (``--tp-comm-overlap``): its GEMMs' cuBLASLt workspace is priced
@@ -185,6 +163,15 @@ class StepSettings:
                 "muon without --distributed-optimizer)",
             )
         self._check_fp8()
+        g = self.geometry
+        check_cuda_graphs(  # on the model, not on a pipeline chunk's layers
+            None if g.pipeline_chunk else self.cuda_graphs,
+            moe=g.is_moe,
+            dense_mlp="dense" in g.mlp_kinds,
+            gdn="gdn" in (*g.mixers, *g.mtp_mixers),
+            mtp_shared=g.mtp_shared,
+            overlap_moe_comm=self.runtime.overlap_moe_comm,
+        )
         if self.tp_comm_overlap and not self.layout.sp_active:
             raise InputError(
                 "tp_comm_overlap",

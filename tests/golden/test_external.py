@@ -26,6 +26,7 @@ from cpmem.plan.layout import ParallelLayout
 from cpmem.plan.plan import ForwardGroup, Plan
 from cpmem.plan.request import Request
 from cpmem.samples.rows import load_rows, simulated_dir
+from cpmem.step.cuda_graphs import CudaGraphs
 from cpmem.step.describe import describe_step
 from cpmem.step.device import Device
 from cpmem.step.fp8 import Fp8
@@ -535,6 +536,11 @@ SETTINGS_CHANGES: dict[tuple[type, str], tuple[Change, Change, set[str]]] = {
         FULL_DENSE,
         lambda s: FULL_DENSE(s).replace(tp_comm_overlap=True),
         {"tp_comm_overlap"},
+    ),
+    (StepSettings, "cuda_graphs"): (
+        FULL_DENSE,
+        lambda s: FULL_DENSE(s).replace(cuda_graphs=CudaGraphs("transformer_engine", ("attn",))),
+        {"cuda_graphs"},
     ),
     (StepSettings, "holds_embedding"): (
         _same,

@@ -68,6 +68,7 @@ CHANGES: dict[str, list[str]] = {
     "--quantized-weights": ["--quantized-weights", "stored"],
     "--fp8": ["--fp8", "tensorwise:param-gather"],
     "--tp-comm-overlap": ["--tp-comm-overlap"],
+    "--cuda-graphs": ["--cuda-graphs", "transformer_engine:attn,mlp"],
     "--attention-backend": ["--attention-backend", "flash"],
     "--container": ["--container", "ngc-24.01"],
     "--etp": ["--etp", "2"],

@@ -106,6 +106,19 @@ def z_loss_width(geometry: ModelGeometry, s: int) -> int:
     return (geometry.num_experts + 1) * geometry.router_z_loss_bytes // 2 // s
 
 
+FUSED_ROUTER_DROPS_PER_TOPK = 6
+"""bf16-equivalent elements per local token and routed slot of ``MOE_ROUTER_PER_TOPK``
+the fused router (``--moe-router-fusion``) does not keep: the unfused top-k's fp32
+probabilities (the top-k softmax's output, or under sigmoid the normalising division's
+numerator) and its int64 indices (saved by ``gather`` / ``scatter``; megatron-core
+moe_utils.py:900-955 at the snapshot), 4 + 8 bytes. Transformer Engine's
+``FusedTopkScoreFunction`` (b9d690e0, pytorch/router.py:59) saves only the routing map
+(the bool map the dispatcher keeps anyway, ``dispatch_preprocess``) and one fp32
+``[tokens, experts]`` intermediate, the score function's output (csrc/extensions/
+router.cpp: ``intermediate_output``, ``at::kFloat``) whatever the score function:
+``ROUTER_ALL_SCORES_FP32`` per expert, which the unfused router keeps only where it
+scores every expert. The permutation's int64 sorted indices stay (4 of the 10)."""
+
 MOE_DISPATCH_ROW_H = 3
 """H-multiples per expert row an MoE layer holds at its forward peak beyond its saved set
 (megatron's ``MoELayer.forward`` as oracles/rank_sim/moe.py restates it): during the
@@ -197,6 +210,7 @@ def saved_width(
     compiled: bool,
     lora: bool = True,
     etp: int = 1,
+    fused_router: bool = False,
 ) -> int:
     """Elements per (global) token one MoE layer keeps:
 
@@ -206,8 +220,8 @@ def saved_width(
       ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
       ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
       ``MOE_ROW_SMALL``;
-    - the router per local token: ``MOE_ROUTER_PER_TOPK·top_k + E/2``, and its z-loss's
-      logits and logsumexp (``z_loss_width``);
+    - the router per local token: ``MOE_ROUTER_PER_TOPK·top_k + E/2`` (``router_width``,
+      fused or not), and its z-loss's logits and logsumexp (``z_loss_width``);
     - the shared expert (``shared_width``).
 
     The reference's ``moe_width`` keeps ``2H + c·F_e`` per row (a second H-wide copy the
@@ -221,12 +235,23 @@ def saved_width(
     s = sp_divisor(tp, sp)
     h, fe = geometry.hidden, expert_shard(geometry, etp)
     routed = math.ceil(rows * (h + row_f(geometry, compiled) * fe + MOE_ROW_SMALL))
-    router = (MOE_ROUTER_PER_TOPK * geometry.moe_top_k + geometry.num_experts // 2) // s
-    if geometry.router_scoring != "topk_softmax":
-        router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
-    router += z_loss_width(geometry, s)
+    router = router_width(geometry, s, fused_router)
     shared = shared_width(geometry, tp, sp, compiled, lora)
     return kept_width(geometry, tp, sp) + routed + router + shared
+
+
+def router_width(geometry: ModelGeometry, s: int, fused: bool) -> int:
+    """Elements per (global) token the router and the permutation's indices keep, over
+    the sequence-parallel divisor ``s``: ``MOE_ROUTER_PER_TOPK·top_k + E/2`` per local
+    token, and ``ROUTER_ALL_SCORES_FP32·E`` where the router scores every expert before
+    the top-k; fused (``FUSED_ROUTER_DROPS_PER_TOPK``), the fp32 intermediate over every
+    expert always, and ``FUSED_ROUTER_DROPS_PER_TOPK`` less per routed slot; and the z-loss's
+    logits and logsumexp where it runs (``z_loss_width``, fused or not)."""
+    per_topk = MOE_ROUTER_PER_TOPK - (FUSED_ROUTER_DROPS_PER_TOPK if fused else 0)
+    router = (per_topk * geometry.moe_top_k + geometry.num_experts // 2) // s
+    if fused or geometry.router_scoring != "topk_softmax":
+        router += ROUTER_ALL_SCORES_FP32 * geometry.num_experts // s
+    return router + z_loss_width(geometry, s)
 
 
 def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
@@ -495,7 +520,8 @@ class MoeSpec(MlpSpec):
         g, step, tp, sp = ctx.geometry, ctx.step, ctx.tp, ctx.sp
         rows = step.expert_rows_per_token(tp, sp)
         etp = step.plan.layout.etp
-        width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora, etp) + ctx.sandwich
+        fused = step.settings.runtime.moe_router_fusion
+        width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora, etp, fused) + ctx.sandwich
         width += saved_beyond_alltoall(g, step, tp, sp)
         expert = adapters.extra_width(g, step.adapter, tp, "expert", sp=sp)
         width += math.ceil(rows * expert)

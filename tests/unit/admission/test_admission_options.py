@@ -290,6 +290,8 @@ DEVICE_ROWS = [
     DeviceRow("quantized_weights", H200, "dequantized", "stored", model="gpt-oss-20b"),
     # the userbuffer GEMMs' 3-copy cuBLASLt workspace beside the plain one
     DeviceRow("tp_comm_overlap", {**H200, "tp": 2}, False, True),
+    # per-layer CUDA graphs keep every graphed layer's static input and causal mask
+    DeviceRow("cuda_graphs", H200, None, "transformer_engine:attn,mlp", model=M17),
     # the answered stage: the first holds the embedding, the last the output layer
     DeviceRow("rank", {**H200, "pp": 2, "microbatches": 2, "stage_layers": [8, 24]}, 0, "last"),
 ]

@@ -230,7 +230,6 @@ def test_an_argument_not_given_takes_megatron_lms_default(
     [
         ("--fp4-format", "e2m1"),
         ("--moe-expert-rank-capacity-factor", 1.5),
-        ("--cuda-graph-impl", "transformer_engine"),
         ("--muon-scalar-optimizer", "lion"),
     ],
 )

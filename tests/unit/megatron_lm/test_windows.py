@@ -92,7 +92,7 @@ def test_a_window_moves_no_byte_and_refuses_p2p_under_cp() -> None:
     # no byte term reads a window (ModelGeometry.windows): the same figures
     assert priced(windowed).components == priced(tiny()).components
     # Megatron-LM's default --cp-comm-type p2p: Transformer Engine's CP attention refuses
-    # a window there (step.TE_WINDOW_CP_COMMS); all_gather runs it
+    # a window there (cp_comm_rules.TE_WINDOW_CP_COMMS); all_gather runs it
     with pytest.raises(InputError, match="sliding-window"):
         step_of(tiny(window_size=(127, 0), context_parallel_size=2))
     step = step_of(tiny(window_size=(127, 0), context_parallel_size=2, cp_comm_type="all_gather"))

@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 
 from cpmem.pricing.kinds.attention import FLASH_BACKWARD_DQ_Q
-from cpmem.pricing.kinds.moe import MOE_ROUTER_PER_TOPK, MOE_ROW_SMALL
+from cpmem.pricing.kinds.moe import (
+    FUSED_ROUTER_DROPS_PER_TOPK,
+    MOE_ROUTER_PER_TOPK,
+    MOE_ROW_SMALL,
+)
 
 # element sizes in bytes (struct's standard sizes: "e" half, "f" float, "q" long long)
 BF16 = struct.calcsize("<e")  # bf16 has the half's 2 bytes
@@ -39,6 +43,15 @@ def test_router_keeps_fp32_probs_and_two_int64_indices_per_routed_slot() -> None
     output, the int64 top-k indices and the int64 sorted token indices (4 + 8 + 8 bytes)."""
     assert _elements(FP32, INT64, INT64) == 10
     assert _elements(FP32, INT64, INT64) == MOE_ROUTER_PER_TOPK
+
+
+def test_the_fused_router_drops_the_top_k_s_fp32_probability_and_int64_index() -> None:
+    """``FUSED_ROUTER_DROPS_PER_TOPK``, per local token and routed slot: what the unfused
+    top-k keeps and Transformer Engine's fused kernel does not (4 + 8 bytes); the int64
+    sorted token indices of the permutation stay."""
+    assert _elements(FP32, INT64) == 6
+    assert _elements(FP32, INT64) == FUSED_ROUTER_DROPS_PER_TOPK
+    assert _elements(INT64) == MOE_ROUTER_PER_TOPK - FUSED_ROUTER_DROPS_PER_TOPK
 
 
 def test_expert_row_small_terms_are_its_fp32_prob_and_two_rank_1_activations() -> None:
