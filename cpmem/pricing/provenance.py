@@ -140,6 +140,9 @@ class Facts:
     base_weights: str = ""
     """How a quantized checkpoint's weights are held, in words (``base_weights_held``);
     empty for a checkpoint of one float dtype."""
+    weights_dtype: str = ""
+    """The dtype the weights are priced in, in words (``weights_dtype``): every answer
+    names it, so a weight's bytes read back to its parameter count."""
     layer_wise_layout: bool = False
     """Muon's layer-wise distributed optimizer with its precomputed layout
     (``cpmem.pricing.layer_wise_layout``): its buffers and shards are read from source,
@@ -213,10 +216,31 @@ def facts_of(step: Step) -> Facts:
         is_moe=g.is_moe,
         moe_routing=step.moe_routing,
         base_weights=base_weights_held(step),
+        weights_dtype=weights_dtype(step),
         layer_wise_layout=settings.optimizer.kind == "muon"
         and settings.optimizer.distributed
         and settings.optimizer.muon_layout != "legacy",
     )
+
+
+DTYPE_NAMES = {1: "fp8", 2: "bf16", 4: "fp32"}
+"""The name of a step's ``dtype_bytes`` (2 B: bf16, the runtimes' dtype; fp16's 2 B are
+priced the same)."""
+
+
+def weights_dtype(step: Step) -> str:
+    """The dtype a checkpoint of one float dtype is priced in: the step's (a config's
+    ``torch_dtype`` is how the checkpoint is stored, not how the runtime holds it), with
+    the FP8 layers' linear weights in ``uint8`` where FP8 parameters are gathered; empty
+    for a quantized checkpoint, whose ``base_weights_held`` line says it."""
+    if step.geometry.quantization is not None:
+        return ""
+    n = step.dtype_bytes
+    text = f"{DTYPE_NAMES.get(n, f'{n}-byte')}, {n} B per parameter (the step's dtype)"
+    fp8 = step.settings.fp8
+    if fp8 is not None and fp8.param_gather:
+        text += "; the FP8 layers' linear weights as FP8, 1 B (--fp8-param-gather)"
+    return text
 
 
 def base_weights_held(step: Step) -> str:
@@ -397,7 +421,8 @@ def assumptions(
     unpriced: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """One line for each assumption that matters for the step: the CP layout (CP > 1),
-    how the experts are split (a MoE model), how a quantized checkpoint is held, where the kernel set-up is charged. Each
+    how the experts are split (a MoE model), how a quantized checkpoint is held or the
+    weights' dtype, where the kernel set-up is charged. Each
     states what was priced: where the policy does not price the planner or the MoE
     routing on the step (``unpriced``, the options named as such), the line says what it
     charges instead, never the option's value."""
@@ -421,6 +446,8 @@ def assumptions(
         out["experts"] = f"{split}; {priced_routing(facts.moe_routing, unpriced)} routing"
     if facts.base_weights:
         out["base_weights"] = facts.base_weights
+    if facts.weights_dtype:
+        out["weights"] = facts.weights_dtype
     if facts.first:
         out["setup"] = (
             "first step of its process: its kernel set-up charged in the activations "

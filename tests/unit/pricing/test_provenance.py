@@ -134,6 +134,30 @@ def test_assumptions_are_stated_where_they_apply() -> None:
     assert "ETP 1" in whole.assumptions["experts"]
 
 
+def test_every_answer_names_the_dtype_its_weights_are_priced_in() -> None:
+    """A weight's bytes read back to its parameter count only with the dtype beside them:
+    Qwen3-1.7B's config (tied embeddings, 28 layers of H 2048, F 6144, 16 heads of 128, 8
+    KV heads, q/k norms, vocabulary 151,936) counts 1,720,574,976 parameters by hand:
+    151,936 x 2048 + 28 x (2048 x (2048 + 1024 + 1024) + 2048 x 2048 + 3 x 2048 x 6144
+    + 2 x 2048 + 2 x 128) + 2048 (the model card's 1.7B, 1.4B of them not the embedding);
+    at bf16's 2 B each, 3,441,149,952 B."""
+    bf16 = price(describe_step("qwen3-1.7b", [4096]), "tight")
+    assert bf16.assumptions["weights"].startswith("bf16, 2 B per parameter")
+    assert bf16.static is not None
+    assert bf16.static.components["base_weights"] == 2 * 1_720_574_976
+    fp32 = price(describe_step("qwen3-1.7b", [4096], dtype="fp32"), "tight")
+    assert fp32.assumptions["weights"].startswith("fp32, 4 B per parameter")
+    fp8 = describe_step(
+        "qwen3-1.7b", [4096], training="full", runtime="megatron-lm", fp8="tensorwise:param-gather"
+    )
+    assert "FP8, 1 B" in price(fp8, "tight").assumptions["weights"]
+    quantized = load_config(
+        Path(__file__).resolve().parents[3] / "examples/deepseek-v3/config.json"
+    )
+    q = price(describe_step(quantized, [4096], tp=8, ep=32), "tight")
+    assert "weights" not in q.assumptions and "dequantized to bf16" in q.assumptions["base_weights"]
+
+
 def test_the_text_names_the_harness_only_for_a_measured_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
