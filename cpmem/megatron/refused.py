@@ -238,9 +238,9 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (UNPRICED + "the router's input jitter", "--moe-input-jitter-eps"),
     (
-        UNPRICED + "forced, biased or quantile load balancing (the router's own states)",
-        "--moe-router-force-load-balancing --moe-router-force-biased "
-        "--moe-router-quantile-balancing-ema",
+        UNPRICED + "biased or quantile load balancing (the router's own states and a "
+        "routing cpmem does not model)",
+        "--moe-router-force-biased --moe-router-quantile-balancing-ema",
     ),
     (
         UNPRICED + "a capacity per expert-parallel rank (its own dropping rule)",
