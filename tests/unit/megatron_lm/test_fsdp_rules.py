@@ -101,9 +101,7 @@ def test_each_unpriced_value_is_refused_with_its_reason(
 
 def test_mtp_depths_pass_the_door() -> None:
     """A GPT MTP depth's buckets are laid out (``cpmem.pricing.fsdp_units``)."""
-    args = parse_megatron_args(
-        {**BASE, "--mtp-num-layers": 1, "--position-embedding-type": "rope"}
-    )
+    args = parse_megatron_args({**BASE, "--mtp-num-layers": 1, "--position-embedding-type": "rope"})
     assert args.mtp_num_layers == 1 and fsdp_strategy(args) == "optim_grads_params"
 
 

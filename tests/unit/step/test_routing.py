@@ -188,5 +188,10 @@ def test_forced_load_balancing_is_the_balanced_expectation() -> None:
     assert step_of(tiny(**forced)).moe_routing == "balanced"
     capped = step_of(tiny(**forced, moe_expert_capacity_factor=1.5))
     assert capped.moe_routing == "capacity:1.5"
-    args = parse_megatron_args({**REQUIRED, "--num-experts": 4, "--moe-router-force-load-balancing": True})
-    assert args.moe_router_force_load_balancing and "--moe-router-force-load-balancing" not in args.ignored
+    args = parse_megatron_args(
+        {**REQUIRED, "--num-experts": 4, "--moe-router-force-load-balancing": True}
+    )
+    assert (
+        args.moe_router_force_load_balancing
+        and "--moe-router-force-load-balancing" not in args.ignored
+    )
