@@ -451,11 +451,17 @@ def megatron_run(
 def megatron_routing(args: MegatronArgs) -> str:
     """The rows the run's experts receive (``cpmem.step.routing``): a capacity where
     ``--moe-expert-capacity-factor`` gives one (a negative factor is none,
-    transformer_config.py), padded with ``--moe-pad-expert-input-to-capacity``; else the
-    worst case, the bound a router without capacity reaches."""
+    transformer_config.py), padded with ``--moe-pad-expert-input-to-capacity``; else,
+    under ``--moe-router-force-load-balancing``, the balanced expectation: the router's
+    logits are replaced by independent standard normal draws (router.py:861-863,
+    ``RandomSTE``: ``logits.clone().normal_()``, moe_utils.py:1267-1278, at d98e8a64), so
+    every token's top-k (group-limited or not) is a uniformly random set of experts and
+    each expert's expected rows are ``tokens x top-k / E`` (an expert bias, where enabled,
+    starts at zero and is stepped toward equal loads); else the worst case, the bound a
+    router without capacity reaches."""
     factor = args.moe_expert_capacity_factor
     if factor is None or factor < 0:
-        return "concentrated"
+        return "balanced" if args.moe_router_force_load_balancing else "concentrated"
     return f"capacity:{factor:g}" + (":pad" if args.moe_pad_expert_input_to_capacity else "")
 
 

@@ -135,6 +135,7 @@ class MegatronArgs:
     cuda_graph_scope_deprecated: str | None = None
     moe_expert_capacity_factor: float | None = None  # transformer_config.py:917 (None: none)
     moe_pad_expert_input_to_capacity: bool = False  # transformer_config.py:921
+    moe_router_force_load_balancing: bool = False  # transformer_config.py:833
     overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
     expert_model_parallel_size: int = 1  # model_parallel_config.py:127
     moe_router_score_function: str = "softmax"  # transformer_config.py:808
@@ -320,6 +321,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("cuda_graph_modules", "raw"),
             ("moe_expert_capacity_factor", "float"),
             ("moe_pad_expert_input_to_capacity", "bool"),
+            ("moe_router_force_load_balancing", "bool"),
             ("overlap_moe_expert_parallel_comm", "bool"),
             ("expert_model_parallel_size", "int"),
             ("moe_router_score_function", "str"),

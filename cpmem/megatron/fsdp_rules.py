@@ -10,11 +10,14 @@ default) under each ``--data-parallel-sharding-strategy``, with fp32 main weight
 dtype (``--megatron-fsdp-grad-comm-dtype`` ``auto`` or equal to it); GPT layers (every
 ``TransformerLayer`` an FSDP unit: attention, latent or not, and a dense MLP or an MoE
 block whose routed experts are buckets of their own over the expert data-parallel group)
-on one pipeline stage. Refused, each with its reason: another main-weights dtype (no fp32
-copy, or states in another dtype), a gradient reduced in another dtype (a buffer of its
-own per bucket, param_and_grad_buffer.py:4056-4073), v2 (``fully_shard``'s DTensor
-parameters), and the layers and stages whose buckets cpmem does not lay out (Mamba and
-other hybrid layers, MTP depths, pipeline stages).
+on one pipeline stage, and GPT MTP depths (each depth's transformer layer a unit, its
+norms and ``eh_proj`` outside every unit: ``cpmem.pricing.fsdp_units``). Refused, each
+with its reason: another main-weights dtype (no fp32 copy, or states in another dtype), a
+gradient reduced in another dtype (a buffer of its own per bucket,
+param_and_grad_buffer.py:4056-4073), v2 (``fully_shard``'s DTensor parameters), and the
+layers and stages whose buckets cpmem does not lay out (Mamba and other hybrid layers,
+hybrid MTP depths, MTP depths whose ``eh_proj`` is an FP8 weight outside every unit under
+``--fp8-param-gather``, pipeline stages).
 """
 
 from __future__ import annotations
@@ -88,17 +91,20 @@ def fsdp_problems(args: MegatronArgs) -> list[Problem]:
     layers = []
     if args.hybrid_layer_pattern or args.hybrid_override_pattern:
         layers.append("--hybrid-layer-pattern")
-    if args.mtp_num_layers:
-        layers.append("--mtp-num-layers")
+    if args.mtp_num_layers and args.mtp_hybrid_override_pattern:
+        layers.append("--mtp-hybrid-override-pattern")
+    if args.mtp_num_layers and args.fp8_param_gather:
+        layers.append("--mtp-num-layers and --fp8-param-gather")
     if args.pipeline_model_parallel_size > 1:
         layers.append("--pipeline-model-parallel-size")
     if layers:
         out.append(
             (
                 "--use-megatron-fsdp with " + ", ".join(layers),
-                UNPRICED + "Megatron FSDP's buckets of hybrid or MTP layers, or over pipeline "
-                "stages (cpmem lays out GPT layers, latent attention and MoE blocks "
-                "included, on one stage)",
+                UNPRICED + "Megatron FSDP's buckets of hybrid layers (MTP depths' "
+                "included), of an MTP depth's FP8 eh_proj outside every unit, or over "
+                "pipeline stages (cpmem lays out GPT layers, latent attention, MoE blocks "
+                "and MTP depths included, on one stage)",
             )
         )
     return out

@@ -142,11 +142,14 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         UNPRICED + "weight gradients computed later, or tensors released earlier, in the "
-        "expert-parallel overlapped schedule (under --delay-wgrad-compute the combined 1F1B "
-        "step, model_chunk_schedule_plan.py:265-303, runs a layer's experts' weight "
-        "gradients after their input gradients and its attention's after the other "
-        "micro-batch's MoE forward and combine: that layer's saved inputs and output "
-        "gradients stay live across another micro-batch's forward)",
+        "expert-parallel overlapped schedule (under --delay-wgrad-compute Transformer "
+        "Engine's weight-gradient store keeps each delayed GEMM's saved inputs and output "
+        "gradient past its input gradient, until backward_dw (grouped_linear.py:1112-1113, "
+        "TE b9d690e0): the combined 1F1B step runs a layer's experts' backward_dw after "
+        "their input gradients and its attention's and shared experts' after the other "
+        "micro-batch's MoE forward and combine, the first layer's at the chunk's end "
+        "(model_chunk_schedule_plan.py:271,295,579 at 4828d651), so those tensors stay "
+        "live across another micro-batch's forward)",
         "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "
         "--ep-overlap-early-attn-memory-release --high-priority-a2a-comm-stream",
     ),
@@ -233,9 +236,9 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (UNPRICED + "the router's input jitter", "--moe-input-jitter-eps"),
     (
-        UNPRICED + "forced, biased or quantile load balancing (the router's own states)",
-        "--moe-router-force-load-balancing --moe-router-force-biased "
-        "--moe-router-quantile-balancing-ema",
+        UNPRICED + "biased or quantile load balancing (the router's own states and a "
+        "routing cpmem does not model)",
+        "--moe-router-force-biased --moe-router-quantile-balancing-ema",
     ),
     (
         UNPRICED + "a capacity per expert-parallel rank (its own dropping rule)",

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
-from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_tensors
+from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_count, unit_tensors
 from cpmem.pricing.workspaces import compute_capability
 from cpmem.step.step import StepSettings
 
@@ -192,7 +192,7 @@ def fsdp_buckets(g: ModelGeometry, sharding: Sharding, strategy: str) -> list[Bu
     under ``no_shard`` no units, so one bucket per group of every tensor."""
     s = sharding
     padded = strategy != "no_shard"
-    layers = [unit_tensors(g, i, s.tp, s.ep, s.etp, s.fp8) for i in range(g.layers)]
+    layers = [unit_tensors(g, i, s.tp, s.ep, s.etp, s.fp8) for i in range(unit_count(g))]
     if not padded:
         everything = outside_tensors(g, s.tp) + [t for layer in layers for t in layer]
         return [lay_out(group, 1, False, False) for group in _groups(everything)]
@@ -418,5 +418,8 @@ def fp8_weight_count(g: ModelGeometry, sharding: Sharding) -> int:
         return 0
     s = sharding
     return sum(
-        1 for i in range(g.layers) for t in unit_tensors(g, i, s.tp, s.ep, s.etp, True) if t.fp8
+        1
+        for i in range(unit_count(g))
+        for t in unit_tensors(g, i, s.tp, s.ep, s.etp, True)
+        if t.fp8
     )

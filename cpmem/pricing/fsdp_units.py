@@ -12,6 +12,17 @@ unit's bf16 parameters. The units are the ``TransformerLayer`` s (mcore_fsdp_ada
 163-173); the tensors here are each unit's in ``named_parameters`` order, from megatron-core
 0.16's Transformer Engine layer spec (``gpt_layer_specs.py``): their sums are the layer
 kinds' ``trained_tensors`` and ``expert_tensors`` (tests hold both).
+
+A multi-token prediction depth (``MultiTokenPredictionLayer``, multi_token_prediction.py:
+1157-1251 at d98e8a64) is no unit itself: its ``mtp_model_layer`` is a ``TransformerLayer``
+built from the decoder's layer spec (:1220-1228), a unit after the decoder's (its routed
+experts' names hold ``.experts.`` too), while its ``enorm``, ``hnorm``, ``eh_proj`` (a
+column-parallel ``2H -> H`` linear without bias, :1174-1187) and ``final_layernorm``
+(:1247-1251) belong to no unit: they join the outside-unit group, in ``named_parameters``
+order between the decoder's final norm and the output layer (``gpt_model.py``: the
+embedding, the decoder, ``mtp``, ``output_layer``). On one stage the depths read the
+model's own embedding and output layer: no copy (``language_module.py``: the copies are
+made only where the MTP stage is not the first).
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.layer_parameters import fc1_width, qk_norm_widths, sublayer_norm_tensors
-from cpmem.pricing.weights import padded_vocab
+from cpmem.pricing.weights import mtp_depths_built, padded_vocab
 
 UNIT_MIXERS = ("attention",)
 UNIT_MLPS = ("dense", "moe")
@@ -113,28 +124,48 @@ def _moe(g: ModelGeometry, tp: int, ep: int, etp: int, fp8: bool) -> list[Tensor
     return out
 
 
+def unit_count(g: ModelGeometry) -> int:
+    """The units on the single stage: the decoder's layers, then each built MTP depth's
+    (one set where the depths share their weights, ``mtp_depths_built``)."""
+    return g.layers + mtp_depths_built(g) * len(g.mtp_mlps)
+
+
+def unit_mlp(g: ModelGeometry, layer: int) -> str:
+    """Unit ``layer``'s MLP kind: a decoder layer's, or (``layer`` >= the decoder's
+    layers) its MTP depth's layer's."""
+    if layer < g.layers:
+        return g.mlps[layer]
+    return g.mtp_mlps[(layer - g.layers) % len(g.mtp_mlps)]
+
+
 def unit_tensors(
     g: ModelGeometry, layer: int, tp: int, ep: int = 1, etp: int = 1, fp8: bool = False
 ) -> list[Tensor]:
-    """Layer ``layer``'s parameters on the rank (its mixer's, then its MLP's), their
-    linears' weights FP8 where ``fp8`` (``--fp8-param-gather``: every Transformer Engine
-    linear's; the router, norms and biases stay in the parameters' dtype)."""
+    """Unit ``layer``'s parameters on the rank (its mixer's, then its MLP's; a unit past
+    the decoder's layers is an MTP depth's layer, ``unit_count``), their linears' weights
+    FP8 where ``fp8`` (``--fp8-param-gather``: every Transformer Engine linear's; the
+    router, norms and biases stay in the parameters' dtype)."""
     mixer = _latent(g, tp, fp8) if g.is_mla else _attention(g, tp, fp8)
-    kind = g.mlps[layer]
+    kind = unit_mlp(g, layer)
     mlp = _moe(g, tp, ep, etp, fp8) if kind == "moe" else _dense(g, tp, fp8)
     return mixer + mlp
 
 
 def outside_tensors(g: ModelGeometry, tp: int) -> list[Tensor]:
     """The parameters outside every unit on a single stage: the word embedding (rows of
-    ``hidden``), a learned position table, the final norm, an untied output layer (the
-    embedding and megatron-core's own output ``ColumnParallelLinear``: never FP8)."""
+    ``hidden``), a learned position table, the final norm, each built MTP depth's
+    ``enorm``, ``hnorm``, ``eh_proj`` (``[H / TP, 2H]``: rows of ``2H``) and final norm,
+    an untied output layer (the embedding and megatron-core's own output
+    ``ColumnParallelLinear``: never FP8)."""
     h = g.hidden
     vocab = Tensor(padded_vocab(g, tp) // tp * h, h)
+    norm = [Tensor(h)] * (2 if g.norm == "layernorm" else 1)
     out = [vocab]
     if g.learned_position_rows:
         out.append(Tensor(g.learned_position_rows * h, h))
-    out += [Tensor(h)] * (2 if g.norm == "layernorm" else 1)
+    out += norm
+    for _ in range(mtp_depths_built(g)):
+        out += [*norm, *norm, Tensor(h // tp * 2 * h, 2 * h), *norm]
     if not g.tied_embeddings:
         out.append(vocab)
     return out

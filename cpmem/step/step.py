@@ -264,15 +264,15 @@ class StepSettings:
             problems.append(
                 InputError("fsdp", strategy, "Megatron FSDP over pipeline stages is not priced")
             )
-        kinds = set(g.mixers) | set(g.mlps)
-        if not kinds <= {"attention", "dense", "moe"} or g.attention_sinks or g.mtp_depths:
+        kinds = set(g.mixers) | set(g.mlps) | set(g.mtp_mixers) | set(g.mtp_mlps)
+        if not kinds <= {"attention", "dense", "moe"} or g.attention_sinks:
             problems.append(
                 InputError(
                     "fsdp",
                     strategy,
-                    "Megatron FSDP's buckets are laid out for GPT layers (attention, latent "
-                    "or not, without sinks; a dense MLP or an MoE block; no MTP); this model "
-                    "has " + ", ".join(sorted(kinds)),
+                    "Megatron FSDP's buckets are laid out for GPT layers, MTP depths' "
+                    "included (attention, latent or not, without sinks; a dense MLP or an "
+                    "MoE block); this model has " + ", ".join(sorted(kinds)),
                 )
             )
         return problems

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cpmem.api import describe_megatron
+from cpmem.api import describe_megatron, price_step
 from cpmem.errors import InputError
 from cpmem.megatron.args import read_megatron_args
 from cpmem.step.fp8 import Fp8
@@ -167,6 +167,25 @@ def test_the_deepseek_v3_sbatch_script_is_read_from_the_command_it_hands_srun() 
     # TP 1 with an fp32 router, which is priced: not among them
     assert err.value.startswith("--world-size, ")
     assert "no torchrun launcher" in err.reason
-    assert "--use-megatron-fsdp" in err.value
     assert "--moe-token-dispatcher-type" not in err.value
     assert "--tokenizer-type HuggingFaceTokenizer" in err.value
+    # Megatron FSDP of its MTP depth and its forced load balancing are priced
+    assert "--use-megatron-fsdp" not in err.value
+    assert "--moe-router-force-load-balancing" not in err.value
+
+
+def test_the_deepseek_v3_sbatch_script_prices_with_its_world_and_vocabulary() -> None:
+    step = describe_megatron(
+        EXAMPLES / "megatron_fsdp__sbatch_mfsdp_deepseek_v3.sh", world_size=256, vocab_size=129_280
+    )
+    # --moe-router-force-load-balancing: random router logits, the balanced expectation
+    assert step.moe_routing == "balanced"
+    static = price_step(step, "tight").static.components
+    # the outside bucket kept gathered, whole, in bf16: the word embedding and the untied
+    # output layer (129,280 x 7168 each: 3232 divides 129,280), the final norm, the MTP
+    # depth's enorm, hnorm, final norm (7168 each) and eh_proj (7168 x 14,336):
+    # 1,956,147,200 elements; chunk 14,336 (eh_proj's row), padded to 256 x 14,336 =
+    # 3,670,016: 534 of them, 1,959,788,544
+    outside = 2 * 129_280 * 7168 + 4 * 7168 + 7168 * 14_336
+    assert outside == 1_956_147_200 and 533 * 3_670_016 < outside <= 534 * 3_670_016
+    assert static["fsdp_kept_gathered"] == 2 * 534 * 3_670_016

@@ -70,9 +70,15 @@ def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
             "Megatron FSDP v2",
         ),
         (
-            {"--mtp-num-layers": 1},
-            "--use-megatron-fsdp with --mtp-num-layers",
-            "Megatron FSDP's buckets of hybrid or MTP layers",
+            # the depth's eh_proj a TE linear, an FP8 weight in no unit
+            {
+                "--mtp-num-layers": 1,
+                "--position-embedding-type": "rope",
+                "--fp8-format": "hybrid",
+                "--fp8-param-gather": True,
+            },
+            "--use-megatron-fsdp with --mtp-num-layers and --fp8-param-gather",
+            "of an MTP depth's FP8 eh_proj outside every unit",
         ),
         (
             {"--megatron-fsdp-max-pool-double-buffer": True},
@@ -91,6 +97,12 @@ def test_each_unpriced_value_is_refused_with_its_reason(
 ) -> None:
     err = _refused(flags)
     assert value in err.value and says in err.reason
+
+
+def test_mtp_depths_pass_the_door() -> None:
+    """A GPT MTP depth's buckets are laid out (``cpmem.pricing.fsdp_units``)."""
+    args = parse_megatron_args({**BASE, "--mtp-num-layers": 1, "--position-embedding-type": "rope"})
+    assert args.mtp_num_layers == 1 and fsdp_strategy(args) == "optim_grads_params"
 
 
 def test_a_matching_grad_comm_dtype_is_read() -> None:

@@ -176,3 +176,22 @@ def test_the_capacity_flags_parse_and_the_drop_policy_is_named_ignored() -> None
     )
     assert args.moe_expert_capacity_factor == 1.25 and args.moe_pad_expert_input_to_capacity
     assert "--moe-token-drop-policy" in args.ignored
+
+
+def test_forced_load_balancing_is_the_balanced_expectation() -> None:
+    """--moe-router-force-load-balancing replaces the router's logits by independent
+    standard normal draws (megatron-core d98e8a64 router.py:861-863; moe_utils.py:1278,
+    ``logits.clone().normal_()``): every token's top-k is a uniformly random set of the E
+    experts, so each expert expects ``tokens x top-k / E`` rows, ``balanced``. A stated
+    capacity is still the hard bound."""
+    forced = {**MOE_ARGS, "moe_router_force_load_balancing": True}
+    assert step_of(tiny(**forced)).moe_routing == "balanced"
+    capped = step_of(tiny(**forced, moe_expert_capacity_factor=1.5))
+    assert capped.moe_routing == "capacity:1.5"
+    args = parse_megatron_args(
+        {**REQUIRED, "--num-experts": 4, "--moe-router-force-load-balancing": True}
+    )
+    assert (
+        args.moe_router_force_load_balancing
+        and "--moe-router-force-load-balancing" not in args.ignored
+    )
