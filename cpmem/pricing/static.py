@@ -67,10 +67,11 @@ from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
     SCALE_INV_BYTES,
+    delayed_state_bytes,
+    dense_roles,
+    expert_roles,
     fp8_weight_bytes,
-    fp8_weight_shapes,
-    scaling_state_bytes,
-    split_fp8,
+    split_roles,
 )
 from cpmem.pricing.fsdp import (
     double_buffer_bytes,
@@ -380,27 +381,35 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     dense = optimizer_shards(layout, opt.instances)
     p = settings.dtype_bytes
     bf16: tuple[int, ...] = tensors.dense
-    fp8: tuple[int, ...] = ()  # FP8 parameters, in the uint8 buffer
-    fp8_weights: tuple[int, ...] = ()  # every FP8 weight, a parameter or TE's cached copy
+    experts: tuple[int, ...] = tensors.experts
+    fp8: tuple[int, ...] = ()  # FP8 parameters in a uint8 buffer (the experts' their own)
+    fp8_experts: tuple[int, ...] = ()
+    shapes: tuple[tuple[int, int], ...] = ()  # every FP8 weight, a parameter or TE's copy
     layers = _stage_layers(settings, stage)
-    fp8_layers = [i for i in layers if settings.fp8 is not None and settings.fp8.in_fp8(i)]
     if settings.fp8 is not None:
-        bf16_layers = settings.fp8.bf16_layers
-        rest, fp8_weights = split_fp8(g, tensors.dense, layers, layout.tp, bf16_layers)
+        first, last = stage == 0, stage == settings.pipeline.pp - 1
+        skip = settings.fp8.bf16_layers
+        roles = dense_roles(g, layers, layout.tp, skip, first=first, last=last)
+        rest, fp8_dense, dense_shapes = split_roles(tensors.dense, roles)
+        roles = expert_roles(g, layers, layout.ep, layout.etp, skip, last=last)
+        rest_experts, fp8_routed, expert_shapes = split_roles(tensors.experts, roles)
+        shapes = dense_shapes + expert_shapes
         if settings.fp8.param_gather:
-            bf16, fp8 = rest, fp8_weights
+            bf16, fp8 = rest, fp8_dense
+            experts, fp8_experts = rest_experts, fp8_routed
     groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
         (bf16, dense, False, p),
         (fp8, dense, False, FP8_BYTES),
         (tensors.tied_copy, dense, False, p),
-        (tensors.experts, expert_shards(settings), True, p),
+        (experts, expert_shards(settings), True, p),
+        (fp8_experts, expert_shards(settings), True, FP8_BYTES),
     ]
     weights = padded = optimizer_elements = 0
-    for group, shards, experts, param_bytes in groups:
+    for group, shards, is_expert, param_bytes in groups:
         if not group:
             continue
         if opt.distributed:
-            shard = buffer_shard(group, shards, dp_slice(settings, shards, experts))
+            shard = buffer_shard(group, shards, dp_slice(settings, shards, is_expert))
             numel, real = shard.numel, shard.real
         else:
             numel = real = sum(group)
@@ -415,18 +424,14 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
-    if fp8_weights and settings.fp8 is not None:
-        shapes = fp8_weight_shapes(g, fp8_layers, layout.tp)
-        if [r * c for r, c in shapes] != list(fp8_weights):
-            raise AssertionError(f"FP8 weight shapes {shapes} are not the tensors {fp8_weights}")
-        kept = fp8_weight_bytes(
-            settings.fp8.recipe, shapes, compute_capability(settings), cached=not fp8
-        )
+    if shapes and settings.fp8 is not None:
+        gathered, recipe = settings.fp8.param_gather, settings.fp8.recipe
+        kept = fp8_weight_bytes(recipe, shapes, compute_capability(settings), cached=not gathered)
         if kept.cache:
             out[StaticComponent.FP8_WEIGHT_CACHE] = kept.cache
         out[StaticComponent.FP8_TRANSPOSES] = kept.transposes
         out[StaticComponent.FP8_SCALE_INVERSES] = kept.scale_inverses
-    out.update(_scaling_state(settings, layers))
+    out.update(_scaling_state(settings, layers, mtp=stage == settings.pipeline.pp - 1))
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out
@@ -466,16 +471,16 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
     return out
 
 
-def _scaling_state(settings: StepSettings, layers: list[int]) -> dict[StaticComponent, int]:
-    """Delayed scaling's state of the ``layers``' Transformer Engine modules (none under
-    another recipe or without FP8)."""
+def _scaling_state(
+    settings: StepSettings, layers: list[int], mtp: bool = False
+) -> dict[StaticComponent, int]:
+    """Delayed scaling's state of the ``layers``' Transformer Engine modules and with
+    ``mtp`` the MTP depths' (``delayed_state_bytes``); none under another recipe."""
     fp8 = settings.fp8
     if fp8 is None or fp8.recipe != "delayed":
         return {}
-    g = settings.geometry
-    fp8_layers = [i for i in layers if fp8.in_fp8(i)]
-    kinds = [k for i in fp8_layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
-    return {StaticComponent.FP8_SCALING_STATE: scaling_state_bytes(kinds, fp8.history)}
+    state = delayed_state_bytes(settings.geometry, fp8, layers, settings.layout.ep, mtp=mtp)
+    return {StaticComponent.FP8_SCALING_STATE: state}
 
 
 def _muon_training(
