@@ -31,6 +31,9 @@ columnwise fp32 scale tensor of 128 x 128 blocks, each under 512 B here (at most
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from fractions import Fraction
+from math import ceil
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,8 @@ from cpmem.gate.tier_vocab import tier_vocab
 from cpmem.golden.files import default_golden_dir
 from cpmem.golden.megatron import Recording, load_recordings
 from cpmem.megatron.args import read_megatron_args
+from cpmem.step.recompute import Recompute
+from cpmem.step.step import Step
 
 GOLDEN = default_golden_dir()
 CASE = "gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph"
@@ -89,3 +94,29 @@ def test_the_static_terms_are_the_bf16_run_and_the_fp8_copies(device: str, tmp_p
     assert fp8.pop("fp8_transposes") == FP8_ELEMENTS
     assert fp8.pop("fp8_scale_inverses") == SCALE_INVERSES
     assert fp8 == bf16
+
+
+def _widths(step: Step, **given: object) -> tuple[int, int, Fraction]:
+    from cpmem.pricing.kinds.fp8 import eh_proj_fp8_width
+    from cpmem.pricing.tight.compose import tight_widths
+
+    if given:
+        step = replace(step, settings=replace(step.settings, **given))
+    w = tight_widths(step.geometry, step)
+    return w.fp8_moe, eh_proj_fp8_width(step), step.expert_rows_per_token(4, True)
+
+
+def test_the_saved_inputs_by_hand(tmp_path: Path) -> None:
+    """Per token, b = 2, H = 512, TP 4 with SP (s = 4), the shared expert 512 wide, each
+    expert's fc2 input 1024/2 = 512 wide on the rank; blockwise scales 4 B per 128 rows of
+    each column (columns padded to 4): per routed row fc1's input -512 B + 16 B of scales
+    (fc2's input is the moe_act checkpoint's, discarded: no term); the shared expert's fc1
+    copy +128 B and fc2 input -128 B, their scales 4 + 4 B; ``eh_proj``'s 2H/s = 256 input
+    -256 B + 8 B. Without the checkpoint fc2's input moves too: another -512 + 16 B a row."""
+    step = _priced("h100", tmp_path).step
+    moe, eh_proj, rows = _widths(step)
+    assert moe == ceil(ceil(-496 * rows + 8) / 2)
+    assert eh_proj == -124
+    none = Recompute.parse("none")
+    moe_none, _, _ = _widths(step, recompute=none)
+    assert moe_none == ceil(ceil(-992 * rows + 8) / 2)
