@@ -120,3 +120,20 @@ def test_the_saved_inputs_by_hand(tmp_path: Path) -> None:
     none = Recompute.parse("none")
     moe_none, _, _ = _widths(step, recompute=none)
     assert moe_none == ceil(ceil(-992 * rows + 8) / 2)
+
+
+def test_a_core_attn_checkpoint_leaves_the_output_projection_its_copy_alone(
+    tmp_path: Path,
+) -> None:
+    """Attention per token (H/s = 128, the output projection's input H/t = 128): without
+    the checkpoint QKV's normed input -128 B, the projection's FP8 copy +128 B beside the
+    kernel's bf16 output, scales 4 + 4 B: +8 B = 4 elements; under ``core_attn`` the kernel
+    keeps nothing and the output goes to the projection alone, saved at 1 B: -128 - 128 +
+    8 = -248 B = -124 elements."""
+    from cpmem.pricing.tight.compose import tight_widths
+
+    step = _priced("h100", tmp_path).step
+    for modules, width in (("moe_act", 4), ("core_attn,moe_act", -124)):
+        rc = Recompute.parse("selective", modules)
+        given = replace(step, settings=replace(step.settings, recompute=rc))
+        assert tight_widths(given.geometry, given).fp8_attention == width
