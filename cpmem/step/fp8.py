@@ -13,9 +13,9 @@ weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), each with or 
 ``param-gather`` (``--fp8-param-gather``), and ``mxfp8`` (1 x 32 blocks, e8m0 scales, on
 compute capability 10 and 11) without it, on full training of attention, dense-MLP and
 MoE layers (and the MTP depths) under Transformer Engine's modules, on a device of compute
-capability 9 or later, with bf16 or fp16 parameters, with nothing recomputed or a selective
-recompute of the modules in ``PRICED_RECOMPUTE``, the layers in ``bf16_layers`` out of
-FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
+capability 9 or later, with bf16 or fp16 parameters, with nothing recomputed, full
+recompute (not under ``delayed`` nor beside bf16 layers) or a selective recompute of the
+modules in ``PRICED_RECOMPUTE``, the layers in ``bf16_layers`` out of FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
 ``cpmem.pricing.fp8_static``): with ``param-gather`` the weights in the ``uint8``
 parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
 that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
@@ -101,10 +101,24 @@ activation output takes fc2's saved input with it and none is quantized; a norm'
 output the checkpoint drops is not a TE linear's saved FP8 copy, which is a tensor of its
 own)."""
 RECOMPUTE_REASON = (
-    "what a recomputed layer keeps under FP8 is priced with recompute none or selective "
-    "core_attn, layernorm and moe_act only: the other checkpoints' Transformer Engine "
-    "state in the recompute is not priced"
+    "what a recomputed layer keeps under FP8 is priced with recompute none, full, or "
+    "selective core_attn, layernorm and moe_act only: the other checkpoints' Transformer "
+    "Engine state in the recompute is not priced"
 )
+DELAYED_FULL = (
+    "full recompute with the delayed recipe: Transformer Engine's checkpoint copies each "
+    "module's forward amax history and scale for the recompute "
+    "(copy_forward_fp8_meta_tensors_for_recompute, quantization.py:761-786 at b9d690e0, "
+    "delayed scaling only), kept until the layer's backward; not priced"
+)
+BF16_FULL = (
+    "full recompute with layers kept in bf16: a recomputed layer's working set is priced "
+    "as an FP8 layer's"
+)
+"""Full recompute keeps each layer's input alone (bf16: the residual stream); the layer's
+forward runs again in its backward under Transformer Engine's checkpoint (megatron-core's
+``te_checkpoint`` under FP8, transformer_block.py), which re-makes the TE linears' FP8
+saved inputs, so the recomputed layer holds its FP8 saved set, the kinds' widths."""
 DELAYED_MOE_ACT = (
     "moe_act recompute with the delayed recipe: megatron-core has fc2 save its original "
     "input under FP8 and Transformer Engine raises 'DelayedScaling recipe is not supported "
@@ -253,6 +267,9 @@ def recompute_problems(fp8: Fp8, recompute: Recompute) -> list[str]:
     """Why what ``recompute`` keeps under ``fp8`` is not priced (none: priced)."""
     if recompute.keeps_everything:
         return []
+    if recompute.full:
+        out = [DELAYED_FULL] if fp8.recipe == "delayed" else []
+        return out + ([BF16_FULL] if fp8.bf16_layers else [])
     if recompute.mode is not Mode.SELECTIVE:
         return [f"{RECOMPUTE_REASON} (recompute {recompute.mode.value})"]
     out: list[str] = []

@@ -78,10 +78,10 @@ def test_every_reason_is_named_at_once() -> None:
 def test_other_layer_kinds_and_recompute_are_refused() -> None:
     with pytest.raises(InputError) as err:
         describe_step(
-            "qwen3.5-35b-a3b", [4096], fp8="tensorwise:param-gather", recompute="full", **FULL
+            "qwen3.5-35b-a3b", [4096], fp8="delayed:param-gather", recompute="full", **FULL
         )
     assert "not ['gdn']" in err.value.reason
-    assert "(recompute full)" in err.value.reason
+    assert "full recompute with the delayed recipe" in err.value.reason
 
 
 @pytest.mark.parametrize(
@@ -208,3 +208,19 @@ def test_bf16_layers_outside_the_stack_and_under_delayed_scaling_are_refused() -
     assert "Delayed scaling does not support first / last layer in BF16" in err.value.reason
     step = describe_step("qwen3-1.7b", [4096], fp8="tensorwise:bf16-layers=0,27", **FULL)
     assert step.settings.fp8 is not None and step.settings.fp8.bf16_layers == (0, 27)
+
+
+@pytest.mark.parametrize(
+    ("fp8", "said"),
+    [
+        (Fp8("tensorwise"), None),
+        (Fp8("blockwise", bf16_layers=(0,)), "a recomputed layer's working set"),
+        # TE b9d690e0 quantization.py:761-786: the recompute's state copies, delayed only
+        (Fp8("delayed"), "copy_forward_fp8_meta_tensors_for_recompute"),
+    ],
+)
+def test_full_recompute_is_priced_where_nothing_beyond_the_widths_is_kept(
+    fp8: Fp8, said: str | None
+) -> None:
+    problems = recompute_problems(fp8, Recompute.parse("full"))
+    assert problems == [] if said is None else (len(problems) == 1 and said in problems[0])
