@@ -268,8 +268,8 @@ def recompute_problems(fp8: Fp8, recompute: Recompute) -> list[str]:
     if recompute.keeps_everything:
         return []
     if recompute.full:
-        out = [DELAYED_FULL] if fp8.recipe == "delayed" else []
-        return out + ([BF16_FULL] if fp8.bf16_layers else [])
+        full = [DELAYED_FULL] if fp8.recipe == "delayed" else []
+        return full + ([BF16_FULL] if fp8.bf16_layers else [])
     if recompute.mode is not Mode.SELECTIVE:
         return [f"{RECOMPUTE_REASON} (recompute {recompute.mode.value})"]
     out: list[str] = []
