@@ -86,6 +86,10 @@ IN_FSDP_MOE = (
     "FP8 on MoE layers is priced in megatron-core's DDP buffers only, not in Megatron "
     "FSDP's (the routed experts' FP8 shards are not laid out there)"
 )
+SEQUENTIAL = (
+    "FP8 on MoE layers is priced for TEGroupedMLP (--moe-grouped-gemm): SequentialMLP's "
+    "per-expert TE modules, each with its own scaling state, are not laid out"
+)
 LATENT = (
     "FP8 on latent attention (MLA) is not priced: its down and up projections' FP8 "
     "weights and saved inputs are not laid out"
@@ -217,6 +221,7 @@ def fp8_problems(
     muon: bool = False,
     layers: int | None = None,
     latent: bool = False,
+    grouped_gemm: bool = True,
 ) -> list[str]:
     """Why ``fp8`` is not priced for this step, every reason (none: priced); ``layers``:
     the stack's, which the bf16 layers must lie in."""
@@ -243,6 +248,8 @@ def fp8_problems(
         out.append(f"priced for attention, dense-MLP and MoE layers only, not {other}")
     if fsdp != "none" and "moe" in kinds:
         out.append(IN_FSDP_MOE)
+    if "moe" in kinds and not grouped_gemm:
+        out.append(SEQUENTIAL)
     if latent:
         out.append(LATENT)
     if not transformer_te:

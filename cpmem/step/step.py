@@ -249,6 +249,7 @@ class StepSettings:
             muon=self.optimizer.kind == "muon",
             layers=self.geometry.layers,
             latent=self.geometry.is_mla,
+            grouped_gemm=self.runtime.moe_grouped_gemm,
         )
 
     def _layout_problems(self) -> list[InputError]:

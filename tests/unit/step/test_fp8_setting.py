@@ -224,3 +224,12 @@ def test_full_recompute_is_priced_where_nothing_beyond_the_widths_is_kept(
 ) -> None:
     problems = recompute_problems(fp8, Recompute.parse("full"))
     assert problems == [] if said is None else (len(problems) == 1 and said in problems[0])
+
+
+def test_moe_layers_need_the_grouped_experts() -> None:
+    # TEGroupedMLP's GroupedLinear (one module of E/EP GEMMs) is what is priced
+    kinds = ("attention", "moe")
+    said = "priced for TEGroupedMLP (--moe-grouped-gemm)"
+    facts = {**FACTS, "kinds": kinds, "compute_capability": 9}
+    assert any(said in p for p in fp8_problems(Fp8("tensorwise"), grouped_gemm=False, **facts))  # type: ignore[arg-type]
+    assert fp8_problems(Fp8("tensorwise"), grouped_gemm=True, **facts) == []  # type: ignore[arg-type]
