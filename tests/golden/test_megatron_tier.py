@@ -216,8 +216,13 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     unpriced = {
         # the DeepSeek proxies' Megatron FSDP of MoE and latent attention, and FP8 in its
         # buffers, are priced: the EP-overlap one's --delay-wgrad-compute refuses it, the
-        # GB200 ones' FP8 on MoE layers in fp32
-        "fsdp": ("--use-megatron-fsdp", "--delay-wgrad-compute", "not ['moe']"),
+        # GB200 ones' FP8 on MoE layers in Megatron FSDP's buffers, on latent attention and
+        # in fp32
+        "fsdp": (
+            "--use-megatron-fsdp",
+            "--delay-wgrad-compute",
+            "FP8 on MoE layers is priced in megatron-core's DDP buffers only",
+        ),
         "cudagraph": ("--cuda-graph-impl",),
         "release-15b": ("world_size=None: unknown",),
     }
