@@ -49,10 +49,12 @@ the GEMM needs TN layouts (the weight's columnwise usage, asked in training,
 scale inverse: the same transposes and scale inverses as the FP8 parameters', beside a
 bf16 weight rather than in place of it. The saved inputs are the same either way.
 
-The layers' weights are the TE linears' (a layer kind's ``trained_tensors().weights``:
-attention's QKV and output projections, the dense MLP's fc1 and fc2); the embedding, the
-output layer (megatron-core's own ``ColumnParallelLinear``), norms and biases stay in the
-bf16 buffer.
+The FP8 weights are the TE modules' (``dense_roles``, ``expert_roles``): attention's QKV
+and output projections, the dense MLP's fc1 and fc2, an MoE block's shared expert's fc1
+and fc2 and every local expert's fc1 and fc2 (the routed experts' in a ``uint8`` expert
+buffer of their own under ``--fp8-param-gather``), and each MTP depth's ``eh_proj`` and
+layers; the embedding, the output layer (megatron-core's own ``ColumnParallelLinear``),
+the MoE router, norms and biases stay in the bf16 buffers.
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ from dataclasses import dataclass
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.fp8_blockwise import blockwise_bytes
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
-from cpmem.pricing.layer_parameters import fc1_width
+from cpmem.pricing.layer_parameters import fc1_width, norm_tensors
 from cpmem.pricing.mxfp8 import mxfp8_bytes
+from cpmem.pricing.weights import mtp_depths_built
+from cpmem.step.fp8 import Fp8
 
 FP8_BYTES = 1
 TRANSPOSE_BEFORE_CC = 10
@@ -75,10 +79,28 @@ SCALE_INV_BYTES = 512
 BLOCK = 512
 
 
-SCALING_GEMMS = {"attention": (1, 1, 3), "dense": (1, 1)}
-"""The GEMMs of each Transformer Engine module a layer kind runs under FP8: attention's
-QKV and output projections (one each) and its ``DotProductAttention`` (three); the dense
-MLP's fc1 and fc2 (one each)."""
+def scaling_gemms(geometry: ModelGeometry, kind: str, ep: int) -> tuple[int, ...]:
+    """The GEMMs of each Transformer Engine module a layer part of ``kind`` runs under FP8:
+    attention's QKV and output projections (one each) and its ``DotProductAttention``
+    (three); the dense MLP's fc1 and fc2 (one each); an MoE block's shared expert's fc1 and
+    fc2 (one each, where it has one) and its routed experts' fc1 and fc2, each a
+    ``GroupedLinear`` of one GEMM per local expert (``num_gemms``, TE
+    ``module/grouped_linear.py:238``; megatron-core's ``TEGroupedMLP`` builds it with
+    ``E / EP`` GEMMs); MTP's ``eh_proj`` (one). The router is megatron-core's own
+    ``TopKRouter`` weight, outside Transformer Engine."""
+    if kind == "attention":
+        return (1, 1, 3)
+    if kind == "dense":
+        return (1, 1)
+    if kind == "moe":
+        shared = (1, 1) if geometry.shared_expert_ffn else ()
+        local = geometry.num_experts // ep
+        return (*shared, local, local)
+    if kind == "eh_proj":
+        return (1,)
+    raise ValueError(f"no FP8 GEMMs priced for layer kind {kind!r}")
+
+
 FWD_QUANTIZERS = 3
 BWD_QUANTIZERS = 2
 """Quantizers per GEMM, forward (input, weight, output) and backward (the output's and the
@@ -90,63 +112,159 @@ def _blocks(nbytes: int) -> int:
     return -(-nbytes // BLOCK) * BLOCK
 
 
-def scaling_state_bytes(kinds: Sequence[str], history: int) -> int:
+def scaling_state_bytes(
+    kinds: Sequence[str], history: int, geometry: ModelGeometry | None = None, ep: int = 1
+) -> int:
     """Delayed scaling's ``scale`` and ``amax_history`` tensors of the modules of the
-    layer kinds in ``kinds`` (one entry per layer part, e.g. a layer's mixer and its MLP),
-    with an amax history of ``history`` steps, each tensor in whole 512 B blocks."""
+    layer kinds in ``kinds`` (one entry per layer part, e.g. a layer's mixer and its MLP,
+    ``scaling_gemms``; ``geometry`` and ``ep`` needed for an MoE part), with an amax
+    history of ``history`` steps, each tensor in whole 512 B blocks."""
     total = 0
     for kind in kinds:
-        for gemms in SCALING_GEMMS[kind]:
+        if kind == "moe" and geometry is None:
+            raise ValueError("an MoE part's GEMMs need the geometry")
+        for gemms in scaling_gemms(geometry, kind, ep):  # type: ignore[arg-type]
             for per_gemm in (FWD_QUANTIZERS, BWD_QUANTIZERS):
                 n = gemms * per_gemm
                 total += _blocks(n * AMAX_BYTES) + _blocks(history * n * AMAX_BYTES)
     return total
 
 
-def split_fp8(
+def delayed_state_bytes(
+    geometry: ModelGeometry, fp8: Fp8, layers: Sequence[int], ep: int, *, mtp: bool
+) -> int:
+    """``scaling_state_bytes`` of the ``layers`` in FP8 (not ``fp8.bf16_layers``) and,
+    with ``mtp`` (the last stage), of each MTP depth: its ``eh_proj`` and its layers."""
+    g = geometry
+    kinds: list[str] = [k for i in layers if fp8.in_fp8(i) for k in (g.mixers[i], g.mlps[i])]
+    if mtp:
+        parts: list[str] = [k for p in zip(g.mtp_mixers, g.mtp_mlps, strict=True) for k in p]
+        kinds += ["eh_proj", *parts] * mtp_depths_built(g)
+    return scaling_state_bytes([k for k in kinds if k != "none"], fp8.history, g, ep)
+
+
+Shape = tuple[int, int]
+
+
+def _kind_roles(geometry: ModelGeometry, mixer: str, mlp: str, tp: int) -> list[Shape | None]:
+    """Each of a layer's dense tensors (``weights.kind_tensors``' order: the mixer's and
+    the MLP's weights, then norms, biases and the rest) as Transformer Engine holds it in
+    FP8 on one TP rank, ``[out_features, in_features]``, or None where it stays in the
+    parameters' dtype: attention's QKV ``[qkv_out/t, H]`` (the output gate's second Q
+    included) and output projection ``[H, q_width/t]``, the dense MLP's fc1 ``[fc1/t, H]``
+    (both halves of a gated one) and fc2 ``[H, F/t]``, an MoE block's shared expert's fc1
+    and fc2 as a dense MLP's (its ``SharedExpertMLP`` builds TE linears); the MoE router's
+    weight and the shared expert's sigmoid gate are megatron-core's own parameters
+    (``TopKRouter``, ``shared_experts.py``'s ``gate_weight``), not Transformer Engine's."""
+    g, h = geometry, geometry.hidden
+    roles: list[Shape | None] = []
+    if mixer == "attention":
+        q_out = g.q_width * (2 if g.attention_output_gate else 1)
+        roles += [((q_out + 2 * g.kv_width) // tp, h), (h, g.q_width // tp)]
+    else:
+        roles += [None] * len(mixer_spec(mixer).trained_tensors(g, tp).weights)
+    if mlp == "dense":
+        roles += [(fc1_width(g, g.ffn) // tp, h), (h, g.ffn // tp)]
+    elif mlp == "moe":
+        f = g.shared_expert_ffn
+        weights = mlp_spec(mlp).trained_tensors(g, tp).weights
+        te: list[Shape | None] = [(fc1_width(g, f) // tp, h), (h, f // tp)] if f else []
+        roles += [None] * (len(weights) - len(te)) + te
+    else:
+        roles += [None] * len(mlp_spec(mlp).trained_tensors(g, tp).weights)
+    a, b = mixer_spec(mixer).trained_tensors(g, tp), mlp_spec(mlp).trained_tensors(g, tp)
+    others = len(a.norms) + len(b.norms) + len(a.biases) + len(b.biases)
+    return roles + [None] * (others + len(a.extra) + len(b.extra))
+
+
+def dense_roles(
     geometry: ModelGeometry,
-    dense: Sequence[int],
     layers: Sequence[int],
     tp: int,
     bf16_layers: Sequence[int] = (),
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``dense`` (a stage's dense tensors, ``weights.stage_tensors``: each layer's
-    ``kind_tensors`` in turn, weights first, then the stage's other tensors) as the tensors
-    left in the bf16 buffer and the FP8 weights of the layers not in ``bf16_layers``,
-    each in its order."""
+    *,
+    first: bool = False,
+    last: bool = False,
+) -> list[Shape | None]:
+    """Each of a stage's dense tensors (``weights.stage_tensors``' order: the layers', the
+    embedding and a learned position table on the first stage, the final norm, the MTP
+    depths and the output layer on the last) as an FP8 weight's shape (``_kind_roles``)
+    or None. The layers in ``bf16_layers`` keep none; the MTP depths run under the global
+    FP8 context whatever ``--first-last-layers-bf16`` says (Megatron-LM 4828d651
+    ``multi_token_prediction.py``: ``get_fp8_context(self.config)`` around ``eh_proj``
+    and the depth's layer), ``eh_proj`` a TE column-parallel linear ``[H/t, 2H]``. The
+    embedding, the output layer and the norms stay in the parameters' dtype."""
+    g, h = geometry, geometry.hidden
+    roles: list[Shape | None] = []
+    for i in layers:
+        kind = _kind_roles(g, g.mixers[i], g.mlps[i], tp)
+        roles += [None] * len(kind) if i in bf16_layers else kind
+    if first:
+        roles += [None] * (2 if g.learned_position_rows else 1)
+    if last:
+        roles += [None] * len(norm_tensors(g, h))
+        for _ in range(mtp_depths_built(g)):
+            norms = [None] * len(norm_tensors(g, h))
+            roles += [*norms, *norms, (h // tp, 2 * h)]
+            for mixer, mlp in zip(g.mtp_mixers, g.mtp_mlps, strict=True):
+                roles += _kind_roles(g, mixer, mlp, tp)
+            roles += norms
+        if not g.tied_embeddings:
+            roles.append(None)
+    return roles
+
+
+def expert_roles(
+    geometry: ModelGeometry,
+    layers: Sequence[int],
+    ep: int,
+    etp: int,
+    bf16_layers: Sequence[int] = (),
+    *,
+    last: bool = False,
+) -> list[Shape | None]:
+    """Each of a stage's routed-expert tensors (``stage_tensors``' ``experts``: the
+    layers', then the MTP depths' on the last stage) as an FP8 weight's shape or None:
+    every local expert's fc1 ``[fc1/ETP, H]`` and fc2 ``[H, F/ETP]`` (the ``weight<i>`` of
+    ``TEGroupedMLP``'s two ``GroupedLinear``), not their biases, nor any of a layer in
+    ``bf16_layers``."""
+    g = geometry
+
+    def kind(mlp: str, fp8: bool) -> list[Shape | None]:
+        spec = mlp_spec(mlp)
+        shapes = iter(spec.expert_shapes(g, ep, etp))
+        flags = spec.expert_matrix_flags(g, ep, etp)
+        return [next(shapes) if m and fp8 else None for m in flags]
+
+    roles: list[Shape | None] = []
+    for i in layers:
+        roles += kind(g.mlps[i], i not in bf16_layers)
+    if last:
+        for _ in range(mtp_depths_built(g)):
+            for mlp in g.mtp_mlps:
+                roles += kind(mlp, True)
+    return roles
+
+
+def split_roles(
+    tensors: Sequence[int], roles: Sequence[Shape | None]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Shape, ...]]:
+    """``tensors`` as those left in the parameters' dtype, the FP8 weights and their
+    shapes, each in order; a role's shape must hold its tensor's elements."""
+    if len(tensors) != len(roles):
+        raise AssertionError(f"{len(roles)} FP8 roles for {len(tensors)} tensors")
     rest: list[int] = []
     fp8: list[int] = []
-    at = 0
-    for i in layers:
-        mixer = mixer_spec(geometry.mixers[i]).trained_tensors(geometry, tp)
-        mlp = mlp_spec(geometry.mlps[i]).trained_tensors(geometry, tp)
-        weights = len(mixer.weights) + len(mlp.weights)
-        others = len(mixer.norms) + len(mlp.norms) + len(mixer.biases) + len(mlp.biases)
-        others += len(mixer.extra) + len(mlp.extra)
-        (rest if i in bf16_layers else fp8).extend(dense[at : at + weights])
-        rest += dense[at + weights : at + weights + others]
-        at += weights + others
-    rest += dense[at:]
-    return tuple(rest), tuple(fp8)
-
-
-def fp8_weight_shapes(
-    geometry: ModelGeometry, layers: Sequence[int], tp: int
-) -> tuple[tuple[int, int], ...]:
-    """Each FP8 weight of ``layers`` as Transformer Engine holds it on one TP rank,
-    ``[rows, cols]`` = ``[out_features, in_features]``, in ``split_fp8``'s order:
-    attention's QKV ``[qkv_out/t, H]`` (the output gate's second Q included) and output
-    projection ``[H, q_width/t]``, the dense MLP's fc1 ``[fc1/t, H]`` (both halves of a
-    gated one) and fc2 ``[H, F/t]``."""
-    g, h = geometry, geometry.hidden
-    q_out = g.q_width * (2 if g.attention_output_gate else 1)
-    shapes: list[tuple[int, int]] = []
-    for i in layers:
-        if g.mixers[i] == "attention":
-            shapes += [((q_out + 2 * g.kv_width) // tp, h), (h, g.q_width // tp)]
-        if g.mlps[i] == "dense":
-            shapes += [(fc1_width(g, g.ffn) // tp, h), (h, g.ffn // tp)]
-    return tuple(shapes)
+    shapes: list[Shape] = []
+    for n, role in zip(tensors, roles, strict=True):
+        if role is None:
+            rest.append(n)
+            continue
+        if role[0] * role[1] != n:
+            raise AssertionError(f"FP8 weight shape {role} is not the tensor's {n} elements")
+        fp8.append(n)
+        shapes.append(role)
+    return tuple(rest), tuple(fp8), tuple(shapes)
 
 
 @dataclass(frozen=True)

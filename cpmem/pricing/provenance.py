@@ -327,8 +327,8 @@ TERMS: dict[str, Term] = {
     "dummy_wgrad": Term("none", True, static=True),
     "fsdp_double_buffer": Term("none", False, static=True),  # no recording runs it
     "fsdp_kept_gathered": Term("none", True, static=True),  # the A100 custom-FSDP file holds it
-    # the recordings that run CUDA graphs stay refused for their blockwise FP8
-    "cuda_graph_buffers": Term("none", False, static=True),
+    # the five scoped CUDA-graph recordings hold it
+    "cuda_graph_buffers": Term("none", True, static=True),
 }
 """Every component name, activation and static, and the tier that measures it."""
 

@@ -17,8 +17,9 @@ from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.fsdp import in_flight_bytes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
 from cpmem.pricing.offload import offload_notes
+from cpmem.pricing.optimizer_state import expert_shards, optimizer_shards
 from cpmem.pricing.pipeline import price_pipeline
-from cpmem.pricing.static import expert_shards, optimizer_shards, rank_stage, static_memory
+from cpmem.pricing.static import rank_stage, static_memory
 from cpmem.step.cp_comm_rules import default_cp_comm
 from cpmem.step.offload import Offload
 from cpmem.step.recompute import Mode, Module
@@ -244,7 +245,7 @@ def _sharding_read(step: Step) -> bool:
 def _rank_read(settings: StepSettings) -> bool:
     """Whether the answered rank moves a figure: its pipeline stage, or its slice of a
     full-training distributed optimizer's buffers (``static.dp_slice``; adapters' states
-    are divided evenly, ``static._sharded``). The activations are always the busiest CP
+    are divided evenly, ``static.sharded_states``). The activations are always the busiest CP
     rank's (``Estimate.busiest_rank``)."""
     if settings.pipeline.active:
         return True

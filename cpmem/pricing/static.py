@@ -68,10 +68,11 @@ from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
     SCALE_INV_BYTES,
+    delayed_state_bytes,
+    dense_roles,
+    expert_roles,
     fp8_weight_bytes,
-    fp8_weight_shapes,
-    scaling_state_bytes,
-    split_fp8,
+    split_roles,
 )
 from cpmem.pricing.fsdp import (
     double_buffer_bytes,
@@ -90,19 +91,21 @@ from cpmem.pricing.muon import (
     layer_wise_share,
     whole,
 )
+from cpmem.pricing.optimizer_state import (
+    MASTER_BYTES,
+    MOMENT_BYTES,
+    expert_shards,
+    master_bytes,
+    master_gradient_bytes,
+    optimizer_shards,
+    sharded_states,
+)
 from cpmem.pricing.param_buffers import buffer_shard
 from cpmem.pricing.weights import StageTensors, mtp_depths_built, rank_weights, stage_tensors
 from cpmem.pricing.workspaces import compute_capability, workspace_components
 from cpmem.step.ranks import coordinates
 from cpmem.step.step import Step, StepSettings
-from cpmem.step.trainer import Adapter, Optimizer
-
-MASTER_BYTES = 4
-"""The fp32 master copy of a 2-byte (bf16, fp16) trainable parameter (``master_bytes``)."""
-MOMENT_BYTES = {"adam": 8, "sgd": 4, "muon": MUON_STATE_BYTES, "none": 0}
-"""The optimizer's fp32 moments per trainable parameter: Adam's two, SGD's momentum
-(Megatron-LM, docs "Distributed Optimizer": master + moments = 12 B for Adam), Muon's
-momentum of a matrix (the vectors Muon leaves to Adam: ``cpmem.pricing.muon``)."""
+from cpmem.step.trainer import Adapter
 
 
 class StaticComponent(StrEnum):
@@ -337,37 +340,16 @@ def _adapters(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticC
         ).total,
         StaticComponent.ADAPTER_PARAMS: trainable * p,
         StaticComponent.ADAPTER_GRADS: trainable * opt.grad_bytes if trains else 0,
-        StaticComponent.OPTIMIZER_STATES: _sharded(
+        StaticComponent.OPTIMIZER_STATES: sharded_states(
             states, optimizer_shards(layout, opt.instances), opt
         ),
     }
     if master_gradient_bytes(opt):
         shards = optimizer_shards(layout, opt.instances)
-        out[StaticComponent.MASTER_GRADIENTS] = _sharded(
+        out[StaticComponent.MASTER_GRADIENTS] = sharded_states(
             trainable * master_gradient_bytes(opt), shards, opt
         )
     return out
-
-
-def master_bytes(param_bytes: int, opt: Optimizer) -> int:
-    """The optimizer's fp32 master copy per trained element: 4 B of 2-byte (bf16, fp16)
-    parameters, none of fp32 ones. megatron-core 0.16.1 copies a 2-byte parameter
-    (``Float16OptimizerWithFloat16Params``: ``param.detach().clone().float()``,
-    optimizer.py:672-674; the distributed optimizer's shard, distrib_optimizer.py:395-399)
-    and steps an fp32 one itself: without ``--fp16`` / ``--bf16`` the ``FP32Optimizer``
-    (optimizer/__init__.py:419, 463-465), and under the distributed optimizer a view of
-    the parameter's shard (distrib_optimizer.py:419-424)."""
-    trains = opt.kind != "none"
-    return MASTER_BYTES if trains and param_bytes < MASTER_BYTES else 0
-
-
-def master_gradient_bytes(opt: Optimizer) -> int:
-    """The fp32 copy per trained element the optimizer makes of a 2-byte ``main_grad``
-    (``main_grad.float()``, optimizer.py:759; ``shard_model_grad.float()``,
-    distrib_optimizer.py:2419), kept until the next ``zero_grad``; none of an fp32 one
-    (``float()`` returns the buffer itself)."""
-    trains = opt.kind != "none"
-    return MASTER_BYTES if trains and opt.grad_bytes < MASTER_BYTES else 0
 
 
 def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[StaticComponent, int]:
@@ -387,27 +369,35 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     dense = optimizer_shards(layout, opt.instances)
     p = settings.dtype_bytes
     bf16: tuple[int, ...] = tensors.dense
-    fp8: tuple[int, ...] = ()  # FP8 parameters, in the uint8 buffer
-    fp8_weights: tuple[int, ...] = ()  # every FP8 weight, a parameter or TE's cached copy
+    experts: tuple[int, ...] = tensors.experts
+    fp8: tuple[int, ...] = ()  # FP8 parameters in a uint8 buffer (the experts' their own)
+    fp8_experts: tuple[int, ...] = ()
+    shapes: tuple[tuple[int, int], ...] = ()  # every FP8 weight, a parameter or TE's copy
     layers = _stage_layers(settings, stage)
-    fp8_layers = [i for i in layers if settings.fp8 is not None and settings.fp8.in_fp8(i)]
     if settings.fp8 is not None:
-        bf16_layers = settings.fp8.bf16_layers
-        rest, fp8_weights = split_fp8(g, tensors.dense, layers, layout.tp, bf16_layers)
+        first, last = stage == 0, stage == settings.pipeline.pp - 1
+        skip = settings.fp8.bf16_layers
+        roles = dense_roles(g, layers, layout.tp, skip, first=first, last=last)
+        rest, fp8_dense, dense_shapes = split_roles(tensors.dense, roles)
+        roles = expert_roles(g, layers, layout.ep, layout.etp, skip, last=last)
+        rest_experts, fp8_routed, expert_shapes = split_roles(tensors.experts, roles)
+        shapes = dense_shapes + expert_shapes
         if settings.fp8.param_gather:
-            bf16, fp8 = rest, fp8_weights
+            bf16, fp8 = rest, fp8_dense
+            experts, fp8_experts = rest_experts, fp8_routed
     groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
         (bf16, dense, False, p),
         (fp8, dense, False, FP8_BYTES),
         (tensors.tied_copy, dense, False, p),
-        (tensors.experts, expert_shards(settings), True, p),
+        (experts, expert_shards(settings), True, p),
+        (fp8_experts, expert_shards(settings), True, FP8_BYTES),
     ]
     weights = padded = optimizer_elements = 0
-    for group, shards, experts, param_bytes in groups:
+    for group, shards, is_expert, param_bytes in groups:
         if not group:
             continue
         if opt.distributed:
-            shard = buffer_shard(group, shards, dp_slice(settings, shards, experts))
+            shard = buffer_shard(group, shards, dp_slice(settings, shards, is_expert))
             numel, real = shard.numel, shard.real
         else:
             numel = real = sum(group)
@@ -422,18 +412,14 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * padded if trains else 0,
         StaticComponent.OPTIMIZER_STATES: master + moments,
     }
-    if fp8_weights and settings.fp8 is not None:
-        shapes = fp8_weight_shapes(g, fp8_layers, layout.tp)
-        if [r * c for r, c in shapes] != list(fp8_weights):
-            raise AssertionError(f"FP8 weight shapes {shapes} are not the tensors {fp8_weights}")
-        kept = fp8_weight_bytes(
-            settings.fp8.recipe, shapes, compute_capability(settings), cached=not fp8
-        )
+    if shapes and settings.fp8 is not None:
+        gathered, recipe = settings.fp8.param_gather, settings.fp8.recipe
+        kept = fp8_weight_bytes(recipe, shapes, compute_capability(settings), cached=not gathered)
         if kept.cache:
             out[StaticComponent.FP8_WEIGHT_CACHE] = kept.cache
         out[StaticComponent.FP8_TRANSPOSES] = kept.transposes
         out[StaticComponent.FP8_SCALE_INVERSES] = kept.scale_inverses
-    out.update(_scaling_state(settings, layers))
+    out.update(_scaling_state(settings, layers, mtp=stage == settings.pipeline.pp - 1))
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * optimizer_elements
     return out
@@ -473,16 +459,16 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
     return out
 
 
-def _scaling_state(settings: StepSettings, layers: list[int]) -> dict[StaticComponent, int]:
-    """Delayed scaling's state of the ``layers``' Transformer Engine modules (none under
-    another recipe or without FP8)."""
+def _scaling_state(
+    settings: StepSettings, layers: list[int], mtp: bool = False
+) -> dict[StaticComponent, int]:
+    """Delayed scaling's state of the ``layers``' Transformer Engine modules and with
+    ``mtp`` the MTP depths' (``delayed_state_bytes``); none under another recipe."""
     fp8 = settings.fp8
     if fp8 is None or fp8.recipe != "delayed":
         return {}
-    g = settings.geometry
-    fp8_layers = [i for i in layers if fp8.in_fp8(i)]
-    kinds = [k for i in fp8_layers for k in (g.mixers[i], g.mlps[i]) if k != "none"]
-    return {StaticComponent.FP8_SCALING_STATE: scaling_state_bytes(kinds, fp8.history)}
+    state = delayed_state_bytes(settings.geometry, fp8, layers, settings.layout.ep, mtp=mtp)
+    return {StaticComponent.FP8_SCALING_STATE: state}
 
 
 def _muon_training(
@@ -573,28 +559,3 @@ def _muon_precomputed(
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * stepped_elements
     return out
-
-
-def expert_shards(settings: StepSettings) -> int:
-    """The ranks the distributed optimizer shards a routed expert's state over: the
-    expert data-parallel group, world / (ETP x EP x PP) (megatron's expert
-    ``RankGenerator`` folds CP into it; ``intra_expt_dp_group``), divided among the
-    optimizer's instances (parallel_state.py: ``intra_partial_expert_data_parallel_size``)."""
-    layout = settings.layout
-    edp = max(1, settings.world_size // (layout.etp * layout.ep * settings.pipeline.pp))
-    return max(1, edp // settings.optimizer.instances)
-
-
-def optimizer_shards(layout: ParallelLayout, instances: int = 1) -> int:
-    """The ranks megatron's distributed optimizer shards a parameter's state over: its
-    data-parallel x context-parallel group, since CP ranks hold the same parameters as
-    data-parallel ones, divided among the optimizer's ``instances``
-    (``--num-distributed-optimizer-instances``: each instance's ``intra_dp_cp_group``
-    holds DP x CP / N consecutive ranks of the group, parallel_state.py; its gradients
-    are reduce-scattered within the instance and all-reduced across instances in place,
-    param_and_grad_buffer.py)."""
-    return layout.dp * layout.cp // instances
-
-
-def _sharded(states: int, shards: int, opt: Optimizer) -> int:
-    return -(-states // shards) if opt.distributed else states

@@ -11,10 +11,11 @@ history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 
 transformer_config.py:621 at d98e8a64) and ``blockwise`` (TE's ``Float8BlockScaling``:
 weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), each with or without
 ``param-gather`` (``--fp8-param-gather``), and ``mxfp8`` (1 x 32 blocks, e8m0 scales, on
-compute capability 10 and 11) without it, on full training of attention and dense-MLP
-layers under Transformer Engine's modules, on a device of compute capability 9 or later,
-with bf16 or fp16 parameters and nothing recomputed, the layers in ``bf16_layers`` out of
-FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
+compute capability 10 and 11) without it, on full training of attention, dense-MLP and
+MoE layers (and the MTP depths) under Transformer Engine's modules, on a device of compute
+capability 9 or later, with bf16 or fp16 parameters, with nothing recomputed, full
+recompute (not under ``delayed`` nor beside bf16 layers) or a selective recompute of the
+modules in ``PRICED_RECOMPUTE``, the layers in ``bf16_layers`` out of FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
 ``cpmem.pricing.fp8_static``): with ``param-gather`` the weights in the ``uint8``
 parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
 that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
@@ -30,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
+from cpmem.step.recompute import Mode, Module, Recompute
 
 PRICED_RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
 DEFAULT_HISTORY = 1
@@ -78,6 +80,55 @@ BESIDE_MUON = (
 )
 """Why FP8 parameters are refused where another mechanism keeps the parameters (both doors
 give these reasons)."""
+PRICED_KINDS = ("attention", "dense", "moe")
+"""The layer kinds whose Transformer Engine modules FP8 is priced for."""
+IN_FSDP_MOE = (
+    "FP8 on MoE layers is priced in megatron-core's DDP buffers only, not in Megatron "
+    "FSDP's (the routed experts' FP8 shards are not laid out there)"
+)
+SEQUENTIAL = (
+    "FP8 on MoE layers is priced for TEGroupedMLP (--moe-grouped-gemm): SequentialMLP's "
+    "per-expert TE modules, each with its own scaling state, are not laid out"
+)
+LATENT = (
+    "FP8 on latent attention (MLA) is not priced: its down and up projections' FP8 "
+    "weights and saved inputs are not laid out"
+)
+PRICED_RECOMPUTE = (Module.CORE_ATTN, Module.LAYERNORM, Module.MOE_ACT)
+"""The selective recompute modules FP8 is priced under: the core attention (its
+checkpoint keeps its inputs, the QKV projection's output, and its output, the output
+projection's input, so no Transformer Engine linear's saved input moves) and the
+output-discarding ``layernorm`` and ``moe_act`` (``cpmem.pricing.kinds.discarded``: under
+FP8 megatron-core has the routed experts' fc2 save its original input,
+``set_save_original_input``, Megatron-LM 4828d651 ``moe/experts.py``, so the discarded
+activation output takes fc2's saved input with it and none is quantized; a norm's
+output the checkpoint drops is not a TE linear's saved FP8 copy, which is a tensor of its
+own)."""
+RECOMPUTE_REASON = (
+    "what a recomputed layer keeps under FP8 is priced with recompute none, full, or "
+    "selective core_attn, layernorm and moe_act only: the other checkpoints' Transformer "
+    "Engine state in the recompute is not priced"
+)
+DELAYED_FULL = (
+    "full recompute with the delayed recipe: Transformer Engine's checkpoint copies each "
+    "module's forward amax history and scale for the recompute "
+    "(copy_forward_fp8_meta_tensors_for_recompute, quantization.py:761-786 at b9d690e0, "
+    "delayed scaling only), kept until the layer's backward; not priced"
+)
+BF16_FULL = (
+    "full recompute with layers kept in bf16: a recomputed layer's working set is priced "
+    "as an FP8 layer's"
+)
+"""Full recompute keeps each layer's input alone (bf16: the residual stream); the layer's
+forward runs again in its backward under Transformer Engine's checkpoint (megatron-core's
+``te_checkpoint`` under FP8, transformer_block.py), which re-makes the TE linears' FP8
+saved inputs, so the recomputed layer holds its FP8 saved set, the kinds' widths."""
+DELAYED_MOE_ACT = (
+    "moe_act recompute with the delayed recipe: megatron-core has fc2 save its original "
+    "input under FP8 and Transformer Engine raises 'DelayedScaling recipe is not supported "
+    "with save_original_input' (module/grouped_linear.py:431-443 at b9d690e0)"
+)
+NO_RECOMPUTE = Recompute.parse("none")
 DELAYED_BF16_LAYERS = (
     "Delayed scaling does not support first / last layer in BF16 (Megatron-LM's "
     "TransformerConfig raises it, transformer_config.py:1335-1336 at 4828d651)"
@@ -165,10 +216,12 @@ def fp8_problems(
     transformer_te: bool,
     compute_capability: int,
     dtype_bytes: int,
-    recompute_none: bool,
+    recompute: Recompute = NO_RECOMPUTE,
     fsdp: str = "none",
     muon: bool = False,
     layers: int | None = None,
+    latent: bool = False,
+    grouped_gemm: bool = True,
 ) -> list[str]:
     """Why ``fp8`` is not priced for this step, every reason (none: priced); ``layers``:
     the stack's, which the bf16 layers must lie in."""
@@ -190,17 +243,22 @@ def fp8_problems(
             out.append(f"{why}; this device: {compute_capability}")
     if training != "full":
         out.append("priced for full training (--training full) only")
-    other = [k for k in kinds if k not in ("attention", "dense")]
+    other = [k for k in kinds if k not in PRICED_KINDS]
     if other:
-        out.append(f"priced for attention and dense-MLP layers only, not {other}")
+        out.append(f"priced for attention, dense-MLP and MoE layers only, not {other}")
+    if fsdp != "none" and "moe" in kinds:
+        out.append(IN_FSDP_MOE)
+    if "moe" in kinds and not grouped_gemm:
+        out.append(SEQUENTIAL)
+    if latent:
+        out.append(LATENT)
     if not transformer_te:
         out.append("Transformer Engine's modules run FP8 (--transformer-impl local does not)")
     if compute_capability < 9:
         out.append("Transformer Engine's FP8 GEMMs need compute capability 8.9 or later")
     if dtype_bytes != 2:
         out.append("priced with bf16 or fp16 parameters")
-    if not recompute_none:
-        out.append("what a recomputed layer keeps under FP8 is not priced (recompute none)")
+    out += recompute_problems(fp8, recompute)
     if fsdp not in ("none", "optim_grads_params"):
         out.append(f"{IN_FSDP} (--fsdp none or optim_grads_params)")
     elif fsdp == "optim_grads_params" and not (
@@ -209,6 +267,24 @@ def fp8_problems(
         out.append(FSDP_TERMS)
     if muon:
         out.append(f"{BESIDE_MUON} (--optimizer adam)")
+    return out
+
+
+def recompute_problems(fp8: Fp8, recompute: Recompute) -> list[str]:
+    """Why what ``recompute`` keeps under ``fp8`` is not priced (none: priced)."""
+    if recompute.keeps_everything:
+        return []
+    if recompute.full:
+        full = [DELAYED_FULL] if fp8.recipe == "delayed" else []
+        return full + ([BF16_FULL] if fp8.bf16_layers else [])
+    if recompute.mode is not Mode.SELECTIVE:
+        return [f"{RECOMPUTE_REASON} (recompute {recompute.mode.value})"]
+    out: list[str] = []
+    other = [m.value for m in recompute.modules if m not in PRICED_RECOMPUTE]
+    if other:
+        out.append(f"{RECOMPUTE_REASON} (recompute modules {other})")
+    if fp8.recipe == "delayed" and Module.MOE_ACT in recompute.modules:
+        out.append(DELAYED_MOE_ACT)
     return out
 
 

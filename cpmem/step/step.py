@@ -215,20 +215,28 @@ class StepSettings:
         ):
             raise InputError("output_bytes", self.output_bytes, "must be an integer >= 0")
 
+    def _fp8_kinds(self) -> tuple[str, ...]:
+        """The stack's layer kinds and its MTP depths', each once, in order."""
+        g = self.geometry
+        kinds = (*g.mixer_kinds, *g.mlp_kinds, *g.mtp_mixers, *g.mtp_mlps)
+        return tuple(dict.fromkeys(k for k in kinds if k != "none"))
+
     def _check_fp8(self) -> None:
         device = self.device
         major = None if device is None else device.compute_capability_major
         check_fp8(
             self.fp8,
             training=self.training,
-            kinds=(*self.geometry.mixer_kinds, *self.geometry.mlp_kinds),
+            kinds=self._fp8_kinds(),
             transformer_te=self.runtime.transformer_impl == "transformer_engine",
             compute_capability=9 if major is None else major,
             dtype_bytes=self.dtype_bytes,
-            recompute_none=self.recompute.keeps_everything,
+            recompute=self.recompute,
             fsdp=self.optimizer.fsdp,
             muon=self.optimizer.kind == "muon",
             layers=self.geometry.layers,
+            latent=self.geometry.is_mla,
+            grouped_gemm=self.runtime.moe_grouped_gemm,
         )
 
     def _layout_problems(self) -> list[InputError]:

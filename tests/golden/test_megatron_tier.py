@@ -136,11 +136,25 @@ def test_refusals_name_a_refused_flag(tier: MegatronTier) -> None:
 
 PRICED_BY_FEATURE = {
     # FP8 (tensorwise, --fp8-param-gather) with --tp-comm-overlap: the weekly case; the
-    # Megatron FSDP and CUDA graph cases stay refused for those flags (their FP8 is
-    # named only where their recipe is refused: blockwise)
+    # scoped CUDA graph cases (blockwise without param-gather, bf16 first and last layers,
+    # MoE and MTP under a moe_act recompute); the DeepSeek FSDP proxies stay refused
     "fp8": {
         "gpt/gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap/dev_dgx_gb200",
         "gpt/gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_gb200_2nd",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_h100_2nd",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph_1node/dev_dgx_gb200",
+    },
+    # per-layer CUDA graphs through Transformer Engine, their fused router and
+    # global_aux_loss: every recording
+    "cudagraph": {
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_gb200_2nd",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_h100_2nd",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph_1node/dev_dgx_gb200",
     },
     # the layer stacks cpmem reads (the Mamba-2 hybrids, latent attention, MTP depths),
     # listed by hand from recordings.csv; the rest of each family refused for another flag
@@ -188,6 +202,11 @@ PRICED_BY_FEATURE = {
         "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_h100",
     },
     "mtp": {
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_gb200",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_gb200_2nd",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_h100",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_h100_2nd",
+        "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph_1node/dev_dgx_gb200",
         "nemotron/nemotron3_5_lightning_no_load_optim_tp1_pp1_cp1_ep4_dgx_gb200_1N4G/dev_dgx_gb200",
         # the nightly Nemotron 3 on the flex dispatcher's HybridEP backend, priced
         "nemotron/nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200/dev_dgx_gb200",
@@ -216,11 +235,13 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     unpriced = {
         # the DeepSeek proxies' Megatron FSDP of MoE and latent attention, and FP8 in its
         # buffers, are priced: the EP-overlap one's --delay-wgrad-compute refuses it, the
-        # GB200 ones' FP8 on MoE layers in fp32
-        "fsdp": ("--use-megatron-fsdp", "--delay-wgrad-compute", "not ['moe']"),
-        # their CUDA graphs, fused router and global aux loss are read; FP8 on their MoE
-        # layers under a recompute is not
-        "cudagraph": ("not ['moe']",),
+        # GB200 ones' FP8 on MoE layers in Megatron FSDP's buffers, on latent attention and
+        # in fp32
+        "fsdp": (
+            "--use-megatron-fsdp",
+            "--delay-wgrad-compute",
+            "FP8 on MoE layers is priced in megatron-core's DDP buffers only",
+        ),
         "release-15b": ("world_size=None: unknown",),
     }
     counts = {f.feature: f for f in tier.by_feature()}
@@ -307,6 +328,8 @@ def test_a_model_without_the_expert_parameters_fails_static() -> None:
     recording's static bytes by more than 3%."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(static_module, "stage_tensors", _without_experts)
+        # and no expert weight among the FP8 ones, which would no longer be there
+        patch.setattr(static_module, "expert_roles", lambda *a, **k: [])
         broken = run_tier(GOLDEN, "moe")
     assert not broken.passed
     assert all(not r.passed("static") for r in broken.rows)
@@ -314,7 +337,7 @@ def test_a_model_without_the_expert_parameters_fails_static() -> None:
 
 def _without_experts(*args: object, **kwargs: object) -> weights_module.StageTensors:
     whole = weights_module.stage_tensors(*args, **kwargs)  # type: ignore[arg-type]
-    return replace(whole, experts=(), expert_matrices=())
+    return replace(whole, experts=(), expert_matrices=(), expert_shapes=())
 
 
 def test_a_model_without_the_routed_rows_fails_covers() -> None:
@@ -378,7 +401,8 @@ def test_the_balanced_expectation_must_sit_near_each_moe_recording() -> None:
 
 
 def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
-    """Megatron-LM's ETP = TP default (TP2 ETP2 EP2 or EP1, TP4 ETP2 EP2: 74 recordings): each
+    """Megatron-LM's ETP = TP default (TP2 ETP2 EP2 or EP1, TP4 ETP2 EP2: 79 recordings, the
+    five scoped CUDA graph ones among them): each
     rank's experts receive the ETP group's gathered rows (``cpmem.step.routing``,
     ``EP x ETP / TP`` shards), each row's FFN tensors the rank's ``F_e / ETP`` slice
     (``moe.expert_shard``). Priced so, every balanced expectation is within 4% of its
@@ -390,15 +414,15 @@ def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
 
     tier = run_tier(GOLDEN, "moe")
     rows = [r for r in tier.rows if etp_rows(r)]
-    # the 74 less the instances case's two second processes, whose checkpoint load sets
+    # the 79 less the instances case's two second processes, whose checkpoint load sets
     # their peak (declared: "resumed process, optimizer instances")
     loaded = [r for r in rows if r.declared("headroom")]
     assert len(loaded) == 2 and all(r.recording.second_recording for r in loaded)
     rows = [r for r in rows if r not in loaded]
-    assert len(rows) == 72 and all(abs(r.headroom) <= 0.04 for r in rows)
+    assert len(rows) == 77 and all(abs(r.headroom) <= 0.04 for r in rows)
     # the mutants are read on the rows that pass as priced (none declared)
     clean = {r.recording.recording_id for r in rows if r.passed("covers") and r.passed("headroom")}
-    assert len(clean) == 71
+    assert len(clean) == 76
 
     def clean_row(r: object) -> bool:
         return r.recording.recording_id in clean  # type: ignore[attr-defined]
@@ -406,7 +430,7 @@ def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(moe_module, "expert_shard", lambda g, etp: g.expert_ffn)
         whole = [r for r in run_tier(GOLDEN, "moe").rows if clean_row(r)]
-    assert len(whole) == 71 and any(not r.passed("headroom") for r in whole)
+    assert len(whole) == 76 and any(not r.passed("headroom") for r in whole)
     from cpmem.step import routing as routing_module
 
     with pytest.MonkeyPatch.context() as patch:
@@ -415,7 +439,7 @@ def test_expert_tensor_parallelism_gathers_rows_of_a_slice_of_the_ffn() -> None:
             routing_module, "expert_sources", lambda ep, etp, tp, sp: sources(ep, 1, tp, sp)
         )
         local = [r for r in run_tier(GOLDEN, "moe").rows if clean_row(r)]
-    assert len(local) == 71 and any(not r.passed("covers") for r in local)
+    assert len(local) == 76 and any(not r.passed("covers") for r in local)
 
 
 def test_the_kept_report_is_up_to_date() -> None:

@@ -9,7 +9,7 @@
   (``MOMENT_BYTES["muon"]``, ``cpmem.pricing.muon.MUON_STATE_BYTES``).
 - The distributed optimizer shards over the data-parallel x context-parallel group
   (``intra_dp_cp`` in ``megatron/core/optimizer/__init__.py``), which
-  ``cpmem.pricing.static.optimizer_shards`` restates; with N optimizer instances over
+  ``cpmem.pricing.optimizer_state.optimizer_shards`` restates; with N optimizer instances over
   DP x CP / N consecutive ranks of it (``parallel_state.py:833-840``).
 """
 
@@ -26,7 +26,7 @@ from megatron.core.optimizer.optimizer_config import OptimizerConfig
 
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing.muon import MUON_STATE_BYTES
-from cpmem.pricing.static import MOMENT_BYTES, optimizer_shards
+from cpmem.pricing.optimizer_state import MOMENT_BYTES, optimizer_shards
 
 
 def test_sgd_keeps_megatrons_default_momentum_and_adam_two_moments() -> None:

@@ -1,5 +1,7 @@
 """What FP8 training (``StepSettings.fp8``) changes in the saved sets of the layer kinds it
-is priced for, in elements of the step's dtype per token (the unit of ``tight``'s widths).
+is priced for (attention, dense MLP, MoE: ``moe_fp8_width``) and of an MTP depth's
+inputs (``eh_proj_fp8_width``), in elements of the step's dtype per token (the unit of
+``tight``'s widths).
 
 Transformer Engine's linears save their input for the weight gradient quantized, 1 B per
 element, when the recipe runs them in FP8 (TE b9d690e0 ``module/linear.py:530-554``,
@@ -10,7 +12,9 @@ where one does.
 - attention: the QKV projection's normed input (``H/s`` on the rank's sequence shard)
   loses ``b - 1`` bytes per element; the output projection's input, the core
   attention's output, stays in the dtype (the attention kernel saves its output for its
-  backward) and gains an FP8 copy (``attention_output_width/t`` at 1 B);
+  backward) and gains an FP8 copy (``attention_output_width/t`` at 1 B); under a
+  ``core_attn`` checkpoint the kernel saves nothing, and the output loses ``b - 1``
+  bytes per element instead;
 - the dense MLP: fc1's normed input (``H/s``) and fc2's input, the activation's output
   (``F/t``, which only fc2 keeps), lose ``b - 1`` bytes per element.
 
@@ -47,6 +51,8 @@ from cpmem.pricing.kinds.spec import TightContext
 from cpmem.pricing.mxfp8 import BLOCK as MX_BLOCK
 from cpmem.pricing.mxfp8 import ROW_PAD as MX_ROW_PAD
 from cpmem.pricing.widths import sp_divisor
+from cpmem.step.recompute import Module
+from cpmem.step.step import Step
 
 FP8_BYTES = 1
 
@@ -60,11 +66,12 @@ def _active(ctx: TightContext) -> bool:
     return ctx.step.settings.fp8 is not None
 
 
-def _block_scales(ctx: TightContext, inputs: list[tuple[int, int]]) -> Fraction:
+def _block_scales(ctx: TightContext | Step, inputs: list[tuple[int, int | Fraction]]) -> Fraction:
     """Bytes per token of the block-scaled recipes' columnwise scales of the saved FP8
     ``inputs``, each ``(cols, shard)``: ``cols`` columns on rows of ``1/shard`` of the
     tokens (0 under the per-tensor recipes)."""
-    fp8 = ctx.step.settings.fp8
+    step = ctx if isinstance(ctx, Step) else ctx.step
+    fp8 = step.settings.fp8
     if fp8 is None or fp8.recipe not in ("blockwise", "mxfp8"):
         return Fraction(0)
     if fp8.recipe == "mxfp8":  # 1 B per 32 rows of each column, columns padded to 128
@@ -73,7 +80,7 @@ def _block_scales(ctx: TightContext, inputs: list[tuple[int, int]]) -> Fraction:
         ]
     else:  # 4 B per 128 rows of each column, columns padded to 4
         per_row = [(SCALE_BYTES * -(-cols // PAD) * PAD, BLOCK * shard) for cols, shard in inputs]
-    return sum((Fraction(n, d) for n, d in per_row), Fraction(0))
+    return sum((Fraction(n) / d for n, d in per_row), Fraction(0))
 
 
 def attention_fp8_width(ctx: TightContext) -> int:
@@ -83,9 +90,13 @@ def attention_fp8_width(ctx: TightContext) -> int:
     g, b = ctx.geometry, ctx.step.dtype_bytes
     s = sp_divisor(ctx.tp, ctx.sp)
     normed = g.hidden // s
-    proj_copy = g.attention_output_width // ctx.tp
-    scales = _block_scales(ctx, [(g.hidden, s), (proj_copy, 1)])
-    return _elements(-normed * (b - FP8_BYTES) + proj_copy * FP8_BYTES + ceil(scales), b)
+    proj = g.attention_output_width // ctx.tp
+    scales = _block_scales(ctx, [(g.hidden, s), (proj, 1)])
+    # under a core_attn checkpoint the kernel no longer keeps its output: the output
+    # projection's FP8 copy replaces it
+    core_kept = not ctx.step.recompute.checkpoints(Module.CORE_ATTN)
+    proj_delta = proj * FP8_BYTES if core_kept else -proj * (b - FP8_BYTES)
+    return _elements(-normed * (b - FP8_BYTES) + proj_delta + ceil(scales), b)
 
 
 def dense_fp8_width(ctx: TightContext) -> int:
@@ -97,3 +108,52 @@ def dense_fp8_width(ctx: TightContext) -> int:
     normed = g.hidden // s
     scales = _block_scales(ctx, [(g.hidden, s), (g.ffn // ctx.tp, 1)])
     return _elements(-(normed + g.ffn // ctx.tp) * (b - FP8_BYTES) + ceil(scales), b)
+
+
+def moe_fp8_width(ctx: TightContext) -> int:
+    """The MoE block's saved set under FP8 less its saved set without (0 without FP8).
+
+    - each routed row (``rows`` per token, ``Step.expert_rows_per_token``): fc1's input,
+      the dispatched ``H``-wide row, which only fc1 keeps (TE ``GroupedLinear`` saves each
+      expert's split of it quantized, columnwise, ``module/grouped_linear.py:617-631``),
+      and fc2's, the weighted activation output (``F_e/ETP``), lose ``b - 1`` bytes per
+      element; under a ``moe_act`` checkpoint fc2 saves its original input
+      (``set_save_original_input``), which the checkpoint discards: no fc2 term;
+    - the shared expert: fc1's input, the pre-MLP norm's output (``H/s``), stays in the
+      dtype (the router's GEMM saves it too) and gains a 1 B copy; fc2's, its activation's
+      output (``F_s/t``, which only fc2 keeps), loses ``b - 1`` bytes per element;
+    - the block-scaled recipes' scales of those inputs (``_block_scales``), per token of
+      the rows each holds. The routed experts quantize each expert's split on its own
+      (``tex.split_quantize``, ``grouped_linear.py:530``), and megatron-core pads each
+      split to a multiple of 16 rows under FP8 (``Fp8Padding``), so the per-row price is
+      under by less than one 128-row block of scales per expert and input, and by the
+      padded rows' bytes (under ``16 (H + F_e/ETP)`` B per expert)."""
+    if not _active(ctx):
+        return 0
+    g, step, b = ctx.geometry, ctx.step, ctx.step.dtype_bytes
+    s = sp_divisor(ctx.tp, ctx.sp)
+    rows = step.expert_rows_per_token(ctx.tp, ctx.sp)
+    fe = g.expert_ffn // max(step.plan.layout.etp, 1)
+    per_row = [g.hidden] + ([] if step.recompute.checkpoints(Module.MOE_ACT) else [fe])
+    delta = -rows * sum(per_row) * (b - FP8_BYTES)
+    scales = _block_scales(ctx, [(cols, 1 / rows) for cols in per_row]) if rows else Fraction(0)
+    shared = g.shared_expert_ffn
+    if shared:
+        delta += Fraction(g.hidden // s * FP8_BYTES - shared // ctx.tp * (b - FP8_BYTES))
+        scales += _block_scales(ctx, [(g.hidden, s), (shared // ctx.tp, 1)])
+    return _elements(ceil(delta + scales), b)
+
+
+def eh_proj_fp8_width(step: Step) -> int:
+    """What FP8 changes in one MTP depth's own inputs (0 without FP8): ``eh_proj``, a TE
+    column-parallel linear run under the global FP8 context (Megatron-LM 4828d651
+    ``multi_token_prediction.py``), saves its ``2H``-wide input, the concatenation only it
+    keeps (``2H/s`` on the rank's sequence shard), quantized: ``b - 1`` bytes less per
+    element, with the block-scaled recipes' scales."""
+    if step.settings.fp8 is None or not step.geometry.mtp_depths:
+        return 0
+    layout, b = step.plan.layout, step.dtype_bytes
+    s = sp_divisor(layout.tp, layout.sp and layout.tp > 1)
+    width = 2 * step.geometry.hidden
+    scales = _block_scales(step, [(width, s)])
+    return _elements(ceil(-width // s * (b - FP8_BYTES) + scales), b)

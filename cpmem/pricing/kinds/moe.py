@@ -14,6 +14,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
 from cpmem.pricing.kinds.discarded import layernorm_dropped, moe_act_dropped
+from cpmem.pricing.kinds.fp8 import moe_fp8_width
 from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
 from cpmem.pricing.kinds.moe_dispatch import after_forward_rows, saved_beyond_alltoall
@@ -527,6 +528,7 @@ class MoeSpec(MlpSpec):
         width += math.ceil(rows * expert)
         if g.shared_expert_ffn:
             width += adapters.extra_width(g, step.adapter, tp, "shared", sp=sp)
+        width += moe_fp8_width(ctx)
         return {self.name: width, "moe_kept": kept_width(g, tp, sp) + ctx.sandwich}
 
     def checkpoint_dropped(self, w: TightWidths, step: Step) -> int:

@@ -17,7 +17,12 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import Component
 from cpmem.pricing.head import head_bytes
 from cpmem.pricing.kinds import attention, mixer_spec, mlp_spec
-from cpmem.pricing.kinds.fp8 import attention_fp8_width, dense_fp8_width
+from cpmem.pricing.kinds.fp8 import (
+    attention_fp8_width,
+    dense_fp8_width,
+    eh_proj_fp8_width,
+    moe_fp8_width,
+)
 from cpmem.pricing.kinds.spec import LayerKindSpec, TightContext
 from cpmem.pricing.tight.calibrated import COLD_SETUP, LOSS_BACKWARD_OUTPUTS, Margin
 from cpmem.pricing.tight.widths import TightWidths
@@ -74,6 +79,7 @@ def tight_widths(
         tp=tp,
         fp8_attention=attention_fp8_width(ctx),
         fp8_dense=dense_fp8_width(ctx),
+        fp8_moe=moe_fp8_width(ctx),
         **parts,
     )
 
@@ -86,7 +92,8 @@ def bf16_layer_width(geometry: ModelGeometry, w: TightWidths, step: Step, layer:
     if fp8 is None or fp8.in_fp8(layer):
         return 0
     width = w.fp8_attention if geometry.mixers[layer] == "attention" else 0
-    return width + (w.fp8_dense if geometry.mlps[layer] == "dense" else 0)
+    mlp = {"dense": w.fp8_dense, "moe": w.fp8_moe}.get(geometry.mlps[layer], 0)
+    return width + mlp
 
 
 NAMED_PARTS = ("attention_core", "mlp_core", "moe_kept")
@@ -116,12 +123,16 @@ def dropout_mask_width(geometry: ModelGeometry, tp: int, sp: bool) -> int:
     return int(DROPOUT_MASK_ELEMENTS * geometry.hidden // sp_divisor(tp, sp))
 
 
-def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
+def kept_width(
+    geometry: ModelGeometry, w: TightWidths, step: Step, *, bf16_layers: bool = True
+) -> int:
     """Elements per token kept over all layers at the end of forward (what backward
     finds): every layer's saved set, less what a selective recompute drops; under full
     recompute the layer inputs its checkpoints keep; without gradients the current
     layer's input only. Beside them what a kind keeps after its forward whatever the
-    recompute (an MoE dispatcher's state)."""
+    recompute (an MoE dispatcher's state). ``bf16_layers``: whether ``geometry`` is the
+    stack ``Fp8.bf16_layers`` numbers (an MTP depth's layers run in FP8 whatever it
+    says)."""
     rc = step.recompute
     state = sum(
         geometry.mlp_count(k) * mlp_spec(k).after_forward(geometry, w, step)
@@ -132,7 +143,7 @@ def kept_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     if not rc.keeps_gradients:
         return w.layer_input + state
     total = sum((w.of(m) + w.of(f)) * n for m, f, n in geometry.layer_kinds)
-    if step.settings.fp8 is not None:
+    if step.settings.fp8 is not None and bf16_layers:
         total -= sum(bf16_layer_width(geometry, w, step, i) for i in step.settings.fp8.bf16_layers)
     for k in geometry.mixer_kinds:
         total -= geometry.mixer_count(k) * mixer_spec(k).checkpoint_dropped(w, step)
@@ -325,7 +336,7 @@ def mtp_input_width(step: Step) -> int:
     g, layout = step.geometry, step.plan.layout
     s = sp_divisor(layout.tp, layout.sp)
     own = MTP_TRAINED_INPUTS_H if step.settings.training == "full" else MTP_FROZEN_INPUTS_H
-    return own * g.hidden // s + (g.hidden - g.hidden // s)
+    return own * g.hidden // s + (g.hidden - g.hidden // s) + eh_proj_fp8_width(step)
 
 
 def mtp_bytes(step: Step, w: TightWidths, tokens: int) -> int:
@@ -348,7 +359,7 @@ def mtp_bytes(step: Step, w: TightWidths, tokens: int) -> int:
         mtp_depths=0,
         windows=(),
     )
-    per_token = kept_width(depth, w, step) + mtp_input_width(step)
+    per_token = kept_width(depth, w, step, bf16_layers=False) + mtp_input_width(step)
     per_depth = tokens * (per_token * step.dtype_bytes + EMBEDDING_ID_BYTES)
     return g.mtp_depths * (per_depth + head_bytes(step, tokens).kept)
 

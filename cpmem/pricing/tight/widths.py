@@ -35,6 +35,7 @@ class TightWidths(LayerWidths):
     ``moe`` checkpoint keeps of it."""
     fp8_attention: int = 0
     fp8_dense: int = 0
-    """What FP8 changes in the attention and dense-MLP kinds' widths
+    fp8_moe: int = 0
+    """What FP8 changes in the attention, dense-MLP and MoE kinds' widths
     (``cpmem.pricing.kinds.fp8``), part of ``saved``: what a layer kept in bf16 under FP8
     (``Fp8.bf16_layers``) does not have."""

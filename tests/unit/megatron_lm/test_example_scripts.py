@@ -132,16 +132,27 @@ def test_gpt_oss_is_refused_with_megatrons_pipeline_rule_alone() -> None:
 
 
 @pytest.mark.parametrize("pp", [1, 2, 4])
-def test_gpt_oss_with_a_pipeline_megatron_accepts_is_refused_for_fp8_on_moe_alone(pp: int) -> None:
-    # the layout given beside the script; its FP8 (hybrid, delayed, --fp8-param-gather) is
-    # priced on attention and dense-MLP layers without recompute only (cpmem.step.fp8):
-    # gpt-oss's layers are MoE and it runs --recompute-activations
-    err = _refused("gptoss__02_train.sh", pp=pp)
-    assert err.field == "fp8"
-    assert err.reason == (
-        "priced for attention and dense-MLP layers only, not ['moe']; what a recomputed "
-        "layer keeps under FP8 is not priced (recompute none)"
-    )
+def test_gpt_oss_with_a_pipeline_megatron_accepts_prices_its_fp8_moe_layers(pp: int) -> None:
+    # the layout given beside the script; its FP8 (hybrid, delayed, --fp8-param-gather,
+    # --fp8-amax-history-len 1024) on MoE layers under --recompute-activations (selective
+    # core_attn). Delayed scaling's state by hand (TE b9d690e0 module/base.py:979-981: 3
+    # forward and 2 backward quantizers per GEMM; quantization.py:1409-1418: a scale [n]
+    # and an amax history [1024, n] fp32 per direction, each in 512 B blocks): per layer
+    # the QKV and output projections (1 GEMM each), DotProductAttention (3) and the 4
+    # experts' fc1 and fc2 GroupedLinear (4 GEMMs each, EP 1; no shared expert):
+    #   1 GEMM:  fwd 512 + 12,288, bwd 512 + 8,192        = 21,504
+    #   3 GEMMs: fwd 512 + 36,864, bwd 512 + 24,576       = 62,464
+    #   4 GEMMs: fwd 512 + 49,152, bwd 512 + 32,768       = 82,944
+    #   layer: 2 x 21,504 + 62,464 + 2 x 82,944           = 271,360
+    # over the stage's 12 / PP layers
+    from cpmem.pricing.registry import price
+    from cpmem.pricing.static import StaticComponent
+
+    step = describe_megatron(EXAMPLES / "gptoss__02_train.sh", pp=pp)
+    assert step.settings.fp8 == Fp8("delayed", True, 1024)
+    assert step.recompute.label == "selective(core_attn)"
+    static = price(step, "tight").static.components
+    assert static[StaticComponent.FP8_SCALING_STATE] == 271_360 * 12 // pp
 
 
 def test_megatron_fsdp_llama3_8b_prices_as_written() -> None:

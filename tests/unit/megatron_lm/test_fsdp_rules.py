@@ -157,10 +157,12 @@ def test_fp8_with_megatron_fsdp_or_muon_is_named_at_the_door() -> None:
 )
 def test_the_gb200_proxies_are_refused_for_fp8_moe_layers_and_fp32_parameters(case: str) -> None:
     # the door reads them (Megatron FSDP of their layers and FP8 in its buffers priced);
-    # the step refuses FP8 on MoE layers and in fp32 (no --bf16), cpmem.step.fp8
+    # the step refuses FP8 on MoE layers in Megatron FSDP's buffers, on latent attention
+    # and in fp32 (no --bf16), cpmem.step.fp8
     args = read_megatron_args(CASES / case / "model_config.yaml")
     with pytest.raises(InputError) as err:
         describe_megatron(args, world_size=8 if case.endswith("fsdp2") else 4, device="gb200")
     assert err.value.field == "fp8"
-    assert "not ['moe']" in err.value.reason and "bf16 or fp16" in err.value.reason
-    assert "Megatron FSDP" not in err.value.reason
+    reason = err.value.reason
+    assert "MoE layers is priced in megatron-core's DDP buffers only" in reason
+    assert "latent attention (MLA)" in reason and "bf16 or fp16" in reason

@@ -14,7 +14,7 @@ import pytest
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args
-from cpmem.pricing.static import expert_shards
+from cpmem.pricing.optimizer_state import expert_shards
 from cpmem.pricing.weights import expert_tensors, layer_tensors
 from tests.unit.megatron_lm.tiny import static_of, tiny
 from tests.unit.megatron_lm.tiny import step_of as run_of

@@ -1,5 +1,5 @@
 """Muon's static memory (``cpmem.pricing.muon``, ``static._muon_training``) and the
-distributed optimizer's instances (``static.optimizer_shards``).
+distributed optimizer's instances (``optimizer_state.optimizer_shards``).
 
 Expected values derived by hand from Megatron-LM at the recordings' snapshot (d98e8a64):
 

@@ -8,7 +8,8 @@ import pytest
 
 from cpmem.api import describe_step
 from cpmem.errors import InputError
-from cpmem.step.fp8 import Fp8, fp8_problems
+from cpmem.step.fp8 import Fp8, fp8_problems, recompute_problems
+from cpmem.step.recompute import Recompute
 
 FULL = {"runtime": "megatron-lm", "training": "full"}
 
@@ -77,10 +78,33 @@ def test_every_reason_is_named_at_once() -> None:
 def test_other_layer_kinds_and_recompute_are_refused() -> None:
     with pytest.raises(InputError) as err:
         describe_step(
-            "qwen3.5-35b-a3b", [4096], fp8="tensorwise:param-gather", recompute="full", **FULL
+            "qwen3.5-35b-a3b", [4096], fp8="delayed:param-gather", recompute="full", **FULL
         )
-    assert "not ['gdn', 'moe']" in err.value.reason
-    assert "recompute none" in err.value.reason
+    assert "not ['gdn']" in err.value.reason
+    assert "full recompute with the delayed recipe" in err.value.reason
+
+
+@pytest.mark.parametrize(
+    ("recipe", "modules", "said"),
+    [
+        ("tensorwise", "core_attn,moe_act,layernorm", None),
+        ("blockwise", "moe_act", None),
+        ("tensorwise", "mlp", "recompute modules ['mlp']"),
+        ("tensorwise", "core_attn,moe", "recompute modules ['moe']"),
+        # TE b9d690e0 grouped_linear.py:431-443: save_original_input (megatron-core's fc2
+        # under moe_act recompute) raises under delayed scaling's Float8Quantizer
+        ("delayed", "moe_act", "DelayedScaling recipe is not supported"),
+        ("delayed", "core_attn", None),
+    ],
+)
+def test_selective_recompute_of_the_priced_modules_is_priced(
+    recipe: str, modules: str, said: str | None
+) -> None:
+    problems = recompute_problems(Fp8(recipe), Recompute.parse("selective", modules))
+    if said is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and said in problems[0]
 
 
 def test_tp_comm_overlap_needs_sequence_parallelism() -> None:
@@ -135,7 +159,6 @@ FACTS = {
     "kinds": ("attention", "dense"),
     "transformer_te": True,
     "dtype_bytes": 2,
-    "recompute_none": True,
 }
 
 
@@ -185,3 +208,28 @@ def test_bf16_layers_outside_the_stack_and_under_delayed_scaling_are_refused() -
     assert "Delayed scaling does not support first / last layer in BF16" in err.value.reason
     step = describe_step("qwen3-1.7b", [4096], fp8="tensorwise:bf16-layers=0,27", **FULL)
     assert step.settings.fp8 is not None and step.settings.fp8.bf16_layers == (0, 27)
+
+
+@pytest.mark.parametrize(
+    ("fp8", "said"),
+    [
+        (Fp8("tensorwise"), None),
+        (Fp8("blockwise", bf16_layers=(0,)), "a recomputed layer's working set"),
+        # TE b9d690e0 quantization.py:761-786: the recompute's state copies, delayed only
+        (Fp8("delayed"), "copy_forward_fp8_meta_tensors_for_recompute"),
+    ],
+)
+def test_full_recompute_is_priced_where_nothing_beyond_the_widths_is_kept(
+    fp8: Fp8, said: str | None
+) -> None:
+    problems = recompute_problems(fp8, Recompute.parse("full"))
+    assert problems == [] if said is None else (len(problems) == 1 and said in problems[0])
+
+
+def test_moe_layers_need_the_grouped_experts() -> None:
+    # TEGroupedMLP's GroupedLinear (one module of E/EP GEMMs) is what is priced
+    kinds = ("attention", "moe")
+    said = "priced for TEGroupedMLP (--moe-grouped-gemm)"
+    facts = {**FACTS, "kinds": kinds, "compute_capability": 9}
+    assert any(said in p for p in fp8_problems(Fp8("tensorwise"), grouped_gemm=False, **facts))  # type: ignore[arg-type]
+    assert fp8_problems(Fp8("tensorwise"), grouped_gemm=True, **facts) == []  # type: ignore[arg-type]
