@@ -6,27 +6,13 @@ written out here from the classes and the published cards, never computed by cpm
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cpmem.errors import ConfigError
 from cpmem.model.hf_config import load_config
 from cpmem.pricing.weights import total_parameters
-
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-
-
-def _example(name: str) -> dict[str, Any]:
-    return json.loads((EXAMPLES / name / "config.json").read_text())
-
-
-def _refused(cfg: dict[str, Any]) -> ConfigError:
-    with pytest.raises(ConfigError) as err:
-        load_config(cfg)
-    return err.value
+from tests.unit.model.published import EXAMPLES, example, refused
 
 
 def test_deepseek_v2_lite_counts_its_plain_query_and_softmax_experts() -> None:
@@ -70,7 +56,7 @@ def test_the_router_is_a_softmax_over_every_expert_never_renormalised() -> None:
     (greedy or group-limited), scaled, not renormalised; norm_topk_prob is not read."""
     for name in ("deepseek-v2-lite", "deepseek-v2.5"):
         assert load_config(EXAMPLES / name / "config.json").router_scoring == "softmax_topk"
-    cfg = {**_example("deepseek-v2-lite"), "norm_topk_prob": True}
+    cfg = {**example("deepseek-v2-lite"), "norm_topk_prob": True}
     assert load_config(cfg).router_scoring == "softmax_topk"
 
 
@@ -78,7 +64,7 @@ def test_absent_fields_are_the_config_class_defaults() -> None:
     """DeepseekV2Config: q_lora_rank=1536, n_routed_experts=64, n_shared_experts=2,
     moe_intermediate_size=1407, first_k_dense_replace=0; num_experts_per_tok has no
     default a model is built with, so its absence is named."""
-    cfg = _example("deepseek-v2-lite")
+    cfg = example("deepseek-v2-lite")
     for key in (
         "q_lora_rank",
         "n_routed_experts",
@@ -91,7 +77,7 @@ def test_absent_fields_are_the_config_class_defaults() -> None:
     assert g.q_lora_rank == 1536 and g.mlps == ("moe",) * 27
     assert (g.num_experts, g.expert_ffn, g.shared_expert_ffn) == (64, 1407, 2 * 1407)
     cfg.pop("num_experts_per_tok")
-    assert _refused(cfg).field == "num_experts_per_tok"
+    assert refused(cfg).field == "num_experts_per_tok"
 
 
 @pytest.mark.parametrize(
@@ -106,4 +92,4 @@ def test_absent_fields_are_the_config_class_defaults() -> None:
     ],
 )
 def test_deepseek_v2_refuses_another_layer_by_name(changes: dict[str, Any], field: str) -> None:
-    assert _refused({**_example("deepseek-v2-lite"), **changes}).field == field
+    assert refused({**example("deepseek-v2-lite"), **changes}).field == field

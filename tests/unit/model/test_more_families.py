@@ -6,28 +6,15 @@ from the class, never computed by cpmem."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cpmem.api import describe_step
-from cpmem.errors import ConfigError, InputError
+from cpmem.errors import InputError
 from cpmem.model.hf_config import load_config
 from cpmem.pricing.weights import total_parameters
-
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-
-
-def _example(name: str) -> dict[str, Any]:
-    return json.loads((EXAMPLES / name / "config.json").read_text())
-
-
-def _refused(cfg: dict[str, Any]) -> ConfigError:
-    with pytest.raises(ConfigError) as err:
-        load_config(cfg)
-    return err.value
+from tests.unit.model.published import EXAMPLES, example, refused
 
 
 def test_qwen1_5_moe_counts_its_shared_expert_and_gate() -> None:
@@ -51,17 +38,17 @@ def test_qwen2_moe_defaults_layers_and_router_follow_its_config_class() -> None:
     """Qwen2MoeConfig's defaults (60 experts, top-4, 1,408, a 5,632 shared expert);
     Qwen2MoeDecoderLayer's dense layers (mlp_only_layers, decoder_sparse_step, num_experts
     0); norm_topk_prob renormalises the top-k; qkv_bias false drops the biases."""
-    cfg = _example("qwen1.5-moe-a2.7b")
+    cfg = example("qwen1.5-moe-a2.7b")
     for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
         cfg.pop(key)
     cfg.pop("shared_expert_intermediate_size")
     g = load_config(cfg)
     assert (g.num_experts, g.moe_top_k, g.expert_ffn, g.shared_expert_ffn) == (60, 4, 1408, 5632)
-    cfg = {**_example("qwen1.5-moe-a2.7b"), "mlp_only_layers": [0], "decoder_sparse_step": 2}
+    cfg = {**example("qwen1.5-moe-a2.7b"), "mlp_only_layers": [0], "decoder_sparse_step": 2}
     assert load_config(cfg).mlps[:4] == ("dense", "moe", "dense", "moe")
-    cfg = {**_example("qwen1.5-moe-a2.7b"), "num_experts": 0}
+    cfg = {**example("qwen1.5-moe-a2.7b"), "num_experts": 0}
     assert load_config(cfg).mlps == ("dense",) * 24
-    cfg = {**_example("qwen1.5-moe-a2.7b"), "norm_topk_prob": True, "qkv_bias": False}
+    cfg = {**example("qwen1.5-moe-a2.7b"), "norm_topk_prob": True, "qkv_bias": False}
     g = load_config(cfg)
     assert g.router_scoring == "topk_softmax" and not g.attention_bias
 
@@ -87,8 +74,8 @@ def test_olmoe_refuses_what_it_does_not_price() -> None:
         describe_step(g, [4096], tp=2)
     assert err.value.field == "tp"
     describe_step(g, [4096], tp=1, ep=8)
-    assert _refused({**_example("olmoe-1b-7b"), "clip_qkv": 8.0}).field == "clip_qkv"
-    assert _refused({**_example("olmoe-1b-7b"), "head_dim": 64}).field == "head_dim"
+    assert refused({**example("olmoe-1b-7b"), "clip_qkv": 8.0}).field == "clip_qkv"
+    assert refused({**example("olmoe-1b-7b"), "head_dim": 64}).field == "head_dim"
 
 
 def test_gemma_7b_counts_as_the_report_states() -> None:
@@ -114,7 +101,7 @@ def test_gemma_7b_counts_as_the_report_states() -> None:
     ],
 )
 def test_gemma_refuses_another_layer_by_name(changes: dict[str, Any], field: str) -> None:
-    assert _refused({**_example("gemma-7b"), **changes}).field == field
+    assert refused({**example("gemma-7b"), **changes}).field == field
 
 
 def test_starcoder2_7b_counts_its_layernorms_and_biases() -> None:
@@ -129,7 +116,7 @@ def test_starcoder2_7b_counts_its_layernorms_and_biases() -> None:
     g = load_config(EXAMPLES / "starcoder2-7b" / "config.json")
     assert total_parameters(g) == layers * layer + 2 * h + vocab * h == 7_173_923_840
     assert g.norm == "layernorm" and not g.gated_mlp and g.windows == (4096,) * 32
-    g = load_config({**_example("starcoder2-7b"), "use_bias": False})
+    g = load_config({**example("starcoder2-7b"), "use_bias": False})
     assert not g.attention_bias and not g.mlp_bias
 
 
@@ -146,4 +133,4 @@ def test_starcoder2_7b_counts_its_layernorms_and_biases() -> None:
     ],
 )
 def test_starcoder2_refuses_what_it_does_not_price(changes: dict[str, Any], field: str) -> None:
-    assert _refused({**_example("starcoder2-7b"), **changes}).field == field
+    assert refused({**example("starcoder2-7b"), **changes}).field == field
