@@ -111,7 +111,7 @@ def z_loss(args: MegatronArgs) -> bool:
     return args.moe_z_loss_coeff is not None
 
 
-def router_logit_bytes(args: MegatronArgs) -> int:
+def router_logit_element_size(args: MegatronArgs) -> int:
     """The bytes of one router logit: ``--moe-router-dtype`` fp32 or fp64, else the
     input's dtype, the run's parameters' (router.py:106-111)."""
     if args.moe_router_dtype in ("fp32", "fp64"):
@@ -174,7 +174,7 @@ def megatron_geometry(args: MegatronArgs, name: str = "megatron-lm") -> ModelGeo
         gated_mlp=args.swiglu or args.quick_geglu,
         activation_clamp=args.activation_func_clamp_value if args.quick_geglu else None,
         attention_sinks=args.softmax_type == "learnable",
-        router_z_loss_bytes=router_logit_bytes(args) if moe and z_loss(args) else 0,
+        router_z_loss_bytes=router_logit_element_size(args) if moe and z_loss(args) else 0,
         tied_embeddings=not args.untie_embeddings_and_output_weights,
         qk_norm=args.qk_layernorm,
         attention_bias=args.add_bias_linear,

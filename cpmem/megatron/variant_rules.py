@@ -35,7 +35,7 @@ def quick_geglu_fused(args: MegatronArgs) -> bool:
     return args.add_bias_linear and "--no-bias-gelu-fusion" not in args.flag_values
 
 
-def _activation(args: MegatronArgs) -> list[Problem]:
+def _quick_geglu_problems(args: MegatronArgs) -> list[Problem]:
     out: list[Problem] = []
     clamp = args.activation_func_clamp_value
     if not args.quick_geglu:
@@ -122,4 +122,4 @@ def _softmax(args: MegatronArgs) -> list[Problem]:
 
 def variant_problems(args: MegatronArgs) -> list[Problem]:
     """Every rule of the quick GeGLU and softmax flags ``args`` break."""
-    return _activation(args) + _softmax(args)
+    return _quick_geglu_problems(args) + _softmax(args)

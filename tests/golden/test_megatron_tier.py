@@ -328,7 +328,7 @@ def test_a_model_without_the_expert_parameters_fails_static() -> None:
     recording's static bytes by more than 3%."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(static_module, "stage_tensors", _without_experts)
-        # and no expert weight among the FP8 ones, which would no longer be there
+        # and no expert weight among the FP8 ones either, as the experts are dropped
         patch.setattr(static_module, "expert_roles", lambda *a, **k: [])
         broken = run_tier(GOLDEN, "moe")
     assert not broken.passed

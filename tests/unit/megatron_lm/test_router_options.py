@@ -86,8 +86,8 @@ def test_the_fused_sigmoid_router_keeps_less_than_the_unfused_one() -> None:
 
 
 def test_the_megatron_door_reads_the_fusion_into_the_process() -> None:
-    """``--moe-router-fusion`` (transformer_config.py:944) reaches the step's runtime and
-    is no longer refused."""
+    """``--moe-router-fusion`` (transformer_config.py:944) reaches the step's runtime,
+    priced rather than refused."""
     assert step_of(tiny(**MOE, moe_router_fusion=True)).settings.runtime.moe_router_fusion
     assert not step_of(tiny(**MOE)).settings.runtime.moe_router_fusion
 
