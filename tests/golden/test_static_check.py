@@ -12,7 +12,7 @@ import pytest
 
 import cpmem.gate.static_check as sc
 import cpmem.pricing.device_budget as budget_module
-import cpmem.pricing.static as static_module
+import cpmem.pricing.optimizer_state as optimizer_state_module
 import cpmem.pricing.weights as weights_module
 import cpmem.pricing.workspaces as workspaces_module
 import cpmem.step.describe as describe_module
@@ -71,7 +71,7 @@ def _padded_to_a_million(geometry: object, tp: int) -> int:
         (workspaces_module, "TE_WORKSPACE_HOPPER", 0, "static"),  # no TE workspace kept
         (weights_module, "padded_vocab", _padded_to_a_million, "static"),  # wild padding
         (describe_module, "DTYPE_BYTES", {"bf16": 4}, "static"),  # bf16 read as fp32
-        (static_module, "MASTER_BYTES", 400, "static"),  # a master copy far off fp32
+        (optimizer_state_module, "MASTER_BYTES", 400, "static"),  # a master copy far off fp32
         (budget_module, "NON_TORCH_BYTES", 0, "budget"),  # no CUDA context, no NCCL
         (budget_module, "RESERVE_FRACTION", 0.0, "budget"),  # no runtime reserve
     ],
