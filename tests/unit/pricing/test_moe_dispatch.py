@@ -20,6 +20,7 @@ from cpmem.pricing.kinds.moe_dispatch import (
     hybridep_handle_bytes,
 )
 from cpmem.pricing.tight.compose import tight_widths
+from cpmem.reports.cli_render import render_basis
 
 E, TOP_K, EP, TOKENS, LAYERS, BF16 = 8, 2, 8, 4096, 12, 2
 MOE: dict[str, Any] = {
@@ -84,3 +85,11 @@ def test_the_communication_buffers_are_named_outside_the_allocator() -> None:
     """cuMemCreate / cudaMalloc (allocator.cu:87-97): not in any figure, named."""
     assert HYBRIDEP_BUFFERS_NOTE in priced(_moe("hybridep")).notes
     assert HYBRIDEP_BUFFERS_NOTE not in priced(_moe("alltoall")).notes
+
+
+def test_the_text_answer_says_the_buffers_are_outside_the_figure() -> None:
+    """The note reaches the text answer as memory outside the figure, not only the JSON's
+    notes."""
+    lines = render_basis(priced(_moe("hybridep")))
+    assert f"outside the figure: {HYBRIDEP_BUFFERS_NOTE}" in lines
+    assert not any("hybridep" in line for line in render_basis(priced(_moe("alltoall"))))
