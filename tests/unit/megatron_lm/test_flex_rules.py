@@ -9,14 +9,10 @@ import pytest
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, parse_megatron_args
 from cpmem.megatron.flex_rules import flex_dispatcher
+from tests.unit.megatron_lm.tiny import FLAGS
 
 BASE = {
-    "--num-layers": 8,
-    "--hidden-size": 512,
-    "--num-attention-heads": 8,
-    "--seq-length": 1024,
-    "--max-position-embeddings": 1024,
-    "--micro-batch-size": 1,
+    **FLAGS,
     "--num-experts": 8,
     "--disable-bias-linear": True,
     "--moe-token-dispatcher-type": "flex",

@@ -12,16 +12,12 @@ from cpmem.api import describe_megatron
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args, read_megatron_args
 from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
+from tests.unit.megatron_lm.tiny import FLAGS
 
 ROOT = Path(__file__).resolve().parents[3]
 CASES = ROOT / "golden/megatron/cases"
 BASE = {
-    "--num-layers": 8,
-    "--hidden-size": 512,
-    "--num-attention-heads": 8,
-    "--seq-length": 1024,
-    "--max-position-embeddings": 1024,
-    "--micro-batch-size": 1,
+    **FLAGS,
     "--bf16": True,
     "--use-megatron-fsdp": True,
     "--ckpt-format": "fsdp_dtensor",

@@ -12,15 +12,9 @@ import pytest
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, parse_megatron_args
 from cpmem.megatron.rules import check_megatron_args, rule_problems
+from tests.unit.megatron_lm.tiny import FLAGS
 
-BASE = {
-    "--num-layers": 8,
-    "--hidden-size": 512,
-    "--num-attention-heads": 8,
-    "--seq-length": 1024,
-    "--max-position-embeddings": 1024,
-    "--micro-batch-size": 1,
-}
+BASE = dict(FLAGS)
 MOE = {"--num-experts": 8, "--disable-bias-linear": True}
 
 

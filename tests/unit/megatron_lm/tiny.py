@@ -29,6 +29,18 @@ TINY = MegatronArgs(
 )
 
 
+FLAGS: dict[str, object] = {
+    "--num-layers": 8,
+    "--hidden-size": 512,
+    "--num-attention-heads": 8,
+    "--seq-length": 1024,
+    "--max-position-embeddings": 1024,
+    "--micro-batch-size": 1,
+}
+"""The rule tests' base as command-line flags: 8 layers of the tiny GPT's shapes, one
+sequence a micro-batch."""
+
+
 def tiny(**changes: Any) -> MegatronArgs:
     """The tiny GPT with some arguments changed (argparse names)."""
     return replace(TINY, **changes)
