@@ -13,6 +13,16 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Protocol
 
+OUTSIDE_FIGURE = "not in this figure"
+"""How an estimate's note ends when it names memory the figure does not hold (device memory
+outside PyTorch's allocator, pinned host memory): the text answer lists those notes as
+outside the figure (``outside_figure``)."""
+
+
+def outside_figure(note: str) -> bool:
+    """Whether ``note`` names memory outside the figure (it ends ``OUTSIDE_FIGURE``)."""
+    return note.endswith(OUTSIDE_FIGURE)
+
 
 class Component(StrEnum):
     """Where an estimate's bytes go."""

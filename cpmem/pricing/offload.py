@@ -55,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cpmem.pricing.components import OUTSIDE_FIGURE
 from cpmem.pricing.kinds.attention import attention_scores_bytes
 from cpmem.pricing.kinds.discarded import norm_is_module
 from cpmem.pricing.kinds.moe import expert_shard
@@ -249,5 +250,5 @@ def offload_notes(step: Step) -> tuple[str, ...]:
     return (
         f"offload={'+'.join(offload.modules)}: the saved tensors of at least "
         f"{offload.min_elements} elements those modules copy to pinned host memory; {where}. "
-        "Pinned host memory is not device memory: not in this figure",
+        "Pinned host memory is not device memory: " + OUTSIDE_FIGURE,
     )

@@ -36,6 +36,7 @@ GB200 (``cpmem.gate.megatron_tier``).
 from __future__ import annotations
 
 from cpmem.errors import InputError
+from cpmem.pricing.components import OUTSIDE_FIGURE
 from cpmem.pricing.kinds.moe_dispatch import HYBRIDEP_BUFFERS_NOTE
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.step import Step, StepSettings
@@ -171,7 +172,7 @@ def global_buffer_bytes(step: Step, stage: int) -> int:
 
 USERBUFFERS_NOTE = (
     "tp_comm_overlap: Transformer Engine's userbuffers are device memory outside PyTorch's "
-    "allocator (cuMemCreate/cudaMalloc), not in this figure"
+    "allocator (cuMemCreate/cudaMalloc), " + OUTSIDE_FIGURE
 )
 
 
@@ -180,7 +181,7 @@ NCCL_UB_NOTE = (
     "pool (ncclMemAlloc through a PyTorch MemPool, param_and_grad_buffer.py:2046-2060, "
     "2163-2200: in this figure, kept apart from other tensors); NCCL's own resources for "
     "the registered buffers and symmetric windows are device memory outside PyTorch's "
-    "allocator, not in this figure"
+    "allocator, " + OUTSIDE_FIGURE
 )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from cpmem.model.presets import MEASURED, PRESETS
 from cpmem.plan.plan import Plan
+from cpmem.pricing.components import outside_figure
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.provenance import REFERENCE_POLICIES
 from cpmem.pricing.reference import SAFETY
@@ -124,18 +125,12 @@ def routing_line(est: Estimate) -> str | None:
     return line
 
 
-OUTSIDE = ("tp_comm_overlap:", "hybridep:", "fsdp_buffers:", "offload=")
-"""The notes that name memory outside the figure: device memory outside PyTorch's
-allocator (``cpmem.pricing.workspaces.outside_allocator_notes``) and the pinned host
-memory activation offloading copies to (``cpmem.pricing.offload.offload_notes``)."""
-
-
 def render_basis(est: Estimate) -> list[str]:
     """The margin, the MoE routing, each assumption and the memory outside the figure,
     one line each."""
     lines = [line for line in (margin_line(est), routing_line(est)) if line is not None]
     lines += [f"assumes {name}: {text}" for name, text in est.assumptions.items()]
-    return lines + [f"outside the figure: {n}" for n in est.notes if n.startswith(OUTSIDE)]
+    return lines + [f"outside the figure: {n}" for n in est.notes if outside_figure(n)]
 
 
 def render_static(est: Estimate) -> list[str]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.components import OUTSIDE_FIGURE
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.step import Step
 
@@ -60,7 +61,7 @@ environment: priced at their bounds, one rank a node and one token a chunk
 layer) is not counted."""
 HYBRIDEP_BUFFERS_NOTE = (
     "hybridep: the flex dispatcher's HybridEP communication buffers are device memory "
-    "outside PyTorch's allocator (cuMemCreate/cudaMalloc), not in this figure"
+    "outside PyTorch's allocator (cuMemCreate/cudaMalloc), " + OUTSIDE_FIGURE
 )
 """DeepEP hybrid-ep 17cfb81: ``ExtendedMemoryAllocator::allocate`` is ``cuMemCreate`` or
 ``cudaMalloc`` (``csrc/hybrid_ep/allocator/allocator.cu:87-97``), and the coordinator's
