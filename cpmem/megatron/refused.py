@@ -293,9 +293,17 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--save-wgrads-interval --save-dgrads-interval",
     ),
     (
-        UNPRICED + "a distillation teacher model held beside the student, or ModelOpt's "
-        "quantized or exported model",
-        "--export-te-mcore-model --export-kd-teacher-load --export-kd-cfg --export-quant-cfg "
+        UNPRICED + "a distillation teacher held beside the student (its frozen weights, its "
+        "forward's transients and the distillation loss's logits): Megatron-LM reads the "
+        "teacher's architecture from model_config.yaml in the teacher's checkpoint directory, "
+        "or from --export-kd-teacher-model-config (post_training/model_builder.py:49-80 at "
+        "4828d651), a file the arguments name but do not hold",
+        "--export-kd-teacher-load --export-kd-cfg",
+    ),
+    (
+        UNPRICED + "ModelOpt's quantized or exported model (its quantizers, fake-quantized "
+        "copies and exported layer specs)",
+        "--export-te-mcore-model --export-quant-cfg "
         "--export-real-quant-cfg --export-kv-cache-quant --export-qk-l2-norm "
         "--export-moe-apply-probs-on-input --qad-train-target --freeze-base-for-mtp",
     ),

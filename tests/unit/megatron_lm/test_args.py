@@ -249,6 +249,17 @@ def test_a_refused_switch_is_named_without_a_value() -> None:
     assert (err.value.field, err.value.value) == ("megatron_args", "--fp32-residual-connection")
 
 
+def test_a_distillation_teacher_is_refused_for_the_architecture_its_checkpoint_holds() -> None:
+    # post_training/model_builder.py:49-80 at 4828d651: the teacher's layers, hidden size and
+    # heads come from model_config.yaml in --export-kd-teacher-load's directory (or from
+    # --export-kd-teacher-model-config), never from the student's arguments
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**REQUIRED, "--export-kd-teacher-load": "/ckpt/teacher"})
+    assert err.value.value == "--export-kd-teacher-load /ckpt/teacher"
+    assert "model_config.yaml in the teacher's checkpoint directory" in err.value.reason
+    assert "ModelOpt's quantized" not in err.value.reason
+
+
 def test_a_flag_the_snapshots_parser_lacks_is_refused() -> None:
     # --fp8 is not an argument at the snapshot (--fp8-format is); argparse rejects it
     assert "--fp8" not in snapshot_arguments() and "--fp8-format" in snapshot_arguments()
