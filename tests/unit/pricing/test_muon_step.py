@@ -54,6 +54,15 @@ def test_one_column_parallel_matrix_gathered_over_two_ranks() -> None:
     assert orthogonalize_bytes(768, 512, 2, 0) == 11_010_048
 
 
+def test_a_405b_fc1_gathered_over_tp_8() -> None:
+    # Llama-3.1-405B's gated fc1, [2 x 53248, 16384], column-parallel over 8: N_f =
+    # 1,744,830,464; s = 16384, 4 N_f + 4 s^2 < 6 N_f: 8 N_f + 6 N_f = 14 N_f
+    # (22.75 GiB, docs/megatron-runtime.md); the scale after, 4 N_f + 8 N_f / 8, is smaller
+    n_f = 2 * 53248 * 16384
+    assert orthogonalize_bytes(2 * 53248 // 8, 16384, 8, 0) == 14 * n_f
+    assert round(14 * n_f / 2**30, 1) == 22.8
+
+
 def test_the_tiny_qkv_split_by_part_at_tp_2() -> None:
     # 4 query groups on the rank, parts of 64 rows each: every part's reshape copies
     # (4 N = 4 x 393,216 = 1,572,864); a part, local [256, 512] gathered to [512, 512]:
