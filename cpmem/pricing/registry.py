@@ -409,7 +409,7 @@ def _with_optimizer_step(est: Estimate, settings: StepSettings) -> Estimate:
     name = str(Component.OPTIMIZER_STEP_EXCESS)
     stage_fb = est.stage_forward_backward_bytes
     if not stage_fb:
-        excess = max(0, step_transient_bytes(settings, 0) - fb)
+        excess = max(0, step_transient_bytes(settings, est.busiest_stage) - fb)
         if not excess:
             return est
         return replace(
