@@ -238,11 +238,12 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--no-pin-cpu-grads --no-pin-cpu-params",
     ),
     (
-        "Muon's orthogonalisation: its coefficients, steps, precision, QKV split, TP mode "
-        "and scale change the Newton-Schulz iteration run inside the optimizer step (one "
-        "matrix's transients, no activation live), not its momentum (cpmem.pricing.muon)",
-        "--muon-momentum --muon-no-split-qkv --muon-nesterov --muon-scale-mode "
-        "--muon-fp32-matmul-prec --muon-coefficient-type --muon-num-ns-steps --muon-tp-mode "
+        "Muon's momentum factor, scales, and Newton-Schulz coefficients and step count: "
+        "numbers the step multiplies by, and how many iterations run, each holding the same "
+        "tensors (cpmem.pricing.muon_step); the SYRK kernel forms the same s x s products "
+        "(Emerging-Optimizers 0.3.0, pinned at the snapshot, rejects it: "
+        "emerging_optimizers.py:52-56, 202-207)",
+        "--muon-momentum --muon-scale-mode --muon-coefficient-type --muon-num-ns-steps "
         "--muon-use-syrk --muon-extra-scale-factor",
     ),
     (

@@ -44,6 +44,13 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--muon-scalar-optimizer",
     ),
     (
+        UNPRICED + "Muon's orthogonalisation other than its default (duplicated over TP, bf16 "
+        "products, no Nesterov blend, QKV split by part): the Newton-Schulz tensors the "
+        "optimizer step holds differ (cpmem.pricing.muon_step; emerging_optimizers.py "
+        "TensorParallelMuon.orthogonalize, Emerging-Optimizers muon_utils.py)",
+        "--muon-nesterov --muon-tp-mode --muon-fp32-matmul-prec --muon-no-split-qkv",
+    ),
+    (
         UNPRICED + "the optimizer's states on the host, captured in a CUDA graph, or kept "
         "in another dtype (the precision-aware optimizer)",
         "--optimizer-cpu-offload --optimizer-cuda-graph --use-precision-aware-optimizer "
@@ -387,6 +394,11 @@ HARMLESS_WITH: dict[str, Callable[[Mapping[str, object]], bool]] = {
     # is read nowhere else at the snapshot (git grep add_position_embedding)
     "--no-position-embedding": lambda given: (
         str(given.get("--position-embedding-type", "")) == "rope"
+    ),
+    # read only by TensorParallelMuon (optimizer_config.py muon_*): unread under Adam
+    **dict.fromkeys(
+        ("--muon-nesterov", "--muon-tp-mode", "--muon-fp32-matmul-prec", "--muon-no-split-qkv"),
+        lambda given: str(given.get("--optimizer", "adam")) not in ("muon", "dist_muon"),
     ),
 }
 """Refused flags that change nothing beside the other arguments named (the whole run's

@@ -91,6 +91,10 @@ class Component(StrEnum):
     not yet reduce-scattered while the step runs (``cpmem.pricing.fsdp``)."""
     FORWARD_PEAK_EXCESS = "forward_peak_excess"
     """Where the forward peak exceeds the backward's: the step's peak is the forward's."""
+    OPTIMIZER_STEP_EXCESS = "optimizer_step_excess"
+    """Where the optimizer step's own transient (Muon's Newton-Schulz on its largest
+    matrix, ``cpmem.pricing.muon_step``), held after the backward has freed the
+    activations, exceeds the forward+backward figure: the step's peak is the optimizer's."""
 
 
 NAMES: frozenset[str] = frozenset(c.value for c in Component)

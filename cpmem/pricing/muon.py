@@ -14,10 +14,9 @@ first optimizer step:
   ``MUON_STATE_BYTES``;
 - everything else: Adam's ``exp_avg`` and ``exp_avg_sq``: ``ADAM_STATE_BYTES``.
 
-The orthogonalisation (Newton-Schulz on one matrix at a time: its momentum's Nesterov
-blend and a few matrix products of its size) is transient and made inside the optimizer
-step, after the backward has freed the activations. It is not priced; every answer under
-Muon says so (``cpmem.pricing.registry.MUON_STEP_NOTE``).
+The orthogonalisation (Newton-Schulz on one matrix at a time) is transient and made
+inside the optimizer step, after the backward has freed the activations: priced in
+``cpmem.pricing.muon_step``.
 
 Sources, at the recordings' snapshot (NVIDIA/Megatron-LM d98e8a64): which tensors Muon
 steps, ``emerging_optimizers.py:140-147``; fp16 refused, ``optimizer/__init__.py:774-775``;

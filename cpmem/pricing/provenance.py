@@ -302,6 +302,7 @@ TERMS: dict[str, Term] = {
     "pipeline_inputs": Term("none", True),
     "pipeline_buffers": Term("none", True),
     "fsdp_in_flight": Term("none", True),
+    "optimizer_step_excess": Term("none", True),
     "deferred_wgrad": Term("none", True),
     "mtp": Term("none", False),  # no recording priced yet runs MTP depths
     # static memory

@@ -16,6 +16,7 @@ from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.fsdp import in_flight_bytes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
+from cpmem.pricing.muon_step import step_transient_bytes
 from cpmem.pricing.offload import offload_notes
 from cpmem.pricing.optimizer_state import expert_shards, optimizer_shards
 from cpmem.pricing.pipeline import price_pipeline
@@ -125,19 +126,9 @@ def runtime_cp_comm(step: Step) -> str:
     return default_cp_comm(step.geometry, step.settings.runtime.default_cp_comm)
 
 
-MUON_STEP_NOTE = (
-    "optimizer: muon's orthogonalisation is not priced: the optimizer step runs Newton-Schulz "
-    "on one matrix at a time (its momentum's Nesterov blend and fp32 products of its size; "
-    "under --muon-tp-mode duplicated the matrix gathered over TP) after the backward has "
-    "freed the activations; a run whose largest matrix's fp32 copies exceed its activations "
-    "peaks above the estimate"
-)
-
-
 def inapplicable_options(step: Step) -> list[str]:
     """Options set on ``step`` that no policy prices for it, each with the reason, and the
-    parts of the model's checkpoint no policy prices (``ModelGeometry.unpriced_parts``), and
-    the optimizer step's own transient under Muon (``MUON_STEP_NOTE``)."""
+    parts of the model's checkpoint no policy prices (``ModelGeometry.unpriced_parts``)."""
     g, layout, settings = step.geometry, step.plan.layout, step.settings
     out = []
     if step.moe_routing != "concentrated" and not g.is_moe:
@@ -175,8 +166,6 @@ def inapplicable_options(step: Step) -> list[str]:
     out.extend(_layout_unread(step))
     out.extend(_process_unread(step))
     out.extend(g.unpriced_parts)
-    if settings.optimizer.kind == "muon":
-        out.append(MUON_STEP_NOTE)
     return out
 
 
@@ -365,6 +354,7 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
     else:
         est = fn(inputs)
     est = _with_fsdp(est, inputs.settings)
+    est = _with_optimizer_step(est, inputs.settings)
     settings = inputs.settings
     stages = settings.pipeline.pp if settings.pipeline.active else 0
     statics = tuple(static_memory(settings, stage=s, step=inputs) for s in range(stages))
@@ -404,6 +394,40 @@ def _with_fsdp(est: Estimate, settings: StepSettings) -> Estimate:
         components={**est.components, name: forward},
         forward_backward_bytes=None if fb is None else fb + backward,
         forward_backward_components=None if fbc is None else {**fbc, name: backward},
+    )
+
+
+def _with_optimizer_step(est: Estimate, settings: StepSettings) -> Estimate:
+    """The estimate with the optimizer step's own transient (``muon_step``) where it
+    exceeds a stage's forward+backward figure: it is held after the backward has freed
+    the activations, beside the same static memory, so each stage's figure is the larger
+    of the two, the excess named (``OPTIMIZER_STEP_EXCESS``) in the forward+backward
+    components of the stage they describe. The forward figure does not move."""
+    fb, fbc = est.forward_backward_bytes, est.forward_backward_components
+    if fb is None or fbc is None:
+        return est
+    name = str(Component.OPTIMIZER_STEP_EXCESS)
+    stage_fb = est.stage_forward_backward_bytes
+    if not stage_fb:
+        excess = max(0, step_transient_bytes(settings, est.busiest_stage) - fb)
+        if not excess:
+            return est
+        return replace(
+            est,
+            forward_backward_bytes=fb + excess,
+            forward_backward_components={**fbc, name: excess},
+        )
+    transients = [step_transient_bytes(settings, s) for s in range(len(stage_fb))]
+    if all(t <= b for t, b in zip(transients, stage_fb, strict=True)):
+        return est
+    excess = max(0, transients[est.busiest_stage] - fb)
+    return replace(
+        est,
+        stage_forward_backward_bytes=tuple(
+            max(t, b) for t, b in zip(transients, stage_fb, strict=True)
+        ),
+        forward_backward_bytes=fb + excess,
+        forward_backward_components={**fbc, name: excess} if excess else fbc,
     )
 
 

@@ -31,7 +31,6 @@ from megatron_lm.tiny import priced, static_of, step_of, tiny
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs
 from cpmem.pricing.muon import layer_wise_share, ping_pong_rank
-from cpmem.pricing.registry import MUON_STEP_NOTE
 from cpmem.step.trainer import Optimizer
 
 H = 512
@@ -195,17 +194,6 @@ def test_other_optimizers_are_refused_by_name(optimizer: str) -> None:
     with pytest.raises(InputError) as err:
         step_of(tiny(optimizer=optimizer))
     assert f"--optimizer {optimizer}" in str(err.value)
-
-
-def test_every_muon_answer_says_its_orthogonalisation_is_not_priced() -> None:
-    assert MUON_STEP_NOTE not in priced(tiny()).notes + tuple(_inapplicable(tiny()))
-    assert MUON_STEP_NOTE in _inapplicable(muon())
-
-
-def _inapplicable(args: MegatronArgs) -> list[str]:
-    from cpmem.pricing.registry import inapplicable_options
-
-    return inapplicable_options(step_of(args))
 
 
 # --- several distributed-optimizer instances ---------------------------------------------
