@@ -140,7 +140,8 @@ def latent_fp8_width(ctx: TightContext) -> int:
     else:
         proj_delta = -proj * (b - FP8_BYTES)
     delta = -g.hidden * (b - 2 * FP8_BYTES) - sum(latent) * (b - FP8_BYTES) + proj_delta
-    inputs = [(g.hidden, 1), (g.hidden, 1), *((n, 1) for n in latent), (proj, 1)]
+    inputs: list[tuple[int, int | Fraction]] = [(g.hidden, 1), (g.hidden, 1), (proj, 1)]
+    inputs += [(n, 1) for n in latent]
     return _elements(delta + ceil(_block_scales(ctx, inputs)), b)
 
 
