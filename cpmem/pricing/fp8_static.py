@@ -26,7 +26,8 @@ linear (``Linear``, ``LayerNormLinear``) has one GEMM, ``LayerNormMLP`` two
 ``prepare_forward_ctx(num_gemms=3)``, ``dot_product_attention.py:1208-1209``, which keeps
 the linears' recipe unless ``NVTE_DPA_FP8_RECIPE`` is set, ``:627-631``, whether or not
 attention itself runs in FP8). Megatron-LM's layers use the linears and
-``DotProductAttention``: attention's QKV and output projections and its core attention, the
+``DotProductAttention``: attention's QKV and output projections and its core attention
+(latent attention's down, up and output projections and its core attention), the
 dense MLP's fc1 and fc2 (``SCALING_GEMMS``). ``FP8GlobalStateManager``'s reduction buffers
 hold views of these tensors, no copy (``quantization.py:528-538``); the quantizers hold
 views too (``:1424-1427``). Each tensor is priced in whole 512 B blocks (``BLOCK``). The
@@ -50,8 +51,9 @@ scale inverse: the same transposes and scale inverses as the FP8 parameters', be
 bf16 weight rather than in place of it. The saved inputs are the same either way.
 
 The FP8 weights are the TE modules' (``dense_roles``, ``expert_roles``): attention's QKV
-and output projections, the dense MLP's fc1 and fc2, an MoE block's shared expert's fc1
-and fc2 and every local expert's fc1 and fc2 (the routed experts' in a ``uint8`` expert
+and output projections (latent attention's down, up and output projections), the dense
+MLP's fc1 and fc2, an MoE block's shared expert's fc1 and fc2 and every local expert's fc1
+and fc2 (the routed experts' in a ``uint8`` expert
 buffer of their own under ``--fp8-param-gather``), and each MTP depth's ``eh_proj`` and
 layers; the embedding, the output layer (megatron-core's own ``ColumnParallelLinear``),
 the MoE router, norms and biases stay in the bf16 buffers.
@@ -65,6 +67,7 @@ from dataclasses import dataclass
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.fp8_blockwise import blockwise_bytes
 from cpmem.pricing.kinds import mixer_spec, mlp_spec
+from cpmem.pricing.kinds.latent import mla_weight_shapes
 from cpmem.pricing.layer_parameters import fc1_width, norm_tensors
 from cpmem.pricing.mxfp8 import mxfp8_bytes
 from cpmem.pricing.weights import mtp_depths_built
@@ -82,12 +85,16 @@ BLOCK = 512
 def scaling_gemms(geometry: ModelGeometry, kind: str, ep: int) -> tuple[int, ...]:
     """The GEMMs of each Transformer Engine module a layer part of ``kind`` runs under FP8:
     attention's QKV and output projections (one each) and its ``DotProductAttention``
-    (three); the dense MLP's fc1 and fc2 (one each); an MoE block's shared expert's fc1 and
-    fc2 (one each, where it has one) and its routed experts' fc1 and fc2, each a
+    (three), latent attention's down, up and output projections (one each,
+    ``mla_weight_shapes``: five, four without ``q_lora_rank``) and its
+    ``DotProductAttention``; the dense MLP's fc1 and fc2 (one each); an MoE block's shared
+    expert's fc1 and fc2 (one each, where it has one) and its routed experts' fc1 and fc2, each a
     ``GroupedLinear`` of one GEMM per local expert (``num_gemms``, TE
     ``module/grouped_linear.py:238``; megatron-core's ``TEGroupedMLP`` builds it with
     ``E / EP`` GEMMs); MTP's ``eh_proj`` (one). The router is megatron-core's own
     ``TopKRouter`` weight, outside Transformer Engine."""
+    if kind == "attention" and geometry is not None and geometry.is_mla:
+        return (1,) * len(mla_weight_shapes(geometry, 1)) + (3,)
     if kind == "attention":
         return (1, 1, 3)
     if kind == "dense":
@@ -151,14 +158,17 @@ def _kind_roles(geometry: ModelGeometry, mixer: str, mlp: str, tp: int) -> list[
     the MLP's weights, then norms, biases and the rest) as Transformer Engine holds it in
     FP8 on one TP rank, ``[out_features, in_features]``, or None where it stays in the
     parameters' dtype: attention's QKV ``[qkv_out/t, H]`` (the output gate's second Q
-    included) and output projection ``[H, q_width/t]``, the dense MLP's fc1 ``[fc1/t, H]``
+    included) and output projection ``[H, q_width/t]``, latent attention's five (four
+    without ``q_lora_rank``) projections (``mla_weight_shapes``), the dense MLP's fc1 ``[fc1/t, H]``
     (both halves of a gated one) and fc2 ``[H, F/t]``, an MoE block's shared expert's fc1
     and fc2 as a dense MLP's (its ``SharedExpertMLP`` builds TE linears); the MoE router's
     weight and the shared expert's sigmoid gate are megatron-core's own parameters
     (``TopKRouter``, ``shared_experts.py``'s ``gate_weight``), not Transformer Engine's."""
     g, h = geometry, geometry.hidden
     roles: list[Shape | None] = []
-    if mixer == "attention":
+    if mixer == "attention" and g.is_mla:  # every weight a TE linear's, in weights' order
+        roles += list(mla_weight_shapes(g, tp))
+    elif mixer == "attention":
         q_out = g.q_width * (2 if g.attention_output_gate else 1)
         roles += [((q_out + 2 * g.kv_width) // tp, h), (h, g.q_width // tp)]
     else:

@@ -11,12 +11,14 @@ history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 
 transformer_config.py:621 at d98e8a64) and ``blockwise`` (TE's ``Float8BlockScaling``:
 weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), each with or without
 ``param-gather`` (``--fp8-param-gather``), and ``mxfp8`` (1 x 32 blocks, e8m0 scales, on
-compute capability 10 and 11) without it, on full training of attention, dense-MLP and
-MoE layers (and the MTP depths) under Transformer Engine's modules, on a device of compute
-capability 9 or later, with bf16 or fp16 parameters, with nothing recomputed, full
-recompute (not under ``delayed`` nor beside bf16 layers) or a selective recompute of the
-modules in ``PRICED_RECOMPUTE``, the layers in ``bf16_layers`` out of FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
-``cpmem.pricing.fp8_static``): with ``param-gather`` the weights in the ``uint8``
+compute capability 10 and 11) without it, on full training of attention (latent attention
+where SP splits no rank's tokens), dense-MLP and MoE layers (and the MTP depths) under
+Transformer Engine's modules, in megatron-core's DDP buffers or Megatron FSDP's, on a
+device of compute capability 9 or later, with bf16 or fp16 parameters, with nothing
+recomputed, full recompute (not under ``delayed`` nor beside bf16 layers) or a selective
+recompute of the modules in ``PRICED_RECOMPUTE``, the layers in ``bf16_layers`` out of
+FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
+``cpmem.pricing.fp8_static``, ``cpmem.pricing.fsdp``): with ``param-gather`` the weights in the ``uint8``
 parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
 that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
 either way their transposes (the block-scaled recipes' columnwise copies) and scale
@@ -82,17 +84,22 @@ BESIDE_MUON = (
 give these reasons)."""
 PRICED_KINDS = ("attention", "dense", "moe")
 """The layer kinds whose Transformer Engine modules FP8 is priced for."""
-IN_FSDP_MOE = (
-    "FP8 on MoE layers is priced in megatron-core's DDP buffers only, not in Megatron "
-    "FSDP's (the routed experts' FP8 shards are not laid out there)"
-)
 SEQUENTIAL = (
     "FP8 on MoE layers is priced for TEGroupedMLP (--moe-grouped-gemm): SequentialMLP's "
     "per-expert TE modules, each with its own scaling state, are not laid out"
 )
-LATENT = (
-    "FP8 on latent attention (MLA) is not priced: its down and up projections' FP8 "
-    "weights and saved inputs are not laid out"
+LATENT_SP = (
+    "FP8 on latent attention (MLA) is priced where SP does not split the rank's tokens "
+    "(TP 1, or no --sequence-parallel): under SP its down projections run on the sequence "
+    "shard and its up projections on gathered rows, and which rows each FP8 linear saves "
+    "there is not laid out"
+)
+FP32 = (
+    "priced with bf16 or fp16 parameters: fp32 parameters beside FP8 (neither --bf16 nor "
+    "--fp16) keep fp32 activations, whose saved set under FP8 no recording checks, and "
+    "under Megatron FSDP the FP8 groups' bf16 gradients (param_and_grad_buffer.py:2313-2316 "
+    "at 4828d651) beside the other groups' fp32 ones, with the optimizer's fp32 copy of "
+    "them (:3369-3373), are not laid out"
 )
 PRICED_RECOMPUTE = (Module.CORE_ATTN, Module.LAYERNORM, Module.MOE_ACT)
 """The selective recompute modules FP8 is priced under: the core attention (its
@@ -221,10 +228,12 @@ def fp8_problems(
     muon: bool = False,
     layers: int | None = None,
     latent: bool = False,
+    sequence_split: bool = False,
     grouped_gemm: bool = True,
 ) -> list[str]:
     """Why ``fp8`` is not priced for this step, every reason (none: priced); ``layers``:
-    the stack's, which the bf16 layers must lie in."""
+    the stack's, which the bf16 layers must lie in; ``latent``: the attention is latent,
+    ``sequence_split``: SP splits the rank's tokens (TP > 1)."""
     out: list[str] = []
     if layers is not None and any(i >= layers for i in fp8.bf16_layers):
         out.append(f"bf16 layers {list(fp8.bf16_layers)} must lie in the {layers} layers")
@@ -246,18 +255,16 @@ def fp8_problems(
     other = [k for k in kinds if k not in PRICED_KINDS]
     if other:
         out.append(f"priced for attention, dense-MLP and MoE layers only, not {other}")
-    if fsdp != "none" and "moe" in kinds:
-        out.append(IN_FSDP_MOE)
     if "moe" in kinds and not grouped_gemm:
         out.append(SEQUENTIAL)
-    if latent:
-        out.append(LATENT)
+    if latent and sequence_split:
+        out.append(LATENT_SP)
     if not transformer_te:
         out.append("Transformer Engine's modules run FP8 (--transformer-impl local does not)")
     if compute_capability < 9:
         out.append("Transformer Engine's FP8 GEMMs need compute capability 8.9 or later")
     if dtype_bytes != 2:
-        out.append("priced with bf16 or fp16 parameters")
+        out.append(FP32)
     out += recompute_problems(fp8, recompute)
     if fsdp not in ("none", "optim_grads_params"):
         out.append(f"{IN_FSDP} (--fsdp none or optim_grads_params)")

@@ -236,6 +236,7 @@ class StepSettings:
             muon=self.optimizer.kind == "muon",
             layers=self.geometry.layers,
             latent=self.geometry.is_mla,
+            sequence_split=self.layout.sp_active,
             grouped_gemm=self.runtime.moe_grouped_gemm,
         )
 

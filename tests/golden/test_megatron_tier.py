@@ -234,13 +234,12 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     assert {f"{r.family}/{r.case}" for r in featured} >= set(SECOND_EXTRACTION)
     unpriced = {
         # the DeepSeek proxies' Megatron FSDP of MoE and latent attention, and FP8 in its
-        # buffers, are priced: the EP-overlap one's --delay-wgrad-compute refuses it, the
-        # GB200 ones' FP8 on MoE layers in Megatron FSDP's buffers, on latent attention and
-        # in fp32
+        # buffers and on both, are priced: the EP-overlap one's --delay-wgrad-compute
+        # refuses it, the GB200 ones' fp32 parameters beside FP8 (no --bf16)
         "fsdp": (
             "--use-megatron-fsdp",
             "--delay-wgrad-compute",
-            "FP8 on MoE layers is priced in megatron-core's DDP buffers only",
+            "fp32 parameters beside FP8",
         ),
         "release-15b": ("world_size=None: unknown",),
     }

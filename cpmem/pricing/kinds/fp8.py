@@ -1,5 +1,6 @@
 """What FP8 training (``StepSettings.fp8``) changes in the saved sets of the layer kinds it
-is priced for (attention, dense MLP, MoE: ``moe_fp8_width``) and of an MTP depth's
+is priced for (attention, latent attention: ``latent_fp8_width``, dense MLP, MoE:
+``moe_fp8_width``) and of an MTP depth's
 inputs (``eh_proj_fp8_width``), in elements of the step's dtype per token (the unit of
 ``tight``'s widths).
 
@@ -84,9 +85,12 @@ def _block_scales(ctx: TightContext | Step, inputs: list[tuple[int, int | Fracti
 
 
 def attention_fp8_width(ctx: TightContext) -> int:
-    """The attention layer's saved set under FP8 less its saved set without (0 without FP8)."""
+    """The attention layer's saved set under FP8 less its saved set without (0 without FP8;
+    latent attention's: ``latent_fp8_width``)."""
     if not _active(ctx):
         return 0
+    if ctx.geometry.is_mla:
+        return latent_fp8_width(ctx)
     g, b = ctx.geometry, ctx.step.dtype_bytes
     s = sp_divisor(ctx.tp, ctx.sp)
     normed = g.hidden // s
@@ -97,6 +101,48 @@ def attention_fp8_width(ctx: TightContext) -> int:
     core_kept = not ctx.step.recompute.checkpoints(Module.CORE_ATTN)
     proj_delta = proj * FP8_BYTES if core_kept else -proj * (b - FP8_BYTES)
     return _elements(-normed * (b - FP8_BYTES) + proj_delta + ceil(scales), b)
+
+
+KEEPS_OUTPUT = ("flash", "fused")
+"""The attention backends whose kernel saves its output for its backward (FlashAttention's
+and cuDNN's fused attention); the unfused one's last op, ``bmm(probs, value)``, saves its
+inputs, not its output."""
+
+
+def latent_fp8_width(ctx: TightContext) -> int:
+    """Latent attention's saved set under FP8 less its saved set without, on a rank whose
+    tokens SP does not split (``cpmem.step.fp8`` refuses the rest). megatron-core 0.16's
+    Transformer Engine layer spec builds its input norm apart (``TENorm``), the query's
+    and the KV's down projections as ``TELinear`` (the query's a column-parallel
+    ``TELinear`` of ``H`` without ``q_lora_rank``), their up projections as
+    ``TELayerNormColumnParallelLinear`` (``q_layernorm`` and ``kv_layernorm`` fused) and the
+    output projection as ``TERowParallelLinear`` (Megatron-LM 4828d651
+    ``gpt_layer_specs.py``, the unfused-down-projection MLA spec). Each saves its input
+    quantized, 1 B an element (TE ``module/linear.py:530-554``,
+    ``module/layernorm_linear.py:230-285``):
+
+    - the input norm's output (``H``), which the norm does not save (it saves its input):
+      the two down projections each keep their own 1 B copy in its place;
+    - the up projections' normed inputs (``q_lora_rank``, ``kv_lora_rank``), their fused
+      norms' outputs, which only they keep: ``b - 1`` bytes less an element (their norms'
+      inputs, the down projections' outputs, stay: the fused norm saves them);
+    - the output projection's input, the core attention's output
+      (``heads x v_head_dim / TP``): a flash or fused kernel saves it too, so it gains a
+      1 B copy; the unfused kernel and a ``core_attn`` checkpoint keep none, so it loses
+      ``b - 1`` bytes an element;
+    - the block-scaled recipes' scales of those inputs (``_block_scales``)."""
+    g, step, b = ctx.geometry, ctx.step, ctx.step.dtype_bytes
+    proj = g.attention_output_width // ctx.tp
+    latent = [g.kv_lora_rank] + ([g.q_lora_rank] if g.q_lora_rank else [])
+    kernel_keeps = step.settings.runtime.attention_backend in KEEPS_OUTPUT
+    if kernel_keeps and not step.recompute.checkpoints(Module.CORE_ATTN):
+        proj_delta = proj * FP8_BYTES
+    else:
+        proj_delta = -proj * (b - FP8_BYTES)
+    delta = -g.hidden * (b - 2 * FP8_BYTES) - sum(latent) * (b - FP8_BYTES) + proj_delta
+    inputs: list[tuple[int, int | Fraction]] = [(g.hidden, 1), (g.hidden, 1), (proj, 1)]
+    inputs += [(n, 1) for n in latent]
+    return _elements(delta + ceil(_block_scales(ctx, inputs)), b)
 
 
 def dense_fp8_width(ctx: TightContext) -> int:

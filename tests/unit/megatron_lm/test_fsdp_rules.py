@@ -12,6 +12,7 @@ from cpmem.api import describe_megatron
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args, read_megatron_args
 from cpmem.megatron.fsdp_rules import fsdp_grad_element_size, fsdp_strategy
+from cpmem.step.fp8 import FP32
 from tests.unit.megatron_lm.tiny import FLAGS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -117,7 +118,7 @@ def test_a_matching_grad_comm_dtype_is_read() -> None:
     [
         # the EP-overlap case's --delay-wgrad-compute: Megatron FSDP of their MoE and
         # latent-attention layers, and FP8 in its buffers, is not named (the GB200 cases
-        # pass the door: the step refuses their FP8 MoE layers and fp32 parameters)
+        # pass the door: the step refuses their fp32 parameters)
         ("moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap", "--delay-wgrad-compute"),
     ],
 )
@@ -151,14 +152,13 @@ def test_fp8_with_megatron_fsdp_or_muon_is_named_at_the_door() -> None:
 @pytest.mark.parametrize(
     "case", ["moe/deepseek_proxy_fsdp_ep2_fsdp2", "moe/deepseek_proxy_fsdp_ep2_fsdp2_1node"]
 )
-def test_the_gb200_proxies_are_refused_for_fp8_moe_layers_and_fp32_parameters(case: str) -> None:
+def test_the_gb200_proxies_are_refused_for_their_fp32_parameters_alone(case: str) -> None:
     # the door reads them (Megatron FSDP of their layers and FP8 in its buffers priced);
-    # the step refuses FP8 on MoE layers in Megatron FSDP's buffers, on latent attention
-    # and in fp32 (no --bf16), cpmem.step.fp8
+    # FP8 on their MoE layers in Megatron FSDP's buffers and on their latent attention
+    # (TP 1: SP splits nothing) is priced, so the step refuses their fp32 parameters
+    # (no --bf16) alone, cpmem.step.fp8
     args = read_megatron_args(CASES / case / "model_config.yaml")
     with pytest.raises(InputError) as err:
         describe_megatron(args, world_size=8 if case.endswith("fsdp2") else 4, device="gb200")
     assert err.value.field == "fp8"
-    reason = err.value.reason
-    assert "MoE layers is priced in megatron-core's DDP buffers only" in reason
-    assert "latent attention (MLA)" in reason and "bf16 or fp16" in reason
+    assert err.value.reason == FP32

@@ -142,3 +142,38 @@ def test_the_double_buffer_serves_the_largest_set_of_alike_units(config: Path) -
     # the MoE unit stays in flight: its two buckets gathered, 2 x (2,990,080 + 6,291,456)
     flight = fsdp_in_flight(buckets, "optim_grads_params", 2, 4, pooled=frozenset({0}))
     assert flight.gathered == 2 * (2_990_080 + 6_291_456)
+
+
+def test_fp8_experts_are_a_uint8_bucket_over_the_expert_group(config: Path) -> None:
+    # --fp8-param-gather: each unit's TE linears' weights are a group of their own (uint8),
+    # the routed experts' too. Layer 0: latent attention's 5 projections (131,072 +
+    # 393,216 + 98,304 + 262,144 + 524,288 = 1,409,024) and fc1, fc2 (3,145,728): 4,554,752,
+    # chunk fc2's 2048, 278 x (8 x 2048) exactly; its norms (512 + 256 + 128 + 512 = 1,408,
+    # rows of 1) to 8. Layer 1: its norms and router (512 + 256 + 128 + 512 + 4,096 =
+    # 5,504: chunk the router's 512, the 256 and 128 norms after it) to 2 x 4,096 = 8,192;
+    # latent attention and the shared expert (1,409,024 + 1,572,864 = 2,981,888, chunk
+    # 1024, 364 x 8,192 exactly); the 4 local experts (6,291,456 on 4 x 1024, exactly)
+    text = CASE.read_text().replace("--delay-wgrad-compute: true", "")
+    fp8 = "  --fp8-format: hybrid\n  --fp8-recipe: tensorwise\n  --fp8-param-gather: true\n"
+    path = config.parent / "fp8.yaml"
+    path.write_text(text.replace("  --bf16: true\n", "  --bf16: true\n" + fp8))
+    g = megatron_geometry(read_megatron_args(path))
+    sharding = Sharding(1, 8, 2, 1, 4, fp8=True)
+    buckets = fsdp_buckets(g, sharding, "optim_grads_params")
+    sizes = [(b.layer, b.expert, b.fp8, b.size, b.real) for b in buckets]
+    assert sizes == [
+        (-1, False, False, 51_515_392, OUTSIDE),
+        (0, False, False, 1_408, 1_408),
+        (0, False, True, 4_554_752, 4_554_752),
+        (1, False, False, 8_192, 5_504),
+        (1, False, True, 2_981_888, 2_981_888),
+        (1, True, True, 6_291_456, 6_291_456),
+    ]
+    # the last rank (DP index 7, expert index 3): uint8 4,554,752 / 8 + 2,981,888 / 8 +
+    # 6,291,456 / 4 = 2,514,944; bf16 6,439,424 + 176 + 1,024 = 6,440,624; 22 FP8 weights
+    # (5 + 5 latent projections, fc1, fc2, the shared expert's two, 4 experts' two each)
+    c = price_step(describe_megatron(path, world_size=8, device="h100", rank="last"), "tight")
+    static = c.static.components  # type: ignore[union-attr]
+    assert static["weights"] == 2 * 6_440_624 + 2_514_944
+    assert static["gradient_buffer"] == 4 * (6_440_624 + 2_514_944)
+    assert static["fp8_scale_inverses"] == 22 * 512

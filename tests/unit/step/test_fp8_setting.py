@@ -8,7 +8,7 @@ import pytest
 
 from cpmem.api import describe_step
 from cpmem.errors import InputError
-from cpmem.step.fp8 import Fp8, fp8_problems, recompute_problems
+from cpmem.step.fp8 import FP32, LATENT_SP, Fp8, fp8_problems, recompute_problems
 from cpmem.step.recompute import Recompute
 
 FULL = {"runtime": "megatron-lm", "training": "full"}
@@ -233,3 +233,32 @@ def test_moe_layers_need_the_grouped_experts() -> None:
     facts = {**FACTS, "kinds": kinds, "compute_capability": 9}
     assert any(said in p for p in fp8_problems(Fp8("tensorwise"), grouped_gemm=False, **facts))  # type: ignore[arg-type]
     assert fp8_problems(Fp8("tensorwise"), grouped_gemm=True, **facts) == []  # type: ignore[arg-type]
+
+
+def test_latent_attention_is_priced_where_sp_splits_no_rank_s_tokens() -> None:
+    """FP8 on latent attention's linears (``cpmem.pricing.kinds.fp8.latent_fp8_width``) is
+    laid out on a rank whose tokens SP does not split; under SP (TP > 1) its down
+    projections run on the sequence shard and its up projections on gathered rows, refused
+    by name."""
+    facts = {**FACTS, "kinds": ("attention", "moe"), "compute_capability": 9}
+    assert fp8_problems(Fp8("tensorwise", True), latent=True, **facts) == []  # type: ignore[arg-type]
+    split = fp8_problems(Fp8("tensorwise", True), latent=True, sequence_split=True, **facts)  # type: ignore[arg-type]
+    assert split == [LATENT_SP]
+    assert fp8_problems(Fp8("tensorwise", True), sequence_split=True, **facts) == []  # type: ignore[arg-type]
+
+
+def test_moe_layers_are_priced_in_megatron_fsdps_buffers() -> None:
+    """The routed experts' FP8 weights are a uint8 bucket of their own in Megatron FSDP,
+    sharded over the expert data-parallel group (``cpmem.pricing.fsdp_units``): an MoE
+    stack under optim_grads_params with tensorwise param-gather is priced."""
+    facts = {**FACTS, "kinds": ("attention", "dense", "moe"), "compute_capability": 10}
+    gathered = Fp8("tensorwise", True)
+    assert fp8_problems(gathered, fsdp="optim_grads_params", **facts) == []  # type: ignore[arg-type]
+
+
+def test_fp32_parameters_are_refused_with_what_they_change() -> None:
+    # no --bf16 / --fp16: 4-byte parameters and activations
+    facts = {**FACTS, "dtype_bytes": 4, "compute_capability": 9}
+    problems = fp8_problems(Fp8("tensorwise", True), **facts)  # type: ignore[arg-type]
+    assert problems == [FP32]
+    assert "fp32 activations" in FP32 and "fp32 copy" in FP32
