@@ -194,16 +194,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--no-bias-swiglu-fusion",
     ),
     (
-        UNPRICED + "the grouped experts' rows padded to 256-token segments a local expert: "
-        "with --moe-grouped-gemm the op fuser turns on moe_use_grouped_tensor "
-        "(transformer_config.py:1410-1411), whose GroupedMLP pads the permuted tokens and "
-        "probabilities into new tensors fc1 saves (Fp8Padding, experts.py:305-314,736-748); "
-        "the fused ops' own saved set (GroupedLinear's input, ScaledSwiGLU's input and a bf16 "
-        "copy of the probabilities, fc2's input; Transformer Engine b9d690e0 "
-        "ops/basic/grouped_linear.py:1048, swiglu.py:469-472) is the fused SwiGLU's, priced",
-        "--use-transformer-engine-op-fuser",
-    ),
-    (
         UNPRICED + "the fused residual RMSNorm (a saved set of its own, not read)",
         "--fused-residual-rmsnorm",
     ),
