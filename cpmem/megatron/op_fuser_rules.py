@@ -121,4 +121,13 @@ def op_fuser_problems(args: MegatronArgs) -> list[Problem]:
                 "output-discarding checkpoint cpmem prices",
             )
         )
+    if args.flag_values.get("--delay-wgrad-compute") is True:
+        out.append(
+            (
+                f"{FLAG} with --delay-wgrad-compute",
+                UNPRICED + "the fused ops' own deferred weight gradients (the fused "
+                "GroupedLinears' backward_dw, experts.py:869-890): what they keep until then "
+                "is not read",
+            )
+        )
     return out

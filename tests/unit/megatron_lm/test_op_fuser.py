@@ -105,7 +105,8 @@ def test_what_the_fused_experts_do_not_support_or_cpmem_does_not_price_is_listed
     """Megatron-LM asserts ``_is_fused_impl_supported`` (expert TP, expert_fc1 / moe_act
     offload, an activation other than SwiGLU, quick GeGLU or the fused weighted squared
     ReLU); cpmem does not price the quick GeGLU and squared ReLU ops, TE's own activation
-    recompute under ``moe_act``, or FP8 beside the op fuser."""
+    recompute under ``moe_act``, FP8 beside the op fuser, or the fused ops' deferred weight
+    gradients (``--delay-wgrad-compute``)."""
     cases = {
         "at expert TP 2": dict(tensor_model_parallel_size=2, sequence_parallel=True),
         "--offload-modules expert_fc1": dict(
@@ -117,6 +118,7 @@ def test_what_the_fused_experts_do_not_support_or_cpmem_does_not_price_is_listed
             recompute_granularity="selective", recompute_modules="moe_act"
         ),
         "--fp8-format e4m3": dict(fp8="e4m3"),
+        "--delay-wgrad-compute": dict(flag_values={"--delay-wgrad-compute": True}),
     }
     for named, changes in cases.items():
         problems = op_fuser_problems(tiny(**{**FUSER, **changes}))
