@@ -121,6 +121,16 @@ def op_fuser_problems(args: MegatronArgs) -> list[Problem]:
                 "output-discarding checkpoint cpmem prices",
             )
         )
+    if args.moe_token_dispatcher_type == "flex":
+        out.append(
+            (
+                f"{FLAG} with --moe-token-dispatcher-type flex",
+                UNPRICED + "the flex dispatcher pads its own dispatch to 256 rows an expert "
+                "under the op fuser (HybridEP's pad_multiple, DeepEP's permute align_size: "
+                "token_dispatcher.py:1142-1144,1453 at d98e8a64, 1379 at 4828d651): the "
+                "dispatched rows, the probabilities it keeps and the combine's buffers padded",
+            )
+        )
     if args.flag_values.get("--delay-wgrad-compute") is True:
         out.append(
             (

@@ -106,7 +106,7 @@ def test_what_the_fused_experts_do_not_support_or_cpmem_does_not_price_is_listed
     offload, an activation other than SwiGLU, quick GeGLU or the fused weighted squared
     ReLU); cpmem does not price the quick GeGLU and squared ReLU ops, TE's own activation
     recompute under ``moe_act``, FP8 beside the op fuser, or the fused ops' deferred weight
-    gradients (``--delay-wgrad-compute``)."""
+    gradients (``--delay-wgrad-compute``), or the flex dispatcher's own 256-row padding."""
     cases = {
         "at expert TP 2": dict(tensor_model_parallel_size=2, sequence_parallel=True),
         "--offload-modules expert_fc1": dict(
@@ -119,6 +119,9 @@ def test_what_the_fused_experts_do_not_support_or_cpmem_does_not_price_is_listed
         ),
         "--fp8-format e4m3": dict(fp8="e4m3"),
         "--delay-wgrad-compute": dict(flag_values={"--delay-wgrad-compute": True}),
+        "--moe-token-dispatcher-type flex": dict(
+            moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep"
+        ),
     }
     for named, changes in cases.items():
         problems = op_fuser_problems(tiny(**{**FUSER, **changes}))
