@@ -43,6 +43,7 @@ from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.fsdp_rules import fsdp_buffers, fsdp_grad_element_size, fsdp_strategy
 from cpmem.megatron.layout import stage_layer_counts, virtual_pipeline_size
 from cpmem.megatron.offload_rules import offload
+from cpmem.megatron.op_fuser_rules import expert_row_align
 from cpmem.megatron.optimizer_rules import OPTIMIZER_KIND, layer_wise
 from cpmem.megatron.recompute_modules import selective, selective_modules
 from cpmem.megatron.rules import check_megatron_args
@@ -229,6 +230,7 @@ def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str =
         moe_grouped_gemm=args.moe_grouped_gemm,
         overlap_moe_comm=args.overlap_moe_expert_parallel_comm,
         moe_router_fusion=args.moe_router_fusion,
+        moe_row_align=expert_row_align(args),
     )
 
 

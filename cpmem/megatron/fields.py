@@ -126,6 +126,9 @@ class MegatronArgs:
     moe_shared_expert_intermediate_size: int | None = None  # transformer_config.py:701
     moe_permute_fusion: bool = False  # transformer_config.py:941
     moe_router_fusion: bool = False  # transformer_config.py:944
+    # Transformer Engine's op fuser: the grouped experts as te.ops (transformer_config.py:501;
+    # read by op_fuser_rules.py and describe.py)
+    use_transformer_engine_op_fuser: bool = False
     # CUDA graphs (read by cuda_graph_rules.py): transformer_config.py:1049, 1071, 1075;
     # the modules as written (arguments.py:2050) and the deprecated scope (arguments.py:2047)
     cuda_graph_impl: str = "none"
@@ -315,6 +318,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_shared_expert_intermediate_size", "int"),
             ("moe_permute_fusion", "bool"),
             ("moe_router_fusion", "bool"),
+            ("use_transformer_engine_op_fuser", "bool"),
             ("cuda_graph_impl", "str"),
             ("enable_cuda_graph", "bool"),
             ("external_cuda_graph", "bool"),

@@ -201,16 +201,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--no-bias-swiglu-fusion",
     ),
     (
-        UNPRICED + "the grouped experts' rows padded to 256-token segments a local expert: "
-        "with --moe-grouped-gemm the op fuser turns on moe_use_grouped_tensor "
-        "(transformer_config.py:1410-1411), whose GroupedMLP pads the permuted tokens and "
-        "probabilities into new tensors fc1 saves (Fp8Padding, experts.py:305-314,736-748); "
-        "the fused ops' own saved set (GroupedLinear's input, ScaledSwiGLU's input and a bf16 "
-        "copy of the probabilities, fc2's input; Transformer Engine b9d690e0 "
-        "ops/basic/grouped_linear.py:1048, swiglu.py:469-472) is the fused SwiGLU's, priced",
-        "--use-transformer-engine-op-fuser",
-    ),
-    (
         UNPRICED + "the fused residual RMSNorm (a saved set of its own, not read)",
         "--fused-residual-rmsnorm",
     ),
@@ -252,8 +242,20 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-expert-rank-capacity-factor",
     ),
     (
-        UNPRICED + "the shared experts' gate, or the shared experts run beside the dispatch",
-        "--moe-shared-expert-gate --moe-shared-expert-overlap",
+        UNPRICED + "the shared experts' gate (its [tokens, 1] sigmoid score and the gated "
+        "product's saved output)",
+        "--moe-shared-expert-gate",
+    ),
+    (
+        UNPRICED + "the shared experts run on a side stream beside the dispatch: their "
+        "linears' own sequence-parallel communication is turned off (shared_experts.py:150-"
+        "161), so under SP fc1 saves the all-gathered [tokens, H] input (shared_experts.py:"
+        "236) and fc2's un-scattered [tokens, H] output is made at the routed combine "
+        "(token_dispatcher.py:846-848, shared_experts.py:316-330); and their backward is "
+        "interleaved with the routed experts' by sequence number (shared_experts.py:301-"
+        "313, _BackwardStreamWait), so which of the two backwards' gradients are live at "
+        "once is not read",
+        "--moe-shared-expert-overlap",
     ),
     (UNPRICED + "latent MoE projections", "--moe-latent-size"),
     (

@@ -24,6 +24,7 @@ from cpmem.megatron.fsdp_rules import fsdp_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.moe_rules import moe_problems
 from cpmem.megatron.offload_rules import offload_problems
+from cpmem.megatron.op_fuser_rules import op_fuser_problems
 from cpmem.megatron.optimizer_rules import optimizer_problems
 from cpmem.megatron.recompute_modules import module_problems
 from cpmem.megatron.stack_rules import stack_problems
@@ -417,6 +418,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += fp8_problems(args)
     out += cuda_graph_door_problems(args)
     out += moe_problems(args)
+    out += op_fuser_problems(args)
     out += flex_problems(args)
     out += stack_problems(args)
     out += variant_problems(args)

@@ -130,3 +130,62 @@ def rows_per_token(
     per_source = math.ceil(shard * k * factor / experts)
     rows = Fraction((experts // ep) * senders * per_source, tokens)
     return rows if pad else min(worst, rows)
+
+
+def padded_rows(total: int, local: int, align: int, per_expert: int | None = None) -> int:
+    """The most rows ``local`` experts hold once each one's rows are padded up to a
+    multiple of ``align`` (Transformer Engine's ``Fp8Padding``: ``(m + align - 1) // align
+    * align`` per split, an empty split left empty; TE b9d690e0
+    ``module/fp8_padding.py:120-123``), over every split of ``total`` rows with at most
+    ``per_expert`` rows an expert (None: no such cap). Each non-empty split gains at most
+    ``align - 1`` rows and at most ``min(local, total)`` splits are non-empty, so the
+    padded count is at most ``total + (align - 1) x min(local, total)`` rounded down to
+    the alignment, which ``min(local, total) - 1`` one-row splits and one holding the rest
+    reach; with a cap it is also at most ``local`` splits of the cap rounded up."""
+    if align <= 1 or total <= 0:
+        return max(total, 0)
+    nonempty = min(local, total)
+    bound = (total + (align - 1) * nonempty) // align * align
+    if per_expert is not None:
+        bound = min(bound, local * -(-per_expert // align) * align)
+    return bound
+
+
+def pad_rows(
+    geometry: ModelGeometry,
+    rows: Fraction,
+    routing: str,
+    align: int,
+    ep: int,
+    etp: int,
+    tp: int,
+    sp: bool,
+    tokens: int,
+) -> Fraction:
+    """``rows`` per token (``rows_per_token`` under ``routing`` at ``tokens``) as the
+    grouped experts hold them where they pad each local expert's rows to a multiple of
+    ``align`` (unchanged where ``align`` is 0 or 1):
+
+    - ``balanced``: every local expert receives its even share, padded:
+      ``local x ceil(share / align) x align`` (the expectation's own counts; a router's
+      counts scatter about the share and pad by up to ``align - 1`` more each, which the
+      bounds below hold);
+    - ``capacity:F:pad``: every local expert receives exactly its padded capacity, padded
+      again to the alignment;
+    - ``concentrated``, ``capacity:F``, ``rows:N``: the most the padding can reach over any
+      split of the rows among the local experts (``padded_rows``), each expert holding at
+      most one copy of each source token (``concentrated``) or its capacity."""
+    if align <= 1 or not rows:
+        return rows
+    local = geometry.num_experts // max(ep, 1)
+    total = rows * tokens
+    kind, _, value = routing.partition(":")
+    if kind == "balanced" or (kind == "capacity" and value.endswith(":pad")):
+        return Fraction(local * math.ceil(total / local / align) * align, tokens)
+    cap: int | None = None
+    if kind == "concentrated":  # at most one copy of each source token an expert
+        cap = math.ceil(tokens * expert_sources(ep, etp, tp, sp))
+    elif kind == "capacity":  # at most its capacity an expert
+        full = rows_per_token(geometry, ep, routing + ":pad", tp=tp, sp=sp, etp=etp, tokens=tokens)
+        cap = math.ceil(full * tokens / local)
+    return Fraction(padded_rows(math.ceil(total), local, align, cap), tokens)

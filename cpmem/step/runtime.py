@@ -70,6 +70,10 @@ class Runtime:
     - ``moe_router_fusion``: the router's top-k and score function run as Transformer
       Engine's fused kernel (``--moe-router-fusion``; ``cpmem.pricing.kinds.moe``,
       ``FUSED_ROUTER_DROPS_PER_TOPK``).
+    - ``moe_row_align``: the grouped experts pad each local expert's rows to a multiple of
+      this many into new tensors their GEMMs save (0: not padded; 256 under Transformer
+      Engine's op fuser with grouped GEMMs, ``cpmem.megatron.op_fuser_rules``): the rows
+      ``Step.grouped_rows_per_token`` prices.
     """
 
     name: RuntimeName = "art"
@@ -88,6 +92,7 @@ class Runtime:
     moe_grouped_gemm: bool = False
     overlap_moe_comm: bool = False
     moe_router_fusion: bool = False
+    moe_row_align: int = 0
     backend_resolved: bool = True
     """False while ``auto`` waits for the request whose sequence Transformer Engine's
     selection reads: ``StepSettings.step`` resolves it (``backend_choice``)."""

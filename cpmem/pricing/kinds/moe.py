@@ -18,6 +18,7 @@ from cpmem.pricing.kinds.fp8 import moe_fp8_width
 from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
 from cpmem.pricing.kinds.moe_dispatch import after_forward_rows, saved_beyond_alltoall
+from cpmem.pricing.kinds.moe_padding import grouped_rows
 from cpmem.pricing.kinds.spec import MlpSpec, TightContext, TrainedTensors
 from cpmem.pricing.layer_parameters import (
     LayerParameters,
@@ -216,8 +217,8 @@ def saved_width(
     """Elements per (global) token one MoE layer keeps:
 
     - the norm's input and output (``2H/s``, ``kept_width``);
-    - per routed row (``rows`` per token: ``Step.expert_rows_per_token``, the routing
-      the caller states) its
+    - per routed row (``rows`` per token: ``moe_padding.grouped_rows``, the routing
+      the caller states, padded where the experts pad) its
       ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
       ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
       ``MOE_ROW_SMALL``;
@@ -257,14 +258,17 @@ def router_width(geometry: ModelGeometry, s: int, fused: bool) -> int:
 
 def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token the last MoE layer holds at its forward peak beyond its saved
-    set (``MOE_DISPATCH_ROW_H``): ``rows·(3H + 2) + (H + 2E)/s``. Priced where the MoE
-    layers keep their saved sets (no ``moe`` checkpoint); a checkpointed MoE's forward is
-    priced by its saved set (``checkpointed_width``)."""
+    set (``MOE_DISPATCH_ROW_H``): ``rows·(3H + 2) + (H + 2E)/s``, with the padded rows'
+    fc2 output beside them where the experts pad (``moe_padding``: its unpadded copy is
+    made while the padded one lives). Priced where the MoE layers keep their saved sets
+    (no ``moe`` checkpoint); a checkpointed MoE's forward is priced by its saved set
+    (``checkpointed_width``)."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
     rows = step.expert_rows_per_token(tp)
     h = geometry.hidden
-    routed = math.ceil(rows * (MOE_DISPATCH_ROW_H * h + 2))
+    padding = grouped_rows(step, tp) - rows
+    routed = math.ceil(rows * (MOE_DISPATCH_ROW_H * h + 2) + padding * h)
     return routed + (h + 2 * geometry.num_experts) // sp_divisor(tp, sp)
 
 
@@ -324,7 +328,7 @@ def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> 
     (``dispatch_width``) or its backward (``backward_row_width`` per row); beside
     either, the gradients the MoE layers already through their backward keep
     (``ACCUMULATED_INPUT_GRADS``)."""
-    rows = step.expert_rows_per_token(w.tp)
+    rows = grouped_rows(step, w.tp)
     backward = math.ceil(rows * backward_row_width(geometry, step))
     moment = max(dispatch_width(geometry, w, step), backward)
     earlier = max(0, geometry.moe_layers - 1)
@@ -375,8 +379,8 @@ def backward_row_width(geometry: ModelGeometry, step: Step) -> int:
 
 def checkpoint_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token the last MoE layer's backward holds beside the saved set its
-    ``moe`` checkpoint recomputed (``backward_row_width`` per row)."""
-    rows = step.expert_rows_per_token(w.tp)
+    ``moe`` checkpoint recomputed (``backward_row_width`` per row, at the padded rows)."""
+    rows = grouped_rows(step, w.tp)
     return math.ceil(rows * backward_row_width(geometry, step))
 
 
@@ -394,7 +398,7 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     simulator without the gathered copy, up to 24% with it."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
-    rows = step.expert_rows_per_token(tp)
+    rows = grouped_rows(step, tp)
     h = geometry.hidden
     fe = expert_shard(geometry, layout.etp)
     per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * fe
@@ -519,7 +523,7 @@ class MoeSpec(MlpSpec):
 
     def tight_widths(self, ctx: TightContext) -> dict[str, int]:
         g, step, tp, sp = ctx.geometry, ctx.step, ctx.tp, ctx.sp
-        rows = step.expert_rows_per_token(tp, sp)
+        rows = grouped_rows(step, tp, sp)
         etp = step.plan.layout.etp
         fused = step.settings.runtime.moe_router_fusion
         width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora, etp, fused) + ctx.sandwich

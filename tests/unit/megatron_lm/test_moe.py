@@ -94,6 +94,35 @@ def test_an_unpriced_dispatcher_is_refused_by_name() -> None:
     assert "--moe-token-dispatcher-type flex" in str(err.value)
 
 
+def test_shared_expert_overlap_is_refused_naming_what_it_keeps() -> None:
+    """With the overlap megatron-core turns the shared experts' linears' own SP
+    communication off and gathers their input itself (shared_experts.py:150-161, 236 at
+    4828d651): fc1 saves the gathered input, fc2's un-scattered output is made at the
+    routed combine, and their backward interleaves with the routed experts'. The gate is
+    a refusal of its own."""
+    flags = {
+        "--num-layers": 2,
+        "--hidden-size": 64,
+        "--num-attention-heads": 4,
+        "--seq-length": 128,
+        "--max-position-embeddings": 128,
+        "--micro-batch-size": 1,
+        "--num-experts": 4,
+        "--disable-bias-linear": True,
+        "--moe-shared-expert-intermediate-size": 128,
+        "--moe-token-dispatcher-type": "alltoall",
+    }
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**flags, "--moe-shared-expert-overlap": True})
+    assert err.value.value == "--moe-shared-expert-overlap"
+    for tensor in ("all-gathered [tokens, H] input", "un-scattered [tokens, H] output"):
+        assert tensor in err.value.reason
+    assert "backward is interleaved" in err.value.reason
+    with pytest.raises(InputError) as err:
+        parse_megatron_args({**flags, "--moe-shared-expert-gate": True})
+    assert err.value.value == "--moe-shared-expert-gate" and "gate" in err.value.reason
+
+
 def test_each_layer_holds_its_local_experts_sharded_over_etp() -> None:
     """E / EP = 4 local experts of fc1 [f / ETP, h] and fc2 [h, f / ETP], f = 4h = 2048,
     h = 512, ETP 2 (experts.py, no biases)."""

@@ -366,12 +366,3 @@ def test_a_non_positive_size_is_refused_before_the_rules_that_divide_by_it() -> 
         "--tensor-model-parallel-size 0",
         "must be a positive integer",
     )
-
-
-def test_the_op_fuser_is_refused_for_the_padded_expert_rows_it_turns_on() -> None:
-    """With grouped GEMMs the op fuser sets ``moe_use_grouped_tensor`` (Megatron-LM d98e8a64
-    transformer_config.py:1410-1411), whose GroupedMLP pads each local expert's rows to
-    256-token segments (experts.py:736-748); its fused ops' saved set is the fused SwiGLU's."""
-    err = _refusal({**MOE, "--moe-grouped-gemm": True, "--use-transformer-engine-op-fuser": True})
-    assert err.value == "--use-transformer-engine-op-fuser"
-    assert "256-token segments" in err.reason and "fused SwiGLU's" in err.reason
