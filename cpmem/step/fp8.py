@@ -15,7 +15,8 @@ compute capability 10 and 11) without it, on full training of attention, dense-M
 MoE layers (and the MTP depths) under Transformer Engine's modules, on a device of compute
 capability 9 or later, with bf16 or fp16 parameters, with nothing recomputed, full
 recompute (not under ``delayed`` nor beside bf16 layers) or a selective recompute of the
-modules in ``PRICED_RECOMPUTE``, the layers in ``bf16_layers`` out of FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
+modules in ``PRICED_RECOMPUTE`` (``mlp``, ``moe`` and ``shared_experts`` not under
+``delayed`` nor beside bf16 layers either), the layers in ``bf16_layers`` out of FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
 ``cpmem.pricing.fp8_static``): with ``param-gather`` the weights in the ``uint8``
 parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
 that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
@@ -94,21 +95,57 @@ LATENT = (
     "FP8 on latent attention (MLA) is not priced: its down and up projections' FP8 "
     "weights and saved inputs are not laid out"
 )
-PRICED_RECOMPUTE = (Module.CORE_ATTN, Module.LAYERNORM, Module.MOE_ACT)
-"""The selective recompute modules FP8 is priced under: the core attention (its
-checkpoint keeps its inputs, the QKV projection's output, and its output, the output
-projection's input, so no Transformer Engine linear's saved input moves) and the
-output-discarding ``layernorm`` and ``moe_act`` (``cpmem.pricing.kinds.discarded``: under
-FP8 megatron-core has the routed experts' fc2 save its original input,
-``set_save_original_input``, Megatron-LM 4828d651 ``moe/experts.py``, so the discarded
-activation output takes fc2's saved input with it and none is quantized; a norm's
-output the checkpoint drops is not a TE linear's saved FP8 copy, which is a tensor of its
-own)."""
+PRICED_RECOMPUTE = (
+    Module.CORE_ATTN,
+    Module.LAYERNORM,
+    Module.MOE_ACT,
+    Module.MLP,
+    Module.MOE,
+    Module.SHARED_EXPERTS,
+)
+"""The selective recompute modules FP8 is priced under:
+
+- the core attention (its checkpoint keeps its inputs, the QKV projection's output, and
+  its output, the output projection's input, so no Transformer Engine linear's saved input
+  moves);
+- the output-discarding ``layernorm`` and ``moe_act`` (``cpmem.pricing.kinds.discarded``:
+  under FP8 megatron-core has the routed experts' fc2 save its original input,
+  ``set_save_original_input``, Megatron-LM 4828d651 ``moe/experts.py``, so the discarded
+  activation output takes fc2's saved input with it and none is quantized; a norm's output
+  the checkpoint drops is not a TE linear's saved FP8 copy, which is a tensor of its own);
+- ``mlp`` (a dense MLP), ``moe`` (the whole MoE layer) and ``shared_experts``: under FP8
+  megatron-core runs each under Transformer Engine's checkpoint (``te_checkpoint``,
+  Megatron-LM 4828d651 ``transformer_layer.py:821-833``, ``moe/moe_layer.py:685-695``,
+  ``:510-518``), TE b9d690e0 ``distributed.py:336-400``: the module's forward runs without
+  gradients and the checkpoint saves its tensor inputs alone (``ctx.save_for_backward``),
+  so every FP8 saved input inside the module (the kinds' FP8 widths) is dropped with the
+  rest of its saved set and quantized again by the recompute in its backward; beside
+  them the checkpoint keeps only, under delayed scaling, each TE module's copied amax
+  history and scale (``DELAYED_CHECKPOINT``, refused)."""
 RECOMPUTE_REASON = (
     "what a recomputed layer keeps under FP8 is priced with recompute none, full, or "
-    "selective core_attn, layernorm and moe_act only: the other checkpoints' Transformer "
-    "Engine state in the recompute is not priced"
+    "selective core_attn, layernorm, moe_act, mlp, moe and shared_experts only"
 )
+MLA_UP_PROJ = (
+    "mla_up_proj's output-discarding checkpoint (megatron-core's CheckpointWithoutOutput "
+    "with fp8, multi_latent_attention.py:961-966 at 4828d651) drops the up projections' "
+    "saved inputs, which under FP8 are latent attention's 1 B copies of the latent norms' "
+    "outputs, not their bf16 tensors (cpmem.pricing.kinds.discarded.mla_up_proj_dropped); "
+    "priced when FP8 on latent attention is"
+)
+DELAYED_CHECKPOINT = (
+    "selective recompute of {modules} with the delayed recipe: Transformer Engine's "
+    "checkpoint (te_checkpoint) copies each module's forward amax history and scale for the "
+    "recompute (copy_forward_fp8_meta_tensors_for_recompute, quantization.py:761-786 at "
+    "b9d690e0, delayed scaling only), kept until the module's backward; not priced"
+)
+BF16_CHECKPOINT = (
+    "selective recompute of {modules} with layers kept in bf16: a checkpointed module's "
+    "working set is priced as an FP8 layer's"
+)
+TE_CHECKPOINTED = (Module.MLP, Module.MOE, Module.SHARED_EXPERTS)
+"""The selective modules megatron-core checkpoints with Transformer Engine's checkpoint
+under FP8 (``PRICED_RECOMPUTE``)."""
 DELAYED_FULL = (
     "full recompute with the delayed recipe: Transformer Engine's checkpoint copies each "
     "module's forward amax history and scale for the recompute "
@@ -281,10 +318,18 @@ def recompute_problems(fp8: Fp8, recompute: Recompute) -> list[str]:
         return [f"{RECOMPUTE_REASON} (recompute {recompute.mode.value})"]
     out: list[str] = []
     other = [m.value for m in recompute.modules if m not in PRICED_RECOMPUTE]
+    if Module.MLA_UP_PROJ.value in other:
+        other.remove(Module.MLA_UP_PROJ.value)
+        out.append(MLA_UP_PROJ)
     if other:
         out.append(f"{RECOMPUTE_REASON} (recompute modules {other})")
     if fp8.recipe == "delayed" and Module.MOE_ACT in recompute.modules:
         out.append(DELAYED_MOE_ACT)
+    checkpointed = [m.value for m in TE_CHECKPOINTED if m in recompute.modules]
+    if checkpointed and fp8.recipe == "delayed":
+        out.append(DELAYED_CHECKPOINT.format(modules=checkpointed))
+    if checkpointed and fp8.bf16_layers:
+        out.append(BF16_CHECKPOINT.format(modules=checkpointed))
     return out
 
 

@@ -52,9 +52,18 @@ from cpmem.pricing.mxfp8 import BLOCK as MX_BLOCK
 from cpmem.pricing.mxfp8 import ROW_PAD as MX_ROW_PAD
 from cpmem.pricing.widths import sp_divisor
 from cpmem.step.recompute import Module
+from cpmem.step.routing import routing_kind
 from cpmem.step.step import Step
 
 FP8_BYTES = 1
+
+EXPERT_ALIGN = {"mxfp8": 32}
+"""The multiple of rows each local expert's split is padded to under FP8 where it is not
+16 (``EXPERT_ALIGN_DEFAULT``): Megatron-LM 4828d651 ``fp8_utils.py:168-173``
+(``get_fp8_align_size``: 32 for MXFP8, else 16), as Transformer Engine b9d690e0
+``quantization.py:262-268`` (``get_align_size_for_quantization``) gives it to
+``Fp8Padding``."""
+EXPERT_ALIGN_DEFAULT = 16
 
 
 def _elements(delta_bytes: int, dtype_bytes: int) -> int:
@@ -110,6 +119,52 @@ def dense_fp8_width(ctx: TightContext) -> int:
     return _elements(-(normed + g.ffn // ctx.tp) * (b - FP8_BYTES) + ceil(scales), b)
 
 
+def expert_align(recipe: str) -> int:
+    """The rows each local expert's split is padded to a multiple of under ``recipe``."""
+    return EXPERT_ALIGN.get(recipe, EXPERT_ALIGN_DEFAULT)
+
+
+def expert_padding_rows(step: Step, tp: int, sp: bool) -> Fraction:
+    """Rows per token (of ``Step.priced_tokens``) that FP8 adds to the rank's routed rows
+    in one MoE layer (0 without FP8 or MoE layers): with FP8 on, megatron-core's
+    ``TEGroupedMLP`` pads each of its ``E/EP`` local experts' rows to a multiple of
+    ``a`` (``expert_align``) before fc1 (``Fp8Padding(num_local_experts)``, Megatron-LM
+    4828d651 ``moe/experts.py:295-302, 676-691``; TE b9d690e0 ``module/fp8_padding.py``:
+    a new ``[sum of padded splits, H]`` tensor, zero rows appended to each split), and the
+    permuted probabilities with them; fc1's saved input, its output, the activation's
+    saved set and fc2's input all hold the padded rows, which are unpadded only after fc2
+    (``Fp8Unpadding``). The HybridEP dispatcher pads the rows to the same multiple itself
+    (``token_dispatcher.py:1087-1088``), and the experts then skip theirs
+    (``moe_utils.skip_routed_expert_padding``): the same rows. The padding is keyed on
+    ``config.fp8``, so layers kept in bf16 pad too.
+
+    - a bound routing (``concentrated``, ``capacity:F``, ``rows:N``): any split can end
+      one row past a multiple, ``a - 1`` rows a local expert: ``E/EP (a - 1)`` rows;
+    - ``balanced`` and ``capacity:F:pad``: every local expert holds its share ``n`` of the
+      rank's rows exactly (the routing's own statement), padded to ``ceil(n/a) a``. A real
+      batch's counts spread around the share; where the spread is wider than ``a`` their
+      padding averages ``(a - 1)/2`` a local expert, so a share that is a multiple of
+      ``a`` (no padding here) is under that average by ``(a - 1)/2`` rows an expert."""
+    fp8, g = step.settings.fp8, step.geometry
+    if fp8 is None or not g.is_moe:
+        return Fraction(0)
+    a = expert_align(fp8.recipe)
+    local = g.num_experts // max(step.plan.layout.ep, 1)
+    tokens = step.priced_tokens
+    routing = step.moe_routing
+    if routing_kind(routing) == "balanced" or routing.endswith(":pad"):
+        share = step.expert_rows_per_token(tp, sp) * tokens / local
+        return local * (ceil(share / a) * a - share) / tokens
+    return Fraction(local * (a - 1), tokens)
+
+
+def expert_gemm_rows(step: Step, tp: int, sp: bool) -> Fraction:
+    """Rows per token the routed experts' GEMMs and activation hold in one MoE layer: the
+    rank's routed rows (``Step.expert_rows_per_token``) and FP8's padding
+    (``expert_padding_rows``)."""
+    return step.expert_rows_per_token(tp, sp) + expert_padding_rows(step, tp, sp)
+
+
 def moe_fp8_width(ctx: TightContext) -> int:
     """The MoE block's saved set under FP8 less its saved set without (0 without FP8).
 
@@ -119,29 +174,39 @@ def moe_fp8_width(ctx: TightContext) -> int:
       and fc2's, the weighted activation output (``F_e/ETP``), lose ``b - 1`` bytes per
       element; under a ``moe_act`` checkpoint fc2 saves its original input
       (``set_save_original_input``), which the checkpoint discards: no fc2 term;
-    - the shared expert: fc1's input, the pre-MLP norm's output (``H/s``), stays in the
-      dtype (the router's GEMM saves it too) and gains a 1 B copy; fc2's, its activation's
-      output (``F_s/t``, which only fc2 keeps), loses ``b - 1`` bytes per element;
+    - the shared expert (``shared_fp8_bytes``);
     - the block-scaled recipes' scales of those inputs (``_block_scales``), per token of
       the rows each holds. The routed experts quantize each expert's split on its own
-      (``tex.split_quantize``, ``grouped_linear.py:530``), and megatron-core pads each
-      split to a multiple of 16 rows under FP8 (``Fp8Padding``), so the per-row price is
-      under by less than one 128-row block of scales per expert and input, and by the
-      padded rows' bytes (under ``16 (H + F_e/ETP)`` B per expert)."""
+      (``tex.split_quantize``, ``grouped_linear.py:530``), so the per-row price is under
+      by less than one 128-row block of scales per expert and input.
+
+    The rows are the padded ones (``expert_gemm_rows``)."""
     if not _active(ctx):
         return 0
     g, step, b = ctx.geometry, ctx.step, ctx.step.dtype_bytes
-    s = sp_divisor(ctx.tp, ctx.sp)
-    rows = step.expert_rows_per_token(ctx.tp, ctx.sp)
+    rows = expert_gemm_rows(step, ctx.tp, ctx.sp)
     fe = g.expert_ffn // max(step.plan.layout.etp, 1)
     per_row = [g.hidden] + ([] if step.recompute.checkpoints(Module.MOE_ACT) else [fe])
     delta = -rows * sum(per_row) * (b - FP8_BYTES)
     scales = _block_scales(ctx, [(cols, 1 / rows) for cols in per_row]) if rows else Fraction(0)
+    return _elements(ceil(delta + scales + shared_fp8_bytes(step, ctx.tp, ctx.sp)), b)
+
+
+def shared_fp8_bytes(step: Step, tp: int, sp: bool) -> Fraction:
+    """Bytes per token FP8 changes in an MoE layer's shared expert's saved set (0 without
+    FP8 or a shared expert): fc1's input, the pre-MLP norm's output (``H/s``), stays in
+    the dtype (the router's GEMM saves it too) and gains a 1 B copy; fc2's, its
+    activation's output (``F_s/t``, which only fc2 keeps), loses ``b - 1`` bytes per
+    element; the block-scaled recipes' scales of both (``_block_scales``). A
+    ``shared_experts`` checkpoint drops these with the rest of the shared expert's saved
+    set (``cpmem.pricing.kinds.moe.act_dropped``)."""
+    g, b = step.geometry, step.dtype_bytes
     shared = g.shared_expert_ffn
-    if shared:
-        delta += Fraction(g.hidden // s * FP8_BYTES - shared // ctx.tp * (b - FP8_BYTES))
-        scales += _block_scales(ctx, [(g.hidden, s), (shared // ctx.tp, 1)])
-    return _elements(ceil(delta + scales), b)
+    if step.settings.fp8 is None or not shared:
+        return Fraction(0)
+    s = sp_divisor(tp, sp)
+    delta = Fraction(g.hidden // s * FP8_BYTES - shared // tp * (b - FP8_BYTES))
+    return delta + _block_scales(step, [(g.hidden, s), (shared // tp, 1)])
 
 
 def eh_proj_fp8_width(step: Step) -> int:

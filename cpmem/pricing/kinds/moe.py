@@ -3,7 +3,9 @@ parameters and adapters, the reference's width, and in ``tight`` megatron-core 0
 ``MoELayer`` with the ``alltoall`` dispatcher, as the rank simulator restates it
 (oracles/rank_sim/moe.py; oracles/rank_sim/README.md "MoE"): its saved set per routed row
 and per token, and what its forward holds beyond it while it dispatches and combines
-(``MOE``, its spec)."""
+(``MOE``, its spec). Every per-row term counts the rows the experts hold: the routed
+rows and, under FP8, the rows each local expert's split is padded by
+(``cpmem.pricing.kinds.fp8.expert_gemm_rows``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
 from cpmem.pricing.kinds.discarded import layernorm_dropped, moe_act_dropped
-from cpmem.pricing.kinds.fp8 import moe_fp8_width
+from cpmem.pricing.kinds.fp8 import expert_gemm_rows, moe_fp8_width, shared_fp8_bytes
 from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
 from cpmem.pricing.kinds.moe_dispatch import after_forward_rows, saved_beyond_alltoall
@@ -186,13 +188,13 @@ def act_dropped(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """What the ``layernorm``, ``moe_act`` and ``shared_experts`` checkpoints drop of an
     MoE layer (``cpmem.pricing.kinds.discarded``; a ``shared_experts`` checkpoint keeps
     its input, the norm's output, and drops the shared expert's saved set,
-    ``shared_width``); none beside a ``moe`` checkpoint, which drops all of it but its
+    ``shared_width``, under FP8 with its FP8 part, ``shared_fp8_bytes``); none beside a ``moe`` checkpoint, which drops all of it but its
     norm's input and output."""
     layernorm = layernorm_dropped(geometry, step, w.tp, "moe")
     rc = step.recompute
     if rc.checkpoints(Module.MOE):
         return layernorm
-    rows = step.expert_rows_per_token(w.tp)
+    rows = expert_gemm_rows(step, w.tp, step.plan.layout.sp)
     fe = expert_shard(geometry, step.plan.layout.etp)
     act = moe_act_dropped(geometry, step, rows, row_f(geometry, step.compiled), fe)
     shared = 0
@@ -200,6 +202,9 @@ def act_dropped(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
         sp = step.plan.layout.sp and w.tp > 1
         lora = step.settings.training == "lora"
         shared = shared_width(geometry, w.tp, sp, step.compiled, lora)
+        # under FP8 the shared expert's saved set is its FP8 one; what the checkpoint
+        # drops is rounded down (towards more memory kept)
+        shared += math.floor(shared_fp8_bytes(step, w.tp, sp)) // step.dtype_bytes
     return layernorm + act + shared
 
 
@@ -216,8 +221,8 @@ def saved_width(
     """Elements per (global) token one MoE layer keeps:
 
     - the norm's input and output (``2H/s``, ``kept_width``);
-    - per routed row (``rows`` per token: ``Step.expert_rows_per_token``, the routing
-      the caller states) its
+    - per routed row (``rows`` per token: the rows the experts hold under the routing
+      the caller states, ``expert_gemm_rows``) its
       ``H``-wide dispatched input plus ``MOE_ROW_EAGER_F·F_e`` eager or
       ``(MOE_ROW_COMPILED_F + MOE_COMPILED_ROW_FP32_F)·F_e`` compiled, and
       ``MOE_ROW_SMALL``;
@@ -262,7 +267,7 @@ def dispatch_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     priced by its saved set (``checkpointed_width``)."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
-    rows = step.expert_rows_per_token(tp)
+    rows = expert_gemm_rows(step, tp, layout.sp)
     h = geometry.hidden
     routed = math.ceil(rows * (MOE_DISPATCH_ROW_H * h + 2))
     return routed + (h + 2 * geometry.num_experts) // sp_divisor(tp, sp)
@@ -324,7 +329,7 @@ def full_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> 
     (``dispatch_width``) or its backward (``backward_row_width`` per row); beside
     either, the gradients the MoE layers already through their backward keep
     (``ACCUMULATED_INPUT_GRADS``)."""
-    rows = step.expert_rows_per_token(w.tp)
+    rows = expert_gemm_rows(step, w.tp, step.plan.layout.sp)
     backward = math.ceil(rows * backward_row_width(geometry, step))
     moment = max(dispatch_width(geometry, w, step), backward)
     earlier = max(0, geometry.moe_layers - 1)
@@ -376,7 +381,7 @@ def backward_row_width(geometry: ModelGeometry, step: Step) -> int:
 def checkpoint_backward_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """Elements per token the last MoE layer's backward holds beside the saved set its
     ``moe`` checkpoint recomputed (``backward_row_width`` per row)."""
-    rows = step.expert_rows_per_token(w.tp)
+    rows = expert_gemm_rows(step, w.tp, step.plan.layout.sp)
     return math.ceil(rows * backward_row_width(geometry, step))
 
 
@@ -394,7 +399,7 @@ def nograd_width(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     simulator without the gathered copy, up to 24% with it."""
     layout = step.plan.layout
     tp, sp = w.tp, layout.sp and w.tp > 1
-    rows = step.expert_rows_per_token(tp)
+    rows = expert_gemm_rows(step, tp, layout.sp)
     h = geometry.hidden
     fe = expert_shard(geometry, layout.etp)
     per_row = MOE_DISPATCH_ROW_H * h + LORA_SUM_COPIES * 2 * fe
@@ -519,7 +524,7 @@ class MoeSpec(MlpSpec):
 
     def tight_widths(self, ctx: TightContext) -> dict[str, int]:
         g, step, tp, sp = ctx.geometry, ctx.step, ctx.tp, ctx.sp
-        rows = step.expert_rows_per_token(tp, sp)
+        rows = expert_gemm_rows(step, tp, sp)
         etp = step.plan.layout.etp
         fused = step.settings.runtime.moe_router_fusion
         width = saved_width(g, tp, sp, rows, step.compiled, ctx.lora, etp, fused) + ctx.sandwich
