@@ -76,6 +76,64 @@ def router_padding_problems(args: MegatronArgs) -> list[Problem]:
     return [(f"{flags} with --fp8-format {args.fp8}", ROUTER_PADDING_REASON)]
 
 
+REUSE = "--reuse-grad-buf-for-mxfp8-param-ag"
+
+
+def mxfp8_gather_problems(args: MegatronArgs) -> list[Problem]:
+    """MXFP8 parameters gathered (``--fp8-recipe mxfp8 --fp8-param-gather``) and the
+    gradient buffer reused for their all-gather (``REUSE``), as Megatron-LM runs them at
+    4828d651: priced under the distributed optimizer with ``REUSE``
+    (``cpmem.step.fp8.GATHER_REASONS``' note) and without the distributed optimizer
+    without it; every other combination fails in Megatron-LM or Transformer Engine, named
+    here with their reasons. Megatron FSDP turns ``REUSE`` off (``arguments.py:1083``)."""
+    if args.use_megatron_fsdp:
+        return []
+    reuse = args.reuse_grad_buf_for_mxfp8_param_ag
+    mxfp8 = args.fp8 is not None and args.fp8_recipe == "mxfp8" and args.fp8_param_gather
+    out: list[Problem] = []
+    if mxfp8 and args.use_distributed_optimizer and not reuse:
+        why = (
+            "megatron-core maps each MXFP8 weight into the parameter buffer "
+            "(modify_underlying_storage, param_and_grad_buffer.py:1186-1211 at 4828d651) "
+            "and Transformer Engine's replace_raw_data raises NotImplementedError for an "
+            "MXFP8Tensor (tensor/utils.py:68-69 at b9d690e0); with "
+            f"{REUSE} they are not mapped"
+        )
+        out.append(
+            ("--fp8-recipe mxfp8 with --fp8-param-gather and --use-distributed-optimizer", why)
+        )
+    if not reuse:
+        return out
+    if not args.fp8_param_gather:
+        why = (
+            "Reuse grad buffer only when keeping params in MXFP8 (megatron-core's DDP config "
+            "asserts it, distributed_data_parallel_config.py:253-254 at 4828d651)"
+        )
+        out.append((REUSE, why))
+    if args.overlap_param_gather_with_optimizer_step:
+        why = (
+            "overlap_param_gather_with_optimizer_step is not supported with "
+            "reuse_grad_buf_for_mxfp8_param_ag (optimizer_config.py:424-428 at 4828d651)"
+        )
+        out.append((f"{REUSE} with --overlap-param-gather-with-optimizer-step", why))
+    if not args.use_distributed_optimizer:
+        why = (
+            "the optimizer step copies the main parameters into the parameter buffer "
+            "(_copy_main_params_to_param_buffer, optimizer.py:731-735 at 4828d651), which "
+            "only the distributed optimizer defines (distrib_optimizer.py:2811): without it "
+            "the step fails"
+        )
+        out.append((f"{REUSE} without --use-distributed-optimizer", why))
+    elif args.fp8 is not None and args.fp8_recipe != "mxfp8" and args.fp8_param_gather:
+        why = (
+            "changes memory cpmem does not price: after each all-gather megatron-core "
+            "zeroes the parameter buffer (_post_param_sync, param_and_grad_buffer.py:"
+            "279-300 at 4828d651), into which the other recipes' FP8 weights are mapped"
+        )
+        out.append((f"{REUSE} with --fp8-recipe {args.fp8_recipe}", why))
+    return out
+
+
 def bf16_layers(args: MegatronArgs) -> tuple[int, ...]:
     """The decoder layers ``--first-last-layers-bf16`` keeps out of FP8, 0-based: the first
     ``--num-layers-at-start-in-bf16`` and the last ``--num-layers-at-end-in-bf16`` (1
@@ -99,7 +157,7 @@ def megatron_fp8(args: MegatronArgs) -> Fp8 | None:
 
 
 def fp8_problems(args: MegatronArgs) -> list[Problem]:
-    out = router_padding_problems(args)
+    out = router_padding_problems(args) + mxfp8_gather_problems(args)
     if args.fp8 is None:
         return out
     recipe = args.fp8_recipe

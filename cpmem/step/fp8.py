@@ -11,14 +11,14 @@ history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 
 transformer_config.py:621 at d98e8a64) and ``blockwise`` (TE's ``Float8BlockScaling``:
 weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), each with or without
 ``param-gather`` (``--fp8-param-gather``), and ``mxfp8`` (1 x 32 blocks, e8m0 scales, on
-compute capability 10 and 11) without it, on full training of attention, dense-MLP and
+compute capability 10 and 11) with or without it (``GATHER_REASONS``), on full training of attention, dense-MLP and
 MoE layers (and the MTP depths) under Transformer Engine's modules, on a device of compute
 capability 9 or later, with bf16 or fp16 parameters, with nothing recomputed, full
 recompute (not under ``delayed`` nor beside bf16 layers) or a selective recompute of the
 modules in ``PRICED_RECOMPUTE`` (``mlp``, ``moe`` and ``shared_experts`` not under
 ``delayed`` nor beside bf16 layers either), the layers in ``bf16_layers`` out of FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
 ``cpmem.pricing.fp8_static``): with ``param-gather`` the weights in the ``uint8``
-parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
+parameter buffer (MXFP8's in Transformer Engine's own tensors); without it the weights left in the bf16 buffer and the FP8 copy of each
 that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
 either way their transposes (the block-scaled recipes' columnwise copies) and scale
 inverses, delayed scaling's amax histories and scales, and the TE linears' saved inputs
@@ -41,15 +41,22 @@ RECIPE_REASONS = {
     "custom": "a user's quantizer factory keeps what it builds",
 }
 """Why each recipe cpmem does not price is refused."""
-GATHER_REASONS = {
-    "mxfp8": "its weights are MXFP8 tensors (rowwise and columnwise copies, each with a 1 B "
-    "scale per 32 elements, cpmem.pricing.mxfp8) that megatron-core's DDP does not keep in a "
-    "uint8 buffer: under the distributed optimizer their buffer is the gradient buffer, "
-    "all-gathered in bf16 (Megatron-LM param_and_grad_buffer.py:1102-1117), and with "
-    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced "
-    "(without --fp8-param-gather it is)",
-}
-"""Why a recipe priced without ``param-gather`` is refused with it."""
+GATHER_REASONS: dict[str, str] = {}
+"""Why a recipe priced without ``param-gather`` is refused with it (every priced recipe is
+priced with it too).
+
+``mxfp8`` with ``param-gather`` is priced as megatron-core keeps it: the MXFP8 weights are
+Transformer Engine's own tensors (rowwise and columnwise data with their e8m0 scales,
+``cpmem.pricing.mxfp8``), never mapped into a parameter buffer. Under the distributed
+optimizer the buffer holding them is one ``shared_buffer`` of the gradient dtype, the
+gradient buffer, whose bf16 view the all-gather fills and which is zeroed once the
+weights are quantized from it (Megatron-LM 4828d651 ``param_and_grad_buffer.py:1102-1121``,
+``:279-300``): no parameter bytes beside the gradients'. That needs
+``--reuse-grad-buf-for-mxfp8-param-ag`` (without it megatron-core maps each MXFP8 weight
+into that buffer through Transformer Engine's ``replace_raw_data``, which raises
+``NotImplementedError`` for an ``MXFP8Tensor``, TE b9d690e0 ``tensor/utils.py:68-69``;
+``cpmem.megatron.fp8_rules`` refuses it); without the distributed optimizer no
+parameter buffer is made (``:1123-1130``)."""
 RECIPE_CAPABILITY = {
     "mxfp8": (
         10,

@@ -67,7 +67,6 @@ def test_every_reason_is_named_at_once() -> None:
     reason = err.value.reason
     assert err.value.field == "fp8" and err.value.value == "mxfp8:param-gather"
     for part in (
-        "recipe mxfp8 with param-gather: its weights are MXFP8 tensors (rowwise and columnwise",
         "MXFP8 on compute capability 10 and 11 only (quantization.py:162-168",
         "full training (--training full) only",
         "compute capability 8.9 or later",
