@@ -136,7 +136,10 @@ def expert_padding_rows(step: Step, tp: int, sp: bool) -> Fraction:
     (``Fp8Unpadding``). The HybridEP dispatcher pads the rows to the same multiple itself
     (``token_dispatcher.py:1087-1088``), and the experts then skip theirs
     (``moe_utils.skip_routed_expert_padding``): the same rows. The padding is keyed on
-    ``config.fp8``, so layers kept in bf16 pad too.
+    ``config.fp8``, so layers kept in bf16 pad too. Every per-row term of the MoE layer
+    counts them (``expert_gemm_rows``, ``cpmem.pricing.kinds.moe``), the dispatch's
+    moment included, whose buffers under ``alltoall`` hold the unpadded rows: over there by
+    at most the padded rows' ``H``-wide buffers.
 
     - a bound routing (``concentrated``, ``capacity:F``, ``rows:N``): any split can end
       one row past a multiple, ``a - 1`` rows a local expert: ``E/EP (a - 1)`` rows;
