@@ -74,6 +74,7 @@ class MegatronArgs:
     fp8: str | None = None  # --fp8-format, transformer_config.py:587 (None: no FP8)
     fp8_recipe: str = "delayed"  # transformer_config.py:594
     fp8_param_gather: bool = False
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False  # distributed_data_parallel_config.py:86
     fp8_amax_history_len: int = 1  # transformer_config.py:621
     first_last_layers_bf16: bool = False  # transformer_config.py:618 (at 4828d651)
     num_layers_at_start_in_bf16: int = 1  # transformer_config.py:621 (at 4828d651)
@@ -279,6 +280,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("grad_reduce_in_bf16", "bool"),
             ("fp8_recipe", "str"),
             ("fp8_param_gather", "bool"),
+            ("reuse_grad_buf_for_mxfp8_param_ag", "bool"),
             ("fp8_amax_history_len", "int"),
             ("first_last_layers_bf16", "bool"),
             ("num_layers_at_start_in_bf16", "int"),

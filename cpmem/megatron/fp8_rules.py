@@ -6,7 +6,9 @@ refused with the reason ``cpmem.step.fp8`` gives where cpmem does not price it, 
 learns them with its other refused flags; what the step decides beyond them (training,
 layer kinds, device) is checked where the step is built. ``--fp8-param-gather`` without
 ``--fp8-format`` builds no FP8 parameter (Megatron-LM's ``fp8_model_init`` runs only under
-``--fp8-format``), so it changes nothing.
+``--fp8-format``), so it changes nothing. The router's padding for FP8
+(``--moe-router-padding-for-quantization``) is read here too: Megatron-LM's rules on it, and
+under FP8 on MoE layers a refusal (``router_padding_problems``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,107 @@ FP8_ONLY = ("--no-fp8-wgrad", "--disable-fp8-wgrad")
 """Flags read only under ``--fp8-format`` (ignored without it) whose memory cpmem does not
 price there: the weight gradients in high precision (TE then keeps the linears'
 high-precision inputs for them)."""
+
+
+ROUTER_PADDING = ("--moe-router-padding-for-quantization", "--moe-router-padding-for-fp8")
+"""The router's padding for FP8 (the second an alias of the first, transformer_config.py:
+2203-2209 at 4828d651)."""
+ROUTER_PADDING_REASON = (
+    "changes memory cpmem does not price: every source rank pads its routing map so each "
+    "expert's count is a multiple of 16 (32 under MXFP8) (token_dispatcher.py:625-630 at "
+    "4828d651, pad_routing_map), up to 15 (31) rows an expert from each of the EP x ETP "
+    "ranks a local expert receives from, through the dispatch's buffers as well as the "
+    "experts' saved set; the experts then skip their own padding "
+    "(moe_utils.skip_routed_expert_padding), which is what cpmem prices "
+    "(cpmem.pricing.kinds.moe_padding)"
+)
+
+
+def router_padding_problems(args: MegatronArgs) -> list[Problem]:
+    """The router's padding for FP8: what Megatron-LM's ``TransformerConfig`` rejects of it
+    (``transformer_config.py:2211-2221`` at 4828d651: without FP8 or FP4, or under the
+    ``allgather`` dispatcher, which is the default), and under FP8 on MoE layers the
+    refusal (``ROUTER_PADDING_REASON``); beside a dense model it changes nothing."""
+    given = [f for f in ROUTER_PADDING if f in args.flag_values]
+    if not given:
+        return []
+    flags = ", ".join(given)
+    if args.fp8 is None:
+        why = (
+            "fp8/fp4 must be specified when moe_router_padding_for_quantization is True "
+            "(Megatron-LM's TransformerConfig raises it, transformer_config.py:2211-2215 "
+            "at 4828d651)"
+        )
+        return [(flags, why)]
+    if args.moe_token_dispatcher_type in ("allgather", "alltoall_seq"):
+        why = (
+            "allgather and alltoall_seq dispatcher does not support "
+            "moe_router_padding_for_quantization (Megatron-LM's TransformerConfig raises it, "
+            f"transformer_config.py:2217-2221 at 4828d651; --moe-token-dispatcher-type "
+            f"{args.moe_token_dispatcher_type})"
+        )
+        return [(flags, why)]
+    if args.num_experts is None:
+        return []
+    return [(f"{flags} with --fp8-format {args.fp8}", ROUTER_PADDING_REASON)]
+
+
+REUSE = "--reuse-grad-buf-for-mxfp8-param-ag"
+
+
+def mxfp8_gather_problems(args: MegatronArgs) -> list[Problem]:
+    """MXFP8 parameters gathered (``--fp8-recipe mxfp8 --fp8-param-gather``) and the
+    gradient buffer reused for their all-gather (``REUSE``), as Megatron-LM runs them at
+    4828d651: priced under the distributed optimizer with ``REUSE``
+    (``cpmem.step.fp8.GATHER_REASONS``' note) and without the distributed optimizer
+    without it; every other combination fails in Megatron-LM or Transformer Engine, named
+    here with their reasons. Megatron FSDP turns ``REUSE`` off (``arguments.py:1083``)."""
+    if args.use_megatron_fsdp:
+        return []
+    reuse = args.reuse_grad_buf_for_mxfp8_param_ag
+    mxfp8 = args.fp8 is not None and args.fp8_recipe == "mxfp8" and args.fp8_param_gather
+    out: list[Problem] = []
+    if mxfp8 and args.use_distributed_optimizer and not reuse:
+        why = (
+            "megatron-core maps each MXFP8 weight into the parameter buffer "
+            "(modify_underlying_storage, param_and_grad_buffer.py:1186-1211 at 4828d651) "
+            "and Transformer Engine's replace_raw_data raises NotImplementedError for an "
+            "MXFP8Tensor (tensor/utils.py:68-69 at b9d690e0); with "
+            f"{REUSE} they are not mapped"
+        )
+        out.append(
+            ("--fp8-recipe mxfp8 with --fp8-param-gather and --use-distributed-optimizer", why)
+        )
+    if not reuse:
+        return out
+    if not args.fp8_param_gather:
+        why = (
+            "Reuse grad buffer only when keeping params in MXFP8 (megatron-core's DDP config "
+            "asserts it, distributed_data_parallel_config.py:253-254 at 4828d651)"
+        )
+        out.append((REUSE, why))
+    if args.overlap_param_gather_with_optimizer_step:
+        why = (
+            "overlap_param_gather_with_optimizer_step is not supported with "
+            "reuse_grad_buf_for_mxfp8_param_ag (optimizer_config.py:424-428 at 4828d651)"
+        )
+        out.append((f"{REUSE} with --overlap-param-gather-with-optimizer-step", why))
+    if not args.use_distributed_optimizer:
+        why = (
+            "the optimizer step copies the main parameters into the parameter buffer "
+            "(_copy_main_params_to_param_buffer, optimizer.py:731-735 at 4828d651), which "
+            "only the distributed optimizer defines (distrib_optimizer.py:2811): without it "
+            "the step fails"
+        )
+        out.append((f"{REUSE} without --use-distributed-optimizer", why))
+    elif args.fp8 is not None and args.fp8_recipe != "mxfp8" and args.fp8_param_gather:
+        why = (
+            "changes memory cpmem does not price: after each all-gather megatron-core "
+            "zeroes the parameter buffer (_post_param_sync, param_and_grad_buffer.py:"
+            "279-300 at 4828d651), into which the other recipes' FP8 weights are mapped"
+        )
+        out.append((f"{REUSE} with --fp8-recipe {args.fp8_recipe}", why))
+    return out
 
 
 def bf16_layers(args: MegatronArgs) -> tuple[int, ...]:
@@ -54,9 +157,9 @@ def megatron_fp8(args: MegatronArgs) -> Fp8 | None:
 
 
 def fp8_problems(args: MegatronArgs) -> list[Problem]:
+    out = router_padding_problems(args) + mxfp8_gather_problems(args)
     if args.fp8 is None:
-        return []
-    out: list[Problem] = []
+        return out
     recipe = args.fp8_recipe
     if recipe not in PRICED_RECIPES:
         reason = RECIPE_REASONS.get(recipe, "is not a recipe of the snapshot")

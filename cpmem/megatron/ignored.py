@@ -255,8 +255,8 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         "read only by the FP8 recipe cpmem refuses (the custom recipe's quantizer factory), "
-        "by FP4 training (--fp4-format, refused) or by MoE routing under FP8 (MoE layers "
-        "under FP8 are refused)",
+        "by FP4 training (--fp4-format, refused) or by MoE routing under FP8 (the router's "
+        "padding, refused where Megatron-LM reads it: cpmem.megatron.fp8_rules)",
         "--fp8-quantizer-factory --fp4-recipe "
         "--fp4-quantizer-factory --moe-router-padding-for-quantization "
         "--moe-router-padding-for-fp8",

@@ -29,9 +29,9 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--fp4-format --fp8-output-proj --te-precision-config-file",
     ),
     (
-        UNPRICED + "FP4 parameters gathered as such, or the gradient buffer reused for the "
-        "MXFP8 all-gather (distrib_optimizer.py, param_and_grad_buffer.py)",
-        "--fp4-param-gather --reuse-grad-buf-for-mxfp8-param-ag",
+        UNPRICED + "FP4 parameters gathered as such (distrib_optimizer.py, "
+        "param_and_grad_buffer.py)",
+        "--fp4-param-gather",
     ),
     (
         UNPRICED + "NVIDIA Kitchen's quantized linear layers and attention",

@@ -282,11 +282,22 @@ class Fp8WeightBytes:
     """What the FP8 weights keep beyond a parameter buffer: Transformer Engine's cached
     copies of bf16 weights (``cache``, without ``--fp8-param-gather``), their columnwise
     copies (``transposes``) and their scale inverses, each allocation in whole 512 B
-    blocks."""
+    blocks; and the rowwise data of FP8 parameters no buffer holds (``rowwise``: MXFP8's,
+    ``MXFP8_GATHERED``), the weights themselves."""
 
     cache: int
     transposes: int
     scale_inverses: int
+    rowwise: int = 0
+
+
+MXFP8_GATHERED = ("mxfp8",)
+"""The recipes whose FP8 parameters under ``--fp8-param-gather`` are Transformer Engine's
+own tensors, never mapped into megatron-core's parameter buffer, whose parameter storage
+is the gradient buffer's (``cpmem.step.fp8.GATHER_REASONS``'s note; Megatron-LM 4828d651
+``param_and_grad_buffer.py:1102-1121``, ``:1184-1186``): the buffer adds no parameter
+bytes, and each weight keeps its rowwise and columnwise data with their scales
+(``fp8_weight_bytes``' ``rowwise``, ``transposes``, ``scale_inverses``)."""
 
 
 def fp8_weight_bytes(
@@ -308,21 +319,25 @@ def fp8_weight_bytes(
       all-gather's ``post_all_gather_processing`` makes (``_create_columnwise``,
       ``tensor/utils.py:957-959``; ``manual_post_all_gather_processing``, Megatron-LM
       ``fp8_utils.py:259-265``);
-    - ``mxfp8`` (without ``--fp8-param-gather``): the cached copy keeps both usages
-      (``_is_weight_workspace_valid`` asks for the rowwise and the columnwise data a
-      training forward asks, ``module/base.py:654-658``), each a ``uint8`` tensor of the
-      weight's shape with its ``uint8`` e8m0 scales, one per 32 elements, padded
-      (``cpmem.pricing.mxfp8``; ``MXFP8Quantizer::create_tensor``,
-      ``csrc/quantizer.cpp:1383-1417``); the columnwise copy is counted in
-      ``transposes``."""
-    if recipe == "mxfp8":  # without --fp8-param-gather only (cpmem.step.fp8)
+    - ``mxfp8``: the cached copy keeps both usages (``_is_weight_workspace_valid`` asks
+      for the rowwise and the columnwise data a training forward asks,
+      ``module/base.py:654-658``), each a ``uint8`` tensor of the weight's shape with its
+      ``uint8`` e8m0 scales, one per 32 elements, padded (``cpmem.pricing.mxfp8``;
+      ``MXFP8Quantizer::create_tensor``, ``csrc/quantizer.cpp:1383-1417``); the columnwise
+      copy is counted in ``transposes``. An MXFP8 parameter (``--fp8-param-gather``)
+      keeps the same two usages and scales, built by ``fp8_model_init`` as a training
+      weight's quantizer asks them, and its rowwise data is the weight itself, in no
+      buffer (``MXFP8_GATHERED``): ``rowwise``."""
+    if recipe == "mxfp8":
         each = [mxfp8_bytes(r, c, rowwise=True, columnwise=True) for r, c in shapes]
+        rowwise = sum(_blocks(b.rowwise_data) for b in each)
         return Fp8WeightBytes(
-            cache=sum(_blocks(b.rowwise_data) for b in each) if cached else 0,
+            cache=rowwise if cached else 0,
             transposes=sum(_blocks(b.columnwise_data) for b in each),
             scale_inverses=sum(
                 _blocks(b.rowwise_scales) + _blocks(b.columnwise_scales) for b in each
             ),
+            rowwise=0 if cached else rowwise,
         )
     if recipe == "blockwise":
         each = [blockwise_bytes(r, c, dims=2, rowwise=True, columnwise=True) for r, c in shapes]

@@ -67,6 +67,7 @@ from cpmem.pricing.cuda_graphs import cuda_graph_bytes
 from cpmem.pricing.dummy_wgrad import dummy_wgrad_bytes
 from cpmem.pricing.fp8_static import (
     FP8_BYTES,
+    MXFP8_GATHERED,
     SCALE_INV_BYTES,
     delayed_state_bytes,
     dense_roles,
@@ -385,12 +386,17 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
         if settings.fp8.param_gather:
             bf16, fp8 = rest, fp8_dense
             experts, fp8_experts = rest_experts, fp8_routed
+    # MXFP8 parameters are Transformer Engine's own tensors, kept apart from the buffer,
+    # whose parameter storage is the gradients' (cpmem.pricing.fp8_static, MXFP8_GATHERED)
+    fp8_set = settings.fp8
+    shared = fp8_set is not None and fp8_set.param_gather and fp8_set.recipe in MXFP8_GATHERED
+    fp8_bytes = 0 if shared else FP8_BYTES
     groups = [  # (tensors, shards, experts, parameter bytes): one buffer each
         (bf16, dense, False, p),
-        (fp8, dense, False, FP8_BYTES),
+        (fp8, dense, False, fp8_bytes),
         (tensors.tied_copy, dense, False, p),
         (experts, expert_shards(settings), True, p),
-        (fp8_experts, expert_shards(settings), True, FP8_BYTES),
+        (fp8_experts, expert_shards(settings), True, fp8_bytes),
     ]
     weights = padded = optimizer_elements = 0
     for group, shards, is_expert, param_bytes in groups:
@@ -415,7 +421,9 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
     if shapes and settings.fp8 is not None:
         gathered, recipe = settings.fp8.param_gather, settings.fp8.recipe
         kept = fp8_weight_bytes(recipe, shapes, compute_capability(settings), cached=not gathered)
-        if kept.cache:
+        if gathered and recipe in MXFP8_GATHERED:
+            out[StaticComponent.WEIGHTS] += kept.rowwise
+        elif kept.cache:
             out[StaticComponent.FP8_WEIGHT_CACHE] = kept.cache
         out[StaticComponent.FP8_TRANSPOSES] = kept.transposes
         out[StaticComponent.FP8_SCALE_INVERSES] = kept.scale_inverses

@@ -11,15 +11,17 @@ history of ``history`` steps, ``--fp8-amax-history-len``, Megatron-LM's default 
 transformer_config.py:621 at d98e8a64) and ``blockwise`` (TE's ``Float8BlockScaling``:
 weights in 128 x 128 blocks, activations in 1 x 128, fp32 scales), each with or without
 ``param-gather`` (``--fp8-param-gather``), and ``mxfp8`` (1 x 32 blocks, e8m0 scales, on
-compute capability 10 and 11) without it, on full training of attention (latent attention
-where SP splits no rank's tokens), dense-MLP and MoE layers (and the MTP depths) under
-Transformer Engine's modules, in megatron-core's DDP buffers or Megatron FSDP's, on a
-device of compute capability 9 or later, with bf16 or fp16 parameters, with nothing
-recomputed, full recompute (not under ``delayed`` nor beside bf16 layers) or a selective
-recompute of the modules in ``PRICED_RECOMPUTE``, the layers in ``bf16_layers`` out of
-FP8. What it changes is priced where each term lives (``cpmem.pricing.static``,
-``cpmem.pricing.fp8_static``, ``cpmem.pricing.fsdp``): with ``param-gather`` the weights in the ``uint8``
-parameter buffer; without it the weights left in the bf16 buffer and the FP8 copy of each
+compute capability 10 and 11) with or without it (``GATHER_REASONS``), on full training
+of attention (latent attention where SP splits no rank's tokens), dense-MLP and MoE layers
+(and the MTP depths) under Transformer Engine's modules, in megatron-core's DDP buffers or
+Megatron FSDP's, on a device of compute capability 9 or later, with bf16 or fp16
+parameters, with nothing recomputed, full recompute (not under ``delayed`` nor beside bf16
+layers) or a selective recompute of the modules in ``PRICED_RECOMPUTE`` (``mlp``, ``moe``
+and ``shared_experts`` not under ``delayed`` nor beside bf16 layers either), the layers in
+``bf16_layers`` out of FP8. What it changes is priced where each term lives
+(``cpmem.pricing.static``, ``cpmem.pricing.fp8_static``, ``cpmem.pricing.fsdp``): with
+``param-gather`` the weights in the ``uint8`` parameter buffer (MXFP8's in Transformer
+Engine's own tensors); without it the weights left in the bf16 buffer and the FP8 copy of each
 that Transformer Engine caches across micro-batches and steps (``fp8_weight_cache``);
 either way their transposes (the block-scaled recipes' columnwise copies) and scale
 inverses, delayed scaling's amax histories and scales, and the TE linears' saved inputs
@@ -42,15 +44,22 @@ RECIPE_REASONS = {
     "custom": "a user's quantizer factory keeps what it builds",
 }
 """Why each recipe cpmem does not price is refused."""
-GATHER_REASONS = {
-    "mxfp8": "its weights are MXFP8 tensors (rowwise and columnwise copies, each with a 1 B "
-    "scale per 32 elements, cpmem.pricing.mxfp8) that megatron-core's DDP does not keep in a "
-    "uint8 buffer: under the distributed optimizer their buffer is the gradient buffer, "
-    "all-gathered in bf16 (Megatron-LM param_and_grad_buffer.py:1102-1117), and with "
-    "--reuse-grad-buf-for-mxfp8-param-ag they are not mapped into it (:1184-1186); not priced "
-    "(without --fp8-param-gather it is)",
-}
-"""Why a recipe priced without ``param-gather`` is refused with it."""
+GATHER_REASONS: dict[str, str] = {}
+"""Why a recipe priced without ``param-gather`` is refused with it (every priced recipe is
+priced with it too).
+
+``mxfp8`` with ``param-gather`` is priced as megatron-core keeps it: the MXFP8 weights are
+Transformer Engine's own tensors (rowwise and columnwise data with their e8m0 scales,
+``cpmem.pricing.mxfp8``), never mapped into a parameter buffer. Under the distributed
+optimizer the buffer holding them is one ``shared_buffer`` of the gradient dtype, the
+gradient buffer, whose bf16 view the all-gather fills and which is zeroed once the
+weights are quantized from it (Megatron-LM 4828d651 ``param_and_grad_buffer.py:1102-1121``,
+``:279-300``): no parameter bytes beside the gradients'. That needs
+``--reuse-grad-buf-for-mxfp8-param-ag`` (without it megatron-core maps each MXFP8 weight
+into that buffer through Transformer Engine's ``replace_raw_data``, which raises
+``NotImplementedError`` for an ``MXFP8Tensor``, TE b9d690e0 ``tensor/utils.py:68-69``;
+``cpmem.megatron.fp8_rules`` refuses it); without the distributed optimizer no
+parameter buffer is made (``:1123-1130``)."""
 RECIPE_CAPABILITY = {
     "mxfp8": (
         10,
@@ -101,21 +110,57 @@ FP32 = (
     "at 4828d651) beside the other groups' fp32 ones, with the optimizer's fp32 copy of "
     "them (:3369-3373), are not laid out"
 )
-PRICED_RECOMPUTE = (Module.CORE_ATTN, Module.LAYERNORM, Module.MOE_ACT)
-"""The selective recompute modules FP8 is priced under: the core attention (its
-checkpoint keeps its inputs, the QKV projection's output, and its output, the output
-projection's input, so no Transformer Engine linear's saved input moves) and the
-output-discarding ``layernorm`` and ``moe_act`` (``cpmem.pricing.kinds.discarded``: under
-FP8 megatron-core has the routed experts' fc2 save its original input,
-``set_save_original_input``, Megatron-LM 4828d651 ``moe/experts.py``, so the discarded
-activation output takes fc2's saved input with it and none is quantized; a norm's
-output the checkpoint drops is not a TE linear's saved FP8 copy, which is a tensor of its
-own)."""
+PRICED_RECOMPUTE = (
+    Module.CORE_ATTN,
+    Module.LAYERNORM,
+    Module.MOE_ACT,
+    Module.MLP,
+    Module.MOE,
+    Module.SHARED_EXPERTS,
+)
+"""The selective recompute modules FP8 is priced under:
+
+- the core attention (its checkpoint keeps its inputs, the QKV projection's output, and
+  its output, the output projection's input, so no Transformer Engine linear's saved input
+  moves);
+- the output-discarding ``layernorm`` and ``moe_act`` (``cpmem.pricing.kinds.discarded``:
+  under FP8 megatron-core has the routed experts' fc2 save its original input,
+  ``set_save_original_input``, Megatron-LM 4828d651 ``moe/experts.py``, so the discarded
+  activation output takes fc2's saved input with it and none is quantized; a norm's output
+  the checkpoint drops is not a TE linear's saved FP8 copy, which is a tensor of its own);
+- ``mlp`` (a dense MLP), ``moe`` (the whole MoE layer) and ``shared_experts``: under FP8
+  megatron-core runs each under Transformer Engine's checkpoint (``te_checkpoint``,
+  Megatron-LM 4828d651 ``transformer_layer.py:821-833``, ``moe/moe_layer.py:685-695``,
+  ``:510-518``), TE b9d690e0 ``distributed.py:336-400``: the module's forward runs without
+  gradients and the checkpoint saves its tensor inputs alone (``ctx.save_for_backward``),
+  so every FP8 saved input inside the module (the kinds' FP8 widths) is dropped with the
+  rest of its saved set and quantized again by the recompute in its backward; beside
+  them the checkpoint keeps only, under delayed scaling, each TE module's copied amax
+  history and scale (``DELAYED_CHECKPOINT``, refused)."""
 RECOMPUTE_REASON = (
     "what a recomputed layer keeps under FP8 is priced with recompute none, full, or "
-    "selective core_attn, layernorm and moe_act only: the other checkpoints' Transformer "
-    "Engine state in the recompute is not priced"
+    "selective core_attn, layernorm, moe_act, mlp, moe and shared_experts only"
 )
+MLA_UP_PROJ = (
+    "mla_up_proj's output-discarding checkpoint (megatron-core's CheckpointWithoutOutput "
+    "with fp8, multi_latent_attention.py:961-966 at 4828d651) drops the up projections' "
+    "saved inputs, which under FP8 are latent attention's 1 B copies of the latent norms' "
+    "outputs, not their bf16 tensors (cpmem.pricing.kinds.discarded.mla_up_proj_dropped); "
+    "priced when FP8 on latent attention is"
+)
+DELAYED_CHECKPOINT = (
+    "selective recompute of {modules} with the delayed recipe: Transformer Engine's "
+    "checkpoint (te_checkpoint) copies each module's forward amax history and scale for the "
+    "recompute (copy_forward_fp8_meta_tensors_for_recompute, quantization.py:761-786 at "
+    "b9d690e0, delayed scaling only), kept until the module's backward; not priced"
+)
+BF16_CHECKPOINT = (
+    "selective recompute of {modules} with layers kept in bf16: a checkpointed module's "
+    "working set is priced as an FP8 layer's"
+)
+TE_CHECKPOINTED = (Module.MLP, Module.MOE, Module.SHARED_EXPERTS)
+"""The selective modules megatron-core checkpoints with Transformer Engine's checkpoint
+under FP8 (``PRICED_RECOMPUTE``)."""
 DELAYED_FULL = (
     "full recompute with the delayed recipe: Transformer Engine's checkpoint copies each "
     "module's forward amax history and scale for the recompute "
@@ -288,10 +333,18 @@ def recompute_problems(fp8: Fp8, recompute: Recompute) -> list[str]:
         return [f"{RECOMPUTE_REASON} (recompute {recompute.mode.value})"]
     out: list[str] = []
     other = [m.value for m in recompute.modules if m not in PRICED_RECOMPUTE]
+    if Module.MLA_UP_PROJ.value in other:
+        other.remove(Module.MLA_UP_PROJ.value)
+        out.append(MLA_UP_PROJ)
     if other:
         out.append(f"{RECOMPUTE_REASON} (recompute modules {other})")
     if fp8.recipe == "delayed" and Module.MOE_ACT in recompute.modules:
         out.append(DELAYED_MOE_ACT)
+    checkpointed = [m.value for m in TE_CHECKPOINTED if m in recompute.modules]
+    if checkpointed and fp8.recipe == "delayed":
+        out.append(DELAYED_CHECKPOINT.format(modules=checkpointed))
+    if checkpointed and fp8.bf16_layers:
+        out.append(BF16_CHECKPOINT.format(modules=checkpointed))
     return out
 
 

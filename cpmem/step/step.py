@@ -504,8 +504,7 @@ class Step:
         step's routing (``cpmem.step.routing.rows_per_token``), at the plan's TP and SP
         (or at ``tp`` / ``sp``) and its expert TP, counted at the rank's priced tokens
         (the busiest CP rank's)."""
-        layout, plan = self.plan.layout, self.plan
-        tokens = plan.busiest_tokens if layout.cp > 1 else plan.packed_tokens
+        layout = self.plan.layout
         return rows_per_token(
             self.geometry,
             layout.ep,
@@ -513,8 +512,16 @@ class Step:
             tp=layout.tp if tp is None else tp,
             sp=layout.sp if sp is None else sp,
             etp=layout.etp,
-            tokens=tokens,
+            tokens=self.priced_tokens,
         )
+
+    @property
+    def priced_tokens(self) -> int:
+        """R: the tokens the rank's per-token widths are counted at, the busiest CP
+        rank's under CP (each rank keeps only its own tokens' activations), the packed
+        count without."""
+        plan = self.plan
+        return plan.busiest_tokens if plan.layout.cp > 1 else plan.packed_tokens
 
     @property
     def cold(self) -> bool:

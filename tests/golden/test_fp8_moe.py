@@ -33,7 +33,6 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from fractions import Fraction
-from math import ceil
 from pathlib import Path
 
 import pytest
@@ -112,14 +111,23 @@ def test_the_saved_inputs_by_hand(tmp_path: Path) -> None:
     each column (columns padded to 4): per routed row fc1's input -512 B + 16 B of scales
     (fc2's input is the moe_act checkpoint's, discarded: no term); the shared expert's fc1
     copy +128 B and fc2 input -128 B, their scales 4 + 4 B; ``eh_proj``'s 2H/s = 256 input
-    -256 B + 8 B. Without the checkpoint fc2's input moves too: another -512 + 16 B a row."""
+    -256 B + 8 B. Without the checkpoint fc2's input moves too: another -512 + 16 B a row.
+
+    The rows are the experts' padded ones: 2 routed rows a token (top-2 of 8 experts, the
+    EP 2 x ETP 2 sources over SP 4), and FP8's padding of each of the 8/2 = 4 local
+    experts' splits to a multiple of 16 rows, bounded under the concentrated routing by
+    15 rows each and a padded total that is a multiple of 16: 4,096 + 60 rounded down to
+    4,144, 48 rows on the micro-batch's 2 x 1,024 = 2,048 tokens. With the checkpoint
+    -496 (2 + 48/2048) + 8 = -995.625 B, -995 B rounded up, -497 elements; without it
+    -992 (2 + 48/2048) + 8 = -1999.25 B, -1999 B, -999 elements."""
     step = _priced("h100", tmp_path).step
     moe, eh_proj, rows = _widths(step)
-    assert moe == ceil(ceil(-496 * rows + 8) / 2)
+    assert rows == 2 and step.priced_tokens == 2048
+    assert moe == -497
     assert eh_proj == -124
     none = Recompute.parse("none")
     moe_none, _, _ = _widths(step, recompute=none)
-    assert moe_none == ceil(ceil(-992 * rows + 8) / 2)
+    assert moe_none == -999
 
 
 def test_a_core_attn_checkpoint_leaves_the_output_projection_its_copy_alone(

@@ -42,6 +42,7 @@ GOLDEN = default_golden_dir()
 CASE = "gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap"
 RECIPE = "  --fp8-recipe: tensorwise\n"
 GATHER = "  --fp8-param-gather: true\n"
+REUSE = "  --reuse-grad-buf-for-mxfp8-param-ag: true\n"
 FP8_ELEMENTS = 9_437_184
 SCALES = 589_824
 SAVED_SCALES = 688_128
@@ -52,13 +53,15 @@ def _recording(device: str) -> Recording:
     return rec
 
 
-def _path(tmp: Path, device: str, recipe: str, gather: bool = False) -> Path:
+def _path(tmp: Path, device: str, recipe: str, gather: bool = False, reuse: bool = False) -> Path:
     text = _recording(device).model_config(GOLDEN).read_text(encoding="utf-8")
     assert text.count(RECIPE) == 1 and text.count(GATHER) == 1
     text = text.replace(RECIPE, f"  --fp8-recipe: {recipe}\n")
     if not gather:
         text = text.replace(GATHER, "")
-    path = tmp / f"{device}_{recipe}_{gather}.yaml"
+    if reuse:
+        text = text.replace(GATHER, GATHER + REUSE)
+    path = tmp / f"{device}_{recipe}_{gather}_{reuse}.yaml"
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -97,14 +100,41 @@ def test_mxfp8_keeps_both_copies_and_their_scales(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("device", "gather", "named"),
     [
-        ("gb200", True, "megatron-core's DDP does not keep in a uint8 buffer"),
+        # param_and_grad_buffer.py:1186-1211, TE tensor/utils.py:68-69: the mapping raises
+        ("gb200", True, "replace_raw_data raises NotImplementedError for an MXFP8Tensor"),
         ("h100", False, "MXFP8 on compute capability 10 and 11 only"),
     ],
 )
-def test_mxfp8_with_param_gather_or_on_hopper_is_refused(
+def test_mxfp8_gathered_without_the_reuse_or_on_hopper_is_refused(
     device: str, gather: bool, named: str, tmp_path: Path
 ) -> None:
     rec = _recording(device)
     with pytest.raises(InputError) as err:
         price_recording(rec, GOLDEN, read_megatron_args(_path(tmp_path, device, "mxfp8", gather)))
     assert named in str(err.value)
+
+
+def test_gathered_mxfp8_weights_are_their_own_tensors_beside_the_gradient_buffer(
+    tmp_path: Path,
+) -> None:
+    """``--fp8-param-gather`` kept, with ``--reuse-grad-buf-for-mxfp8-param-ag`` (the
+    recording runs the distributed optimizer). Against tensorwise with ``--fp8-param-gather``
+    (``tests/golden/test_fp8_priced.py``: the 9,437,184 FP8 elements in the ``uint8``
+    buffer, 1 B each, no transpose on Blackwell, 24 x 512 B of scale inverses): the MXFP8
+    weights are in no buffer, their parameter storage the gradient buffer's
+    (param_and_grad_buffer.py:1102-1121, :1184-1186), and each keeps its rowwise data,
+    1 B an element (9,437,184 B, where the ``uint8`` buffer held as many), its columnwise
+    copy (9,437,184 B) and both usages' scales (589,824 B, ``test_the_hand_figures``)."""
+    rec = _recording("gb200")
+    gathered = {
+        recipe: price_recording(
+            rec, GOLDEN, read_megatron_args(_path(tmp_path, "gb200", recipe, True, reuse))
+        ).estimate.static.components
+        for recipe, reuse in (("tensorwise", False), ("mxfp8", True))
+    }
+    tensorwise, mxfp8 = dict(gathered["tensorwise"]), dict(gathered["mxfp8"])
+    assert tensorwise.pop("fp8_transposes") == 0
+    assert tensorwise.pop("fp8_scale_inverses") == 24 * 512
+    assert mxfp8.pop("fp8_transposes") == FP8_ELEMENTS
+    assert mxfp8.pop("fp8_scale_inverses") == SCALES
+    assert mxfp8 == tensorwise

@@ -133,11 +133,21 @@ def test_the_default_recipe_is_priced_with_megatrons_default_history() -> None:
 
 
 @pytest.mark.parametrize(
-    ("recipe", "named"),
-    [("mxfp8", "--fp8-recipe mxfp8 with --fp8-param-gather"), ("custom", "--fp8-recipe custom")],
+    ("recipe", "given", "named"),
+    [
+        # TE b9d690e0 tensor/utils.py:68-69: replace_raw_data raises for an MXFP8Tensor
+        (
+            "mxfp8",
+            {"--use-distributed-optimizer": True},
+            "--fp8-recipe mxfp8 with --fp8-param-gather and --use-distributed-optimizer",
+        ),
+        ("custom", {}, "--fp8-recipe custom"),
+    ],
 )
-def test_each_unpriced_recipe_is_refused_by_name(recipe: str, named: str) -> None:
-    flags = {"--fp8-format": "e4m3", "--fp8-recipe": recipe, "--fp8-param-gather": True}
+def test_each_unpriced_recipe_is_refused_by_name(
+    recipe: str, given: dict[str, object], named: str
+) -> None:
+    flags = {"--fp8-format": "e4m3", "--fp8-recipe": recipe, "--fp8-param-gather": True, **given}
     with pytest.raises(InputError) as err:
         parse_megatron_args({**REQUIRED, **flags})
     assert err.value.value == named

@@ -48,6 +48,7 @@ from fractions import Fraction
 from math import ceil
 
 from cpmem.pricing.fp8_blockwise import BLOCK, PAD, SCALE_BYTES
+from cpmem.pricing.kinds.moe_padding import grouped_rows
 from cpmem.pricing.kinds.spec import TightContext
 from cpmem.pricing.mxfp8 import BLOCK as MX_BLOCK
 from cpmem.pricing.mxfp8 import ROW_PAD as MX_ROW_PAD
@@ -165,29 +166,39 @@ def moe_fp8_width(ctx: TightContext) -> int:
       and fc2's, the weighted activation output (``F_e/ETP``), lose ``b - 1`` bytes per
       element; under a ``moe_act`` checkpoint fc2 saves its original input
       (``set_save_original_input``), which the checkpoint discards: no fc2 term;
-    - the shared expert: fc1's input, the pre-MLP norm's output (``H/s``), stays in the
-      dtype (the router's GEMM saves it too) and gains a 1 B copy; fc2's, its activation's
-      output (``F_s/t``, which only fc2 keeps), loses ``b - 1`` bytes per element;
+    - the shared expert (``shared_fp8_bytes``);
     - the block-scaled recipes' scales of those inputs (``_block_scales``), per token of
       the rows each holds. The routed experts quantize each expert's split on its own
-      (``tex.split_quantize``, ``grouped_linear.py:530``), and megatron-core pads each
-      split to a multiple of 16 rows under FP8 (``Fp8Padding``), so the per-row price is
-      under by less than one 128-row block of scales per expert and input, and by the
-      padded rows' bytes (under ``16 (H + F_e/ETP)`` B per expert)."""
+      (``tex.split_quantize``, ``grouped_linear.py:530``), so the per-row price is under
+      by less than one 128-row block of scales per expert and input.
+
+    The rows are the padded ones (``moe_padding.grouped_rows``)."""
     if not _active(ctx):
         return 0
     g, step, b = ctx.geometry, ctx.step, ctx.step.dtype_bytes
-    s = sp_divisor(ctx.tp, ctx.sp)
-    rows = step.expert_rows_per_token(ctx.tp, ctx.sp)
+    rows = grouped_rows(step, ctx.tp, ctx.sp)
     fe = g.expert_ffn // max(step.plan.layout.etp, 1)
     per_row = [g.hidden] + ([] if step.recompute.checkpoints(Module.MOE_ACT) else [fe])
     delta = -rows * sum(per_row) * (b - FP8_BYTES)
     scales = _block_scales(ctx, [(cols, 1 / rows) for cols in per_row]) if rows else Fraction(0)
+    return _elements(ceil(delta + scales + shared_fp8_bytes(step, ctx.tp, ctx.sp)), b)
+
+
+def shared_fp8_bytes(step: Step, tp: int, sp: bool) -> Fraction:
+    """Bytes per token FP8 changes in an MoE layer's shared expert's saved set (0 without
+    FP8 or a shared expert): fc1's input, the pre-MLP norm's output (``H/s``), stays in
+    the dtype (the router's GEMM saves it too) and gains a 1 B copy; fc2's, its
+    activation's output (``F_s/t``, which only fc2 keeps), loses ``b - 1`` bytes per
+    element; the block-scaled recipes' scales of both (``_block_scales``). A
+    ``shared_experts`` checkpoint drops these with the rest of the shared expert's saved
+    set (``cpmem.pricing.kinds.moe.act_dropped``)."""
+    g, b = step.geometry, step.dtype_bytes
     shared = g.shared_expert_ffn
-    if shared:
-        delta += Fraction(g.hidden // s * FP8_BYTES - shared // ctx.tp * (b - FP8_BYTES))
-        scales += _block_scales(ctx, [(g.hidden, s), (shared // ctx.tp, 1)])
-    return _elements(ceil(delta + scales), b)
+    if step.settings.fp8 is None or not shared:
+        return Fraction(0)
+    s = sp_divisor(tp, sp)
+    delta = Fraction(g.hidden // s * FP8_BYTES - shared // tp * (b - FP8_BYTES))
+    return delta + _block_scales(step, [(g.hidden, s), (shared // tp, 1)])
 
 
 def eh_proj_fp8_width(step: Step) -> int:

@@ -3,7 +3,9 @@ parameters and adapters, the reference's width, and in ``tight`` megatron-core 0
 ``MoELayer`` with the ``alltoall`` dispatcher, as the rank simulator restates it
 (oracles/rank_sim/moe.py; oracles/rank_sim/README.md "MoE"): its saved set per routed row
 and per token, and what its forward holds beyond it while it dispatches and combines
-(``MOE``, its spec)."""
+(``MOE``, its spec). Every per-row term of the experts counts the rows they hold: the
+routed rows, each local expert's padded where the runtime pads them
+(``cpmem.pricing.kinds.moe_padding``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.plan.layout import ParallelLayout
 from cpmem.pricing import adapters
 from cpmem.pricing.kinds.discarded import layernorm_dropped, moe_act_dropped
-from cpmem.pricing.kinds.fp8 import moe_fp8_width
+from cpmem.pricing.kinds.fp8 import moe_fp8_width, shared_fp8_bytes
 from cpmem.pricing.kinds.linears import moe_linears
 from cpmem.pricing.kinds.mlp import mlp_norms, swiglu_saved
 from cpmem.pricing.kinds.moe_dispatch import after_forward_rows, saved_beyond_alltoall
@@ -187,13 +189,13 @@ def act_dropped(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
     """What the ``layernorm``, ``moe_act`` and ``shared_experts`` checkpoints drop of an
     MoE layer (``cpmem.pricing.kinds.discarded``; a ``shared_experts`` checkpoint keeps
     its input, the norm's output, and drops the shared expert's saved set,
-    ``shared_width``); none beside a ``moe`` checkpoint, which drops all of it but its
-    norm's input and output."""
+    ``shared_width``, under FP8 with its FP8 part, ``shared_fp8_bytes``); none beside a
+    ``moe`` checkpoint, which drops all of it but its norm's input and output."""
     layernorm = layernorm_dropped(geometry, step, w.tp, "moe")
     rc = step.recompute
     if rc.checkpoints(Module.MOE):
         return layernorm
-    rows = step.expert_rows_per_token(w.tp)
+    rows = grouped_rows(step, w.tp)
     fe = expert_shard(geometry, step.plan.layout.etp)
     act = moe_act_dropped(geometry, step, rows, row_f(geometry, step.compiled), fe)
     shared = 0
@@ -201,6 +203,9 @@ def act_dropped(geometry: ModelGeometry, w: TightWidths, step: Step) -> int:
         sp = step.plan.layout.sp and w.tp > 1
         lora = step.settings.training == "lora"
         shared = shared_width(geometry, w.tp, sp, step.compiled, lora)
+        # under FP8 the shared expert's saved set is its FP8 one; what the checkpoint
+        # drops is rounded down (towards more memory kept)
+        shared += math.floor(shared_fp8_bytes(step, w.tp, sp)) // step.dtype_bytes
     return layernorm + act + shared
 
 

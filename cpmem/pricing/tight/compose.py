@@ -243,10 +243,8 @@ def priced_tokens(step: Step) -> int:
     """R: the busiest CP rank's model tokens under CP (each rank keeps only its own
     tokens' activations, in every recompute mode and model family: a full-recompute
     checkpoint keeps its own tokens' layer inputs, an MoE rank dispatches its own tokens),
-    the packed count without CP."""
-    if step.plan.layout.cp > 1:
-        return step.plan.busiest_tokens
-    return step.plan.packed_tokens
+    the packed count without CP (``Step.priced_tokens``)."""
+    return step.priced_tokens
 
 
 def local_outputs(step: Step, tokens: int) -> int:

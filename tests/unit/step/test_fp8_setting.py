@@ -67,7 +67,6 @@ def test_every_reason_is_named_at_once() -> None:
     reason = err.value.reason
     assert err.value.field == "fp8" and err.value.value == "mxfp8:param-gather"
     for part in (
-        "recipe mxfp8 with param-gather: its weights are MXFP8 tensors (rowwise and columnwise",
         "MXFP8 on compute capability 10 and 11 only (quantization.py:162-168",
         "full training (--training full) only",
         "compute capability 8.9 or later",
@@ -89,8 +88,16 @@ def test_other_layer_kinds_and_recompute_are_refused() -> None:
     [
         ("tensorwise", "core_attn,moe_act,layernorm", None),
         ("blockwise", "moe_act", None),
-        ("tensorwise", "mlp", "recompute modules ['mlp']"),
-        ("tensorwise", "core_attn,moe", "recompute modules ['moe']"),
+        # Megatron-LM 4828d651 transformer_layer.py:821-833, moe_layer.py:510-518, :685-695:
+        # te_checkpoint under FP8; TE b9d690e0 distributed.py:336-400 saves its inputs alone
+        ("tensorwise", "mlp", None),
+        ("blockwise", "core_attn,moe", None),
+        ("mxfp8", "shared_experts,moe_act", None),
+        # TE quantization.py:761-786: the amax history and scale copied, delayed only
+        ("delayed", "mlp", "copy_forward_fp8_meta_tensors_for_recompute"),
+        ("delayed", "moe,shared_experts", "['moe', 'shared_experts'] with the delayed"),
+        # its FP8 saved set is latent attention's, not priced under FP8 yet
+        ("tensorwise", "mla_up_proj", "when FP8 on latent attention is"),
         # TE b9d690e0 grouped_linear.py:431-443: save_original_input (megatron-core's fc2
         # under moe_act recompute) raises under delayed scaling's Float8Quantizer
         ("delayed", "moe_act", "DelayedScaling recipe is not supported"),
@@ -105,6 +112,14 @@ def test_selective_recompute_of_the_priced_modules_is_priced(
         assert problems == []
     else:
         assert len(problems) == 1 and said in problems[0]
+
+
+def test_a_te_checkpoint_beside_bf16_layers_is_refused() -> None:
+    """A bf16 layer's checkpointed module rebuilds its bf16 saved set, priced as FP8's."""
+    fp8 = Fp8("tensorwise", bf16_layers=(0,))
+    assert recompute_problems(fp8, Recompute.parse("selective", "core_attn,moe_act")) == []
+    (problem,) = recompute_problems(fp8, Recompute.parse("selective", "mlp"))
+    assert "['mlp'] with layers kept in bf16" in problem
 
 
 def test_tp_comm_overlap_needs_sequence_parallelism() -> None:
