@@ -126,8 +126,9 @@ class StepSettings:
     (``cpmem.pricing.workspaces``); the userbuffers are device memory outside PyTorch's
     allocator, named in the answer, not priced."""
     offload: Offload = Offload()
-    """Fine-grained activation offloading (``cpmem.step.offload``; priced by
-    ``cpmem.pricing.offload``): none by default."""
+    """Activation offloading, fine-grained or whole layers (``cpmem.step.offload``;
+    priced by ``cpmem.pricing.offload`` and ``cpmem.pricing.layer_offload``): none by
+    default."""
     fused_swiglu_asked: bool = False
     """Whether the caller named the activation's fusion (``fused_swiglu``), rather than
     the model's or the runtime's default: a policy that does not price it on the step
@@ -194,6 +195,14 @@ class StepSettings:
                 f"full and the logits or fused head (here {self.training}, {self.head.kind})",
             )
         self._check_dtype_backend()
+        refuse_all(
+            self.offload.layer_problems(
+                self.geometry.layers,
+                pipeline=self.pipeline.active,
+                recompute=None if self.recompute.keeps_everything else self.recompute.label,
+                fp8=self.fp8 is not None,
+            )
+        )
         if self.runtime.backend_resolved and self.geometry.attention_layers:
             r = self.runtime
             check_softmax_backend(r.softmax_type, r.attention_backend, self.layout.cp, self.cp_comm)
