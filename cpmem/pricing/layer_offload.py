@@ -78,15 +78,21 @@ def offloaded_retained_bytes(step: Step, tokens: int) -> int:
     g = step.geometry
     if not n or not step.recompute.keeps_saved_sets or "mamba" in g.mixers:
         return 0
-    sizes = layer_sizes(step, tokens)
-    count = len(sizes)
-    # at every moment: what every layer offloads less the most ever on the device
-    anywhere = sum(sizes) - max(on_device_at(sizes, n, j) for j in range(count))
-    # at the figure's moments: the end of forward and each kind's last layer
-    moments = {count - 1}
+    # the figure's moments: the end of forward and each kind's last layer
+    moments = {g.layers - 1}
     for stack in (g.mixers, g.mlps):
         moments |= {i for i, kind in enumerate(stack) if kind not in stack[i + 1 :]}
-    return min(anywhere, *(offloaded_at(sizes, n, j) for j in moments))
+    return taken_off(layer_sizes(step, tokens), n, moments)
+
+
+def taken_off(sizes: list[int], offloaded: int, moments: set[int]) -> int:
+    """What may come off a figure that prices every layer's ``sizes`` at each moment, the
+    first ``offloaded`` layers offloaded: the fewest bytes off the device at any layer's
+    forward or backward (every layer's less the most ever on the device), and at each of
+    the figure's ``moments`` (layers where it prices only the layers up to them) what is
+    off the device there."""
+    anywhere = sum(sizes) - max(on_device_at(sizes, offloaded, j) for j in range(len(sizes)))
+    return min(anywhere, *(offloaded_at(sizes, offloaded, j) for j in moments))
 
 
 def layer_offload_notes(step: Step) -> tuple[str, ...]:

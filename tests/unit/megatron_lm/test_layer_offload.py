@@ -1,0 +1,170 @@
+"""Whole-layer activation offloading (``--cpu-offloading-num-layers``; ``Offload.layers``,
+``cpmem.pricing.layer_offload``, ``cpmem.megatron.offload_rules``). No Megatron-LM CI
+recording runs it: the bytes are derived by hand from Transformer Engine's schedule
+(b9d690e0 ``pytorch/cpu_offload.py`` ``DefaultOffloadSynchronizer``: layer ``i < N`` is
+freed on the device when layer ``L - N + i``'s forward begins, reloaded when layer
+``L - 1 - N + i``'s backward begins) and the tiny GPT's shapes (``tiny.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cpmem.api import describe_step, estimate
+from cpmem.errors import InputError
+from cpmem.megatron.args import parse_megatron_args
+from cpmem.megatron.offload_rules import layer_offload_problems, offload
+from cpmem.pricing.layer_offload import offloaded_at, on_device_at, taken_off
+from cpmem.pricing.registry import price
+from cpmem.reports.cli_render import render_basis
+from cpmem.step.offload import TE_MIN_OFFLOADED_ELEMENTS, Offload
+from megatron_lm.tiny import FLAGS, step_of, tiny
+
+MIB = 1024 * 1024
+
+
+def test_te_offloads_tensors_of_256k_elements_and_more() -> None:
+    """cpu_offload.py ``_check_if_offload``: ``if t.numel() < 256 * 1024: return False``."""
+    assert TE_MIN_OFFLOADED_ELEMENTS == 262_144
+    assert Offload.whole_layers(3) == Offload((), 262_144, 3)
+
+
+def test_the_door_reads_the_count_as_whole_layers() -> None:
+    assert offload(tiny(cpu_offloading_num_layers=4)) == Offload.whole_layers(4)
+    # a count of 0 or below leaves cpu_offloading off (arguments.py:1730-1731)
+    assert offload(tiny(cpu_offloading_num_layers=0)) == Offload()
+    assert not offload(tiny(cpu_offloading_num_layers=-1)).active
+    args = parse_megatron_args({**FLAGS, "--cpu-offloading-num-layers": 2})
+    assert args.cpu_offloading_num_layers == 2
+
+
+def test_equal_layers_keep_at_most_l_minus_n_on_the_device() -> None:
+    """TE's docstring: activation memory ``(num_layers - num_offloaded_layers) * T``. 12
+    layers of 1 byte, 4 offloaded: layer 0 is freed at layer 8's forward, so layers 0-7
+    are all on the device at layer 7 (8 bytes) and never more; at the last layer the 4
+    offloaded ones are off."""
+    sizes = [1] * 12
+    assert [on_device_at(sizes, 4, j) for j in range(12)] == [1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8]
+    assert offloaded_at(sizes, 4, 11) == 4
+    assert offloaded_at(sizes, 4, 7) == 0
+    assert offloaded_at(sizes, 4, 9) == 2  # layers 0 and 1 freed at layers 8 and 9
+
+
+def test_a_large_first_layer_limits_what_is_taken_off() -> None:
+    """Sizes 10, 1, 1, 1 with the first 2 offloaded: layer 0 is freed only when layer 2's
+    forward begins (L - N + 0 = 2), so at layer 1 the device holds 10 + 1 of the 13; the
+    figure, which prices all 13 at every moment, may take off 2, not the 11 off the device
+    at the last layer."""
+    sizes = [10, 1, 1, 1]
+    assert [on_device_at(sizes, 2, j) for j in range(4)] == [10, 11, 2, 2]
+    assert offloaded_at(sizes, 2, 3) == 11
+    assert taken_off(sizes, 2, {3}) == 2
+    assert taken_off([1] * 12, 4, {11}) == 4
+
+
+def test_a_moment_before_the_offloaded_layers_are_freed_takes_nothing_off() -> None:
+    """A kind whose last layer is layer 0 (an MoE first layer before dense ones): the
+    figure prices its backward with only layer 0 kept, which is back on the device by
+    then (reloaded from layer L - 1 - N + 0's backward): nothing comes off."""
+    assert offloaded_at([1] * 12, 1, 0) == 0
+    assert taken_off([1] * 12, 1, {0, 11}) == 0
+    assert taken_off([1] * 12, 1, {11}) == 1
+
+
+TINY_TOKENS = 4 * 1024  # micro-batch 4 of 1,024
+PROJ_INPUT = TINY_TOKENS * 8 * 64 * 2  # the output projection's bf16 input: heads x d at TP 1
+
+
+def test_the_tiny_gpt_takes_off_its_offloaded_layers_projection_inputs() -> None:
+    """The tiny GPT (12 equal layers, TP 1, Transformer Engine's fused norms): of what a
+    layer saves cpmem names the output projection's input, 4,096 x 512 bf16 = 4 MiB
+    (2,097,152 elements, above TE's smallest); 4 layers offloaded take 16 MiB off the
+    retained set and the figure, forward and forward+backward."""
+    assert PROJ_INPUT == 4 * MIB
+    base = price(step_of(tiny(tensor_model_parallel_size=1)), "tight")
+    off = price(step_of(tiny(tensor_model_parallel_size=1, cpu_offloading_num_layers=4)), "tight")
+    name = "retained_activations"
+    assert base.components[name] - off.components[name] == 4 * PROJ_INPUT
+    assert base.estimate_bytes - off.estimate_bytes == 4 * PROJ_INPUT
+    assert base.peak_bytes - off.peak_bytes == 4 * PROJ_INPUT
+
+
+def test_the_answer_says_host_memory_is_outside_the_figure() -> None:
+    est = price(step_of(tiny(cpu_offloading_num_layers=4)), "tight")
+    lines = [line for line in render_basis(est) if "offload=layers:4" in line]
+    assert len(lines) == 1
+    assert lines[0].startswith("outside the figure:")
+    assert "at most 8 layers'" in lines[0] and "Pinned host memory" in lines[0]
+
+
+def test_the_reference_prices_every_saved_tensor_on_the_device_and_says_so() -> None:
+    kwargs = {"model": "Qwen/Qwen3-1.7B", "lengths": [4096], "recompute": "none"}
+    on = estimate(**kwargs, offload="layers:4", policy="reference")
+    assert on.peak_bytes == estimate(**kwargs, policy="reference").peak_bytes
+    assert any(o.startswith("offload:") for o in on.ignored_options)
+
+
+@pytest.mark.parametrize(
+    ("changes", "named", "reason"),
+    [
+        ({"cpu_offloading_num_layers": 12}, "--num-layers 12", "only for layers less than 12"),
+        (
+            {"cpu_offloading_num_layers": 2, "pipeline_model_parallel_size": 2},
+            "--pipeline-model-parallel-size 2",
+            "no support for Pipeline parallelism",
+        ),
+        (
+            {"cpu_offloading_num_layers": 2, "recompute_granularity": "selective"},
+            "--recompute-granularity selective",
+            "does not work when activation recomputation is enabled",
+        ),
+        (
+            {"cpu_offloading_num_layers": 2, "fine_grained_activation_offloading": True},
+            "--fine-grained-activation-offloading",
+            "cannot be enabled with cpu_offloading",
+        ),
+        (
+            {"cpu_offloading_num_layers": 2, "cuda_graph_impl": "local"},
+            "--cuda-graph-impl local",
+            "CUDA graphs not supported with CPU offloading",
+        ),
+        ({"cpu_offloading_num_layers": 2, "fp8": "hybrid"}, "--fp8-format hybrid", "FP8 copies"),
+        (
+            {"cpu_offloading_num_layers": 2, "env": {"NVTE_CPU_OFFLOAD_V1": "1"}},
+            "NVTE_CPU_OFFLOAD_V1=1",
+            "first offloading path",
+        ),
+    ],
+)
+def test_the_door_refuses_with_the_flags(
+    changes: dict[str, object], named: str, reason: str
+) -> None:
+    problems = layer_offload_problems(tiny(**changes))
+    assert len(problems) == 1
+    flags, why = problems[0]
+    assert flags.startswith("--cpu-offloading-num-layers 2") or "12" in flags
+    assert named in flags and reason in why
+
+
+def test_one_step_inside_the_rules_is_read() -> None:
+    assert layer_offload_problems(tiny(cpu_offloading_num_layers=11)) == []
+    assert (
+        layer_offload_problems(tiny(cpu_offloading_num_layers=2, cuda_graph_impl="full_iteration"))
+        == []
+    )
+    assert layer_offload_problems(tiny(recompute_granularity="full")) == []
+
+
+def test_the_step_setting_refuses_what_megatron_core_refuses() -> None:
+    kwargs = {"model": "Qwen/Qwen3-1.7B", "lengths": [4096]}
+    with pytest.raises(InputError, match=r"transformer_config\.py:1614-1617"):
+        describe_step(**kwargs, recompute="selective", offload="layers:2")
+    with pytest.raises(InputError, match=r"fewer layers than the model's 28"):
+        describe_step(**kwargs, recompute="none", offload="layers:28")
+    with pytest.raises(InputError, match=r"transformer_config\.py:1609-1612"):
+        describe_step(**kwargs, recompute="none", offload="layers:2", pp=2, microbatches=2)
+    with pytest.raises(InputError, match="one or the other"):
+        Offload(("core_attn",), layers=2)
+    with pytest.raises(InputError, match="'layers:N' alone"):
+        Offload.parse("layers:2+core_attn")
+    assert Offload.parse("layers:2").words == ["layers:2"]
