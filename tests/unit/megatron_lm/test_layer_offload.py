@@ -71,6 +71,47 @@ def test_a_moment_before_the_offloaded_layers_are_freed_takes_nothing_off() -> N
     assert taken_off([1] * 12, 1, {11}) == 1
 
 
+def _replay(sizes: list[int], n: int) -> list[tuple[str, int, int]]:
+    """Transformer Engine's ``DefaultOffloadSynchronizer`` (b9d690e0 cpu_offload.py
+    586-654) replayed event by event, written from its code, not from cpmem's: per
+    layer's forward and backward, the bytes of the layers' tensors on the device.
+
+    ``_init_offload_synchronization_dicts``: layer ``i < n`` finishes its offload (its
+    device tensors released) at ``fwd_step`` of layer ``L - n + i`` and starts its reload
+    at ``bwd_step`` of layer ``L - 1 - n + i``; ``bwd_step`` first releases the previous
+    backward layer (``release_all_memory``), as autograd frees a layer's saved tensors
+    once its backward has run."""
+    count = len(sizes)
+    finish = {count - n + i: i for i in range(n)}
+    reload = {count - 1 - n + i: i for i in range(n)}
+    on = [False] * count
+    out = []
+    for j in range(count):
+        if j in finish:  # fwd_step: release_activation_forward_gpu_memory
+            on[finish[j]] = False
+        on[j] = True  # the layer's forward saves its tensors (push_tensor)
+        out.append(("forward", j, sum(s for s, o in zip(sizes, on, strict=True) if o)))
+    for b in range(count - 1, -1, -1):
+        if b + 1 < count:  # bwd_step: the previous layer's memory released
+            on[b + 1] = False
+        if b in reload:  # start_reload
+            on[reload[b]] = True
+        out.append(("backward", b, sum(s for s, o in zip(sizes, on, strict=True) if o)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("sizes", "n"),
+    [([1] * 12, 4), ([1] * 12, 11), ([10, 1, 1, 1], 2), ([3, 1, 4, 1, 5, 9, 2, 6], 5)],
+)
+def test_the_window_is_transformer_engines_schedule(sizes: list[int], n: int) -> None:
+    """``on_device_at`` at every layer's forward and backward equals the replay, and
+    ``offloaded_at`` is what the layers up to it hold less that."""
+    for _, j, device in _replay(sizes, n):
+        assert on_device_at(sizes, n, j) == device
+        assert offloaded_at(sizes, n, j) == sum(sizes[: j + 1]) - device
+
+
 TINY_TOKENS = 4 * 1024  # micro-batch 4 of 1,024
 PROJ_INPUT = TINY_TOKENS * 8 * 64 * 2  # the output projection's bf16 input: heads x d at TP 1
 
