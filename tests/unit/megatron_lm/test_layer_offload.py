@@ -14,7 +14,13 @@ from cpmem.api import describe_step, estimate
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args
 from cpmem.megatron.offload_rules import layer_offload_problems, offload
-from cpmem.pricing.layer_offload import offloaded_at, on_device_at, taken_off
+from cpmem.pricing.layer_offload import (
+    layer_sizes,
+    offloaded_at,
+    offloaded_retained_bytes,
+    on_device_at,
+    taken_off,
+)
 from cpmem.pricing.registry import price
 from cpmem.reports.cli_render import render_basis
 from cpmem.step.offload import TE_MIN_OFFLOADED_ELEMENTS, Offload
@@ -209,3 +215,40 @@ def test_the_step_setting_refuses_what_megatron_core_refuses() -> None:
     with pytest.raises(InputError, match="'layers:N' alone"):
         Offload.parse("layers:2+core_attn")
     assert Offload.parse("layers:2").words == ["layers:2"]
+
+
+def test_a_kind_whose_last_layer_is_the_first_takes_nothing_off() -> None:
+    """The tiny GPT with its first layer MoE (8 experts, top 2, grouped GEMM, no biases)
+    and 11 dense: by hand, the MoE layer names the output projection's input (4 MiB),
+    its module pre-MLP norm's input (4,096 x 512 bf16, 4 MiB), the experts' fc1 input
+    (8,192 routed rows x 512, 8 MiB) and the activation's input (8,192 x 2,048, 32 MiB):
+    48 MiB; a dense layer 4 MiB. The figure prices the MoE kind's backward at layer 0
+    with only layer 0 kept, and layer 0 is back on the device by then: nothing comes off."""
+    args = tiny(
+        tensor_model_parallel_size=1,
+        num_experts=8,
+        moe_layer_freq=(1,) + (0,) * 11,
+        add_bias_linear=False,
+        moe_grouped_gemm=True,
+        cpu_offloading_num_layers=4,
+    )
+    step = step_of(args)
+    assert layer_sizes(step, TINY_TOKENS) == [48 * MIB] + [4 * MIB] * 11
+    assert offloaded_retained_bytes(step, TINY_TOKENS) == 0
+
+
+def test_a_mamba_stack_offloads_nothing_and_says_so() -> None:
+    """megatron-core's ``MambaStack`` opens no offload context (ssm/mamba_block.py):
+    20 of Nemotron 3 Nano's 52 layers, whose attention and MoE layers name tensors off
+    the device at every moment of the figure were it a transformer block, take nothing
+    off."""
+    kwargs = {
+        "model": "nemotron-3-nano-30b-a3b",
+        "lengths": [4096],
+        "recompute": "none",
+        "runtime": "megatron-lm",
+        "training": "full",
+    }
+    on = estimate(**kwargs, offload="layers:20")
+    assert on.peak_bytes == estimate(**kwargs).peak_bytes
+    assert any("Mamba stack opens no offload context" in n for n in on.notes)
