@@ -28,7 +28,8 @@ layers never more than ``L - N`` layers' worth (TE's docstring: activation memor
 
 What is priced as offloaded: the tensors ``cpmem.pricing.offload.module_sends`` names
 in a layer's saved set (the attention's output projection input, a norm's input where
-the norm is a module of its own, the experts' fc1 and activation inputs) at TE's
+the norm is a module of its own but the first layer's input norm's, the experts' fc1 and
+activation inputs) at TE's
 smallest size; every other tensor a layer offloads is priced on the device (a bound).
 The figure's moments assume every layer's kept set present (the end of forward, the
 head, the last layer's backward) or the kept sets of layers ``0 .. j`` at a kind's last
@@ -50,11 +51,14 @@ unfused scores, which the step prices in their own component, on the device."""
 
 def layer_sizes(step: Step, tokens: int) -> list[int]:
     """Per layer of the step's transformer block, the bytes of the named tensors it
-    offloads if it is offloaded, on the rank holding ``tokens`` model tokens."""
-    return [
-        sum(v for m, v in sends.items() if m in PRICED_MODULES)
-        for sends in module_sends(step, tokens)
-    ]
+    offloads if it is offloaded, on the rank holding ``tokens`` model tokens. The first
+    layer's input norm's input is the block's input, which ``GPTModel.forward`` holds
+    (``decoder_input``) through the head: on the device whatever its copy."""
+    sizes = []
+    for layer, sends in enumerate(module_sends(step, tokens)):
+        named = [m for m in PRICED_MODULES if not (layer == 0 and m == "attn_norm")]
+        sizes.append(sum(v for m, v in sends.items() if m in named))
+    return sizes
 
 
 def offloaded_at(sizes: list[int], offloaded: int, layer: int) -> int:

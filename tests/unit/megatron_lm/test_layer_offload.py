@@ -8,6 +8,8 @@ freed on the device when layer ``L - N + i``'s forward begins, reloaded when lay
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cpmem.api import describe_step, estimate
@@ -252,3 +254,19 @@ def test_a_mamba_stack_offloads_nothing_and_says_so() -> None:
     on = estimate(**kwargs, offload="layers:20")
     assert on.peak_bytes == estimate(**kwargs).peak_bytes
     assert any("Mamba stack opens no offload context" in n for n in on.notes)
+
+
+def test_the_first_layers_input_stays_held_by_the_models_forward() -> None:
+    """Under the local spec every norm is a module, so a layer names its attention norm's
+    input (4,096 x 512 bf16, 4 MiB), its pre-MLP norm's input (4 MiB) and the output
+    projection's input (4 MiB): 12 MiB; but layer 0's attention norm input is the block's
+    input, ``decoder_input``, which ``GPTModel.forward`` holds through the head
+    (gpt_model.py:545-600; only inference wraps it to free it): 8 MiB. The first 4 of 12
+    layers offloaded: 8 + 3 x 12 = 44 MiB off (at most 96 MiB of the 140 on the device,
+    from layer 8's forward on)."""
+    args = tiny(tensor_model_parallel_size=1, transformer_impl="local")
+    step = step_of(replace(args, cpu_offloading_num_layers=4))
+    assert layer_sizes(step, TINY_TOKENS) == [8 * MIB] + [12 * MIB] * 11
+    assert offloaded_retained_bytes(step, TINY_TOKENS) == 44 * MIB
+    base = price(step_of(args), "tight")
+    assert base.peak_bytes - price(step, "tight").peak_bytes == 44 * MIB
