@@ -270,3 +270,13 @@ def test_the_first_layers_input_stays_held_by_the_models_forward() -> None:
     assert offloaded_retained_bytes(step, TINY_TOKENS) == 44 * MIB
     base = price(step_of(args), "tight")
     assert base.peak_bytes - price(step, "tight").peak_bytes == 44 * MIB
+
+
+def test_the_retained_activations_are_read_from_the_source_not_measured() -> None:
+    """No Megatron-LM recording runs whole-layer offloading: the term it moves names the
+    source; the terms it does not move keep the recordings."""
+    est = price(step_of(tiny(cpu_offloading_num_layers=4)), "tight")
+    assert est.provenance["retained_activations"].label == "structure (source)"
+    assert est.provenance["head_kept"].label == "measured (megatron-lm)"
+    base = price(step_of(tiny()), "tight")
+    assert base.provenance["retained_activations"].label == "measured (megatron-lm)"
