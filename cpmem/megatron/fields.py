@@ -97,6 +97,8 @@ class MegatronArgs:
     delta_offload_bytes_across_pp_ranks: int = 0  # transformer_config.py:1189
     activation_offload_fraction: float = 1.0  # transformer_config.py:1195
     delay_offload_until_cuda_graph: bool = False  # transformer_config.py:1183
+    # whole-layer offloading (model_parallel_config.py:380-407; arguments.py:1730-1731)
+    cpu_offloading_num_layers: int = 0
     cross_entropy_loss_fusion: bool = False  # model_parallel_config.py:320-325
     gradient_accumulation_fusion: bool = True  # arguments.py:2944 (--no-gradient-...)
     create_attention_mask_in_dataloader: bool = True  # arguments.py:3332
@@ -301,6 +303,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("delta_offload_bytes_across_pp_ranks", "int"),
             ("activation_offload_fraction", "float"),
             ("delay_offload_until_cuda_graph", "bool"),
+            ("cpu_offloading_num_layers", "int"),
             ("cross_entropy_loss_fusion", "bool"),
             ("apply_query_key_layer_scaling", "bool"),
             ("attention_softmax_in_fp32", "bool"),

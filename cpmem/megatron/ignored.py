@@ -291,16 +291,21 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--moe-ncclep-zero-copy",
     ),
     (
+        "keeps whole-layer offloading's pinned host buffers from one iteration to the next "
+        "(Transformer Engine cpu_offload.py release_all_memory): host memory, outside the "
+        "figure",
+        "--cpu-offloading-retain-pinned-cpu-buffers",
+    ),
+    (
         "paces fine-grained offloading's copies to the host (the main stream waits on older "
         "ones, fine_grained_activation_offload.py _drain_offload_pending): no tensor kept",
         "--fine-grained-offloading-max-inflight-offloads",
     ),
     (
         "read only by CUDA graphs (the eager iterations before the capture: the eager "
-        "step's memory, which the peak prices), whole-layer offloading or the paged stash "
-        "(--cpu-offloading-num-layers, --moe-paged-stash, refused)",
-        "--cuda-graph-warmup-steps --cpu-offloading-retain-pinned-cpu-buffers "
-        "--moe-paged-stash-page-size "
+        "step's memory, which the peak prices) or the paged stash (--moe-paged-stash, "
+        "refused)",
+        "--cuda-graph-warmup-steps --moe-paged-stash-page-size "
         "--moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-buffer-size-factor-cpu",
     ),
     (

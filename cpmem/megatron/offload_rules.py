@@ -1,7 +1,19 @@
-"""Fine-grained activation offloading at the Megatron door
-(``--fine-grained-activation-offloading --offload-modules ...``): the modules as
-Megatron-LM reads them (``read_modules``, ``offload``), its own checks of them and the
-knobs cpmem does not price (``offload_problems``).
+"""Activation offloading at the Megatron door: fine-grained
+(``--fine-grained-activation-offloading --offload-modules ...``) and whole layers
+(``--cpu-offloading-num-layers N``): the setting as Megatron-LM reads it (``read_modules``,
+``offload``), its own checks and the knobs cpmem does not price (``offload_problems``,
+``layer_offload_problems``).
+
+Whole layers, at the same snapshot: ``--cpu-offloading-num-layers`` is the only flag
+(``--cpu-offloading``, ``--cpu-offloading-activations``, ``--cpu-offloading-weights`` and
+``--cpu-offloading-double-buffering`` are excluded from the parser, arguments.py:
+2078-2084); a positive count turns ``cpu_offloading`` on (arguments.py:1730-1731) with
+activations offloaded and weights not (model_parallel_config.py:395-399). Its checks:
+transformer_config.py:1602-1617 (fewer layers than the model's, no pipeline stages, no
+recompute), 1743-1746 (not beside fine-grained offloading), 1800-1801 (not beside the
+paged stash), 2362-2363 (no CUDA graphs but ``full_iteration``). Transformer Engine's
+``NVTE_CPU_OFFLOAD_V1=1`` path offloads on another schedule (cpu_offload_v1.py), not
+priced.
 
 Sources at the recordings' snapshot (Megatron-LM 4828d651): ``validate_args``
 (megatron/training/arguments.py:1715-1720: Transformer Engine only) and
@@ -33,11 +45,82 @@ def read_modules(args: MegatronArgs) -> tuple[str, ...]:
 
 
 def offload(args: MegatronArgs) -> Offload:
-    """The run's offloading as cpmem's step setting (none without the switch); the
-    arguments are assumed to pass ``offload_problems``."""
+    """The run's offloading as cpmem's step setting (none without either switch); the
+    arguments are assumed to pass ``offload_problems`` and ``layer_offload_problems``."""
+    if args.cpu_offloading_num_layers > 0:
+        return Offload.whole_layers(args.cpu_offloading_num_layers)
     if not args.fine_grained_activation_offloading:
         return Offload()
     return Offload(read_modules(args), args.min_offloaded_tensor_size)
+
+
+LAYERS_FLAG = "--cpu-offloading-num-layers"
+
+
+def layer_offload_problems(args: MegatronArgs) -> list[Problem]:
+    """Megatron-LM's checks of whole-layer offloading and what cpmem does not price of
+    it, as (flags, reason) pairs; none where it is off (a count of 0 or below)."""
+    n = args.cpu_offloading_num_layers
+    if n <= 0:
+        return []
+    given = f"{LAYERS_FLAG} {n}"
+    out: list[Problem] = []
+    if n >= args.num_layers:
+        out.append(
+            (
+                f"{given} --num-layers {args.num_layers}",
+                REJECTED + f"'CPU offloading can be done only for layers less than "
+                f"{args.num_layers}' (transformer_config.py:1602-1607)",
+            )
+        )
+    if args.pipeline_model_parallel_size > 1:
+        out.append(
+            (
+                f"{given} --pipeline-model-parallel-size {args.pipeline_model_parallel_size}",
+                REJECTED + "'Currently there is no support for Pipeline parallelism with CPU "
+                "offloading' (transformer_config.py:1609-1612)",
+            )
+        )
+    if args.recompute_granularity is not None:
+        out.append(
+            (
+                f"{given} --recompute-granularity {args.recompute_granularity}",
+                REJECTED + "'CPU offloading does not work when activation recomputation is "
+                "enabled' (transformer_config.py:1614-1617)",
+            )
+        )
+    if args.fine_grained_activation_offloading:
+        out.append(
+            (
+                f"{given} {FLAG}",
+                REJECTED + "'fine_grained_activation_offloading cannot be enabled with "
+                "cpu_offloading' (transformer_config.py:1743-1746)",
+            )
+        )
+    if args.cuda_graph_impl not in ("none", "full_iteration"):
+        out.append(
+            (
+                f"{given} --cuda-graph-impl {args.cuda_graph_impl}",
+                REJECTED + "'CUDA graphs not supported with CPU offloading' "
+                "(transformer_config.py:2362-2363)",
+            )
+        )
+    if args.fp8 is not None:
+        out.append(
+            (
+                f"{given} --fp8-format {args.fp8}",
+                UNPRICED + "the FP8 copies of the saved inputs a layer sends to the host",
+            )
+        )
+    if str(args.env.get("NVTE_CPU_OFFLOAD_V1", "0")).strip() == "1":
+        out.append(
+            (
+                f"{given} NVTE_CPU_OFFLOAD_V1=1",
+                UNPRICED + "Transformer Engine's first offloading path, whose offload "
+                "groups and reload windows differ (cpu_offload_v1.py)",
+            )
+        )
+    return out
 
 
 def offload_problems(args: MegatronArgs) -> list[Problem]:

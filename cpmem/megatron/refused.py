@@ -123,10 +123,8 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--distribute-saved-activations",
     ),
     (
-        UNPRICED + "whole layers' activations offloaded to the host (--cpu-offloading-num-layers; "
-        "the fine-grained offloading of --offload-modules is priced), or the experts' stashed "
-        "in pages",
-        "--cpu-offloading-num-layers --moe-paged-stash",
+        UNPRICED + "the experts' activations stashed in pages",
+        "--moe-paged-stash",
     ),
     (
         UNPRICED + "the MLP run in chunks of the sequence (transformer_layer.py)",

@@ -23,7 +23,7 @@ from cpmem.megatron.fp8_rules import fp8_problems
 from cpmem.megatron.fsdp_rules import fsdp_problems
 from cpmem.megatron.layout import layout_problems, virtual_pipeline_size
 from cpmem.megatron.moe_rules import moe_problems
-from cpmem.megatron.offload_rules import offload_problems
+from cpmem.megatron.offload_rules import layer_offload_problems, offload_problems
 from cpmem.megatron.op_fuser_rules import op_fuser_problems
 from cpmem.megatron.optimizer_rules import optimizer_problems
 from cpmem.megatron.recompute_modules import module_problems
@@ -408,6 +408,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += _recompute(args)
     out += module_problems(args)
     out += offload_problems(args)
+    out += layer_offload_problems(args)
     out += layout_problems(args)
     out += world_problems(args)
     out += defer_problems(args)

@@ -96,10 +96,9 @@ def _tensor(elements: int, step: Step) -> int:
     return elements * step.dtype_bytes
 
 
-def _attention(step: Step, rank: int) -> dict[str, int]:
+def _attention(step: Step, rows: int) -> dict[str, int]:
     g, layout = step.geometry, step.plan.layout
     tp = layout.tp
-    rows = step.plan.rank_tokens[rank]
     out: dict[str, int] = {"qkv_linear": 0}
     if not step.recompute.checkpoints(Module.CORE_ATTN):
         # an unfused core keeps one s x s tensor set per layer; a tensor of the whole
@@ -119,28 +118,45 @@ def _lengths(step: Step) -> list[int]:
     return [] if step.request is None else list(step.request.sequence_lengths)
 
 
-def _moe(step: Step, rank: int) -> dict[str, int]:
+def _moe(step: Step, tokens: int) -> dict[str, int]:
     g, layout = step.geometry, step.plan.layout
     out: dict[str, int] = {}
     runtime = step.settings.runtime
     if runtime.moe_grouped_gemm and runtime.transformer_impl == "transformer_engine":
         # the routing's rows per token of the rank, at the rank's tokens
-        row_count = int(step.expert_rows_per_token() * step.plan.rank_tokens[rank])
+        row_count = int(step.expert_rows_per_token() * tokens)
         out["expert_fc1"] = _tensor(row_count * g.hidden, step)
         act_input = (2 if g.gated_mlp else 1) * expert_shard(g, layout.etp)
         out["moe_act"] = _tensor(row_count * act_input, step)
     if norm_is_module(g, step, "moe"):
-        tokens = step.plan.rank_tokens[rank]
         out["mlp_norm"] = _tensor(tokens * g.hidden // sp_divisor(layout.tp, layout.sp), step)
     return out
 
 
-def _dense(step: Step, rank: int) -> dict[str, int]:
+def _dense(step: Step, tokens: int) -> dict[str, int]:
     g, layout = step.geometry, step.plan.layout
     if not norm_is_module(g, step, "dense"):
         return {}
-    tokens = step.plan.rank_tokens[rank]
     return {"mlp_norm": _tensor(tokens * g.hidden // sp_divisor(layout.tp, layout.sp), step)}
+
+
+def module_sends(step: Step, tokens: int) -> list[dict[str, int]]:
+    """Per layer of ``step`` (its MTP layers left out), on the rank holding ``tokens``
+    model tokens, the bytes each module named above sends to the host (0 where its
+    tensors are below the step's smallest offloaded size); a module the layer does not
+    run is absent."""
+    g = step.geometry
+    out = []
+    for mixer, mlp in zip(g.mixers, g.mlps, strict=True):
+        found: dict[str, int] = {}
+        if mixer == "attention":
+            found |= _attention(step, tokens)
+        if mlp == "moe":
+            found |= _moe(step, tokens)
+        elif mlp == "dense":
+            found |= _dense(step, tokens)
+        out.append(found)
+    return out
 
 
 def layer_offloads(step: Step) -> list[LayerOffload]:
@@ -152,18 +168,10 @@ def layer_offloads(step: Step) -> list[LayerOffload]:
     if not offload.active or not step.recompute.keeps_saved_sets:
         return []
     ranks = range(step.plan.layout.cp)
+    by_rank = [module_sends(step, step.plan.rank_tokens[r]) for r in ranks]
     out = []
-    for mixer, mlp in zip(g.mixers, g.mlps, strict=True):
-        per_rank: list[dict[str, int]] = []
-        for r in ranks:
-            found: dict[str, int] = {}
-            if mixer == "attention":
-                found |= _attention(step, r)
-            if mlp == "moe":
-                found |= _moe(step, r)
-            elif mlp == "dense":
-                found |= _dense(step, r)
-            per_rank.append(found)
+    for layer in range(g.layers):
+        per_rank = [by_rank[r][layer] for r in ranks]
         groups = tuple(m for m in COMMIT_ORDER if offload.offloads(m) and m in per_rank[0])
         sent = tuple(tuple(per_rank[r][m] for r in ranks) for m in groups)
         out.append(LayerOffload(groups, sent))
@@ -238,7 +246,7 @@ def offload_notes(step: Step) -> tuple[str, ...]:
     """The answer's line on offloading, where the step offloads: what leaves the device
     and that the pinned host memory it lands in is not in the figure."""
     offload = step.settings.offload
-    if not offload.active:
+    if not offload.modules:  # none, or whole layers (``layer_offload``)
         return ()
     where = (
         "the pipeline's in-flight chunks keep them on the host; the running chunk is "

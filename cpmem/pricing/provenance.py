@@ -143,6 +143,9 @@ class Facts:
     weights_dtype: str = ""
     """The dtype the weights are priced in, in words (``weights_dtype``): every answer
     names it, so a weight's bytes read back to its parameter count."""
+    layer_offload: bool = False
+    """Whole-layer activation offloading (``Offload.layers``): no recording runs it, so
+    the retained activations it takes bytes off are read from the source."""
     layer_wise_layout: bool = False
     """Muon's layer-wise distributed optimizer with its precomputed layout
     (``cpmem.pricing.layer_wise_layout``): its buffers and shards are read from source,
@@ -217,6 +220,7 @@ def facts_of(step: Step) -> Facts:
         moe_routing=step.moe_routing,
         base_weights=base_weights_held(step),
         weights_dtype=weights_dtype(step),
+        layer_offload=settings.offload.layers > 0,
         layer_wise_layout=settings.optimizer.kind == "muon"
         and settings.optimizer.distributed
         and settings.optimizer.muon_layout != "legacy",
@@ -370,6 +374,13 @@ def source_of(name: str, facts: Facts, policy: str) -> Source:
             "source",
             "Muon's precomputed layer-wise layout, read from Megatron-LM's source "
             "(layer_wise_optimizer.py at d98e8a64); no recording runs it",
+        )
+    if facts.layer_offload and name == "retained_activations":
+        return Source(
+            "structure",
+            "source",
+            "whole-layer activation offloading, read from megatron-core's and Transformer "
+            "Engine's source (cpu_offload.py at b9d690e0); no recording runs it",
         )
     if facts.megatron and term.megatron:
         return Source("measured", "megatron-lm", "Megatron-LM's functional-test recordings")

@@ -16,6 +16,7 @@ from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
 from cpmem.pricing.fsdp import in_flight_bytes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
+from cpmem.pricing.layer_offload import layer_offload_notes
 from cpmem.pricing.muon_step import step_transient_bytes
 from cpmem.pricing.offload import offload_notes
 from cpmem.pricing.optimizer_state import expert_shards, optimizer_shards
@@ -374,7 +375,7 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
         unpriced=unpriced_options(asked, policy) | {o.partition(":")[0] for o in ignored},
         static=static,
         device_budget=None if device is None else device_budget(device, static),
-        notes=(*est.notes, *offload_notes(inputs)),
+        notes=(*est.notes, *offload_notes(inputs), *layer_offload_notes(inputs)),
     )
 
 

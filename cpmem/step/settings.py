@@ -381,7 +381,7 @@ class SettingsArguments(RequestSettings, total=False):
     ]
     offload: Annotated[
         Offload | str | Sequence[str] | None,
-        Setting(None, None, group="api", export=lambda s: list(s.settings.offload.modules)),
+        Setting(None, None, group="api", export=lambda s: s.settings.offload.words),
     ]
 
 

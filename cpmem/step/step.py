@@ -40,6 +40,7 @@ from cpmem.step.runtime import (
     check_quantized_weights,
     check_training,
 )
+from cpmem.step.sharding_rules import fsdp_problems, optimizer_instance_problems
 from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
 
 MoeRouting = str
@@ -126,8 +127,9 @@ class StepSettings:
     (``cpmem.pricing.workspaces``); the userbuffers are device memory outside PyTorch's
     allocator, named in the answer, not priced."""
     offload: Offload = Offload()
-    """Fine-grained activation offloading (``cpmem.step.offload``; priced by
-    ``cpmem.pricing.offload``): none by default."""
+    """Activation offloading, fine-grained or whole layers (``cpmem.step.offload``;
+    priced by ``cpmem.pricing.offload`` and ``cpmem.pricing.layer_offload``): none by
+    default."""
     fused_swiglu_asked: bool = False
     """Whether the caller named the activation's fusion (``fused_swiglu``), rather than
     the model's or the runtime's default: a policy that does not price it on the step
@@ -194,6 +196,14 @@ class StepSettings:
                 f"full and the logits or fused head (here {self.training}, {self.head.kind})",
             )
         self._check_dtype_backend()
+        refuse_all(
+            self.offload.layer_problems(
+                self.geometry.layers,
+                pipeline=self.pipeline.active,
+                recompute=None if self.recompute.keeps_everything else self.recompute.label,
+                fp8=self.fp8 is not None,
+            )
+        )
         if self.runtime.backend_resolved and self.geometry.attention_layers:
             r = self.runtime
             check_softmax_backend(r.softmax_type, r.attention_backend, self.layout.cp, self.cp_comm)
@@ -252,67 +262,9 @@ class StepSettings:
         return (
             problems
             + expert_problems(self.geometry, self.layout)
-            + self._instance_problems()
-            + self._fsdp_problems()
+            + optimizer_instance_problems(self)
+            + fsdp_problems(self)
         )
-
-    def _fsdp_problems(self) -> list[InputError]:
-        """Megatron FSDP is priced for full training of GPT layers (attention, latent or
-        not, and a dense MLP or an MoE block: each a ``TransformerLayer`` unit whose
-        tensors' shapes ``cpmem.pricing.fsdp_units`` gives) on one pipeline stage,
-        without MTP."""
-        strategy = self.optimizer.fsdp
-        if strategy == "none":
-            return []
-        g, problems = self.geometry, []
-        if self.training != "full":
-            problems.append(
-                InputError("fsdp", strategy, "Megatron FSDP is priced for --training full")
-            )
-        if self.pipeline.pp > 1:
-            problems.append(
-                InputError("fsdp", strategy, "Megatron FSDP over pipeline stages is not priced")
-            )
-        kinds = set(g.mixers) | set(g.mlps) | set(g.mtp_mixers) | set(g.mtp_mlps)
-        if not kinds <= {"attention", "dense", "moe"} or g.attention_sinks:
-            problems.append(
-                InputError(
-                    "fsdp",
-                    strategy,
-                    "Megatron FSDP's buckets are laid out for GPT layers, MTP depths' "
-                    "included (attention, latent or not, without sinks; a dense MLP or an "
-                    "MoE block); this model has " + ", ".join(sorted(kinds)),
-                )
-            )
-        return problems
-
-    def _instance_problems(self) -> list[InputError]:
-        """The distributed optimizer's instances split its DP x CP group, and the routed
-        experts' expert data-parallel group, into equal parts (parallel_state.py asserts
-        both divide)."""
-        n = self.optimizer.instances
-        layout = self.layout
-        problems = []
-        if (layout.dp * layout.cp) % n:
-            problems.append(
-                InputError(
-                    "optimizer_instances",
-                    n,
-                    f"must divide DP x CP = {layout.dp} x {layout.cp} (parallel_state.py: the "
-                    "data-parallel size divisible by the instances)",
-                )
-            )
-        expert_dp = self.world_size // (layout.etp * layout.ep * self.pipeline.pp)
-        if self.geometry.is_moe and expert_dp % n:
-            problems.append(
-                InputError(
-                    "optimizer_instances",
-                    n,
-                    f"must divide the expert data-parallel size {expert_dp} (world / (ETP x EP "
-                    "x PP); parallel_state.py asserts it)",
-                )
-            )
-        return problems
 
     def _check_dtype_backend(self) -> None:
         """Transformer Engine runs flash and fused attention on bf16 and fp16 only

@@ -24,6 +24,7 @@ from cpmem.pricing.kinds.fp8 import (
     moe_fp8_width,
 )
 from cpmem.pricing.kinds.spec import LayerKindSpec, TightContext
+from cpmem.pricing.layer_offload import offloaded_retained_bytes
 from cpmem.pricing.tight.calibrated import COLD_SETUP, LOSS_BACKWARD_OUTPUTS, Margin
 from cpmem.pricing.tight.widths import TightWidths
 from cpmem.pricing.widths import common_width, sandwich_width, sp_divisor
@@ -476,7 +477,10 @@ def structural_terms(
         Component.SEGMENT_STATES: terms.pop(Component.SEGMENT_STATES, 0),
         Component.OUTPUTS: outputs,
         Component.GATHERED_OUTPUTS: gathered_outputs,
-        Component.RETAINED_ACTIVATIONS: tokens * b * kept_width(geometry, w, step) + padding,
+        # less what whole-layer offloading holds on the host at every moment priced
+        Component.RETAINED_ACTIVATIONS: tokens * b * kept_width(geometry, w, step)
+        + padding
+        - offloaded_retained_bytes(step, tokens),
         Component.LAYER_TRANSIENT: transient,
     }
     embedding = embedding_bytes(step, tokens)
