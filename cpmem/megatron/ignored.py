@@ -266,12 +266,10 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         " ".join(FP8_ONLY),
     ),
     (
-        "read only by Torch FSDP2 (--use-torch-fsdp2, refused); which of Megatron FSDP's NCCL "
-        "user buffers are registered by hand (--fsdp-manual-registration: the same buffers, "
-        "registered once); or Megatron FSDP's gradient scaling fused into its reduction or not (in "
+        "which of Megatron FSDP's NCCL user buffers are registered by hand "
+        "(--fsdp-manual-registration: the same buffers, registered once); or Megatron FSDP's gradient scaling fused into its reduction or not (in "
         "place: no tensor, gradient_reduce_preprocessing, param_and_grad_buffer.py:4740-4762) "
         "and its all-gathers on a process group of their own (a communicator, no tensor)",
-        "--torch-fsdp2-no-reshard-after-forward "
         "--fsdp-manual-registration --no-gradient-reduce-div-fusion --create-all-gather-group",
     ),
     (

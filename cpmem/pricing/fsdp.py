@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
 from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_count, unit_tensors
+from cpmem.pricing.torch_fsdp2 import fsdp2_in_flight, fsdp2_units
 from cpmem.pricing.workspaces import compute_capability
 from cpmem.step.step import StepSettings
 
@@ -396,11 +397,18 @@ def fsdp_sharding(settings: StepSettings) -> Sharding:
 def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
     """What Megatron FSDP holds in flight on the settings' rank beyond the activations,
     at the forward's peak and at the backward's (``fsdp_in_flight``): gathered buckets
-    in their weights' dtype, gradient buckets in the gradient buffer's; (0, 0) without
-    it."""
+    in their weights' dtype, gradient buckets in the gradient buffer's; under Torch
+    FSDP2 its gathered units, gradients and reduce-scatter inputs, all in the
+    parameters' dtype (``cpmem.pricing.torch_fsdp2.fsdp2_in_flight``); (0, 0) without
+    either."""
     opt = settings.optimizer
     if opt.fsdp == "none":
         return 0, 0
+    if opt.fsdp == "torch_fsdp2":
+        layout, te = settings.layout, settings.runtime.transformer_impl == "transformer_engine"
+        units = fsdp2_units(settings.geometry, layout.tp, output_unit=te)
+        flight2 = fsdp2_in_flight(units, layout.dp * layout.cp)
+        return settings.dtype_bytes * flight2.forward, settings.dtype_bytes * flight2.backward
     sharding = fsdp_sharding(settings)
     buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
     transposes = sharding.fp8 and compute_capability(settings) < TRANSPOSE_BEFORE_CC

@@ -101,6 +101,7 @@ from cpmem.pricing.optimizer_state import (
     sharded_states,
 )
 from cpmem.pricing.param_buffers import buffer_shard
+from cpmem.pricing.torch_fsdp2 import fsdp2_static, fsdp2_units
 from cpmem.pricing.weights import StageTensors, mtp_depths_built, rank_weights, stage_tensors
 from cpmem.pricing.workspaces import compute_capability, workspace_components
 from cpmem.step.ranks import coordinates
@@ -434,6 +435,8 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
     data-parallel index (``dp_slice``, its expert data-parallel index for an expert
     bucket); the last holds each bucket's end padding."""
     opt = settings.optimizer
+    if opt.fsdp == "torch_fsdp2":
+        return _torch_fsdp2_training(settings, stepped)
     sharding = fsdp_sharding(settings)
     buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
     index = dp_slice(settings, sharding.dp)
@@ -456,6 +459,29 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
         count = fp8_weight_count(settings.geometry, sharding)
         out[StaticComponent.FP8_SCALE_INVERSES] = SCALE_INV_BYTES * count
     out.update(_scaling_state(settings, _stage_layers(settings, 0)))
+    return out
+
+
+def _torch_fsdp2_training(settings: StepSettings, stepped: bool) -> dict[StaticComponent, int]:
+    """Every parameter trained under Torch FSDP2 (``cpmem.pricing.torch_fsdp2``): the
+    rank's padded chunk of each parameter and of its gradient (one reduce-scatter output
+    per unit, in the parameters' dtype), and on the chunk's real elements the
+    optimizer's fp32 copy, its moments and the fp32 copy of the gradient
+    (``master_bytes``, ``master_gradient_bytes``: none for fp32 parameters)."""
+    opt, layout = settings.optimizer, settings.layout
+    ranks = layout.dp * layout.cp
+    te = settings.runtime.transformer_impl == "transformer_engine"
+    units = fsdp2_units(settings.geometry, layout.tp, output_unit=te)
+    held = fsdp2_static(units, ranks, dp_slice(settings, ranks))
+    p = settings.dtype_bytes
+    moments = MOMENT_BYTES[opt.kind] * held.real if stepped else 0
+    out = {
+        StaticComponent.WEIGHTS: p * held.padded,
+        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.padded,
+        StaticComponent.OPTIMIZER_STATES: master_bytes(p, opt) * held.real + moments,
+    }
+    if master_gradient_bytes(opt):
+        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.real
     return out
 
 

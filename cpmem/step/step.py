@@ -40,6 +40,7 @@ from cpmem.step.runtime import (
     check_quantized_weights,
     check_training,
 )
+from cpmem.step.torch_fsdp2 import torch_fsdp2_problems
 from cpmem.step.trainer import Adapter, CpComm, Head, Optimizer, check_cp_comm
 
 MoeRouting = str
@@ -256,21 +257,20 @@ class StepSettings:
         )
 
     def _fsdp_problems(self) -> list[InputError]:
-        """Megatron FSDP is priced for full training of GPT layers (attention, latent or
-        not, and a dense MLP or an MoE block: each a ``TransformerLayer`` unit whose
+        """Megatron FSDP and Torch FSDP2 are priced for full training of GPT layers
+        (attention, latent or not, and a dense MLP or an MoE block: each a ``TransformerLayer`` unit whose
         tensors' shapes ``cpmem.pricing.fsdp_units`` gives) on one pipeline stage,
         without MTP."""
         strategy = self.optimizer.fsdp
         if strategy == "none":
             return []
         g, problems = self.geometry, []
+        name = "Torch FSDP2" if strategy == "torch_fsdp2" else "Megatron FSDP"
         if self.training != "full":
-            problems.append(
-                InputError("fsdp", strategy, "Megatron FSDP is priced for --training full")
-            )
+            problems.append(InputError("fsdp", strategy, f"{name} is priced for --training full"))
         if self.pipeline.pp > 1:
             problems.append(
-                InputError("fsdp", strategy, "Megatron FSDP over pipeline stages is not priced")
+                InputError("fsdp", strategy, f"{name} over pipeline stages is not priced")
             )
         kinds = set(g.mixers) | set(g.mlps) | set(g.mtp_mixers) | set(g.mtp_mlps)
         if not kinds <= {"attention", "dense", "moe"} or g.attention_sinks:
@@ -278,10 +278,15 @@ class StepSettings:
                 InputError(
                     "fsdp",
                     strategy,
-                    "Megatron FSDP's buckets are laid out for GPT layers, MTP depths' "
+                    f"{name}'s {'units' if strategy == 'torch_fsdp2' else 'buckets'} are laid "
+                    "out for GPT layers, MTP depths' "
                     "included (attention, latent or not, without sinks; a dense MLP or an "
                     "MoE block); this model has " + ", ".join(sorted(kinds)),
                 )
+            )
+        if strategy == "torch_fsdp2":
+            problems += torch_fsdp2_problems(
+                g, self.layout.ep, self.optimizer.grad_bytes, self.dtype_bytes, self.fp8
             )
         return problems
 
