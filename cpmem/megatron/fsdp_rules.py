@@ -144,7 +144,7 @@ def torch_fsdp2_problems(args: MegatronArgs) -> list[Problem]:
             args.use_megatron_fsdp,
             "--use-megatron-fsdp",
             "Megatron FSDP's arguments validated beside Torch FSDP2, which wraps the model "
-            "(training.py:1821-1824)",
+            "(training.py:1820-1823)",
         ),
     ]
     out += [

@@ -406,7 +406,7 @@ def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
         return 0, 0
     if opt.fsdp == "torch_fsdp2":
         layout, te = settings.layout, settings.runtime.transformer_impl == "transformer_engine"
-        units = fsdp2_units(settings.geometry, layout.tp, output_unit=te)
+        units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
         flight2 = fsdp2_in_flight(units, layout.dp * layout.cp)
         return settings.dtype_bytes * flight2.forward, settings.dtype_bytes * flight2.backward
     sharding = fsdp_sharding(settings)

@@ -471,7 +471,7 @@ def _torch_fsdp2_training(settings: StepSettings, stepped: bool) -> dict[StaticC
     opt, layout = settings.optimizer, settings.layout
     ranks = layout.dp * layout.cp
     te = settings.runtime.transformer_impl == "transformer_engine"
-    units = fsdp2_units(settings.geometry, layout.tp, output_unit=te)
+    units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
     held = fsdp2_static(units, ranks, dp_slice(settings, ranks))
     p = settings.dtype_bytes
     moments = MOMENT_BYTES[opt.kind] * held.real if stepped else 0

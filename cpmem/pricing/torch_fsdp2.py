@@ -10,7 +10,7 @@ parameter) and megatron-core's own ``ColumnParallelLinear`` (the output layer; n
 ``--transformer-impl local``), in ``modules()`` order, then on the whole model: the
 parameters of no such module (the final norm) are the root's. Each is a unit here. The
 mesh is the data-parallel group with context parallelism (DP x CP ranks). The model is
-cast by ``Float16Module`` before it is wrapped (training.py:1813-1815, 1821-1840), no
+cast by ``Float16Module`` before it is wrapped (training.py:1805-1807, 1820-1875), no
 mixed-precision policy is given, so every gathered weight and gradient is in the
 parameters' dtype. The optimizer is megatron's non-distributed one
 (``--use-distributed-optimizer`` is refused beside it, arguments.py:979-980):
@@ -84,10 +84,11 @@ class Units:
         return [t for u in self.units for t in u] + list(self.root)
 
 
-def fsdp2_units(g: ModelGeometry, tp: int, output_unit: bool = True) -> Units:
+def fsdp2_units(g: ModelGeometry, tp: int, etp: int = 1, output_unit: bool = True) -> Units:
     """The units of a GPT model on one stage with an untied output layer: the embedding
     (word table, rows of ``hidden``, and a learned position table), each
-    ``TransformerLayer`` (``cpmem.pricing.fsdp_units.unit_tensors``), the output layer
+    ``TransformerLayer`` (``cpmem.pricing.fsdp_units.unit_tensors``: every routed expert
+    on the rank, EP being 1, split by ``etp``), the output layer
     (``[vocab / TP, hidden]``, its own unit where ``output_unit``, else the root's); the
     root holds the final norm (two tensors for LayerNorm)."""
     h = g.hidden
@@ -95,7 +96,7 @@ def fsdp2_units(g: ModelGeometry, tp: int, output_unit: bool = True) -> Units:
     embedding = [vocab]
     if g.learned_position_rows:
         embedding.append(Tensor(g.learned_position_rows * h, h))
-    layers = [tuple(unit_tensors(g, i, tp)) for i in range(unit_count(g))]
+    layers = [tuple(unit_tensors(g, i, tp, 1, etp)) for i in range(unit_count(g))]
     root = [Tensor(h)] * (2 if g.norm == "layernorm" else 1)
     units = [tuple(embedding), *layers]
     if output_unit:

@@ -283,6 +283,8 @@ class Optimizer:
 
     @property
     def label(self) -> str:
+        if self.fsdp == "torch_fsdp2":
+            return f"{self.kind} (torch fsdp2)"
         if self.fsdp != "none":
             return f"{self.kind} (megatron fsdp {self.fsdp})"
         if not self.distributed or self.kind == "none":

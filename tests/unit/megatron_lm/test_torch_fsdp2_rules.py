@@ -105,6 +105,11 @@ def test_what_megatron_rejects_beside_it_is_refused_with_its_reason(
             "FP8 training under Torch FSDP2",
         ),
         (
+            {"--use-megatron-fsdp": True},
+            "--use-torch-fsdp2 with --use-megatron-fsdp",
+            "Megatron FSDP's arguments validated beside Torch FSDP2",
+        ),
+        (
             {"--mtp-num-layers": 1, "--position-embedding-type": "rope"},
             "--use-torch-fsdp2 with --mtp-num-layers",
             "MTP depths under Torch FSDP2",
