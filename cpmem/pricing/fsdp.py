@@ -63,7 +63,8 @@ from dataclasses import dataclass
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
 from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_count, unit_tensors
-from cpmem.pricing.torch_fsdp2 import fsdp2_in_flight, fsdp2_units
+from cpmem.pricing.optimizer_state import master_gradient_bytes
+from cpmem.pricing.torch_fsdp2 import fsdp2_in_flight, fsdp2_units, gradient_excess
 from cpmem.pricing.workspaces import compute_capability
 from cpmem.step.step import StepSettings
 
@@ -407,8 +408,11 @@ def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
     if opt.fsdp == "torch_fsdp2":
         layout, te = settings.layout, settings.runtime.transformer_impl == "transformer_engine"
         units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
-        flight2 = fsdp2_in_flight(units, layout.dp * layout.cp)
-        return settings.dtype_bytes * flight2.forward, settings.dtype_bytes * flight2.backward
+        ranks = layout.dp * layout.cp
+        flight2 = fsdp2_in_flight(units, ranks)
+        excess = gradient_excess(units, ranks, opt.grad_bytes, master_gradient_bytes(opt))
+        p = settings.dtype_bytes
+        return p * flight2.forward + excess, p * flight2.backward + excess
     sharding = fsdp_sharding(settings)
     buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
     transposes = sharding.fp8 and compute_capability(settings) < TRANSPOSE_BEFORE_CC

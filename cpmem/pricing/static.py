@@ -463,11 +463,15 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
 
 
 def _torch_fsdp2_training(settings: StepSettings, stepped: bool) -> dict[StaticComponent, int]:
-    """Every parameter trained under Torch FSDP2 (``cpmem.pricing.torch_fsdp2``): the
-    rank's padded chunk of each parameter and of its gradient (one reduce-scatter output
-    per unit, in the parameters' dtype), and on the chunk's real elements the
-    optimizer's fp32 copy, its moments and the fp32 copy of the gradient
-    (``master_bytes``, ``master_gradient_bytes``: none for fp32 parameters)."""
+    """Every parameter trained under Torch FSDP2 (``cpmem.pricing.torch_fsdp2``), as a
+    step leaves it: the rank's padded chunk of each parameter, and on the chunk's real
+    elements the optimizer's fp32 copy and moments (``master_bytes``: none for fp32
+    parameters) and the fp32 copy of each 2-byte gradient (``master_gradient_bytes``,
+    kept until the next ``zero_grad``), the 2-byte gradients themselves freed as they are
+    copied (``model_param.grad = None``, optimizer.py:919); fp32 gradients are stepped as
+    they are, their padded chunks (one reduce-scatter output per unit) kept. Where the
+    2-byte gradients outgrow their fp32 copies while the next step runs, the excess is in
+    flight (``fsdp.in_flight_bytes``)."""
     opt, layout = settings.optimizer, settings.layout
     ranks = layout.dp * layout.cp
     te = settings.runtime.transformer_impl == "transformer_engine"
@@ -477,11 +481,12 @@ def _torch_fsdp2_training(settings: StepSettings, stepped: bool) -> dict[StaticC
     moments = MOMENT_BYTES[opt.kind] * held.real if stepped else 0
     out = {
         StaticComponent.WEIGHTS: p * held.padded,
-        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.padded,
         StaticComponent.OPTIMIZER_STATES: master_bytes(p, opt) * held.real + moments,
     }
     if master_gradient_bytes(opt):
         out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.real
+    elif opt.kind != "none":
+        out[StaticComponent.GRADIENT_BUFFER] = opt.grad_bytes * held.padded
     return out
 
 

@@ -13,11 +13,11 @@ mesh is the data-parallel group with context parallelism (DP x CP ranks). The mo
 cast by ``Float16Module`` before it is wrapped (training.py:1805-1807, 1820-1875), no
 mixed-precision policy is given, so every gathered weight and gradient is in the
 parameters' dtype. The optimizer is megatron's non-distributed one
-(``--use-distributed-optimizer`` is refused beside it, arguments.py:979-980):
+(``--use-distributed-optimizer`` is refused beside it, arguments.py:980-981):
 ``Float16OptimizerWithFloat16Params`` copies each (sharded) parameter to fp32
 (``param.detach().clone().float()``, optimizer.py:827) and each sharded gradient
 (``model_param.grad.float()``, optimizer.py:914), kept until the next ``zero_grad``
-(training.py:2307).
+(training.py:2307), dropping the 2-byte gradient as it copies it (optimizer.py:919).
 
 Read from PyTorch's ``torch/distributed/fsdp/_fully_shard`` (2.13, installed):
 
@@ -33,7 +33,9 @@ Read from PyTorch's ``torch/distributed/fsdp/_fully_shard`` (2.13, installed):
   ``foreach_all_gather_copy_out``); in the forward the flat buffer is freed at the next
   unit's copy-out (``all_gather_state``, ``_fsdp_param_group.py:417-489``) and the
   unit's own tensors after its forward (``reshard_after_forward``, Megatron's default;
-  the root is never resharded after its forward); in the backward the next unit is
+  the root's, the final norm, are held gathered here throughout: torch keeps them so
+  where ``reshard_after_forward`` is left to its default, ``_fsdp_state.py:203-207``,
+  which Megatron does not, a bound); in the backward the next unit is
   gathered ahead (``_backward_prefetch``), the unit's gradients are copied into a
   reduce-scatter input of its padded size, and one such input is kept until the next
   unit's reduce-scatter (``reduce_scatter_states``, capacity 1,
@@ -125,6 +127,19 @@ def fsdp2_static(units: Units, ranks: int, index: int) -> Fsdp2Static:
     )
 
 
+def gradient_excess(units: Units, ranks: int, grad_bytes: int, copy_bytes: int) -> int:
+    """Bytes by which a step's gradients (``grad_bytes`` on every padded chunk) can
+    outgrow the fp32 copies (``copy_bytes`` on the real elements) the static memory holds
+    in their place (``cpmem.pricing.static``): ``zero_grad`` frees the copies as the step
+    starts and the gradients fill in over its backward. Taken at the rank with the fewest
+    real elements, the last, so that it bounds every rank's; none where no copy is made
+    (fp32 gradients are static themselves)."""
+    if not copy_bytes:
+        return 0
+    held = fsdp2_static(units, ranks, ranks - 1)
+    return max(0, grad_bytes * held.padded - copy_bytes * held.real)
+
+
 def gathered(tensors: Sequence[Tensor], ranks: int) -> int:
     """Elements of a unit gathered: ``ranks`` x its padded chunks (the flat all-gather
     buffer, and again the per-parameter outputs it is copied into)."""
@@ -142,7 +157,7 @@ class Fsdp2InFlight:
 
 def fsdp2_in_flight(units: Units, ranks: int) -> Fsdp2InFlight:
     """A bound on what ``fully_shard`` holds while a step runs, every unit resharded
-    after its forward. The root stays gathered from its forward to its backward (``R``);
+    after its forward. The root is held gathered from its forward to its backward (``R``);
     with ``P[i]`` unit ``i`` gathered (the root's flat buffer counted as a unit before
     the first):
 

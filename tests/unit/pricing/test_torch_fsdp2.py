@@ -25,6 +25,7 @@ from cpmem.pricing.torch_fsdp2 import (
     fsdp2_in_flight,
     fsdp2_static,
     gathered,
+    gradient_excess,
     padded_shard,
     real_shard,
 )
@@ -34,6 +35,15 @@ from tests.unit.megatron_lm.tiny import FLAGS, priced, step_of
 LAYER = 262_144 + 512 + 1_024 + 786_432 + 1_536 + 1_024 + 1_048_576 + 2_048 + 1_048_576 + 512
 VOCAB = 50_304 * 512
 EVERY = 8 * LAYER + 2 * VOCAB + 1_024 * 512 + 2 * 512  # layers, table and output, positions, norm
+# Over 3 ranks, chunks of ceil(rows / 3) (the docstring of test_padding_on_three_ranks)
+LAYER_3 = 171 * 512 + 171 + 2 * 171 + 512 * 512 + 512 + 2 * 171 + 683 * 512 + 683
+LAYER_3 += 171 * 2048 + 171
+PADDED_3 = 8 * LAYER_3 + 2 * 16_768 * 512 + 342 * 512 + 2 * 171
+# the last rank's rows: 512 - 342 = 170, 1536 - 1024 = 512, 2048 - 1366 = 682,
+# 50304 - 33536 = 16768, 1024 - 684 = 340
+LAST_LAYER_3 = 170 * 512 + 170 + 2 * 170 + 512 * 512 + 512 + 2 * 170 + 682 * 512 + 682
+LAST_LAYER_3 += 170 * 2048 + 170
+LAST_3 = 8 * LAST_LAYER_3 + 2 * 16_768 * 512 + 340 * 512 + 2 * 170
 FSDP2 = {
     **FLAGS,
     "--bf16": True,
@@ -60,8 +70,9 @@ def test_a_chunk_is_ceil_rows_over_ranks_and_the_last_ranks_hold_fewer() -> None
 
 def test_the_tiny_gpt_static_on_four_ranks() -> None:
     """Every dim 0 divides by 4: each rank holds a quarter of every tensor, no padding.
-    Weights and gradients bf16 (2 B), the fp32 copy, Adam's two fp32 moments and the fp32
-    gradient copy 4 + 8 + 4 B on the real elements."""
+    As a step leaves it: weights bf16 (2 B), the fp32 copy, Adam's two fp32 moments and
+    the fp32 gradient copy 4 + 8 + 4 B on the real elements; the bf16 gradients freed as
+    they are copied (optimizer.py:914-919), so no gradient buffer."""
     args = parse_megatron_args(FSDP2)
     for rank in ("busiest", "last"):
         est = priced(args, world_size=4, rank=rank)
@@ -69,9 +80,27 @@ def test_the_tiny_gpt_static_on_four_ranks() -> None:
         static = dict(est.static.components)
         quarter = EVERY // 4
         assert static["weights"] == 2 * quarter == 38_627_840
-        assert static["gradient_buffer"] == 2 * quarter
+        assert "gradient_buffer" not in static
         assert static["optimizer_states"] == 12 * quarter
         assert static["master_gradients"] == 4 * quarter
+
+
+def test_fp32_parameters_keep_their_gradients_and_no_copy() -> None:
+    """Without --bf16 the FP32Optimizer steps the parameters and their fp32 gradients
+    as they are: weights and gradients 4 B on the chunks, Adam's moments 8 B, no copy."""
+    args = parse_megatron_args({k: v for k, v in FSDP2.items() if k != "--bf16"})
+    est = priced(args, world_size=4, rank="busiest")
+    assert est.static is not None
+    static = dict(est.static.components)
+    quarter = EVERY // 4
+    assert static["weights"] == static["gradient_buffer"] == 4 * quarter
+    assert static["optimizer_states"] == 8 * quarter
+    assert "master_gradients" not in static
+    # over 3 ranks the last keeps its padded gradient chunks, its moments on its real rows
+    last = priced(args, world_size=3, rank="last").static
+    assert last is not None
+    assert dict(last.components)["gradient_buffer"] == 4 * PADDED_3
+    assert dict(last.components)["optimizer_states"] == 8 * LAST_3
 
 
 def test_padding_on_three_ranks() -> None:
@@ -79,25 +108,17 @@ def test_padding_on_three_ranks() -> None:
     chunk of every tensor; the last holds the remainder of each dim 0. Padded elements on
     every rank: per layer 171 x 512 (proj) + 171 (its bias) + 2 x 171 (norm) + 512 x 512
     (qkv, 1536 rows) + 512 (its bias) + 2 x 171 + 683 x 512 (fc1, 2048 rows) + 683 (bias)
-    + 171 x 2048 (fc2) + 171 = 1,051,730; the table and the output 16,768 x 512 each
+    + 171 x 2048 (fc2) + 171 = 1,051,821; the table and the output 16,768 x 512 each
     (50304 rows), the positions 342 x 512 (1024 rows), the final norm 2 x 171."""
-    layer = 171 * 512 + 171 + 2 * 171 + 512 * 512 + 512 + 2 * 171 + 683 * 512 + 683
-    layer += 171 * 2048 + 171
-    padded = 8 * layer + 2 * 16_768 * 512 + 342 * 512 + 2 * 171
-    # the last rank's rows: 512 - 342 = 170, 1536 - 1024 = 512, 2048 - 1366 = 682,
-    # 50304 - 33536 = 16768, 1024 - 684 = 340
-    last_layer = 170 * 512 + 170 + 2 * 170 + 512 * 512 + 512 + 2 * 170 + 682 * 512 + 682
-    last_layer += 170 * 2048 + 170
-    last = 8 * last_layer + 2 * 16_768 * 512 + 340 * 512 + 2 * 170
+    assert LAYER_3 == 1_051_821
     first = priced(parse_megatron_args(FSDP2), world_size=3, rank="busiest").static
     at_last = priced(parse_megatron_args(FSDP2), world_size=3, rank="last").static
     assert first is not None and at_last is not None
     a, b = dict(first.components), dict(at_last.components)
-    assert a["weights"] == b["weights"] == 2 * padded
-    assert a["gradient_buffer"] == b["gradient_buffer"] == 2 * padded
-    assert a["optimizer_states"] == 12 * padded  # the first rank's chunks are all real
-    assert b["optimizer_states"] == 12 * last
-    assert b["master_gradients"] == 4 * last
+    assert a["weights"] == b["weights"] == 2 * PADDED_3
+    assert a["optimizer_states"] == 12 * PADDED_3  # the first rank's chunks are all real
+    assert b["optimizer_states"] == 12 * LAST_3
+    assert b["master_gradients"] == 4 * LAST_3
 
 
 def test_in_flight_on_hand_made_units() -> None:
@@ -115,6 +136,17 @@ def test_in_flight_on_hand_made_units() -> None:
     # the last of 4 ranks: one row of each unit's 4 (2 + 3 + 1 elements), none of the
     # root's 6 rows (chunks of 2: rows 0-1, 2-3, 4-5); every rank holds 2 + 3 + 1 + 2 padded
     assert fsdp2_static(units, 4, 3) == Fsdp2Static(padded=8, real=6)
+    # the bf16 gradients (2 x 8) never outgrow the last rank's fp32 copies (4 x 6)
+    assert gradient_excess(units, 4, 2, 4) == 0
+
+
+def test_gradients_can_outgrow_their_copies_on_the_last_rank() -> None:
+    """A [1, 512] gate over 4 ranks: every rank keeps a padded 512-element chunk (2 B a
+    gradient element: 1,024 B), the last holds no real row, so no fp32 copy: 1,024 B in
+    flight; none where gradients are fp32 and not copied."""
+    units = Units(((Tensor(512, 512),),), ())
+    assert gradient_excess(units, 4, 2, 4) == 1_024
+    assert gradient_excess(units, 4, 4, 0) == 0
 
 
 def test_the_tiny_gpt_in_flight_on_four_ranks() -> None:
@@ -163,3 +195,26 @@ def test_expert_parallelism_and_a_wider_gradient_are_listed_together() -> None:
     problems = torch_fsdp2_problems(g, ep=2, grad_bytes=4, dtype_bytes=2, fp8=None)
     assert [(p.field, p.value) for p in problems] == [("ep", 2), ("grad_bytes", 4)]
     assert "not supported with expert parallelism (arguments.py:978-979)" in problems[0].reason
+
+
+def test_on_1024_ranks_the_gradients_outgrow_the_last_ranks_copies() -> None:
+    """Over 1024 ranks most tensors' rows run out before the last rank. Per layer,
+    (rows, row): proj (512, 512) a 1-row chunk, 512 padded, none real on the last rank;
+    its bias and the four norm vectors 1 each, none real; qkv (1536, 512) 2 rows: 1,024,
+    none (1536 < 2046); its bias 2, none; fc1 (2048, 512) 2 rows: 1,024, the last 2 rows
+    real (2048 - 2046); its bias 2, 2 real; fc2 (512, 2048) 1 row: 2,048, none; its bias 1:
+    4,618 padded, 1,026 real. The table and the output (50304, 512): 50-row chunks, 25,600
+    each, none real (50304 < 51150); the positions (1024, 512): 512, one row real; the final
+    norm 1 + 1. Padded 8 x 4,618 + 2 x 25,600 + 512 + 2 = 88,658; the last rank's real
+    8 x 1,026 + 512 = 8,720. Its bf16 gradients outgrow its fp32 copies by
+    2 x 88,658 - 4 x 8,720 = 142,436 B, in flight on every rank. Gathered: the embedding
+    1024 x (25,600 + 512), a layer 1024 x 4,618, the output 1024 x 25,600, the root 2,048;
+    the forward's worst is the output's copy-out: 2,048 + 4,728,832 + 2 x 26,214,400 =
+    57,159,680 elements, 2 B each."""
+    for rank in ("busiest", "last"):
+        est = priced(parse_megatron_args(FSDP2), world_size=1024, rank=rank)
+        assert est.components["fsdp_in_flight"] == 2 * 57_159_680 + 142_436
+    assert est.static is not None
+    static = dict(est.static.components)
+    assert static["weights"] == 2 * 88_658
+    assert static["master_gradients"] == 4 * 8_720
