@@ -158,25 +158,27 @@ class Fsdp2InFlight:
 def fsdp2_in_flight(units: Units, ranks: int) -> Fsdp2InFlight:
     """A bound on what ``fully_shard`` holds while a step runs, every unit resharded
     after its forward. The root is held gathered from its forward to its backward (``R``);
-    with ``P[i]`` unit ``i`` gathered (the root's flat buffer counted as a unit before
-    the first):
+    ``P[i]`` is unit ``i`` gathered, the root's counted as a unit before the first:
 
-    - forward, at unit ``i``'s copy-out: the previous unit's flat buffer still held, the
-      unit's flat buffer and its copy: ``R + P[i-1] + 2 P[i]``;
-    - backward, while unit ``i`` runs its backward and reduces: its weights, its
-      gradients (at most its padded size) and its reduce-scatter input, the next unit
-      gathered ahead (flat buffer and copy), the reduce-scatter input kept of the unit
-      reduced before it, and the root's weights, gradients and reduce-scatter input:
-      ``3 R + 3 P[i] + 2 P[i-1] + P[i+1]``.
+    - forward: unit ``i``'s gather is issued while the previous unit's flat buffer is
+      still held (``P[i-1] + P[i]``); that buffer is freed as unit ``i`` is copied out
+      (``wait_for_unshard``), its flat buffer kept beside its copy (``2 P[i]``) until the
+      next unit's copy-out: ``R + max(P[i-1], P[i]) + P[i]``;
+    - backward, while unit ``i`` runs its backward: its weights and its gradients (at most
+      its padded size), the unit before it gathered ahead (its flat buffer), the
+      reduce-scatter input kept of the unit after it; at its reduce-scatter its weights
+      are freed first, the input taken beside its gradients; at its copy-out its flat
+      buffer and its copy beside the kept input; the root's weights, gradients and
+      reduce-scatter input: ``3 R + 2 P[i] + P[i-1] + P[i+1]``, which bounds each.
 
-    The terms of a moment are not all live at once (a unit's weights are freed before
-    its reduce-scatter input is taken), so each is a bound."""
+    Held against ``fully_shard`` run on the CPU (tests/oracle/test_torch_fsdp2_sharding.py:
+    PyTorch's ``FSDPMemTracker`` at every unit's hooks)."""
     root = gathered(units.root, ranks)
     sizes = [gathered(u, ranks) for u in units.units]
     before = [root, *sizes[:-1]]
     after = [*sizes[1:], 0]
-    forward = root + max((b + 2 * p for b, p in zip(before, sizes, strict=True)), default=0)
+    forward = root + max((max(b, p) + p for b, p in zip(before, sizes, strict=True)), default=0)
     backward = 3 * root + max(
-        (3 * p + 2 * b + a for b, p, a in zip(before, sizes, after, strict=True)), default=0
+        (2 * p + b + a for b, p, a in zip(before, sizes, after, strict=True)), default=0
     )
     return Fsdp2InFlight(forward, backward)

@@ -123,14 +123,14 @@ def test_padding_on_three_ranks() -> None:
 
 def test_in_flight_on_hand_made_units() -> None:
     """Over 2 ranks: the root [6] gathers 6; units [4, 2] (8), [4, 3] (12), [4] (4).
-    Forward: R + max(R + 2 x 8, 8 + 2 x 12, 12 + 2 x 4) = 6 + 32; backward: 3R +
-    max(3 x 8 + 2 x 6 + 12, 3 x 12 + 2 x 8 + 4, 3 x 4 + 2 x 12 + 0) = 18 + 56."""
+    Forward: R + max(max(6, 8) + 8, max(8, 12) + 12, max(12, 4) + 4) = 6 + 24; backward:
+    3R + max(2 x 8 + 6 + 12, 2 x 12 + 8 + 4, 2 x 4 + 12 + 0) = 18 + 36."""
     units = Units(
         ((Tensor(8, 2),), (Tensor(12, 3),), (Tensor(4),)),
         (Tensor(6),),
     )
     flight = fsdp2_in_flight(units, 2)
-    assert (flight.forward, flight.backward) == (38, 74)
+    assert (flight.forward, flight.backward) == (30, 54)
     # over 4 ranks the root's 6 rows gather as 4 x 2 = 8 (two rows of padding)
     assert gathered(units.root, 4) == 8
     # the last of 4 ranks: one row of each unit's 4 (2 + 3 + 1 elements), none of the
@@ -150,19 +150,18 @@ def test_gradients_can_outgrow_their_copies_on_the_last_rank() -> None:
 
 
 def test_the_tiny_gpt_in_flight_on_four_ranks() -> None:
-    """The units gathered whole (no padding over 4): the embedding 50304 x 512 +
-    1024 x 512, a layer, the output 50304 x 512, the root's norm 1024. The forward's worst
-    is the output layer's copy-out after the last layer: R + LAYER + 2 x VOCAB; the
-    backward's, the output layer's: 3R + 3 x VOCAB + 2 x LAYER (the last layer gathered
-    ahead) + 0; both in bf16."""
+    """The units gathered whole (no padding over 4): the embedding E = 50304 x 512 +
+    1024 x 512, a layer L, the output V = 50304 x 512, the root's norm R = 1024. The
+    forward's worst is the embedding's copy-out, its flat buffer beside its copy: R + 2E
+    (the output's, R + 2V, is smaller); the backward's, the embedding's: 3R + 2E + R (the
+    root before it) + L (the first layer's reduce-scatter input kept), above the output's
+    2V + L and the layers' 3L + V and 3L + E; both in bf16."""
     est = priced(parse_megatron_args(FSDP2), world_size=4, rank="busiest")
-    root = 1_024
-    assert est.components["fsdp_in_flight"] == 2 * (root + LAYER + 2 * VOCAB)
+    root, embedding = 1_024, VOCAB + 1_024 * 512
+    assert est.components["fsdp_in_flight"] == 2 * (root + 2 * embedding)
     assert est.forward_backward_components is not None
     fb = est.forward_backward_components["fsdp_in_flight"]
-    embedding = VOCAB + 1_024 * 512
-    backward = max(3 * VOCAB + 2 * LAYER, 3 * LAYER + 2 * LAYER + VOCAB, 3 * embedding + 2 * root)
-    assert fb == 2 * (3 * root + backward)
+    assert fb == 2 * (3 * root + 2 * embedding + root + LAYER)
 
 
 @pytest.mark.parametrize(
@@ -208,12 +207,12 @@ def test_on_1024_ranks_the_gradients_outgrow_the_last_ranks_copies() -> None:
     norm 1 + 1. Padded 8 x 4,618 + 2 x 25,600 + 512 + 2 = 88,658; the last rank's real
     8 x 1,026 + 512 = 8,720. Its bf16 gradients outgrow its fp32 copies by
     2 x 88,658 - 4 x 8,720 = 142,436 B, in flight on every rank. Gathered: the embedding
-    1024 x (25,600 + 512), a layer 1024 x 4,618, the output 1024 x 25,600, the root 2,048;
-    the forward's worst is the output's copy-out: 2,048 + 4,728,832 + 2 x 26,214,400 =
-    57,159,680 elements, 2 B each."""
+    1024 x (25,600 + 512) = 26,738,688, a layer 1024 x 4,618, the output 1024 x 25,600,
+    the root 2,048; the forward's worst is the embedding's copy-out: 2,048 + 2 x
+    26,738,688 = 53,479,424 elements, 2 B each."""
     for rank in ("busiest", "last"):
         est = priced(parse_megatron_args(FSDP2), world_size=1024, rank=rank)
-        assert est.components["fsdp_in_flight"] == 2 * 57_159_680 + 142_436
+        assert est.components["fsdp_in_flight"] == 2 * 53_479_424 + 142_436
     assert est.static is not None
     static = dict(est.static.components)
     assert static["weights"] == 2 * 88_658
