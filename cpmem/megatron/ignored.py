@@ -267,8 +267,9 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
     ),
     (
         "which of Megatron FSDP's NCCL user buffers are registered by hand "
-        "(--fsdp-manual-registration: the same buffers, registered once); or Megatron FSDP's gradient scaling fused into its reduction or not (in "
-        "place: no tensor, gradient_reduce_preprocessing, param_and_grad_buffer.py:4740-4762) "
+        "(--fsdp-manual-registration: the same buffers, registered once); or Megatron "
+        "FSDP's gradient scaling fused into its reduction or not (in place: no tensor, "
+        "gradient_reduce_preprocessing, param_and_grad_buffer.py:4740-4762) "
         "and its all-gathers on a process group of their own (a communicator, no tensor)",
         "--fsdp-manual-registration --no-gradient-reduce-div-fusion --create-all-gather-group",
     ),

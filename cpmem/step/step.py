@@ -258,14 +258,17 @@ class StepSettings:
 
     def _fsdp_problems(self) -> list[InputError]:
         """Megatron FSDP and Torch FSDP2 are priced for full training of GPT layers
-        (attention, latent or not, and a dense MLP or an MoE block: each a ``TransformerLayer`` unit whose
-        tensors' shapes ``cpmem.pricing.fsdp_units`` gives) on one pipeline stage,
-        without MTP."""
+        (attention, latent or not, and a dense MLP or an MoE block: each a
+        ``TransformerLayer`` unit whose tensors' shapes ``cpmem.pricing.fsdp_units``
+        gives) on one pipeline stage; Torch FSDP2 as ``cpmem.step.torch_fsdp2`` says."""
         strategy = self.optimizer.fsdp
         if strategy == "none":
             return []
         g, problems = self.geometry, []
-        name = "Torch FSDP2" if strategy == "torch_fsdp2" else "Megatron FSDP"
+        torch2 = strategy == "torch_fsdp2"
+        name = "Torch FSDP2" if torch2 else "Megatron FSDP"
+        laid = "units" if torch2 else "buckets"
+        mtp = "" if torch2 else ", MTP depths' included"
         if self.training != "full":
             problems.append(InputError("fsdp", strategy, f"{name} is priced for --training full"))
         if self.pipeline.pp > 1:
@@ -278,15 +281,15 @@ class StepSettings:
                 InputError(
                     "fsdp",
                     strategy,
-                    f"{name}'s {'units' if strategy == 'torch_fsdp2' else 'buckets'} are laid "
-                    "out for GPT layers, MTP depths' "
-                    "included (attention, latent or not, without sinks; a dense MLP or an "
-                    "MoE block); this model has " + ", ".join(sorted(kinds)),
+                    f"{name}'s {laid} are laid out for GPT layers{mtp} (attention, latent or "
+                    "not, without sinks; a dense MLP or an MoE block); this model has "
+                    + ", ".join(sorted(kinds)),
                 )
             )
-        if strategy == "torch_fsdp2":
+        if torch2:
+            fused = self.runtime.gradient_accumulation_fusion
             problems += torch_fsdp2_problems(
-                g, self.layout.ep, self.optimizer.grad_bytes, self.dtype_bytes, self.fp8
+                g, self.layout.ep, self.optimizer.grad_bytes, self.dtype_bytes, self.fp8, fused
             )
         return problems
 

@@ -187,8 +187,8 @@ class Optimizer:
     ``optim_grads_params``; ``cpmem.pricing.fsdp``), ``torch_fsdp2`` (``--use-torch-fsdp2``:
     PyTorch's ``fully_shard``, every parameter sharded over DP x CP, stepped by the
     non-distributed optimizer; ``cpmem.pricing.torch_fsdp2``), or ``none`` (megatron-core's
-    DDP); its gradient buffer's element is ``grad_bytes``, its main weights fp32; ``fsdp_buffers``:
-    how it allocates its units' buckets (``FSDP_BUFFERS``). ``muon_layout``: how Muon's layer-wise distributed optimizer lays out its buffers, ``legacy``
+    DDP); its gradient buffer's element is ``grad_bytes``, its main weights fp32;
+    ``fsdp_buffers``: how it allocates its units' buckets (``FSDP_BUFFERS``). ``muon_layout``: how Muon's layer-wise distributed optimizer lays out its buffers, ``legacy``
     (Megatron-LM's ``--no-use-layer-wise-param-layout``: whole unpadded buffers, tensors
     dealt by size, ``cpmem.pricing.muon``) or ``precomputed`` (its default: Muon's
     matrices bin-packed into shard-aligned buffers, the rest in the distributed

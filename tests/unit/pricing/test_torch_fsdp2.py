@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from cpmem.api import describe_step
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args
 from cpmem.pricing.fsdp_units import Tensor
@@ -217,3 +218,14 @@ def test_on_1024_ranks_the_gradients_outgrow_the_last_ranks_copies() -> None:
     static = dict(est.static.components)
     assert static["weights"] == 2 * 88_658
     assert static["master_gradients"] == 4 * 8_720
+
+
+def test_a_runtime_with_gradient_accumulation_fusion_is_refused() -> None:
+    """The step's own runtime fuses gradient accumulation unless told otherwise; Megatron-LM
+    rejects it beside Torch FSDP2. The bf16 model's gradient element defaults to its own
+    2 B under Torch FSDP2 (not refused on that)."""
+    with pytest.raises(InputError) as err:
+        describe_step("olmo-2-7b", [4096], training="full", fsdp="torch_fsdp2", dp=8, device="h100")
+    assert err.value.field == "fsdp"
+    assert "rejects gradient accumulation fusion beside Torch FSDP2" in err.value.reason
+    assert "grad_bytes" not in str(err.value)
