@@ -25,8 +25,9 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--enable-gpt-oss",
     ),
     (
-        "read only by Megatron FSDP (mcore_fsdp_adapter.py:213, itself refused): the "
-        "parameters initialised on the meta device before they are sharded",
+        "read only by Megatron FSDP (mcore_fsdp_adapter.py:213) and Torch FSDP2 "
+        "(training.py:1796-1802): the parameters initialised on the meta device before "
+        "they are sharded, a start-up moment outside the step's figure",
         "--init-model-with-meta-device",
     ),
     (

@@ -61,6 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.components import OUTSIDE_FIGURE
 from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
 from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_count, unit_tensors
 from cpmem.pricing.optimizer_state import master_gradient_bytes
@@ -421,6 +422,25 @@ def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
         buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes, transposes, pooled
     )
     return flight.forward_gathered, flight.gathered + flight.gradients
+
+
+def startup_notes(settings: StepSettings) -> tuple[str, ...]:
+    """Under Torch FSDP2, the answer's line on its start-up: Megatron-LM builds the whole
+    model on each GPU before ``fully_shard`` shards it, unless ``--use-cpu-initialization``
+    or ``--init-model-with-meta-device`` (training.py:1796-1802 at 4828d651), a moment
+    before any step's memory that the
+    figure does not hold."""
+    if settings.optimizer.fsdp != "torch_fsdp2":
+        return ()
+    layout, te = settings.layout, settings.runtime.transformer_impl == "transformer_engine"
+    units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
+    whole = settings.dtype_bytes * sum(t.numel for t in units.tensors())
+    return (
+        f"fsdp=torch_fsdp2: Megatron-LM builds the whole model on each GPU before "
+        f"fully_shard shards it ({whole:,} B of weights at start-up, before the step's "
+        "static memory; none under --use-cpu-initialization or "
+        "--init-model-with-meta-device, training.py:1796-1802): " + OUTSIDE_FIGURE,
+    )
 
 
 def fp8_weight_count(g: ModelGeometry, sharding: Sharding) -> int:

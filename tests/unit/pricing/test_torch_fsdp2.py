@@ -229,3 +229,12 @@ def test_a_runtime_with_gradient_accumulation_fusion_is_refused() -> None:
     assert err.value.field == "fsdp"
     assert "rejects gradient accumulation fusion beside Torch FSDP2" in err.value.reason
     assert "grad_bytes" not in str(err.value)
+
+
+def test_the_answer_names_the_whole_model_built_before_it_is_sharded() -> None:
+    """Megatron-LM builds the model on the GPU in bf16 before fully_shard shards it
+    (training.py:1796-1802): every element of the tiny GPT, 2 B each, outside the figure."""
+    est = priced(parse_megatron_args(FSDP2), world_size=4)
+    (note,) = [n for n in est.notes if n.startswith("fsdp=torch_fsdp2")]
+    assert f"({2 * EVERY:,} B of weights at start-up" in note
+    assert note.endswith("not in this figure")
