@@ -405,6 +405,8 @@ def megatron_run(
     grad_bytes = 4 if (args.bf16 and not args.grad_reduce_in_bf16) or dtype == "fp32" else 2
     if args.use_megatron_fsdp:
         grad_bytes = fsdp_grad_element_size(args)
+    if args.use_torch_fsdp2:  # gradients in the parameters' dtype (no mixed-precision policy)
+        grad_bytes = 2 if dtype == "bf16" else 4
     precomputed = layer_wise(args) and args.use_layer_wise_param_layout
     arguments: dict[str, Any] = {
         "lengths": [args.seq_length] * mbs,

@@ -65,6 +65,9 @@ class MegatronArgs:
     megatron_fsdp_main_grads_dtype: str = "auto"
     megatron_fsdp_grad_comm_dtype: str = "auto"
     fsdp_double_buffer: bool = False  # arguments.py:3202 (--use-nccl-ub sets it, :1172-1176)
+    # Torch FSDP2 (arguments.py:3093 and 3218 at the snapshot; fsdp_rules.py and describe.py)
+    use_torch_fsdp2: bool = False
+    torch_fsdp2_reshard_after_forward: bool = True  # --torch-fsdp2-no-reshard-after-forward
     nccl_ub: bool = False  # arguments.py:3171
     overlap_param_gather: bool = False
     overlap_param_gather_with_optimizer_step: bool = False
@@ -275,6 +278,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("megatron_fsdp_main_grads_dtype", "str"),
             ("megatron_fsdp_grad_comm_dtype", "str"),
             ("fsdp_double_buffer", "bool"),
+            ("use_torch_fsdp2", "bool"),
             ("overlap_param_gather", "bool"),
             ("overlap_param_gather_with_optimizer_step", "bool"),
             ("bf16", "bool"),
@@ -385,6 +389,7 @@ PRICED: dict[str, tuple[str, str]] = {
     "--disable-bias-linear": ("add_bias_linear", "not"),
     "--no-use-layer-wise-param-layout": ("use_layer_wise_param_layout", "not"),
     "--no-gradient-accumulation-fusion": ("gradient_accumulation_fusion", "not"),
+    "--torch-fsdp2-no-reshard-after-forward": ("torch_fsdp2_reshard_after_forward", "not"),
     "--no-create-attention-mask-in-dataloader": ("create_attention_mask_in_dataloader", "not"),
     "--no-masked-softmax-fusion": ("masked_softmax_fusion", "not"),
     "--recompute-activations": ("recompute_granularity", "selective"),

@@ -1,6 +1,12 @@
-"""Megatron FSDP's arguments (``--use-megatron-fsdp``): what cpmem prices of it and the
-values it refuses (``fsdp_problems``, one of ``rules.rule_problems``' rules), and the step's
-settings it becomes (``fsdp_strategy``, ``fsdp_grad_element_size``).
+"""Megatron FSDP's arguments (``--use-megatron-fsdp``) and Torch FSDP2's
+(``--use-torch-fsdp2``): what cpmem prices of them and the values it refuses
+(``fsdp_problems``, one of ``rules.rule_problems``' rules), and the step's settings they
+become (``fsdp_strategy``, ``fsdp_grad_element_size``).
+
+Torch FSDP2 is the step's ``fsdp`` setting ``torch_fsdp2`` (``cpmem.pricing.torch_fsdp2``):
+priced with bf16 or fp32 parameters, Adam or SGD, GPT layers on one stage, each unit
+resharded after its forward; what Megatron-LM rejects beside it is refused with its own
+reason (``torch_fsdp2_problems``).
 
 Priced (``cpmem.pricing.fsdp``): Megatron FSDP v1 (``--megatron-fsdp-version 1``, the
 default) under each ``--data-parallel-sharding-strategy``, with fp32 main weights
@@ -55,15 +61,106 @@ def fsdp_buffers(args: MegatronArgs) -> str:
 
 
 def fsdp_strategy(args: MegatronArgs) -> str:
-    """The step's ``fsdp`` setting: the sharding strategy under Megatron FSDP, else none."""
+    """The step's ``fsdp`` setting: ``torch_fsdp2`` under ``--use-torch-fsdp2``, the
+    sharding strategy under Megatron FSDP, else none."""
+    if args.use_torch_fsdp2:
+        return "torch_fsdp2"
     return args.data_parallel_sharding_strategy if args.use_megatron_fsdp else "none"
 
 
-def fsdp_problems(args: MegatronArgs) -> list[Problem]:
-    """Every Megatron FSDP value cpmem does not price (none without ``--use-megatron-fsdp``)."""
-    if not args.use_megatron_fsdp:
+REJECTS = "Megatron-LM rejects it beside --use-torch-fsdp2: "
+
+
+def torch_fsdp2_problems(args: MegatronArgs) -> list[Problem]:
+    """What Megatron-LM rejects beside ``--use-torch-fsdp2`` (its own reasons,
+    arguments.py:973-989 and 1545 at 4828d651), and what of it cpmem does not price:
+    weights kept gathered after the forward, FP8 training, MTP depths, hybrid
+    layers, and Megatron FSDP's arguments beside it (none without it)."""
+    if not args.use_torch_fsdp2:
         return []
-    out: list[Problem] = []
+    v = args.flag_values
+    rejected = [
+        (
+            args.pipeline_model_parallel_size > 1,
+            "--pipeline-model-parallel-size",
+            "not supported with pipeline parallelism (arguments.py:976-977)",
+        ),
+        (
+            args.expert_model_parallel_size > 1,
+            "--expert-model-parallel-size",
+            "not supported with expert parallelism (arguments.py:978-979)",
+        ),
+        (
+            args.use_distributed_optimizer,
+            "--use-distributed-optimizer",
+            "not supported with MCore's distributed optimizer (arguments.py:980-981)",
+        ),
+        (
+            args.gradient_accumulation_fusion,
+            "gradient accumulation fusion (on by default)",
+            "not supported with gradient accumulation fusion: give "
+            "--no-gradient-accumulation-fusion (arguments.py:982-983)",
+        ),
+        (
+            v.get("--ckpt-format", "torch_dist") not in ("torch_dist", "torch_dcp"),
+            f"--ckpt-format {v.get('--ckpt-format')}",
+            "requires --ckpt-format torch_dist or torch_dcp (arguments.py:984-985)",
+        ),
+        (
+            not args.untie_embeddings_and_output_weights,
+            "tied embeddings",
+            "requires --untie-embeddings-and-output-weights (arguments.py:986-987)",
+        ),
+        (args.fp16, "--fp16", "not supported with fp16 yet (arguments.py:988-989)"),
+        (
+            args.optimizer not in ("sgd", "adam"),
+            f"--optimizer {args.optimizer}",
+            "emerging optimizer does not support Torch-FSDP2 for now (arguments.py:1532, 1545)",
+        ),
+    ]
+    out = [(value, REJECTS + reason) for broken, value, reason in rejected if broken]
+    unpriced = [
+        (
+            not args.torch_fsdp2_reshard_after_forward,
+            "--torch-fsdp2-no-reshard-after-forward",
+            "every unit's weights kept gathered from its forward to its backward",
+        ),
+        (
+            args.fp8 is not None,
+            "--fp8-format",
+            "FP8 training under Torch FSDP2 (its weights' FP8 copies per micro-batch)",
+        ),
+        (
+            bool(args.mtp_num_layers),
+            "--mtp-num-layers",
+            "MTP depths under Torch FSDP2 (their norms and eh_proj in the root unit)",
+        ),
+        (
+            bool(args.hybrid_layer_pattern or args.hybrid_override_pattern),
+            "--hybrid-layer-pattern",
+            "hybrid layers under Torch FSDP2",
+        ),
+        (
+            args.use_megatron_fsdp,
+            "--use-megatron-fsdp",
+            "Megatron FSDP's arguments validated beside Torch FSDP2, which wraps the model "
+            "(training.py:1820-1823)",
+        ),
+    ]
+    out += [
+        (f"--use-torch-fsdp2 with {value}", UNPRICED + reason)
+        for broken, value, reason in unpriced
+        if broken
+    ]
+    return out
+
+
+def fsdp_problems(args: MegatronArgs) -> list[Problem]:
+    """Every Megatron FSDP value cpmem does not price (none without ``--use-megatron-fsdp``),
+    and Torch FSDP2's (``torch_fsdp2_problems``)."""
+    out: list[Problem] = torch_fsdp2_problems(args)
+    if not args.use_megatron_fsdp:
+        return out
     if args.megatron_fsdp_version != 1:
         out.append(
             (

@@ -25,8 +25,9 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         "--enable-gpt-oss",
     ),
     (
-        "read only by Megatron FSDP (mcore_fsdp_adapter.py:213, itself refused): the "
-        "parameters initialised on the meta device before they are sharded",
+        "read only by Megatron FSDP (mcore_fsdp_adapter.py:213) and Torch FSDP2 "
+        "(training.py:1796-1802): the parameters initialised on the meta device before "
+        "they are sharded, a start-up moment outside the step's figure",
         "--init-model-with-meta-device",
     ),
     (
@@ -267,12 +268,11 @@ IGNORED_GROUPS: tuple[tuple[str, str], ...] = (
         " ".join(FP8_ONLY),
     ),
     (
-        "read only by Torch FSDP2 (--use-torch-fsdp2, refused); which of Megatron FSDP's NCCL "
-        "user buffers are registered by hand (--fsdp-manual-registration: the same buffers, "
-        "registered once); or Megatron FSDP's gradient scaling fused into its reduction or not (in "
-        "place: no tensor, gradient_reduce_preprocessing, param_and_grad_buffer.py:4740-4762) "
+        "which of Megatron FSDP's NCCL user buffers are registered by hand "
+        "(--fsdp-manual-registration: the same buffers, registered once); or Megatron "
+        "FSDP's gradient scaling fused into its reduction or not (in place: no tensor, "
+        "gradient_reduce_preprocessing, param_and_grad_buffer.py:4740-4762) "
         "and its all-gathers on a process group of their own (a communicator, no tensor)",
-        "--torch-fsdp2-no-reshard-after-forward "
         "--fsdp-manual-registration --no-gradient-reduce-div-fusion --create-all-gather-group",
     ),
     (

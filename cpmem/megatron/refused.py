@@ -84,11 +84,6 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--disable-symmetric-registration --gtp-remat-nccl-ub --gtp-expert-remat-nccl-ub",
     ),
     (
-        UNPRICED + "Torch FSDP2 (PyTorch's fully_shard: its own sharded parameters, "
-        "gathers and gradient reductions per module, not Megatron FSDP's buffers)",
-        "--use-torch-fsdp2",
-    ),
-    (
         UNPRICED + "Megatron FSDP's double buffers: two units' gathered weights and two "
         "units' gradient buckets taken from megatron's global memory buffer and kept between "
         "steps, the prefetch held to two units, other units allocated as without it "

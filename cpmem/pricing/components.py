@@ -88,7 +88,9 @@ class Component(StrEnum):
     forward (before the main head's) until their backward, on the stage holding the head."""
     FSDP_IN_FLIGHT = "fsdp_in_flight"
     """Under Megatron FSDP: the parameter buckets gathered whole and the gradient buckets
-    not yet reduce-scattered while the step runs (``cpmem.pricing.fsdp``)."""
+    not yet reduce-scattered while the step runs (``cpmem.pricing.fsdp``); under Torch
+    FSDP2 the units gathered, their gradients and reduce-scatter inputs
+    (``cpmem.pricing.torch_fsdp2``)."""
     FORWARD_PEAK_EXCESS = "forward_peak_excess"
     """Where the forward peak exceeds the backward's: the step's peak is the forward's."""
     OPTIMIZER_STEP_EXCESS = "optimizer_step_excess"

@@ -61,8 +61,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cpmem.model.geometry import ModelGeometry
+from cpmem.pricing.components import OUTSIDE_FIGURE
 from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
 from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_count, unit_tensors
+from cpmem.pricing.optimizer_state import master_gradient_bytes
+from cpmem.pricing.torch_fsdp2 import fsdp2_in_flight, fsdp2_units, gradient_excess
 from cpmem.pricing.workspaces import compute_capability
 from cpmem.step.step import StepSettings
 
@@ -396,11 +399,21 @@ def fsdp_sharding(settings: StepSettings) -> Sharding:
 def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
     """What Megatron FSDP holds in flight on the settings' rank beyond the activations,
     at the forward's peak and at the backward's (``fsdp_in_flight``): gathered buckets
-    in their weights' dtype, gradient buckets in the gradient buffer's; (0, 0) without
-    it."""
+    in their weights' dtype, gradient buckets in the gradient buffer's; under Torch
+    FSDP2 its gathered units, gradients and reduce-scatter inputs, all in the
+    parameters' dtype (``cpmem.pricing.torch_fsdp2.fsdp2_in_flight``); (0, 0) without
+    either."""
     opt = settings.optimizer
     if opt.fsdp == "none":
         return 0, 0
+    if opt.fsdp == "torch_fsdp2":
+        layout, te = settings.layout, settings.runtime.transformer_impl == "transformer_engine"
+        units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
+        ranks = layout.dp * layout.cp
+        flight2 = fsdp2_in_flight(units, ranks)
+        excess = gradient_excess(units, ranks, opt.grad_bytes, master_gradient_bytes(opt))
+        p = settings.dtype_bytes
+        return p * flight2.forward + excess, p * flight2.backward + excess
     sharding = fsdp_sharding(settings)
     buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
     transposes = sharding.fp8 and compute_capability(settings) < TRANSPOSE_BEFORE_CC
@@ -409,6 +422,25 @@ def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
         buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes, transposes, pooled
     )
     return flight.forward_gathered, flight.gathered + flight.gradients
+
+
+def startup_notes(settings: StepSettings) -> tuple[str, ...]:
+    """Under Torch FSDP2, the answer's line on its start-up: Megatron-LM builds the whole
+    model on each GPU before ``fully_shard`` shards it, unless ``--use-cpu-initialization``
+    or ``--init-model-with-meta-device`` (training.py:1796-1802 at 4828d651), a moment
+    before any step's memory that the
+    figure does not hold."""
+    if settings.optimizer.fsdp != "torch_fsdp2":
+        return ()
+    layout, te = settings.layout, settings.runtime.transformer_impl == "transformer_engine"
+    units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
+    whole = settings.dtype_bytes * sum(t.numel for t in units.tensors())
+    return (
+        f"fsdp=torch_fsdp2: Megatron-LM builds the whole model on each GPU before "
+        f"fully_shard shards it ({whole:,} B of weights at start-up, before the step's "
+        "static memory; none under --use-cpu-initialization or "
+        "--init-model-with-meta-device, training.py:1796-1802): " + OUTSIDE_FIGURE,
+    )
 
 
 def fp8_weight_count(g: ModelGeometry, sharding: Sharding) -> int:

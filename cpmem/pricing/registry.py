@@ -14,7 +14,7 @@ from cpmem.pricing.accumulation import price_accumulation
 from cpmem.pricing.components import Component
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.fsdp import in_flight_bytes
+from cpmem.pricing.fsdp import in_flight_bytes, startup_notes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
 from cpmem.pricing.layer_offload import layer_offload_notes
 from cpmem.pricing.muon_step import step_transient_bytes
@@ -390,6 +390,7 @@ def _with_fsdp(est: Estimate, settings: StepSettings) -> Estimate:
     fb, fbc = est.forward_backward_bytes, est.forward_backward_components
     return replace(
         est,
+        notes=(*est.notes, *startup_notes(settings)),
         estimate_bytes=est.estimate_bytes + forward,
         per_rank_bytes=tuple(b + forward for b in est.per_rank_bytes),
         components={**est.components, name: forward},

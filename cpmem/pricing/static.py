@@ -102,6 +102,7 @@ from cpmem.pricing.optimizer_state import (
     sharded_states,
 )
 from cpmem.pricing.param_buffers import buffer_shard
+from cpmem.pricing.torch_fsdp2 import fsdp2_static, fsdp2_units
 from cpmem.pricing.weights import StageTensors, mtp_depths_built, rank_weights, stage_tensors
 from cpmem.pricing.workspaces import compute_capability, workspace_components
 from cpmem.step.ranks import coordinates
@@ -442,6 +443,8 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
     data-parallel index (``dp_slice``, its expert data-parallel index for an expert
     bucket); the last holds each bucket's end padding."""
     opt = settings.optimizer
+    if opt.fsdp == "torch_fsdp2":
+        return _torch_fsdp2_training(settings, stepped)
     sharding = fsdp_sharding(settings)
     buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
     index = dp_slice(settings, sharding.dp)
@@ -464,6 +467,34 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
         count = fp8_weight_count(settings.geometry, sharding)
         out[StaticComponent.FP8_SCALE_INVERSES] = SCALE_INV_BYTES * count
     out.update(_scaling_state(settings, _stage_layers(settings, 0)))
+    return out
+
+
+def _torch_fsdp2_training(settings: StepSettings, stepped: bool) -> dict[StaticComponent, int]:
+    """Every parameter trained under Torch FSDP2 (``cpmem.pricing.torch_fsdp2``), as a
+    step leaves it: the rank's padded chunk of each parameter, and on the chunk's real
+    elements the optimizer's fp32 copy and moments (``master_bytes``: none for fp32
+    parameters) and the fp32 copy of each 2-byte gradient (``master_gradient_bytes``,
+    kept until the next ``zero_grad``), the 2-byte gradients themselves freed as they are
+    copied (``model_param.grad = None``, optimizer.py:919); fp32 gradients are stepped as
+    they are, their padded chunks (one reduce-scatter output per unit) kept. Where the
+    2-byte gradients outgrow their fp32 copies while the next step runs, the excess is in
+    flight (``fsdp.in_flight_bytes``)."""
+    opt, layout = settings.optimizer, settings.layout
+    ranks = layout.dp * layout.cp
+    te = settings.runtime.transformer_impl == "transformer_engine"
+    units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
+    held = fsdp2_static(units, ranks, dp_slice(settings, ranks))
+    p = settings.dtype_bytes
+    moments = MOMENT_BYTES[opt.kind] * held.real if stepped else 0
+    out = {
+        StaticComponent.WEIGHTS: p * held.padded,
+        StaticComponent.OPTIMIZER_STATES: master_bytes(p, opt) * held.real + moments,
+    }
+    if master_gradient_bytes(opt):
+        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.real
+    elif opt.kind != "none":
+        out[StaticComponent.GRADIENT_BUFFER] = opt.grad_bytes * held.padded
     return out
 
 

@@ -100,7 +100,8 @@ def describe_settings(
     global rank), the experts' tensor parallelism (``etp``: by default Megatron-LM's TP for
     its runtime, 1 for ART's trainer), the parameters'
     ``dtype`` (``bf16``, ``fp16``, ``fp32``) and the gradient buffer's element
-    (``grad_bytes``: fp32 by default, the parameters' own under fp16), and the
+    (``grad_bytes``: fp32 by default, the parameters' own under fp16 and under Torch
+    FSDP2), and the
     ``attention_backend`` (``flash``, ``fused``, ``unfused``, ``local``). Where the runtime
     is Megatron-LM's, ``fused_swiglu`` defaults to its fused SwiGLU, ``recompute`` to its ``none`` (ART's: ``selective``, or
     wherever ``modules`` are named), ``cp_comm`` to its ``p2p`` (ART's: ``all_gather``; where
@@ -158,8 +159,9 @@ def describe_settings(
     if cp_comm is None:
         cp_comm = default_cp_comm(geometry, process.default_cp_comm)
     grad_bytes = a["grad_bytes"]
-    if grad_bytes is None:
-        grad_bytes = 2 if dtype == "fp16" else 4
+    if grad_bytes is None:  # Torch FSDP2 reduces in the parameters' dtype (no policy)
+        own = dtype == "fp16" or (a["fsdp"] == "torch_fsdp2" and dtype == "bf16")
+        grad_bytes = 2 if own else 4
     pp, vpp = a["pp"], a["vpp"]
     return StepSettings(
         geometry=geometry,

@@ -238,7 +238,8 @@ class SettingsArguments(RequestSettings, total=False):
             "none",
             "--fsdp",
             "Megatron FSDP's sharding strategy (--use-megatron-fsdp): no_shard, optim, "
-            "optim_grads, optim_grads_params (weights too); none (default): megatron's DDP",
+            "optim_grads, optim_grads_params (weights too); torch_fsdp2 (--use-torch-fsdp2: "
+            "PyTorch's fully_shard, every parameter sharded); none (default): megatron's DDP",
             group="whole",
             choices=FSDP_STRATEGIES,
             export=lambda s: s.settings.optimizer.fsdp,

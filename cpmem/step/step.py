@@ -262,8 +262,24 @@ class StepSettings:
         return (
             problems
             + expert_problems(self.geometry, self.layout)
-            + optimizer_instance_problems(self)
-            + fsdp_problems(self)
+            + optimizer_instance_problems(
+                self.optimizer.instances,
+                self.layout,
+                self.world_size,
+                self.pipeline.pp,
+                self.geometry.is_moe,
+            )
+            + fsdp_problems(
+                self.optimizer.fsdp,
+                self.geometry,
+                self.training,
+                self.pipeline.pp,
+                self.layout,
+                self.optimizer.grad_bytes,
+                self.dtype_bytes,
+                self.fp8,
+                self.runtime.gradient_accumulation_fusion,
+            )
         )
 
     def _check_dtype_backend(self) -> None:

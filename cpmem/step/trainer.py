@@ -22,12 +22,20 @@ OptimizerKind = Literal["adam", "sgd", "muon", "none"]
 OPTIMIZERS: tuple[OptimizerKind, ...] = get_args(OptimizerKind)
 MUON_LAYOUTS = ("legacy", "precomputed", "bucketed")
 """Muon's layer-wise distributed optimizer's buffer layouts (``Optimizer.muon_layout``)."""
-FSDP_STRATEGIES = ("none", "no_shard", "optim", "optim_grads", "optim_grads_params")
+FSDP_STRATEGIES = (
+    "none",
+    "no_shard",
+    "optim",
+    "optim_grads",
+    "optim_grads_params",
+    "torch_fsdp2",
+)
 FSDP_BUFFERS = ("dynamic", "double-buffer", "nccl-ub")
 """How Megatron FSDP allocates its units' gathered and gradient buckets: each when used
 (``dynamic``), from two persistent buffers per bucket (``--fsdp-double-buffer``), or those
 from an NCCL memory pool (``--use-nccl-ub``, which turns the double buffer on)."""
-"""Megatron FSDP's sharding strategies (``--data-parallel-sharding-strategy``), or none."""
+"""Megatron FSDP's sharding strategies (``--data-parallel-sharding-strategy``), Torch FSDP2
+(``--use-torch-fsdp2``: every parameter sharded, ``cpmem.pricing.torch_fsdp2``), or none."""
 
 ADAPTER_TARGETS: tuple[str, ...] = (
     "qkv",
@@ -176,9 +184,11 @@ class Optimizer:
     instances``): each shards the states over its own DP x CP / ``instances`` ranks.
     ``fsdp``: Megatron FSDP's sharding strategy (``--data-parallel-sharding-strategy``
     under ``--use-megatron-fsdp``: ``no_shard``, ``optim``, ``optim_grads``,
-    ``optim_grads_params``; ``cpmem.pricing.fsdp``), or ``none`` (megatron-core's DDP); its
-    gradient buffer's element is ``grad_bytes``, its main weights fp32; ``fsdp_buffers``:
-    how it allocates its units' buckets (``FSDP_BUFFERS``). ``muon_layout``: how Muon's layer-wise distributed optimizer lays out its buffers, ``legacy``
+    ``optim_grads_params``; ``cpmem.pricing.fsdp``), ``torch_fsdp2`` (``--use-torch-fsdp2``:
+    PyTorch's ``fully_shard``, every parameter sharded over DP x CP, stepped by the
+    non-distributed optimizer; ``cpmem.pricing.torch_fsdp2``), or ``none`` (megatron-core's
+    DDP); its gradient buffer's element is ``grad_bytes``, its main weights fp32;
+    ``fsdp_buffers``: how it allocates its units' buckets (``FSDP_BUFFERS``). ``muon_layout``: how Muon's layer-wise distributed optimizer lays out its buffers, ``legacy``
     (Megatron-LM's ``--no-use-layer-wise-param-layout``: whole unpadded buffers, tensors
     dealt by size, ``cpmem.pricing.muon``) or ``precomputed`` (its default: Muon's
     matrices bin-packed into shard-aligned buffers, the rest in the distributed
@@ -218,12 +228,26 @@ class Optimizer:
             raise InputError(
                 "fsdp_buffers", self.fsdp_buffers, f"must be one of {list(FSDP_BUFFERS)}"
             )
-        if self.fsdp_buffers != "dynamic" and self.fsdp in ("none", "no_shard"):
+        if self.fsdp_buffers != "dynamic" and self.fsdp in ("none", "no_shard", "torch_fsdp2"):
             raise InputError(
                 "fsdp_buffers",
                 self.fsdp_buffers,
                 "Megatron FSDP's double buffer holds its units' buckets: give a sharding "
                 "strategy with units (--fsdp optim, optim_grads or optim_grads_params)",
+            )
+        if self.fsdp == "torch_fsdp2" and self.distributed:
+            raise InputError(
+                "distributed_optimizer",
+                self.distributed,
+                "Megatron-LM rejects it beside Torch FSDP2: --use-torch-fsdp2 is not "
+                "supported with MCore's distributed optimizer (arguments.py:980-981)",
+            )
+        if self.fsdp == "torch_fsdp2" and self.kind not in ("adam", "sgd"):
+            raise InputError(
+                "fsdp",
+                self.fsdp,
+                f"Megatron-LM rejects {self.kind} beside Torch FSDP2: emerging optimizer "
+                "does not support Torch-FSDP2 for now (arguments.py:1545)",
             )
         if self.fsdp != "none" and self.kind not in ("adam", "sgd"):
             raise InputError(
@@ -259,6 +283,8 @@ class Optimizer:
 
     @property
     def label(self) -> str:
+        if self.fsdp == "torch_fsdp2":
+            return f"{self.kind} (torch fsdp2)"
         if self.fsdp != "none":
             return f"{self.kind} (megatron fsdp {self.fsdp})"
         if not self.distributed or self.kind == "none":

@@ -82,11 +82,6 @@ def test_the_step_takes_the_strategy_and_the_gradient_dtype() -> None:
             "--megatron-fsdp-max-pool-double-buffer",
             "Megatron FSDP's double buffers: two units' gathered weights",
         ),
-        (
-            {"--use-torch-fsdp2": True, "--use-megatron-fsdp": False},
-            "--use-torch-fsdp2",
-            "Torch FSDP2 (PyTorch's fully_shard",
-        ),
     ],
 )
 def test_each_unpriced_value_is_refused_with_its_reason(
