@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cpmem.step.torch_fsdp2 import STRATEGY as TORCH_FSDP2
+
 TierRow = Any
 """A ``cpmem.gate.megatron_tier.TierRow``: the tier imports this module, so the row's type
 is named here, not imported (no import circle)."""
@@ -167,7 +169,7 @@ DECLARED_MISSES: tuple[DeclaredMiss, ...] = (
         "final norm and an untied output layer, whole, in the parameters' dtype) is "
         "over-priced there; excused up to that bucket's bytes",
         lambda r: (
-            r.step.settings.optimizer.fsdp != "none"
+            r.step.settings.optimizer.fsdp not in ("none", TORCH_FSDP2)
             and bool(r.values_date)
             and r.values_date < FSDP_KEEPS_OUTSIDE_SINCE
         ),
