@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import Component
+from cpmem.pricing.delayed_wgrad import delayed_wgrad_bytes
 from cpmem.pricing.head import head_bytes
 from cpmem.pricing.kinds import attention, mixer_spec, mlp_spec
 from cpmem.pricing.kinds.fp8 import (
@@ -304,9 +305,10 @@ def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
 def layers_backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     """Bytes of the layers' backward on top of what the layers keep, once the loss's or
     the head's backward has run: the last layer's backward on top of the incoming
-    gradient; in the first backward of a CP run of a hybrid model, the GDN kernels'
-    autotuning buffer (timed inside a GDN layer's backward, when the loss's buffers are
-    gone). It stands for every layer's backward (``last_layer_backward_width`` takes the
+    gradient, with what the weight-gradient store holds through a layer's backward under
+    ``--delay-wgrad-compute`` (``cpmem.pricing.delayed_wgrad``); in the first backward of
+    a CP run of a hybrid model, the GDN kernels' autotuning buffer (timed inside a GDN
+    layer's backward, when the loss's buffers are gone). It stands for every layer's backward (``last_layer_backward_width`` takes the
     widest layer's on top of what each layer keeps), so it is the policy's backward moment
     from the one the first parameter gradient exists on. 0 without gradients."""
     if not step.recompute.keeps_gradients:
@@ -316,7 +318,7 @@ def layers_backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     else:  # the gradient the head hands the last layer
         local = tokens * step.geometry.hidden * step.dtype_bytes
     last_layer = tokens * step.dtype_bytes * last_layer_backward_width(step.geometry, w, step)
-    moment = local + last_layer
+    moment = local + last_layer + delayed_wgrad_bytes(step, tokens)
     g = step.geometry
     autotune = max((mixer_spec(k).cold_backward_bytes(step) for k in g.mixer_kinds), default=0)
     if autotune:
