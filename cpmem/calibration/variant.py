@@ -21,6 +21,7 @@ from cpmem.pricing.tight.compose import (
     POLICY,
     Structure,
     backward_moment,
+    layers_backward_moment,
     structural_terms,
     tight_widths,
 )
@@ -91,6 +92,10 @@ def _warm_backward(step: Step, w: TightWidths, tokens: int) -> int:
     return backward_moment(warm(step), w, tokens)
 
 
+def _warm_layers_backward(step: Step, w: TightWidths, tokens: int) -> int:
+    return layers_backward_moment(warm(step), w, tokens)
+
+
 def _no_cold(step: Step) -> int:
     return 0
 
@@ -102,11 +107,22 @@ def _tp1_widths(geometry: ModelGeometry, step: Step) -> TightWidths:
 TIGHT_MUTANTS: dict[str, TightVariant] = {
     "no-backward-term": TightVariant(
         "the backward's first moment and the cold backward set-up removed",
-        replace(POLICY, backward=_no_backward, cold_backward=_no_cold_backward),
+        replace(
+            POLICY,
+            backward=_no_backward,
+            layers_backward=_no_backward,
+            cold_backward=_no_cold_backward,
+        ),
     ),
     "no-cold-setup": TightVariant(
         "no cold set-up: neither the first forward's, the GDN autotuning nor the first backward's",
-        replace(POLICY, cold=_no_cold, backward=_warm_backward, cold_backward=_no_cold_backward),
+        replace(
+            POLICY,
+            cold=_no_cold,
+            backward=_warm_backward,
+            layers_backward=_warm_layers_backward,
+            cold_backward=_no_cold_backward,
+        ),
     ),
     "no-segment-states": TightVariant("no segment states held", change=no_segment_states_held),
     "fused-swiglu-on-unfused": TightVariant("every SwiGLU priced as fused", change=swiglu_fused),

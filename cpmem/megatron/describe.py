@@ -38,6 +38,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, is_pasted, read_megatron_args
 from cpmem.megatron.batch_schedule import schedule_batch
 from cpmem.megatron.cuda_graph_rules import megatron_cuda_graphs
+from cpmem.megatron.delay_rules import delay_at_pp1
 from cpmem.megatron.flex_rules import flex_dispatcher
 from cpmem.megatron.fp8_rules import megatron_fp8
 from cpmem.megatron.fsdp_rules import fsdp_buffers, fsdp_grad_element_size, fsdp_strategy
@@ -229,6 +230,7 @@ def megatron_runtime(args: MegatronArgs, choice: BackendChoice, container: str =
         moe_dispatcher=flex_dispatcher(args),
         moe_grouped_gemm=args.moe_grouped_gemm,
         overlap_moe_comm=args.overlap_moe_expert_parallel_comm,
+        delay_wgrad=args.delay_wgrad_compute,
         moe_router_fusion=args.moe_router_fusion,
         moe_row_align=expert_row_align(args),
     )
@@ -396,6 +398,8 @@ def megatron_run(
             "(Megatron-LM's micro-batch calculator asserts it)",
         )
     microbatches = 1 if gbs is None else gbs // (mbs * dp)
+    if args.delay_wgrad_compute and pp == 1 and microbatches > 1:
+        raise InputError("megatron_args", *delay_at_pp1(microbatches))
     geometry = megatron_geometry(args, run_name(name))
     resolved = resolve_device(device)
     assert resolved is not None

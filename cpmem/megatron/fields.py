@@ -146,6 +146,7 @@ class MegatronArgs:
     moe_pad_expert_input_to_capacity: bool = False  # transformer_config.py:921
     moe_router_force_load_balancing: bool = False  # transformer_config.py:833
     overlap_moe_expert_parallel_comm: bool = False  # model_parallel_config.py:343
+    delay_wgrad_compute: bool = False  # model_parallel_config.py:348
     expert_model_parallel_size: int = 1  # model_parallel_config.py:127
     moe_router_score_function: str = "softmax"  # transformer_config.py:808
     moe_router_enable_expert_bias: bool = False  # transformer_config.py:816
@@ -336,6 +337,7 @@ PRICED: dict[str, tuple[str, str]] = {
             ("moe_pad_expert_input_to_capacity", "bool"),
             ("moe_router_force_load_balancing", "bool"),
             ("overlap_moe_expert_parallel_comm", "bool"),
+            ("delay_wgrad_compute", "bool"),
             ("expert_model_parallel_size", "int"),
             ("moe_router_score_function", "str"),
             ("moe_router_enable_expert_bias", "bool"),

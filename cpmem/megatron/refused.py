@@ -141,16 +141,12 @@ REFUSED_GROUPS: tuple[tuple[str, str], ...] = (
         "--mtp-standalone --mtp-detach-heads --mtp-hsm",
     ),
     (
-        UNPRICED + "weight gradients computed later, or tensors released earlier, in the "
-        "expert-parallel overlapped schedule (under --delay-wgrad-compute Transformer "
-        "Engine's weight-gradient store keeps each delayed GEMM's saved inputs and output "
-        "gradient past its input gradient, until backward_dw (grouped_linear.py:1112-1113, "
-        "TE b9d690e0): the combined 1F1B step runs a layer's experts' backward_dw after "
-        "their input gradients and its attention's and shared experts' after the other "
-        "micro-batch's MoE forward and combine, the first layer's at the chunk's end "
-        "(model_chunk_schedule_plan.py:271,295,579 at 4828d651), so those tensors stay "
-        "live across another micro-batch's forward)",
-        "--delay-wgrad-compute --overlap-dispatch-backward-with-experts-wgrad "
+        UNPRICED + "weight gradients computed later, or tensors released earlier, around "
+        "the expert-parallel all-to-all (the routed experts' weight gradients on a stream "
+        "of their own after their input gradients, model_parallel_config.py:275-283 at "
+        "4828d651; the attention's backward run before the other micro-batch's MoE forward, "
+        "what it stores for backward_dw live across it, model_chunk_schedule_plan.py:274-275)",
+        "--overlap-dispatch-backward-with-experts-wgrad "
         "--ep-overlap-early-attn-memory-release --high-priority-a2a-comm-stream",
     ),
     (

@@ -17,6 +17,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.batch_schedule import schedule_problems
 from cpmem.megatron.cuda_graph_rules import cuda_graph_door_problems
 from cpmem.megatron.defer_rules import defer_problems
+from cpmem.megatron.delay_rules import delay_problems
 from cpmem.megatron.fields import MegatronArgs
 from cpmem.megatron.flex_rules import flex_problems
 from cpmem.megatron.fp8_rules import fp8_problems
@@ -420,6 +421,7 @@ def rule_problems(args: MegatronArgs) -> list[Problem]:
     out += cuda_graph_door_problems(args)
     out += moe_problems(args)
     out += op_fuser_problems(args)
+    out += delay_problems(args)
     out += flex_problems(args)
     out += stack_problems(args)
     out += variant_problems(args)

@@ -40,4 +40,7 @@ def price_accumulation(step: Step, policy: Policy) -> Estimate:
                 forward_backward_components=priced[fb].forward_backward_components,
             )
             notes.append(f"micro-batch {fb + 1} of {count} is the largest forward+backward")
-    return replace(est, notes=(*est.notes, *notes))
+    # each micro-batch's layers' backward is a moment of the step: the largest stands
+    layers = [p.layers_backward_bytes for p in priced]
+    at_layers = None if any(v is None for v in layers) else max(v or 0 for v in layers)
+    return replace(est, layers_backward_bytes=at_layers, notes=(*est.notes, *notes))

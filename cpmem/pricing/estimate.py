@@ -41,6 +41,12 @@ class Estimate:
     sp: bool
     forward_backward_bytes: int | None = None
     forward_backward_components: dict[str, int] | None = None
+    layers_backward_bytes: int | None = None
+    """The forward+backward figure at the layers' backward alone, once the loss's or the
+    head's backward has run (the head's kept tensors freed): the moments at which the
+    parameters' gradients exist. A term made only from then on (Megatron FSDP's gradient
+    buckets, ``registry``) is charged beside it. None where the policy does not price
+    that moment apart: such a term is then charged at the whole backward."""
     notes: tuple[str, ...] = field(default=())
     head: Head = Head()
     adapter: Adapter = Adapter()

@@ -396,16 +396,16 @@ def fsdp_sharding(settings: StepSettings) -> Sharding:
     return Sharding(layout.tp, layout.dp * layout.cp, layout.ep, layout.etp, expert_dp, fp8)
 
 
-def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
-    """What Megatron FSDP holds in flight on the settings' rank beyond the activations,
-    at the forward's peak and at the backward's (``fsdp_in_flight``): gathered buckets
-    in their weights' dtype, gradient buckets in the gradient buffer's; under Torch
-    FSDP2 its gathered units, gradients and reduce-scatter inputs, all in the
-    parameters' dtype (``cpmem.pricing.torch_fsdp2.fsdp2_in_flight``); (0, 0) without
-    either."""
+def in_flight_bytes(settings: StepSettings) -> FsdpInFlight:
+    """What FSDP holds in flight on the settings' rank beyond the activations, in bytes
+    (all 0 without it): under Megatron FSDP (``fsdp_in_flight``) gathered buckets in their
+    weights' dtype and gradient buckets in the gradient buffer's; under Torch FSDP2 its
+    gathered units, gradients and reduce-scatter inputs, all in the parameters' dtype
+    (``cpmem.pricing.torch_fsdp2.fsdp2_in_flight``), charged as gathered at the whole
+    backward."""
     opt = settings.optimizer
     if opt.fsdp == "none":
-        return 0, 0
+        return FsdpInFlight(0, 0, 0)
     if opt.fsdp == "torch_fsdp2":
         layout, te = settings.layout, settings.runtime.transformer_impl == "transformer_engine"
         units = fsdp2_units(settings.geometry, layout.tp, layout.etp, output_unit=te)
@@ -413,15 +413,27 @@ def in_flight_bytes(settings: StepSettings) -> tuple[int, int]:
         flight2 = fsdp2_in_flight(units, ranks)
         excess = gradient_excess(units, ranks, opt.grad_bytes, master_gradient_bytes(opt))
         p = settings.dtype_bytes
-        return p * flight2.forward + excess, p * flight2.backward + excess
+        return FsdpInFlight(p * flight2.forward + excess, p * flight2.backward + excess, 0)
     sharding = fsdp_sharding(settings)
     buckets = fsdp_buckets(settings.geometry, sharding, opt.fsdp)
     transposes = sharding.fp8 and compute_capability(settings) < TRANSPOSE_BEFORE_CC
     pooled = frozenset(pooled_layers(buckets)) if opt.fsdp_buffers != "dynamic" else frozenset()
-    flight = fsdp_in_flight(
+    return fsdp_in_flight(
         buckets, opt.fsdp, settings.dtype_bytes, opt.grad_bytes, transposes, pooled
     )
-    return flight.forward_gathered, flight.gathered + flight.gradients
+
+
+def backward_in_flight(flight: FsdpInFlight, backward: int, layers: int | None) -> int:
+    """What ``flight`` adds to a forward+backward figure of ``backward`` bytes whose
+    layers' backward alone holds ``layers`` (None: not priced apart): the backward's
+    gathered buckets at its every moment, and the gradient buckets only from the layers'
+    backward on (they are made in the parameters' post-accumulate-grad hooks, the first
+    once the output layer's backward has run: ``registry.with_fsdp``), so they raise the
+    figure only by what the layers' moment with them holds above it. Where the layers'
+    moment is not priced apart they are charged at the whole backward."""
+    if layers is None:
+        return flight.gathered + flight.gradients
+    return flight.gathered + max(0, layers + flight.gradients - backward)
 
 
 def startup_notes(settings: StepSettings) -> tuple[str, ...]:

@@ -357,6 +357,7 @@ def price_pipeline(step: Step, policy: Policy) -> Estimate:
         grad_segments=step.plan.grad_segments,
         model=step.geometry.name,
         forward_backward_bytes=None if fb_moment is None else fb_moment.bytes,
+        layers_backward_bytes=None,  # the stage's moments, not one chunk's, stand
         forward_backward_components=(
             None if fb_moment is None else fb_moment.components("forward_backward")
         ),

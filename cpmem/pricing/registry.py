@@ -14,7 +14,7 @@ from cpmem.pricing.accumulation import price_accumulation
 from cpmem.pricing.components import Component
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
-from cpmem.pricing.fsdp import in_flight_bytes, startup_notes
+from cpmem.pricing.fsdp import backward_in_flight, in_flight_bytes, startup_notes
 from cpmem.pricing.kinds.discarded import Sublayer, norm_is_module
 from cpmem.pricing.layer_offload import layer_offload_notes
 from cpmem.pricing.muon_step import step_transient_bytes
@@ -354,7 +354,7 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
         est = price_accumulation(inputs, fn)
     else:
         est = fn(inputs)
-    est = _with_fsdp(est, inputs.settings)
+    est = with_fsdp(est, inputs.settings)
     est = _with_optimizer_step(est, inputs.settings)
     settings = inputs.settings
     stages = settings.pipeline.pp if settings.pipeline.active else 0
@@ -379,15 +379,27 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
     )
 
 
-def _with_fsdp(est: Estimate, settings: StepSettings) -> Estimate:
-    """The estimate with what Megatron FSDP holds in flight (``fsdp.in_flight_bytes``)
-    added to its forward and its forward+backward figures, the same for every policy and
-    every rank (Megatron FSDP is priced on one pipeline stage)."""
-    forward, backward = in_flight_bytes(settings)
-    if not forward and not backward:
+def with_fsdp(est: Estimate, settings: StepSettings) -> Estimate:
+    """The estimate with what Megatron FSDP holds in flight (``fsdp.in_flight_bytes``),
+    the same for every policy and every rank (Megatron FSDP is priced on one pipeline
+    stage): the forward's gathered buckets added to the forward figure; to the
+    forward+backward figure the backward's gathered buckets, and the gradient buckets
+    from the moment they exist. Megatron FSDP makes a bucket's gradients in its
+    parameters' post-accumulate-grad hooks (``_grad_acc``, ``param.get_main_grad()``,
+    megatron_fsdp.py:633-652, registered at 1111 at 4828d651): the outside-unit bucket's
+    once the output layer's backward has run, a unit's once its layer's has; under
+    ``optim_grads`` and ``optim_grads_params`` they are reduce-scattered and freed every
+    backward (megatron_fsdp.py:754-775), so no micro-batch finds them made before its
+    head's backward. They are charged at the layers' backward
+    (``Estimate.layers_backward_bytes``, ``fsdp.backward_in_flight``), where the policy
+    prices it apart, else at the whole backward."""
+    flight = in_flight_bytes(settings)
+    forward = flight.forward_gathered
+    if not forward and not flight.gathered and not flight.gradients:
         return est
     name = str(Component.FSDP_IN_FLIGHT)
     fb, fbc = est.forward_backward_bytes, est.forward_backward_components
+    backward = 0 if fb is None else backward_in_flight(flight, fb, est.layers_backward_bytes)
     return replace(
         est,
         notes=(*est.notes, *startup_notes(settings)),

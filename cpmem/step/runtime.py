@@ -67,6 +67,9 @@ class Runtime:
       dispatcher (``hybridep``: megatron's flex dispatcher with the HybridEP backend,
       ``cpmem.pricing.kinds.moe_dispatch``), grouped expert GEMMs, the combined 1F1B
       schedule's overlap.
+    - ``delay_wgrad``: Transformer Engine's GEMMs keep their weight gradients' operands
+      until megatron-core's ``backward_dw`` (``--delay-wgrad-compute``, the combined 1F1B
+      schedule only; ``cpmem.pricing.delayed_wgrad``).
     - ``moe_router_fusion``: the router's top-k and score function run as Transformer
       Engine's fused kernel (``--moe-router-fusion``; ``cpmem.pricing.kinds.moe``,
       ``FUSED_ROUTER_DROPS_PER_TOPK``).
@@ -91,6 +94,7 @@ class Runtime:
     moe_dispatcher: MoeDispatcher = "alltoall"
     moe_grouped_gemm: bool = False
     overlap_moe_comm: bool = False
+    delay_wgrad: bool = False
     moe_router_fusion: bool = False
     moe_row_align: int = 0
     backend_resolved: bool = True

@@ -17,6 +17,7 @@ from fractions import Fraction
 import pytest
 
 import cpmem.gate.megatron_tier as tier_module
+import cpmem.pricing.fsdp as fsdp_module
 import cpmem.pricing.head as head_module
 import cpmem.pricing.kinds.moe as moe_module
 import cpmem.pricing.muon as muon_module
@@ -33,6 +34,7 @@ from cpmem.golden.files import default_golden_dir
 from cpmem.golden.megatron import load_recordings
 from cpmem.golden.megatron_history import load_recorded_images
 from cpmem.megatron.args import read_megatron_args
+from cpmem.pricing.fsdp_units import Tensor, unit_tensors
 from cpmem.step.step import Step
 from tests.golden.second_extraction import SECOND_EXTRACTION
 
@@ -169,12 +171,14 @@ PRICED_BY_FEATURE = {
         "nemotron/nemotron3_5_lightning_nightly_tp1_pp1_cp1_ep8_dgx_gb200/dev_dgx_gb200",
     },
     # Megatron FSDP of dense GPT layers (the zp_z3 fsdp_dtensor cases): every recording;
-    # the DeepSeek proxies stay refused (FP8, delayed wgrad, FSDP of MoE and MLA layers)
+    # of the DeepSeek proxies' MoE and MLA layers the EP-overlap one, its delayed weight
+    # gradients priced; the GB200 ones stay refused (FP8)
     "fsdp": {
         "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/dev_dgx_a100",
         "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/dev_dgx_gb200",
         "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor/dev_dgx_h100",
         "gpt/gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor_1node/dev_dgx_gb200",
+        "moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap/dev_dgx_h100",
     },
     # Muon (the ep8 cases, layer-wise distributed on --no-use-layer-wise-param-layout's
     # legacy path where --use-distributed-optimizer is given): every recording
@@ -200,6 +204,8 @@ PRICED_BY_FEATURE = {
         # fine-grained activation offloading (cpmem.pricing.offload), read
         "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_gb200",
         "moe/gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading/dev_dgx_h100",
+        # Megatron FSDP under the EP overlap with --delay-wgrad-compute, read
+        "moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap/dev_dgx_h100",
     },
     "mtp": {
         "moe/gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph/dev_dgx_gb200",
@@ -234,11 +240,10 @@ def test_every_recording_of_a_feature_family_is_counted_with_its_reasons(
     assert {f"{r.family}/{r.case}" for r in featured} >= set(SECOND_EXTRACTION)
     unpriced = {
         # the DeepSeek proxies' Megatron FSDP of MoE and latent attention, and FP8 in its
-        # buffers and on both, are priced: the EP-overlap one's --delay-wgrad-compute
-        # refuses it, the GB200 ones' fp32 parameters beside FP8 (no --bf16)
+        # buffers and on both, and the EP-overlap one's --delay-wgrad-compute, are
+        # priced: the GB200 ones' fp32 parameters beside FP8 (no --bf16) refuse them
         "fsdp": (
             "--use-megatron-fsdp",
-            "--delay-wgrad-compute",
             "fp32 parameters beside FP8",
         ),
         "release-15b": ("world_size=None: unknown",),
@@ -323,15 +328,21 @@ def test_a_model_without_adams_moments_fails_static(adam_free: MegatronTier) -> 
 
 
 def test_a_model_without_the_expert_parameters_fails_static() -> None:
-    """The experts hold most of an MoE run's parameters: dropping them misses every MoE
-    recording's static bytes by more than 3%."""
+    """The experts hold most of an MoE run's parameters: dropping them (from megatron-core's
+    buffers and Megatron FSDP's units) misses every MoE recording's static bytes by more
+    than 3%."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(static_module, "stage_tensors", _without_experts)
+        patch.setattr(fsdp_module, "unit_tensors", _units_without_experts)
         # and no expert weight among the FP8 ones either, as the experts are dropped
         patch.setattr(static_module, "expert_roles", lambda *a, **k: [])
         broken = run_tier(GOLDEN, "moe")
     assert not broken.passed
     assert all(not r.passed("static") for r in broken.rows)
+
+
+def _units_without_experts(*args: object, **kwargs: object) -> list[Tensor]:
+    return [t for t in unit_tensors(*args, **kwargs) if not t.expert]  # type: ignore[arg-type]
 
 
 def _without_experts(*args: object, **kwargs: object) -> weights_module.StageTensors:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import Component
+from cpmem.pricing.delayed_wgrad import delayed_wgrad_bytes
 from cpmem.pricing.head import head_bytes
 from cpmem.pricing.kinds import attention, mixer_spec, mlp_spec
 from cpmem.pricing.kinds.fp8 import (
@@ -288,21 +289,35 @@ def gathered_outputs_bytes(step: Step, tokens: int) -> int:
 def backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
     """Bytes of the backward's first moment on top of the retained set: the loss's
     backward over the returned outputs (or, with a head, the head's backward, which reuses
-    what the head kept: ``cpmem.pricing.head``), or the last layer's backward on top of
-    the incoming gradient; in the first backward of a CP run of a hybrid model, the GDN
-    kernels' autotuning buffer (timed inside a GDN layer's backward, when the loss's
-    buffers are gone). 0 without gradients."""
+    what the head kept: ``cpmem.pricing.head``), or the layers' backward
+    (``layers_backward_moment``). 0 without gradients."""
+    if not step.recompute.keeps_gradients:
+        return 0
+    if step.head.returns_hidden:
+        first = LOSS_BACKWARD_OUTPUTS * step.outputs
+    else:  # the head's backward
+        head = head_bytes(step, tokens)
+        first = max(head.kept, head.backward)
+    return max(first, layers_backward_moment(step, w, tokens))
+
+
+def layers_backward_moment(step: Step, w: TightWidths, tokens: int) -> int:
+    """Bytes of the layers' backward on top of what the layers keep, once the loss's or
+    the head's backward has run: the last layer's backward on top of the incoming
+    gradient, with what the weight-gradient store holds through a layer's backward under
+    ``--delay-wgrad-compute`` (``cpmem.pricing.delayed_wgrad``); in the first backward of
+    a CP run of a hybrid model, the GDN kernels' autotuning buffer (timed inside a GDN
+    layer's backward, when the loss's buffers are gone). It stands for every layer's backward (``last_layer_backward_width`` takes the
+    widest layer's on top of what each layer keeps), so it is the policy's backward moment
+    from the one the first parameter gradient exists on. 0 without gradients."""
     if not step.recompute.keeps_gradients:
         return 0
     if step.head.returns_hidden:
         local = local_outputs(step, tokens)
-        first = LOSS_BACKWARD_OUTPUTS * step.outputs
-    else:  # the head's backward, then the gradient it hands the last layer
-        head = head_bytes(step, tokens)
+    else:  # the gradient the head hands the last layer
         local = tokens * step.geometry.hidden * step.dtype_bytes
-        first = max(head.kept, head.backward)
     last_layer = tokens * step.dtype_bytes * last_layer_backward_width(step.geometry, w, step)
-    moment = max(first, local + last_layer)
+    moment = local + last_layer + delayed_wgrad_bytes(step, tokens)
     g = step.geometry
     autotune = max((mixer_spec(k).cold_backward_bytes(step) for k in g.mixer_kinds), default=0)
     if autotune:
@@ -418,11 +433,12 @@ def cold_backward_terms(step: Step, margin: Margin) -> dict[str, int]:
 class Structure:
     """The functions the policy composes that the gate's power study may replace: the
     layer widths (a model and step to ``TightWidths``), the backward's first moment
-    (bytes), the first forward's cold set-up (bytes) and the first backward's (components,
+    (bytes) and its moment once the head's backward has run (bytes), the first forward's cold set-up (bytes) and the first backward's (components,
     from the margin). The defaults are the policy."""
 
     widths: Callable[[ModelGeometry, Step], TightWidths] = tight_widths
     backward: Callable[[Step, TightWidths, int], int] = backward_moment
+    layers_backward: Callable[[Step, TightWidths, int], int] = layers_backward_moment
     cold: Callable[[Step], int] = cold_setup_bytes
     cold_backward: Callable[[Step, Margin], dict[str, int]] = cold_backward_terms
 
@@ -514,3 +530,21 @@ def structural_terms(
         fb_moment = max(peak, backward) - head.kept
     forward_backward[Component.BACKWARD_TRANSIENT] = fb_moment
     return forward, forward_backward
+
+
+def layers_backward_terms(
+    step: Step, forward_backward: dict[str, int], structure: Structure = POLICY
+) -> dict[str, int]:
+    """The unmargined forward+backward components (``structural_terms``' second) at the
+    layers' backward alone (``Structure.layers_backward``), on the priced rank: the head's
+    kept tensors freed by its backward, the backward transient the layers' moment. What
+    an in-flight term made only from that moment on (a parameter gradient bucket) is
+    charged beside."""
+    w = structure.widths(step.geometry, step)
+    out = {
+        k: v
+        for k, v in forward_backward.items()
+        if k not in (Component.HEAD_KEPT, Component.BACKWARD_TRANSIENT)
+    }
+    out[Component.BACKWARD_TRANSIENT] = structure.layers_backward(step, w, priced_tokens(step))
+    return out

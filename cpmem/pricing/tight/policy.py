@@ -14,6 +14,7 @@ from cpmem.pricing.tight.calibrated import runtime_margin as margin_for
 from cpmem.pricing.tight.compose import (
     POLICY,
     Structure,
+    layers_backward_terms,
     priced_tokens,
     structural_terms,
     tight_widths,
@@ -63,11 +64,16 @@ def price_tight(
     margin = runtime_margin(step) if margin is None else margin
     forward, forward_backward = structural_terms(step, structure)
     components = with_margin(forward, margin.forward_factor, margin.forward_allowance)
+    layers = None
     if step.recompute.keeps_gradients:
         fb_components = with_margin(
             forward_backward, margin.forward_factor, margin.backward_allowance
         )
         fb_components.update(structure.cold_backward(step, margin))
+        if not step.geometry.mtp_depths:  # an MTP depth's backward may run before the head's
+            terms = layers_backward_terms(step, forward_backward, structure)
+            at_layers = with_margin(terms, margin.forward_factor, margin.backward_allowance)
+            layers = sum(at_layers.values()) + sum(structure.cold_backward(step, margin).values())
     else:  # a no-grad forward has no backward: its whole step is its forward
         fb_components = dict(components)
     plan, layout = step.plan, step.plan.layout
@@ -88,6 +94,7 @@ def price_tight(
         **step_fields(step),
         forward_backward_bytes=fb,
         forward_backward_components=fb_components,
+        layers_backward_bytes=None if layers is None else min(layers, fb),
         notes=(
             *((f"moe_routing={step.moe_routing}",) if step.geometry.is_moe else ()),
             *outside_allocator_notes(step.settings),

@@ -108,20 +108,14 @@ def test_a_matching_grad_comm_dtype_is_read() -> None:
     assert fsdp_grad_element_size(args) == 4
 
 
-@pytest.mark.parametrize(
-    ("case", "value"),
-    [
-        # the EP-overlap case's --delay-wgrad-compute: Megatron FSDP of their MoE and
-        # latent-attention layers, and FP8 in its buffers, is not named (the GB200 cases
-        # pass the door: the step refuses their fp32 parameters)
-        ("moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap", "--delay-wgrad-compute"),
-    ],
-)
-def test_the_deepseek_proxies_name_only_what_remains(case: str, value: str) -> None:
-    with pytest.raises(InputError) as err:
-        read_megatron_args(CASES / case / "model_config.yaml")
-    assert err.value.value == value
-    assert "Torch FSDP2" not in err.value.reason
+def test_the_ep_overlap_proxy_passes_the_door() -> None:
+    # Megatron FSDP of its MoE and latent-attention layers is priced, and so is its
+    # --delay-wgrad-compute under the combined 1F1B schedule (cpmem.pricing.delayed_wgrad)
+    args = read_megatron_args(
+        CASES / "moe/deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap" / "model_config.yaml"
+    )
+    assert args.use_megatron_fsdp and args.overlap_moe_expert_parallel_comm
+    assert args.delay_wgrad_compute
 
 
 def test_fp8_with_megatron_fsdp_or_muon_is_named_at_the_door() -> None:

@@ -22,11 +22,14 @@ from cpmem.megatron.args import read_megatron_args
 from cpmem.megatron.describe import megatron_geometry
 from cpmem.pricing.fsdp import (
     Bucket,
+    FsdpInFlight,
     Sharding,
+    backward_in_flight,
     chunk_factor,
     fsdp_buckets,
     fsdp_in_flight,
     fsdp_static,
+    in_flight_bytes,
     lay_out,
 )
 from cpmem.pricing.fsdp_units import Tensor, unit_tensors
@@ -140,23 +143,23 @@ def test_in_flight_the_prefetch_window_and_the_reduce_queue() -> None:
 
 
 @pytest.mark.parametrize(
-    ("world", "static", "kept", "in_flight"),
+    ("world", "static", "kept", "gathered", "gradients"),
     [
         # DP 4, the last rank: shards 3,359,232 + 12 x 395,264 = 8,102,400 elements;
         # real 13,435,904 - 3 x 3,359,232 + 12 x (1,577,728 - 3 x 395,264) = 8,061,440.
         # bf16 weights 2 x 8,102,400; fp32 gradients 4 x 8,102,400; fp32 main weights
         # 4 x 8,102,400 + Adam's 8 x 8,061,440. The outside bucket kept gathered in bf16:
         # 2 x 13,436,928. In flight: every unit (the prefetch window and the queue hold
-        # all 12) gathered in bf16, and every bucket's fp32 gradients:
-        # 2 x 12 x 1,581,056 + 4 x (13,436,928 + 12 x 1,581,056)
-        (8, (16_204_800, 32_409_600, 96_901_120), 26_873_856, 167_583_744),
+        # all 12) gathered in bf16, 2 x 12 x 1,581,056, and every bucket's fp32
+        # gradients, 4 x (13,436,928 + 12 x 1,581,056)
+        (8, (16_204_800, 32_409_600, 96_901_120), 26_873_856, 37_945_344, 129_638_400),
         # DP 2: shards 6,717,952 + 12 x 789,504 = 16,192,000; real 6,717,952 +
         # 12 x (1,577,728 - 789,504) = 16,176,640; kept 2 x 13,435,904; in flight
-        # 2 x 12 x 1,579,008 + 4 x (13,435,904 + 12 x 1,579,008)
-        (4, (32_384_000, 64_768_000, 194_181_120), 26_871_808, 167_432_192),
+        # 2 x 12 x 1,579,008 and 4 x (13,435,904 + 12 x 1,579,008)
+        (4, (32_384_000, 64_768_000, 194_181_120), 26_871_808, 37_896_192, 129_536_000),
     ],
 )
-def test_the_fsdp_case_static_and_in_flight(world, static, kept, in_flight) -> None:  # type: ignore[no-untyped-def]
+def test_the_fsdp_case_static_and_in_flight(world, static, kept, gathered, gradients) -> None:  # type: ignore[no-untyped-def]
     step = describe_megatron(CASE, world_size=world, device="h100", rank="last")
     assert step.settings.optimizer.fsdp == "optim_grads_params"
     assert step.settings.optimizer.grad_bytes == 4  # --megatron-fsdp-main-grads-dtype fp32
@@ -165,7 +168,40 @@ def test_the_fsdp_case_static_and_in_flight(world, static, kept, in_flight) -> N
     assert (c["weights"], c["gradient_buffer"], c["optimizer_states"]) == static
     assert "master_gradients" not in c
     assert c["fsdp_kept_gathered"] == kept
-    assert est.forward_backward_components["fsdp_in_flight"] == in_flight
+    assert in_flight_bytes(step.settings) == FsdpInFlight(gathered, gathered, gradients)
+    # the gradients are made after the head's backward, which holds more than the layers'
+    # backward with them beside it (the fp32 logits of 4 x 1,024 tokens by 25,216 on the
+    # rank, 413 MB, against 130 MB of gradients): the gathered buckets alone are charged
+    assert est.forward_backward_components["fsdp_in_flight"] == gathered
+    assert est.layers_backward_bytes is not None
+    assert est.layers_backward_bytes + gradients <= est.forward_backward_bytes - gathered
+
+
+def test_the_gradients_are_charged_from_the_layers_backward(tmp_path: Path) -> None:
+    # the case at one sample of 256 tokens: its head's backward holds less than the
+    # layers' backward with every gradient bucket beside it (the same buckets as above,
+    # DP 4: gathered 2 x 12 x 1,581,056, gradients 4 x (13,436,928 + 12 x 1,581,056)), so
+    # the figure is the layers' moment with both
+    text = CASE.read_text().replace("--micro-batch-size: 4", "--micro-batch-size: 1")
+    text = text.replace("--global-batch-size: 32", "--global-batch-size: 8")
+    config = tmp_path / "model_config.yaml"
+    config.write_text(text.replace("--seq-length: 1024", "--seq-length: 256"))
+    est = price_step(describe_megatron(config, world_size=8, rank="last"), "tight")
+    gathered, gradients = 37_945_344, 129_638_400
+    assert est.layers_backward_bytes is not None
+    assert est.forward_backward_bytes == est.layers_backward_bytes + gathered + gradients
+    charged = est.forward_backward_components["fsdp_in_flight"]
+    assert gathered < charged < gathered + gradients
+
+
+def test_the_gradient_buckets_wait_for_the_layers_backward() -> None:
+    flight = FsdpInFlight(forward_gathered=5, gathered=10, gradients=100)
+    # the head's backward (1,000) holds more than the layers' (850) with the gradients
+    assert backward_in_flight(flight, 1_000, 850) == 10 + 0
+    # the layers' (950) with them hold 1,050: 50 above the backward's figure
+    assert backward_in_flight(flight, 1_000, 950) == 10 + 50
+    # the layers' moment not priced apart: the whole term at the whole backward
+    assert backward_in_flight(flight, 1_000, None) == 10 + 100
 
 
 def test_bf16_gradients_add_their_fp32_copy(tmp_path: Path) -> None:
@@ -191,14 +227,14 @@ def test_megatron_fsdp_refuses_what_it_does_not_lay_out() -> None:
 
 
 @pytest.mark.parametrize(
-    ("device", "in_flight"),
+    ("device", "gathered"),
     [
         # Hopper: the backward's gather makes each FP8 weight's transpose, 1 B an element
-        ("h100", 12 * (2 * 1_572_864 + 2 * 4_864) + 129_478_656),
-        ("gb200", 12 * (1_572_864 + 2 * 4_864) + 129_478_656),  # no transposes
+        ("h100", 12 * (2 * 1_572_864 + 2 * 4_864)),
+        ("gb200", 12 * (1_572_864 + 2 * 4_864)),  # no transposes
     ],
 )
-def test_fp8_weights_are_a_uint8_bucket_of_their_own(tmp_path: Path, device, in_flight) -> None:  # type: ignore[no-untyped-def]
+def test_fp8_weights_are_a_uint8_bucket_of_their_own(tmp_path: Path, device, gathered) -> None:  # type: ignore[no-untyped-def]
     # --fp8-param-gather: a layer's four TE linears' weights (131,072 + 393,216 + 524,288
     # + 524,288 = 1,572,864, chunk 1024: 384 x 4,096 at DP 4) are one group, uint8; its
     # norms and biases (4,864, rows of 1: no padding at DP 4) another. The last rank of
@@ -206,27 +242,31 @@ def test_fp8_weights_are_a_uint8_bucket_of_their_own(tmp_path: Path, device, in_
     # weights 3,359,232 + 12 x 394,432 = 8,092,416; Adam on 3,358,208 + 12 x 394,432
     # = 8,091,392; 48 FP8 weights' scale inverses, 512 B each. In flight: every unit
     # gathered (1 B an FP8 element, 2 B the others) and every bucket's fp32 gradients,
-    # 4 x (13,436,928 + 12 x 1,577,728) = 129,478,656
+    # 4 x (13,436,928 + 12 x 1,577,728) = 129,478,656, made after the head's backward,
+    # which holds more than the layers' with them: the gathered buckets alone are charged
     text = CASE.read_text().replace(
         "--bf16: true",
         "--bf16: true\n  --fp8-format: hybrid\n  --fp8-recipe: tensorwise\n  --fp8-param-gather: true",
     )
     config = tmp_path / "model_config.yaml"
     config.write_text(text)
-    est = price_step(describe_megatron(config, world_size=8, device=device, rank="last"), "tight")
+    step = describe_megatron(config, world_size=8, device=device, rank="last")
+    est = price_step(step, "tight")
     c = est.static.components
     assert c["weights"] == 2 * (3_359_232 + 12 * 1_216) + 12 * 393_216
     assert (c["gradient_buffer"], c["fp8_scale_inverses"]) == (4 * 8_092_416, 48 * 512)
     assert c["optimizer_states"] == 4 * 8_092_416 + 8 * 8_091_392
     assert "fp8_transposes" not in c and c["fsdp_kept_gathered"] == 2 * 13_436_928
-    assert est.forward_backward_components["fsdp_in_flight"] == in_flight
+    assert in_flight_bytes(step.settings).gradients == 129_478_656
+    assert est.forward_backward_components["fsdp_in_flight"] == gathered
 
 
 def test_the_double_buffer_keeps_two_units_buckets(tmp_path: Path) -> None:
     # --fsdp-double-buffer: the 12 alike units are served by two buffers per bucket kept
     # between steps (FixedPoolAllocator, pgb:647-745, 2524-2560): a unit is one bucket of
     # 1,581,056 elements at DP 4, gathered in bf16 and its gradients in fp32:
-    # 2 x (2 + 4) x 1,581,056. In flight only the outside bucket's fp32 gradients remain
+    # 2 x (2 + 4) x 1,581,056. In flight only the outside bucket's fp32 gradients remain,
+    # made after the head's backward, which holds more than the layers' with them
     text = CASE.read_text().replace("--bf16: true", "--bf16: true\n  --fsdp-double-buffer: true")
     config = tmp_path / "model_config.yaml"
     config.write_text(text)
@@ -234,4 +274,5 @@ def test_the_double_buffer_keeps_two_units_buckets(tmp_path: Path) -> None:
     assert step.settings.optimizer.fsdp_buffers == "double-buffer"
     est = price_step(step, "tight")
     assert est.static.components["fsdp_double_buffer"] == 2 * 6 * 1_581_056 == 18_972_672
-    assert est.forward_backward_components["fsdp_in_flight"] == 4 * 13_436_928
+    assert in_flight_bytes(step.settings) == FsdpInFlight(0, 0, 4 * 13_436_928)
+    assert est.forward_backward_components["fsdp_in_flight"] == 0
