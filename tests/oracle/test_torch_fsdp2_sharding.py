@@ -23,6 +23,7 @@ from cpmem.pricing.torch_fsdp2 import (
     padded_shard,
     real_shard,
 )
+from oracles.rank_sim.runner import release_groups
 from tests.unit.megatron_lm.tiny import FLAGS, step_of
 
 torch = pytest.importorskip("torch")
@@ -50,6 +51,10 @@ def _sharded(tensors: list[Tensor], ranks: int, rank: int) -> list[tuple[int, in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
 
+    # another oracle test in this worker may have left its world (a one-rank gloo group, or
+    # megatron's model-parallel groups) initialised: tear it down as the rank simulator's
+    # runner does; the tests that need it initialise it again
+    release_groups()
     dist.init_process_group("fake", rank=rank, world_size=ranks, store=fake_pg.FakeStore())
     try:
         mesh = init_device_mesh("cpu", (ranks,))
