@@ -67,8 +67,8 @@ from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_count, unit_t
 from cpmem.pricing.optimizer_state import MASTER_BYTES, master_gradient_bytes
 from cpmem.pricing.torch_fsdp2 import fsdp2_in_flight, fsdp2_units, gradient_excess
 from cpmem.pricing.workspaces import compute_capability
-from cpmem.step.trainer import Optimizer
 from cpmem.step.step import StepSettings
+from cpmem.step.trainer import Optimizer
 
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """``--data-parallel-sharding-strategy``'s values (arguments.py)."""

@@ -23,7 +23,12 @@ from cpmem.step.trainer import Optimizer
 # a rank's shard: 1,000 gradient elements, 600 of them FP8 buckets'; 900 stepped (the
 # real ones), 500 of them FP8
 HELD = FsdpStatic(
-    weights=400, gradients=1_000, main_weights=1_000, stepped=900, fp8_gradients=600, fp8_stepped=500
+    weights=400,
+    gradients=1_000,
+    main_weights=1_000,
+    stepped=900,
+    fp8_gradients=600,
+    fp8_stepped=500,
 )
 
 
