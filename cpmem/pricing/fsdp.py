@@ -64,10 +64,11 @@ from cpmem.model.geometry import ModelGeometry
 from cpmem.pricing.components import OUTSIDE_FIGURE
 from cpmem.pricing.fp8_static import TRANSPOSE_BEFORE_CC
 from cpmem.pricing.fsdp_units import Tensor, outside_tensors, unit_count, unit_tensors
-from cpmem.pricing.optimizer_state import master_gradient_bytes
+from cpmem.pricing.optimizer_state import MASTER_BYTES, master_gradient_bytes
 from cpmem.pricing.torch_fsdp2 import fsdp2_in_flight, fsdp2_units, gradient_excess
 from cpmem.pricing.workspaces import compute_capability
 from cpmem.step.step import StepSettings
+from cpmem.step.trainer import Optimizer
 
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 """``--data-parallel-sharding-strategy``'s values (arguments.py)."""
@@ -75,6 +76,8 @@ STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 PREFETCH_ELEMENTS = 500_000_000
 """The all-gather prefetch window: half the communication unit, which is at least 1B
 elements (``max(1_000_000_000, ...)``, megatron_fsdp.py:438-444)."""
+BF16_BYTES = 2
+"""An FP8 bucket's gradient element under ``auto`` (``torch.bfloat16``, pgb:2316)."""
 REDUCE_QUEUE_ELEMENTS = 1_000_000_000
 """The reduce-scatter queue's capacity: the communication unit (megatron_fsdp.py:443)."""
 
@@ -228,6 +231,15 @@ class FsdpStatic:
     """The outside-unit buckets, whole: under ``optim_grads_params`` kept gathered between
     steps (``AllGatherPipeline.reset(preserve_non_fsdp_units=True)``, pgb:4339-4371: marked
     ``PRESERVED``, their storage kept and gathered into again in place)."""
+    fp8_gradients: int = 0
+    """Of ``gradients``: the FP8 buckets' elements (their own gradient dtype,
+    ``fsdp_gradient_bytes``)."""
+    fp8_stepped: int = 0
+    """Of ``stepped``: the FP8 buckets' elements."""
+
+    """The outside-unit buckets, whole: under ``optim_grads_params`` kept gathered between
+    steps (``AllGatherPipeline.reset(preserve_non_fsdp_units=True)``, pgb:4339-4371: marked
+    ``PRESERVED``, their storage kept and gathered into again in place)."""
 
 
 def fsdp_static(
@@ -250,20 +262,42 @@ def fsdp_static(
             return sum(b.real for b in mine)
         return sum(held(b, weights_sharded) for b in mine)
 
-    stepped = sum(
-        b.shard_real(sharding.shards(b), expert_index if b.expert else index)
-        if main_sharded
-        else b.real
-        for b in buckets
-    )
+    def stepped(b: Bucket) -> int:
+        if not main_sharded:
+            return b.real
+        return b.shard_real(sharding.shards(b), expert_index if b.expert else index)
+
     return FsdpStatic(
         weights(False),
         sum(held(b, grads_sharded) for b in buckets),
         sum(held(b, main_sharded) for b in buckets),
-        stepped,
+        sum(stepped(b) for b in buckets),
         weights(True),
         sum(b.size for b in buckets if not b.unit) if weights_sharded else 0,
+        sum(held(b, grads_sharded) for b in buckets if b.fp8),
+        sum(stepped(b) for b in buckets if b.fp8),
     )
+
+
+def fsdp_gradient_bytes(held: FsdpStatic, opt: Optimizer, param_bytes: int) -> tuple[int, int]:
+    """The rank's gradient buffer and the optimizer's fp32 copies of its narrower
+    gradients, in bytes, for parameters of ``param_bytes`` (the buffer's element
+    ``opt.grad_bytes``: ``--megatron-fsdp-main-grads-dtype``, the parameters' dtype under
+    ``auto``). Under ``auto`` an FP8 bucket's gradients are bf16 whatever the parameters'
+    dtype (``_resolve_group_grad_dtype``, param_and_grad_buffer.py:2306-2316 at
+    4828d651), so beside fp32 parameters (``grad_bytes`` 4 as well, read as ``auto``)
+    they take 2 B an element; the optimizer steps each shard's gradient converted to
+    its fp32 main weight's dtype (``optimizer_grad.to(param.dtype)``, :3369-3373, kept
+    in ``dist_main_grad``): a copy of 4 B an element where the gradient is narrower
+    (``master_gradient_bytes``), every stepped element under 2-byte gradients and the
+    FP8 ones beside fp32 gradients."""
+    grad = opt.grad_bytes
+    fp8_grad = BF16_BYTES if param_bytes == grad == MASTER_BYTES else grad
+    buffer = grad * (held.gradients - held.fp8_gradients) + fp8_grad * held.fp8_gradients
+    copies = master_gradient_bytes(opt) * held.stepped
+    if opt.kind != "none" and fp8_grad < MASTER_BYTES <= grad:
+        copies += MASTER_BYTES * held.fp8_stepped
+    return buffer, copies
 
 
 def _window(

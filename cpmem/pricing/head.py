@@ -39,12 +39,15 @@ INT64 = 8
 LOGIT_FORWARD_BYTES = 2
 """Bytes per logit at the head's forward peak beyond what it keeps: the bf16 logits the
 output layer returns, live beside the fp32 copy ``.float()`` makes (the softmax is built
-in place in that copy, which is what is kept)."""
+in place in that copy, which is what is kept). None of fp32 logits: ``.float()`` returns
+the tensor itself (``tensor_parallel/cross_entropy.py:25`` at 4828d651), whose softmax is
+built in it in place (:42, :62)."""
 LOGIT_KEPT_BYTES = FP32
 """Bytes per logit kept until backward: the fp32 softmax."""
 LOGIT_BACKWARD_BYTES = FP32 + 2
 """Bytes per logit in the head's backward: the fp32 gradient built in the kept softmax's
-buffer and its bf16 cast, which the output layer's backward reads."""
+buffer and its bf16 cast, which the output layer's backward reads; of fp32 logits the
+gradient alone (``FP32``: no cast, the ``.float()`` of the forward being the identity)."""
 FUSED_BACKWARD_COPY_BYTES = FP32
 """Bytes per logit the compiled fused loss's backward holds beyond the unfused one's:
 inductor scatters ``calculate_gradients``' in-place update of the saved softmax into a new
@@ -172,10 +175,11 @@ def _frozen_head_bytes(step: Step, tokens: int) -> HeadBytes:
         logits = tokens * vt
         softcap = logits * SOFTCAP_KEPT_BYTES if step.geometry.final_logit_softcap else 0
         forward, backward = fused_loss_bytes(step) if head.kind == "fused" else (0, 0)
+        upcast = b < FP32  # bf16 / fp16 logits copied to fp32; fp32 ones used as they are
         return HeadBytes(
             kept=logits * LOGIT_KEPT_BYTES + per_token + softcap,
-            forward=read + logits * (LOGIT_FORWARD_BYTES + forward),
-            backward=logits * (LOGIT_BACKWARD_BYTES + backward) + grad_in,
+            forward=read + logits * ((LOGIT_FORWARD_BYTES if upcast else 0) + forward),
+            backward=logits * ((LOGIT_BACKWARD_BYTES if upcast else FP32) + backward) + grad_in,
         )
     hidden_kept = tokens * h * b  # the head's input, saved to recompute the logits
     if head.kind == "chunked":

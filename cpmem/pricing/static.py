@@ -79,6 +79,7 @@ from cpmem.pricing.fsdp import (
     double_buffer_bytes,
     fp8_weight_count,
     fsdp_buckets,
+    fsdp_gradient_bytes,
     fsdp_sharding,
     fsdp_static,
 )
@@ -435,13 +436,11 @@ def _full_training(settings: StepSettings, stage: int, stepped: bool) -> dict[St
 
 
 def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponent, int]:
-    """Every parameter trained under Megatron FSDP (``cpmem.pricing.fsdp``): the weights'
-    buffer, the gradient buffer and the fp32 main weights of the rank, each its shard of
-    every bucket where the strategy shards it, and the optimizer's moments (and an fp32
-    copy of a narrower gradient) on the real elements it steps, and the outside-unit
-    buckets it keeps gathered (``fsdp_kept_gathered``). The rank's shard is its
-    data-parallel index (``dp_slice``, its expert data-parallel index for an expert
-    bucket); the last holds each bucket's end padding."""
+    """Every parameter trained under Megatron FSDP (``cpmem.pricing.fsdp``): the rank's
+    weights, gradients (``fsdp_gradient_bytes``) and fp32 main weights, each its shard of
+    a bucket the strategy shards, the moments (and fp32 copies of narrower gradients) of
+    the real elements it steps, and the outside-unit buckets it keeps gathered. Its shard
+    is its (expert) data-parallel index (``dp_slice``); the last holds the end padding."""
     opt = settings.optimizer
     if opt.fsdp == "torch_fsdp2":
         return _torch_fsdp2_training(settings, stepped)
@@ -451,13 +450,14 @@ def _fsdp_training(settings: StepSettings, stepped: bool) -> dict[StaticComponen
     expert_index = dp_slice(settings, sharding.expert_dp, experts=True)
     held = fsdp_static(buckets, sharding, opt.fsdp, index, expert_index)
     moments = MOMENT_BYTES[opt.kind] * held.stepped if stepped else 0
+    gradients, copies = fsdp_gradient_bytes(held, opt, settings.dtype_bytes)
     out = {
         StaticComponent.WEIGHTS: settings.dtype_bytes * held.weights + FP8_BYTES * held.fp8_weights,
-        StaticComponent.GRADIENT_BUFFER: opt.grad_bytes * held.gradients,
+        StaticComponent.GRADIENT_BUFFER: gradients,
         StaticComponent.OPTIMIZER_STATES: MASTER_BYTES * held.main_weights + moments,
     }
-    if master_gradient_bytes(opt):
-        out[StaticComponent.MASTER_GRADIENTS] = master_gradient_bytes(opt) * held.stepped
+    if copies:
+        out[StaticComponent.MASTER_GRADIENTS] = copies
     if held.kept_gathered:
         out[StaticComponent.FSDP_KEPT_GATHERED] = settings.dtype_bytes * held.kept_gathered
     if opt.fsdp_buffers != "dynamic":

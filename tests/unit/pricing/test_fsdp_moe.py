@@ -172,6 +172,9 @@ def test_fp8_experts_are_a_uint8_bucket_over_the_expert_group(config: Path) -> N
     # the last rank (DP index 7, expert index 3): uint8 4,554,752 / 8 + 2,981,888 / 8 +
     # 6,291,456 / 4 = 2,514,944; bf16 6,439,424 + 176 + 1,024 = 6,440,624; 22 FP8 weights
     # (5 + 5 latent projections, fc1, fc2, the shared expert's two, 4 experts' two each)
+    # of its gradient shard and stepped elements, the FP8 buckets' (no padding in them)
+    held = fsdp_static(buckets, sharding, "optim_grads_params", 7, 3)
+    assert (held.fp8_gradients, held.fp8_stepped) == (2_514_944, 2_514_944)
     c = price_step(describe_megatron(path, world_size=8, device="h100", rank="last"), "tight")
     static = c.static.components  # type: ignore[union-attr]
     assert static["weights"] == 2 * 6_440_624 + 2_514_944
