@@ -85,8 +85,11 @@ def price_accumulation(step: Step, policy: Policy) -> Estimate:
     layers = [p.layers_backward_bytes for p in priced]
     at_layers = None if any(v is None for v in layers) else max(v or 0 for v in layers)
     est = replace(est, layers_backward_bytes=at_layers, notes=(*est.notes, *notes))
-    if not runs_combined(step) or est.forward_backward_bytes is None:
+    if not runs_combined(step):
         return est
+    # the combined step's moments are backward moments: a policy pricing the overlap
+    # prices a forward+backward figure (only tight prices megatron-core's runtime)
+    assert est.forward_backward_bytes is not None, "the combined 1F1B step needs a backward"
     return _with_combined(step, list(steps), priced, est, policy)
 
 
