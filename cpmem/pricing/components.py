@@ -72,7 +72,9 @@ class Component(StrEnum):
     """A policy's fixed allowance."""
     PIPELINE_IN_FLIGHT = "pipeline_in_flight"
     """Under pipeline parallelism: the retained bytes of the other micro-batches' model
-    chunks a stage holds in flight (``cpmem.pricing.pipeline``)."""
+    chunks a stage holds in flight (``cpmem.pricing.pipeline``); under the combined 1F1B
+    step without stages, what the other micro-batch of the step holds
+    (``cpmem.pricing.accumulation``)."""
     PIPELINE_INPUTS = "pipeline_inputs"
     """Under pipeline parallelism: the activation each model chunk off the first virtual
     stage received, kept until that chunk's backward (megatron's ``input_tensors``): one

@@ -100,8 +100,17 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
     and outputs on the last virtual stage, no outputs elsewhere."""
     pipe = step.settings.pipeline
     layers = pipe.chunk_layers(step.geometry.layers, stage, chunk)
+    return layers_step(
+        step, microbatch, layers, first=pipe.is_first(stage, chunk), last=pipe.is_last(stage, chunk)
+    )
+
+
+def layers_step(step: Step, microbatch: Step, layers: range, first: bool, last: bool) -> Step:
+    """The step of one micro-batch's ``layers`` run as a model chunk: the embedding where
+    it is ``first``, the head, MTP depths and outputs where it is ``last``, no outputs
+    elsewhere."""
+    pipe = step.settings.pipeline
     g = step.geometry
-    last = pipe.is_last(stage, chunk)
     geometry = replace(
         g,
         mixers=g.mixers[layers.start : layers.stop],
@@ -119,7 +128,7 @@ def chunk_step(step: Step, microbatch: Step, stage: int, chunk: int) -> Step:
         head=step.head if last else Head("hidden"),
         output_bytes=step.settings.output_bytes if last else 0,
         profiles=None,
-        holds_embedding=pipe.is_first(stage, chunk),
+        holds_embedding=first,
         fp8=None
         if step.settings.fp8 is None
         else step.settings.fp8.sliced(layers.start, layers.stop),

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from cpmem.errors import InputError
-from cpmem.pricing.accumulation import price_accumulation
+from cpmem.pricing.accumulation import price_accumulation, runs_combined
 from cpmem.pricing.components import Component
 from cpmem.pricing.device_budget import device_budget
 from cpmem.pricing.estimate import Estimate
@@ -350,7 +350,8 @@ def _price_one(inputs: Step, policy: str) -> Estimate:
         inputs = replace(inputs, settings=inputs.settings.replace(offload=Offload()))
     if inputs.settings.pipeline.active:
         est = price_pipeline(inputs, fn)
-    elif inputs.microbatches:  # gradient accumulation: one micro-batch after another
+    elif inputs.microbatches or runs_combined(inputs):
+        # gradient accumulation: one micro-batch after another, or the combined 1F1B step
         est = price_accumulation(inputs, fn)
     else:
         est = fn(inputs)
