@@ -17,15 +17,9 @@ import pytest
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, parse_megatron_args
+from tests.unit.megatron_lm.tiny import SMALL
 
-BASE: dict[str, object] = {
-    "--num-layers": 2,
-    "--hidden-size": 64,
-    "--num-attention-heads": 4,
-    "--seq-length": 128,
-    "--max-position-embeddings": 128,
-    "--micro-batch-size": 1,
-}
+BASE = SMALL
 
 
 def _read(**flags: object) -> MegatronArgs:

@@ -16,7 +16,7 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args
 from cpmem.pricing.optimizer_state import expert_shards
 from cpmem.pricing.weights import expert_tensors, layer_tensors
-from tests.unit.megatron_lm.tiny import static_of, tiny
+from tests.unit.megatron_lm.tiny import SMALL, static_of, tiny
 from tests.unit.megatron_lm.tiny import step_of as run_of
 
 MOE = {
@@ -101,12 +101,7 @@ def test_shared_expert_overlap_is_refused_naming_what_it_keeps() -> None:
     routed combine, and their backward interleaves with the routed experts'. The gate is
     a refusal of its own."""
     flags = {
-        "--num-layers": 2,
-        "--hidden-size": 64,
-        "--num-attention-heads": 4,
-        "--seq-length": 128,
-        "--max-position-embeddings": 128,
-        "--micro-batch-size": 1,
+        **SMALL,
         "--num-experts": 4,
         "--disable-bias-linear": True,
         "--moe-shared-expert-intermediate-size": 128,

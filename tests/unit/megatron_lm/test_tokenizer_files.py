@@ -19,15 +19,9 @@ from cpmem.errors import InputError
 from cpmem.megatron.args import MegatronArgs, parse_megatron_args
 from cpmem.megatron.tokenizer_files import hf_tokenizer_size, sentencepiece_size
 from cpmem.megatron.vocab import resolved_vocab_size
+from tests.unit.megatron_lm.tiny import SMALL
 
-BASE = {
-    "--num-layers": 2,
-    "--hidden-size": 64,
-    "--num-attention-heads": 4,
-    "--seq-length": 128,
-    "--max-position-embeddings": 128,
-    "--micro-batch-size": 1,
-}
+BASE = SMALL
 
 
 def _tokenizer_json(folder: Path) -> Path:

@@ -41,6 +41,18 @@ FLAGS: dict[str, object] = {
 sequence a micro-batch."""
 
 
+SMALL: dict[str, object] = {
+    "--num-layers": 2,
+    "--hidden-size": 64,
+    "--num-attention-heads": 4,
+    "--seq-length": 128,
+    "--max-position-embeddings": 128,
+    "--micro-batch-size": 1,
+}
+"""The argument tests' base: the smallest GPT the flags' rules are read on (2 layers, hidden
+64, 4 heads, sequence 128, micro-batch 1), the flag under test given beside it."""
+
+
 def tiny(**changes: Any) -> MegatronArgs:
     """The tiny GPT with some arguments changed (argparse names)."""
     return replace(TINY, **changes)

@@ -22,7 +22,7 @@ The tiny GPT (hidden 512, 8 heads, FFN 2048): QKV ``[1536, 512]``, projection
 from __future__ import annotations
 
 import pytest
-from megatron_lm.tiny import priced, step_of, tiny
+from megatron_lm.tiny import SMALL, priced, step_of, tiny
 
 from cpmem.errors import InputError
 from cpmem.megatron.args import parse_megatron_args
@@ -112,14 +112,7 @@ def test_each_pipeline_stage_takes_its_own_step() -> None:
     assert est.stage_forward_backward_bytes == (14 * 2048 * H, 14 * 2048 * H)
 
 
-BASE: dict[str, object] = {
-    "--num-layers": 2,
-    "--hidden-size": 64,
-    "--num-attention-heads": 4,
-    "--seq-length": 128,
-    "--max-position-embeddings": 128,
-    "--micro-batch-size": 1,
-}
+BASE = SMALL
 
 
 @pytest.mark.parametrize(
