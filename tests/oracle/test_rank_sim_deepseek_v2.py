@@ -20,33 +20,21 @@ with ``runtime_q=0``), so none is set aside.
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from cpmem.api import describe_step  # noqa: E402
 from cpmem.model.geometry import ModelGeometry  # noqa: E402
 from cpmem.model.hf_config import load_config  # noqa: E402
-from cpmem.pricing.tight.compose import TightWidths, tight_widths  # noqa: E402
 from oracles.rank_sim.geometry import SimModel, from_hf_config  # noqa: E402
-from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
-from oracles.rank_sim.recompute import Recompute  # noqa: E402
-from oracles.rank_sim.runner import simulate_rank  # noqa: E402
+from tests.oracle.family_layers import R, example_config, layer_per_token, tight_first_layer  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-NONE = Recompute.parse("none", "")
-R = 1  # the harness's LoRA rank, on every projection
-BF16 = 2
-N = 256
 SMALL = dict(
     hidden_size=1024,
     num_attention_heads=8,
@@ -63,8 +51,7 @@ SMALL = dict(
 
 
 def _models() -> tuple[SimModel, ModelGeometry]:
-    cfg: dict[str, Any] = json.loads((EXAMPLES / "deepseek-v2-lite" / "config.json").read_text())
-    cfg.update(SMALL)
+    cfg = example_config("deepseek-v2-lite", **SMALL)
     sim = replace(from_hf_config({**cfg, "model_type": "deepseek_v3"}), router_pre_softmax=True)
     assert sim.router_score == "softmax" and not sim.expert_score_bias
     assert sim.q_lora_rank == 0 and sim.shared_expert_ffn == 2 * 512
@@ -73,19 +60,7 @@ def _models() -> tuple[SimModel, ModelGeometry]:
 
 
 def _per_token(model: SimModel, label: str, tp: int) -> float:
-    layout = RankLayout(tp, 1, 0, (N,), (N,), (GdnPiece(N),), N, tp > 1)
-    got = [
-        simulate_rank(model.truncated(n), layout, NONE).components["retained"].get(label, 0)
-        for n in (2, 3)
-    ]
-    return (got[1] - got[0]) / BF16 / N
-
-
-def _tight(geometry: ModelGeometry, tp: int) -> TightWidths:
-    step = describe_step(
-        geometry, [N], head="hidden", step="first", recompute="none", tp=tp, sp=tp > 1
-    )
-    return tight_widths(geometry, step)
+    return layer_per_token(model, label, tp, sp=tp > 1)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -95,7 +70,9 @@ def test_deepseek_v2_attention_is_the_simulated_one(tp: int) -> None:
     sim, g = _models()
     assert g.router_scoring == "softmax_topk" and g.q_lora_rank == 0
     rstd = 2 * (2 // tp)
-    assert _per_token(sim, "attention", tp) == _tight(g, tp).of("attention") + 4 * R + rstd
+    assert (
+        _per_token(sim, "attention", tp) == tight_first_layer(g, tp).of("attention") + 4 * R + rstd
+    )
 
 
 def test_deepseek_v2_moe_block_is_within_a_fifth_of_a_percent_of_the_simulated_one() -> None:
@@ -106,6 +83,6 @@ def test_deepseek_v2_moe_block_is_within_a_fifth_of_a_percent_of_the_simulated_o
     tests/oracle/test_rank_sim_more_families.py); tight's fitted margin (x1.04) covers
     them."""
     sim, g = _models()
-    simulated, priced = _per_token(sim, "moe", 1), _tight(g, 1).of("moe")
+    simulated, priced = _per_token(sim, "moe", 1), tight_first_layer(g, 1).of("moe")
     assert (simulated, priced) == (15_432, 15_408)
     assert 0 <= simulated - priced <= 0.002 * simulated

@@ -30,56 +30,25 @@ query copy (``UNGATED_RUNTIME_Q`` Q/t), which the simulator does not run.
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from cpmem.api import describe_step  # noqa: E402
 from cpmem.model.geometry import ModelGeometry  # noqa: E402
 from cpmem.model.hf_config import load_config  # noqa: E402
 from cpmem.pricing.tight.calibrated import UNGATED_RUNTIME_Q  # noqa: E402
-from cpmem.pricing.tight.compose import TightWidths, tight_widths  # noqa: E402
 from oracles.rank_sim.geometry import SimModel, from_hf_config  # noqa: E402
-from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
-from oracles.rank_sim.recompute import Recompute  # noqa: E402
-from oracles.rank_sim.runner import simulate_rank  # noqa: E402
+from tests.oracle.family_layers import R, example_config, layer_per_token, tight_first_layer  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-NONE = Recompute.parse("none", "")
-R = 1  # the harness's LoRA rank, on every projection
-BF16 = 2
-N = 256
-
-
-def _cfg(name: str, **small: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = json.loads((EXAMPLES / name / "config.json").read_text())
-    cfg.update(small)
-    return cfg
-
 
 def _per_token(model: SimModel, label: str, tp: int) -> float:
-    layout = RankLayout(tp, 1, 0, (N,), (N,), (GdnPiece(N),), N, tp > 1)
-    got = [
-        simulate_rank(model.truncated(n), layout, NONE).components["retained"].get(label, 0)
-        for n in (2, 3)
-    ]
-    return (got[1] - got[0]) / BF16 / N
-
-
-def _tight(geometry: ModelGeometry, tp: int) -> TightWidths:
-    step = describe_step(
-        geometry, [N], head="hidden", step="first", recompute="none", tp=tp, sp=tp > 1
-    )
-    return tight_widths(geometry, step)
+    return layer_per_token(model, label, tp, sp=tp > 1)
 
 
 def test_olmoe_attention_is_the_simulated_one() -> None:
@@ -87,15 +56,18 @@ def test_olmoe_attention_is_the_simulated_one() -> None:
     (2 each), lse 2 hq, 2R."""
     small = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4)
     sim = replace(
-        from_hf_config(_cfg("olmo-2-7b", intermediate_size=2048, **small)),
+        from_hf_config(example_config("olmo-2-7b", intermediate_size=2048, **small)),
         pre_norms=True,
         sandwich_norms=False,
     )
-    g = load_config(_cfg("olmoe-1b-7b", **small), name="olmoe-small")
+    g = load_config(example_config("olmoe-1b-7b", **small), name="olmoe-small")
     assert g.qk_norm_projection and g.pre_norms and not g.sandwich_norms
     runtime_q = UNGATED_RUNTIME_Q * g.q_width
     rest = 2 * R + 2 + 2 + 2 + 2 * g.q_heads
-    assert _per_token(sim, "attention", 1) == _tight(g, 1).of("attention") - runtime_q + rest
+    assert (
+        _per_token(sim, "attention", 1)
+        == tight_first_layer(g, 1).of("attention") - runtime_q + rest
+    )
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -109,10 +81,10 @@ def test_gemma_layer_is_the_simulated_one(tp: int) -> None:
         head_dim=256,
         intermediate_size=2048,
     )
-    gemma2 = from_hf_config(_cfg("gemma-2-9b", **small))
+    gemma2 = from_hf_config(example_config("gemma-2-9b", **small))
     sim = replace(gemma2, sandwich_norms=False, attn_softcap=0.0, final_softcap=0.0, windows=())
-    g = load_config(_cfg("gemma-7b", **small), name="gemma-small")
-    widths = _tight(g, tp)
+    g = load_config(example_config("gemma-7b", **small), name="gemma-small")
+    widths = tight_first_layer(g, tp)
     rstd = 2 // tp
     runtime_q = UNGATED_RUNTIME_Q * g.q_width // tp
     attention_rest = 2 * R + rstd + 2 * g.q_heads // tp
@@ -132,7 +104,7 @@ QWEN2_MOE_SMALL = dict(
 
 
 def _qwen2_moe() -> tuple[SimModel, ModelGeometry]:
-    qwen3 = from_hf_config(_cfg("qwen3-30b-a3b", head_dim=128, **QWEN2_MOE_SMALL))
+    qwen3 = from_hf_config(example_config("qwen3-30b-a3b", head_dim=128, **QWEN2_MOE_SMALL))
     sim = replace(
         qwen3,
         qk_norm=False,
@@ -141,7 +113,9 @@ def _qwen2_moe() -> tuple[SimModel, ModelGeometry]:
         shared_expert_gated=True,
         router_pre_softmax=True,
     )
-    return sim, load_config(_cfg("qwen1.5-moe-a2.7b", **QWEN2_MOE_SMALL), name="q2moe-small")
+    return sim, load_config(
+        example_config("qwen1.5-moe-a2.7b", **QWEN2_MOE_SMALL), name="q2moe-small"
+    )
 
 
 def test_qwen2_moe_attention_is_the_simulated_one() -> None:
@@ -150,7 +124,10 @@ def test_qwen2_moe_attention_is_the_simulated_one() -> None:
     sim, g = _qwen2_moe()
     runtime_q = UNGATED_RUNTIME_Q * g.q_width
     rest = 2 * R + 2 + 2 * g.q_heads
-    assert _per_token(sim, "attention", 1) == _tight(g, 1).of("attention") - runtime_q + rest
+    assert (
+        _per_token(sim, "attention", 1)
+        == tight_first_layer(g, 1).of("attention") - runtime_q + rest
+    )
 
 
 def test_qwen2_moe_block_is_within_a_fifth_of_a_percent_of_the_simulated_one() -> None:
@@ -161,7 +138,7 @@ def test_qwen2_moe_block_is_within_a_fifth_of_a_percent_of_the_simulated_one() -
     expert where tight prices 16; the rest are adapters' and norms' small terms of the
     kind named above); tight's fitted margin (x1.04) covers them."""
     sim, g = _qwen2_moe()
-    simulated, priced = _per_token(sim, "moe", 1), _tight(g, 1).of("moe")
+    simulated, priced = _per_token(sim, "moe", 1), tight_first_layer(g, 1).of("moe")
     assert (simulated, priced) == (16_453, 16_432)
     assert 0 <= simulated - priced <= 0.002 * simulated
 
@@ -177,10 +154,10 @@ def test_ernie_4_5_layer_is_the_simulated_one(tp: int) -> None:
         head_dim=128,
         intermediate_size=2048,
     )
-    sim = replace(from_hf_config(_cfg("qwen3-1.7b", **small)), qk_norm=False)
-    g = load_config(_cfg("ernie-4.5-0.3b", **small), name="ernie-small")
+    sim = replace(from_hf_config(example_config("qwen3-1.7b", **small)), qk_norm=False)
+    g = load_config(example_config("ernie-4.5-0.3b", **small), name="ernie-small")
     assert not g.qk_norm and not g.attention_bias and g.tied_embeddings
-    widths = _tight(g, tp)
+    widths = tight_first_layer(g, tp)
     rstd = 2 // tp
     runtime_q = UNGATED_RUNTIME_Q * g.q_width // tp
     attention_rest = 2 * R + rstd + 2 * g.q_heads // tp

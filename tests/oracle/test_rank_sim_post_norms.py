@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -23,16 +22,10 @@ pytest.importorskip("megatron.core")
 
 from oracles.rank_sim.geometry import SimInputError, SimModel, from_hf_config  # noqa: E402
 from oracles.rank_sim.layout import GdnPiece, RankLayout  # noqa: E402
-from oracles.rank_sim.recompute import Recompute  # noqa: E402
 from oracles.rank_sim.runner import simulate_rank  # noqa: E402
+from tests.oracle.family_layers import BF16, EXAMPLES, NONE, N, R, layer_per_token, rank_layout  # noqa: E402
 
 warnings.filterwarnings("ignore")
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-NONE = Recompute.parse("none", "")
-R = 1  # the harness's LoRA rank, on every projection
-BF16 = 2  # bytes
-N = 256  # tokens on the rank
 
 
 def _olmo(name: str = "olmo-2-7b") -> SimModel:
@@ -40,16 +33,12 @@ def _olmo(name: str = "olmo-2-7b") -> SimModel:
 
 
 def _layout(tp: int = 1) -> RankLayout:
-    return RankLayout(tp, 1, 0, (N,), (N,), (GdnPiece(N),), N, True)
+    return rank_layout(tp, sp=True)
 
 
 def _per_token(model: SimModel, label: str, tp: int = 1) -> float:
-    """Retained bf16 elements per token of ``label`` that one more layer adds."""
-    got = [
-        simulate_rank(model.truncated(n), _layout(tp), NONE).components["retained"].get(label, 0)
-        for n in (2, 3)
-    ]
-    return (got[1] - got[0]) / BF16 / N
+    """Retained bf16 elements per token of ``label`` that one more layer adds (SP on)."""
+    return layer_per_token(model, label, tp, sp=True)
 
 
 def _olmo_attention(H: int, hq: int, hkv: int, d: int) -> int:
